@@ -1,0 +1,100 @@
+"""Checkpoints that are never half-written and resume a run exactly.
+
+A checkpoint holds the model, optimizer, LR scheduler and grad-scaler states, every
+random generator's state and the position in the data, so a resumed run logs the same
+losses as one that was never interrupted (bit for bit on the CPU). Files are written to
+a temporary name and renamed into place, so a job killed mid-write leaves the previous
+checkpoint intact. They load with ``torch.load(weights_only=True)``: no pickled code runs.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import DlscaleError
+
+_NAME = re.compile(r"ckpt-(\d{8})\.pt$")
+
+
+class CheckpointError(DlscaleError):
+    """No usable checkpoint where one was expected; the message names the file."""
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Checkpoints of a run, oldest first (by step, not by file time)."""
+    folder = checkpoint_dir(run_dir)
+    found = [p for p in folder.glob("ckpt-*.pt") if _NAME.search(p.name)] if folder.is_dir() else []
+    return sorted(found, key=lambda p: int(_NAME.search(p.name).group(1)))
+
+
+def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
+    """Write ``state`` as the checkpoint of ``step`` atomically, keeping the ``keep`` newest."""
+    folder = checkpoint_dir(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"ckpt-{step:08d}.pt"
+    tmp = folder / f".{path.name}.tmp"
+    torch.save(state, tmp)
+    with open(tmp, "rb") as handle:  # on disk before the rename makes it visible
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def load_latest_checkpoint(run_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that loads, or None if the run has none.
+
+    A newest file that fails to load (a disk filled up, a copy broke off) is reported
+    and the one before it is used; if every file fails, a :class:`CheckpointError` says so.
+    """
+    paths = list_checkpoints(run_dir)
+    failures = []
+    for path in reversed(paths):
+        try:
+            return path, torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - any unreadable file is reported the same way
+            failures.append(f"{path.name}: {err}")
+            warnings.warn(f"checkpoint {path} could not be loaded ({err}); trying an older one", stacklevel=2)
+    if failures:
+        raise CheckpointError(f"no checkpoint in {checkpoint_dir(run_dir)} could be loaded: {'; '.join(failures)}. "
+                              f"Start afresh with resume=false, or restore a good checkpoint")
+    return None
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random generator the training touches, in a form ``weights_only`` loading accepts."""
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": list(random.getstate()[1]),
+        "python_gauss": random.getstate()[2],
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured."""
+    torch.set_rng_state(state["torch"])
+    np_state = state["numpy"]
+    np.random.set_state(("MT19937", np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
+                         np_state["has_gauss"], np_state["cached_gaussian"]))
+    random.setstate((3, tuple(state["python"]), state["python_gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

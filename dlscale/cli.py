@@ -1,0 +1,143 @@
+"""The ``dlscale`` command: train, data, exercises, info.
+
+Every subcommand calls the package; nothing here computes. Errors that a user can fix
+(a bad key, a missing file, no GPU) print one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+
+from .config import FIELDS, config_names, describe_field, load_config
+from .errors import DlscaleError
+
+TRAIN_EPILOG = """\
+CONFIG is a shipped config ({names}) or a YAML file; without one the defaults apply.
+Configs are YAML files listing only what differs from the config they 'inherit'.
+Overrides are key=value, typed against the field; an unknown key is an error.
+
+examples:
+  dlscale train demo
+  dlscale train tiny epochs=2 global_batch_size=128
+  dlscale train my.yaml run_dir=runs/trial resume=true
+
+exit status: 0 done, 2 bad config or data, {preempted} stopped on SIGTERM/SIGUSR1 after a checkpoint
+
+keys:
+{keys}
+"""
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .preemption import PREEMPTED_EXIT_CODE
+    from .train import train
+
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config:  # `dlscale train epochs=2`: no config named, only overrides
+        config, overrides = None, [config, *overrides]
+    result = train(load_config(config, overrides))
+    return PREEMPTED_EXIT_CODE if result.preempted else 0
+
+
+def _data_generate(args: argparse.Namespace) -> int:
+    from .data import FieldSpec, generate_dataset
+
+    cfg = load_config(args.config, args.overrides)
+    manifest = generate_dataset(args.out, FieldSpec(image_size=cfg.image_size, noise=cfg.noise), cfg.train_samples,
+                                cfg.val_samples, cfg.shard_size, seed=cfg.seed, progress=cfg.progress)
+    speed = manifest["generation"]
+    print(f"wrote {cfg.train_samples} training and {cfg.val_samples} validation maps of "
+          f"{cfg.image_size}x{cfg.image_size} to {args.out} in {speed['seconds']:.2f} s "
+          f"({speed['samples_per_s']:,.0f} maps/s)")
+    return 0
+
+
+def _data_check(args: argparse.Namespace) -> int:
+    from .data import ShardDataset
+
+    for split in ("train", "val"):
+        dataset = ShardDataset(f"{args.data_dir}/{split}")
+        print(f"{split}: {len(dataset)} maps of shape {dataset.input_shape}, {dataset.num_targets} targets, "
+              f"{len(dataset.x_paths)} shards: ok")
+    return 0
+
+
+def _exercises(args: argparse.Namespace) -> int:
+    from .exercises import generate
+
+    changed = generate(args.solutions, args.exercises, check=args.check)
+    if args.check:
+        for path in changed:
+            print(f"{path} is out of date: run `dlscale exercises`", file=sys.stderr)
+        return 1 if changed else 0
+    print(f"wrote {len(changed)} exercise notebook(s)" + "".join(f"\n  {p}" for p in changed))
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from .environment import report
+
+    print(report())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dlscale", description="Deep learning at scale: train, data, exercises.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    from .preemption import PREEMPTED_EXIT_CODE
+    keys = "\n".join(textwrap.fill(describe_field(k), 100, initial_indent="  ", subsequent_indent="      ")
+                     for k in FIELDS)
+    train = commands.add_parser(
+        "train", help="train the model on the synthetic maps (or your shards)",
+        description="Train with the one training loop; metrics, plots and checkpoints go to the run directory.",
+        epilog=TRAIN_EPILOG.format(names=", ".join(config_names()), keys=keys, preempted=PREEMPTED_EXIT_CODE),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    train.add_argument("config", nargs="?", help="config name or YAML path")
+    train.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    train.set_defaults(handler=_train)
+
+    data = commands.add_parser("data", help="generate or check a data folder")
+    data_commands = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    generate = data_commands.add_parser(
+        "generate", help="write the synthetic mini-CosmoFlow maps as shards",
+        description="Generate the synthetic maps into OUT. Sizes come from the config and its overrides "
+                    "(image_size, train_samples, val_samples, shard_size, noise, seed).",
+        epilog="example: dlscale data generate --out data/big image_size=64 train_samples=65536")
+    generate.add_argument("--out", required=True, help="folder to create")
+    generate.add_argument("--config", default=None, help="config name or YAML path for the sizes")
+    generate.add_argument("overrides", nargs="*", metavar="key=value")
+    generate.set_defaults(handler=_data_generate)
+    check = data_commands.add_parser("check", help="open every shard of a data folder and report")
+    check.add_argument("data_dir")
+    check.set_defaults(handler=_data_check)
+
+    exercises = commands.add_parser("exercises", help="generate exercises/ from solutions/",
+                                    description="Replace each '# BEGIN SOLUTION ... # END SOLUTION' fence in "
+                                                "solutions/*.ipynb by a stub and write exercises/.")
+    exercises.add_argument("--check", action="store_true", help="only report exercises that are out of date")
+    exercises.add_argument("--solutions", default="solutions")
+    exercises.add_argument("--exercises", default="exercises")
+    exercises.set_defaults(handler=_exercises)
+
+    info = commands.add_parser("info", help="show hardware, versions, site and launcher (lesson 00)")
+    info.set_defaults(handler=_info)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except DlscaleError as err:
+        print(f"dlscale: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dlscale: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Where am I? The hardware, versions, site and launcher that lesson 00 and ``dlscale info`` show."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import socket
+import sys
+from typing import Any
+
+import torch
+
+from . import __version__
+from .distributed import detect_launcher
+
+#: Optional packages and the extra that installs each.
+OPTIONAL = {"nvtx": "profiling", "wandb": "tracking", "horovod": "horovod", "daal4py": "kmeans",
+            "mpi4py": "kmeans", "sklearn": "kmeans", "ipyparallel": "notebooks", "jupyterlab": "notebooks"}
+
+
+def detect_site(environ: dict[str, str] | None = None, hostname: str | None = None) -> str:
+    """A best guess at the computing site, from variables the sites set in every login."""
+    environ = dict(os.environ) if environ is None else environ
+    hostname = socket.gethostname() if hostname is None else hostname
+    if environ.get("NERSC_HOST"):
+        return f"NERSC {environ['NERSC_HOST'].capitalize()}"
+    system = environ.get("LMOD_SYSTEM_NAME", "") or hostname
+    for name in ("frontier", "summit", "andes", "crusher"):
+        if name in system.lower():
+            return f"OLCF {name.capitalize()}"
+    if environ.get("SLURM_CLUSTER_NAME"):
+        return f"Slurm cluster {environ['SLURM_CLUSTER_NAME']}"
+    return "a workstation or laptop"
+
+
+def describe() -> dict[str, Any]:
+    """Facts about this process's environment, as a flat mapping."""
+    info: dict[str, Any] = {
+        "dlscale": __version__,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "host": socket.gethostname(),
+        "site": detect_site(),
+        "platform": platform.platform(),
+        "cpu cores": os.cpu_count(),
+        "torch threads": torch.get_num_threads(),
+        "launcher": detect_launcher(),
+        "slurm job": os.environ.get("SLURM_JOB_ID", "none"),
+        "cuda": torch.cuda.is_available(),
+    }
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(index)
+            info[f"gpu {index}"] = f"{props.name}, {props.total_memory / 2**30:.0f} GiB, compute {props.major}.{props.minor}"
+        info["bf16 supported"] = torch.cuda.is_bf16_supported()
+    for module, extra in OPTIONAL.items():
+        info[f"optional {module}"] = "installed" if importlib.util.find_spec(module) else f"missing (extra: {extra})"
+    return info
+
+
+def report() -> str:
+    """:func:`describe` as aligned text."""
+    info = describe()
+    width = max(map(len, info))
+    return "\n".join(f"{key:<{width}}  {value}" for key, value in info.items())

@@ -1,0 +1,58 @@
+"""Small convolutional regressors for the mini-CosmoFlow maps.
+
+A stack of conv blocks (two 3x3 convolutions with batch norm and ReLU, then a 2x2
+max-pool), global average pooling and a two-layer head. Width and depth scale the
+compute per sample, which the profiling and scaling lessons use; ``channels_last``
+switches to the NHWC layout that tensor-core GPUs prefer.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import TrainConfig
+
+
+def _conv_block(in_channels: int, out_channels: int) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(in_channels, out_channels, 3, padding=1, bias=False),
+        nn.BatchNorm2d(out_channels),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False),
+        nn.BatchNorm2d(out_channels),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+    )
+
+
+class CNNRegressor(nn.Module):
+    """Maps of shape (N, in_channels, H, W) to (N, num_outputs) regression targets."""
+
+    def __init__(self, in_channels: int = 1, num_outputs: int = 2, width: int = 16, depth: int = 3):
+        super().__init__()
+        channels = [in_channels] + [width * 2 ** i for i in range(depth)]
+        self.features = nn.Sequential(*(_conv_block(a, b) for a, b in zip(channels, channels[1:])))
+        self.head = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(channels[-1], 2 * channels[-1]),
+            nn.ReLU(inplace=True),
+            nn.Linear(2 * channels[-1], num_outputs),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def build_model(cfg: TrainConfig, in_channels: int = 1, num_outputs: int = 2) -> CNNRegressor:
+    """The model a config describes, in the memory format it asks for (still on the CPU)."""
+    model = CNNRegressor(in_channels, num_outputs, width=cfg.width, depth=cfg.depth)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

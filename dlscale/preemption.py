@@ -1,0 +1,43 @@
+"""Graceful stop on a signal: finish the current step, checkpoint, exit with a known status.
+
+Slurm sends SIGTERM when a job is cancelled or preempted, and a job script can ask for
+SIGUSR1 some minutes before the time limit (``--signal=B:USR1@300``). Either signal
+sets a flag that the training loop checks at each step boundary; the loop then writes
+a checkpoint and stops, and the CLI exits with :data:`PREEMPTED_EXIT_CODE` so the job
+script knows to requeue rather than report a failure.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+
+#: Exit status of a run that stopped on a signal after checkpointing (EX_TEMPFAIL: "try again").
+PREEMPTED_EXIT_CODE = 75
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopFlag:
+    """Context manager: while active, SIGTERM/SIGUSR1 set :attr:`requested` instead of killing."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.signal_name: str | None = None
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+        self.signal_name = signal.Signals(signum).name
+
+    def __enter__(self) -> "StopFlag":
+        # Handlers can only be installed from the main thread (not, say, an ipyparallel engine's worker).
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()

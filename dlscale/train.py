@@ -1,0 +1,303 @@
+"""The one training loop: ``train(cfg) -> Result``.
+
+The notebooks, ``dlscale train``, ``python -m dlscale.train`` and the Slurm scripts all
+run this function. It reads top to bottom: device, data, model, optimizer and schedule,
+resume, then the loop — step, log, validate at each epoch end, checkpoint — and a
+summary. A SIGTERM or SIGUSR1 makes it checkpoint at the next step boundary and stop
+(see :mod:`dlscale.preemption`); ``resume=true`` continues from the latest checkpoint
+so that every later step logs the same loss an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from .checkpoint import load_latest_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .checkpoint import CheckpointError, checkpoint_dir
+from .config import ConfigError, TrainConfig, load_config
+from .errors import DlscaleError
+from .data import make_loader, prepare_data
+from .data.loader import target_names
+from .models import build_model, count_parameters
+from .optim import build_optimizer
+from .preemption import PREEMPTED_EXIT_CODE, StopFlag
+from .schedules import warmup_schedule
+from .throughput import ThroughputMeter
+from .tracking import TRAIN_FILE, VAL_FILE, MetricsLogger, read_rows
+
+#: Step rows are written in blocks of this many, so the loss is fetched from the device once per block.
+LOG_BLOCK = 10
+
+
+class DeviceError(DlscaleError):
+    """The requested device is not available here; the message says what to use instead."""
+
+
+@dataclass
+class Result:
+    """What a run produced: final metrics, the whole history, and how fast it went."""
+
+    config: TrainConfig
+    run_dir: Path
+    device: str
+    final: dict[str, float]
+    history: list[dict[str, float]] = field(repr=False)
+    steps: list[dict[str, float]] = field(repr=False)
+    samples_per_s: float
+    steps_done: int
+    total_steps: int
+    seconds: float
+    preempted: bool = False
+
+    def summary(self) -> str:
+        """One paragraph for a terminal or a notebook."""
+        status = "stopped on a signal (resume with resume=true)" if self.preempted else "finished"
+        metrics = ", ".join(f"{k} {v:.4f}" for k, v in self.final.items())
+        return (f"run {self.config.name} {status}: step {self.steps_done}/{self.total_steps} on {self.device} "
+                f"in {self.seconds:.1f} s, {self.samples_per_s:,.0f} samples/s\n"
+                f"validation: {metrics or 'not yet run'}\nrun directory: {self.run_dir}")
+
+
+def resolve_device(spec: str) -> torch.device:
+    """``auto`` picks CUDA when present; asking for CUDA without it is a :class:`DeviceError`."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"device={spec} was asked for, but this torch sees no CUDA GPU "
+                              f"(torch {torch.__version__}); use device=auto or device=cpu, or run on a GPU node")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise DeviceError(f"device={spec} was asked for, but only {torch.cuda.device_count()} GPU(s) are visible")
+    return device
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: Iterable, device: torch.device, channels_last: bool = False,
+             names: list[str] | None = None) -> dict[str, float]:
+    """MSE and R² (mean and per target) of ``model`` over ``loader``.
+
+    Built from sums (count, Σy, Σy², Σ squared error per target) so that ranks can
+    add theirs before the division.
+    """
+    model.eval()
+    sums = None
+    for x, y in loader:
+        x, y = _to_device(x, y, device, channels_last)
+        pred = model(x).double()
+        y = y.double()
+        batch = torch.stack([torch.full_like(y[0], len(y)), y.sum(0), (y * y).sum(0), ((pred - y) ** 2).sum(0)])
+        sums = batch if sums is None else sums + batch
+    model.train()
+    if sums is None:
+        return {}
+    count, total, squares, errors = sums.cpu()
+    variance_sum = squares - total * total / count
+    r2 = 1.0 - errors / variance_sum
+    metrics = {"mse": float(errors.sum() / count.sum()), "r2": float(r2.mean())}
+    for name, value in zip(names or [f"target_{i}" for i in range(len(r2))], r2.tolist()):
+        metrics[f"r2_{name}"] = value
+    return metrics
+
+
+def _to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device, channels_last: bool):
+    x = x.to(device, non_blocking=True)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x, y.to(device, non_blocking=True)
+
+
+def _as_config(cfg: TrainConfig | str | None, overrides: Mapping[str, Any]) -> TrainConfig:
+    if isinstance(cfg, TrainConfig):
+        return cfg.override(overrides) if overrides else cfg
+    if cfg is None or isinstance(cfg, str):
+        return load_config(cfg, overrides)
+    raise ConfigError(f"train() takes a TrainConfig, a config name or path, or None; got {type(cfg).__name__}")
+
+
+def _restore(ckpt: dict[str, Any], path: Path, steps_per_epoch: int, cfg: TrainConfig, model: nn.Module,
+             optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler) -> int:
+    """Load a checkpoint's states into the live objects and return its step."""
+    saved = ckpt["position"]
+    if saved["steps_per_epoch"] != steps_per_epoch or saved["global_batch_size"] != cfg.global_batch_size:
+        raise CheckpointError(
+            f"checkpoint {path} was written with global_batch_size={saved['global_batch_size']} "
+            f"({saved['steps_per_epoch']} steps per epoch), but this run has global_batch_size="
+            f"{cfg.global_batch_size} ({steps_per_epoch} steps per epoch); resume with the same settings, "
+            f"or start afresh with resume=false")
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    scaler.load_state_dict(ckpt["scaler"])
+    set_rng_state(ckpt["rng"])
+    return int(saved["step"])
+
+
+def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
+    """Train the model a config describes and return its :class:`Result`.
+
+    ``cfg`` is a :class:`TrainConfig`, a config name or YAML path, or None (defaults);
+    keyword arguments override fields: ``train("tiny", epochs=2)``.
+    """
+    cfg = _as_config(cfg, overrides)
+    started = time.perf_counter()
+    rank, world_size, is_main = 0, 1, True  # the data-parallel launcher fills these in
+    device = resolve_device(cfg.device)
+    seed_everything(cfg.seed)
+    run_dir = cfg.resolved_run_dir
+
+    # -- data and model --------------------------------------------------------
+    data_root = prepare_data(cfg)
+    train_loader = make_loader(cfg, rank, world_size, "train", device, data_root)
+    val_loader = make_loader(cfg, rank, world_size, "val", device, data_root)
+    dataset = train_loader.dataset
+    names = target_names(data_root, dataset.num_targets)
+    model = build_model(cfg, dataset.input_shape[0], dataset.num_targets).to(device)
+    optimizer = build_optimizer(cfg, model)
+    steps_per_epoch = len(train_loader)
+    total_steps = cfg.epochs * steps_per_epoch
+    if cfg.max_steps:
+        total_steps = min(total_steps, cfg.max_steps)
+    scheduler = warmup_schedule(optimizer, cfg.warmup_steps, total_steps, cfg.decay)
+    scaler = torch.amp.GradScaler(device.type, enabled=False)  # the mixed-precision policy enables it for fp16
+    autocast = contextlib.nullcontext
+    loss_fn = nn.MSELoss()
+
+    # -- resume or start afresh ------------------------------------------------
+    step, resume_from = 0, None
+    if cfg.resume:
+        found = load_latest_checkpoint(run_dir)
+        if found:
+            resume_from, ckpt = found
+            step = _restore(ckpt, resume_from, steps_per_epoch, cfg, model, optimizer, scheduler, scaler)
+            del ckpt
+    elif is_main and checkpoint_dir(run_dir).is_dir():
+        for old in checkpoint_dir(run_dir).glob("*.pt"):
+            old.unlink()
+    if is_main:
+        cfg.save(run_dir / "config.yaml")
+    logger = MetricsLogger(cfg, run_dir, resume_step=step if resume_from else None, is_main=is_main,
+                           val_columns=["mse", "r2", *(f"r2_{n}" for n in names)])
+    if is_main:
+        where = f"resuming from {resume_from.name} at step {step}" if resume_from else "starting afresh"
+        print(f"dlscale: {cfg.name} on {device}, {count_parameters(model):,} parameters, {len(dataset):,} maps "
+              f"{tuple(dataset.input_shape)} from {data_root}, {total_steps} steps of batch "
+              f"{cfg.global_batch_size}; {where}; writing to {run_dir}", flush=True)
+
+    def checkpoint() -> None:
+        if is_main:
+            save_checkpoint(run_dir, step, {
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(),
+                "position": {"step": step, "steps_per_epoch": steps_per_epoch,
+                             "global_batch_size": cfg.global_batch_size},
+                "config": cfg.to_dict(),
+            }, keep=cfg.keep_checkpoints)
+
+    # -- the loop --------------------------------------------------------------
+    meter = ThroughputMeter()
+    pending: list[tuple[int, int, torch.Tensor, float, float]] = []
+
+    def flush() -> float | None:
+        """Write the pending step rows, fetching their losses from the device in one go."""
+        if not pending:
+            return None
+        losses = torch.stack([row[2] for row in pending]).tolist()
+        logger.log_steps([dict(step=s, epoch=e, loss=loss, lr=lr, samples_per_s=sps)
+                          for (s, e, _, lr, sps), loss in zip(pending, losses)])
+        pending.clear()
+        return losses[-1]
+
+    bar = tqdm(total=total_steps, initial=step, desc=cfg.name, unit="step", disable=not (is_main and cfg.progress),
+               dynamic_ncols=True, file=sys.stderr)
+    preempted = False
+    model.train()
+    with StopFlag() as stop:
+        while step < total_steps and not preempted:
+            epoch, epoch_step = divmod(step, steps_per_epoch)
+            train_loader.sampler.set_position(epoch, epoch_step * train_loader.batch_size)
+            for x, y in train_loader:
+                x, y = _to_device(x, y, device, cfg.channels_last)
+                with autocast():
+                    loss = loss_fn(model(x), y)
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                if cfg.grad_clip:
+                    scaler.unscale_(optimizer)
+                    nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                lr = optimizer.param_groups[0]["lr"]
+                scaler.step(optimizer)
+                scaler.update()
+                scheduler.step()
+                step += 1
+                meter.step(len(x) * world_size)
+                pending.append((step, epoch, loss.detach(), lr, meter.last_rate))
+                bar.update()
+                if len(pending) >= LOG_BLOCK:
+                    bar.set_postfix(loss=f"{flush():.4f}", lr=f"{lr:.2e}")
+                end_of_epoch = step % steps_per_epoch == 0 or step == total_steps
+                if end_of_epoch:
+                    flush()
+                    metrics = evaluate(model, val_loader, device, cfg.channels_last, names)
+                    logger.log_validation({"epoch": epoch + 1, "step": step, **metrics})
+                    bar.write(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+                    meter.pause()
+                if stop.requested:
+                    bar.write(f"dlscale: {stop.signal_name} received; checkpointing at step {step} and stopping")
+                    preempted = True
+                if preempted or step == total_steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+                    flush()
+                    checkpoint()
+                    meter.pause()
+                if preempted or end_of_epoch:
+                    break
+    bar.close()
+    flush()
+
+    # -- summary ---------------------------------------------------------------
+    history = read_rows(run_dir / VAL_FILE)
+    final = {k: v for k, v in history[-1].items() if k not in ("epoch", "step")} if history else {}
+    result = Result(config=cfg, run_dir=run_dir, device=str(device), final=final, history=history,
+                    steps=read_rows(run_dir / TRAIN_FILE), samples_per_s=meter.samples_per_s, steps_done=step,
+                    total_steps=total_steps, seconds=time.perf_counter() - started, preempted=preempted)
+    if is_main:
+        summary = {"samples_per_s": result.samples_per_s, "steps_done": step, "total_steps": total_steps,
+                   "seconds": result.seconds, "device": str(device), "preempted": preempted, **final}
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        logger.summary(summary)
+        if cfg.plot and not preempted:
+            from .plots import loss_curves
+            loss_curves(run_dir, title=f"{cfg.name}: global batch {cfg.global_batch_size} on {device}").savefig(
+                run_dir / "loss_curve.png", dpi=120)
+        print(result.summary(), flush=True)
+    logger.close()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dlscale.train [CONFIG] [key=value ...]``: the same as ``dlscale train``."""
+    from .cli import main as cli_main
+    return cli_main(["train", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

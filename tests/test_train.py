@@ -1,0 +1,168 @@
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from dlscale.checkpoint import CheckpointError, list_checkpoints
+from dlscale.preemption import PREEMPTED_EXIT_CODE
+from dlscale.train import DeviceError, resolve_device, train
+
+
+def losses(result):
+    return [row["loss"] for row in result.steps]
+
+
+def test_model_learns_on_a_tiny_config(tiny):
+    result = train(tiny(epochs=4))
+    steps = losses(result)
+    assert len(steps) == result.total_steps == 4 * 1024 // 32
+    assert sum(steps[-10:]) < 0.5 * sum(steps[:10])
+    r2 = [row["r2"] for row in result.history]
+    assert len(r2) == 4 and r2[-1] > r2[0] and r2[-1] > 0.6
+    assert result.final["r2"] == r2[-1] and {"r2_log_amplitude", "r2_spectral_index"} <= set(result.final)
+    assert result.samples_per_s > 0 and not result.preempted
+
+
+def test_runs_are_deterministic_on_cpu(tiny):
+    first = train(tiny(run_dir="runs/a"))
+    second = train(tiny(run_dir="runs/b"))
+    assert losses(first) == losses(second)
+    assert first.final == second.final
+
+
+def test_run_directory_holds_metrics_plot_config_and_checkpoints(tiny):
+    result = train(tiny(plot=True, checkpoint_every=20, keep_checkpoints=2))
+    run = result.run_dir
+    for name in ("config.yaml", "metrics.csv", "validation.csv", "summary.json", "loss_curve.png"):
+        assert (run / name).is_file(), name
+    assert (run / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with open(run / "metrics.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [int(r["step"]) for r in rows] == list(range(1, 65))
+    assert set(rows[0]) == {"step", "epoch", "loss", "lr", "samples_per_s"}
+    # 20, 40, 60 and the final 64 were written; the two newest are kept; nothing half-written is left
+    assert [p.name for p in list_checkpoints(run)] == ["ckpt-00000060.pt", "ckpt-00000064.pt"]
+    assert not list((run / "checkpoints").glob("*.tmp"))
+    state = torch.load(run / "checkpoints/ckpt-00000064.pt", weights_only=True)
+    assert state["position"]["step"] == 64
+    assert {"model", "optimizer", "scheduler", "scaler", "rng", "config"} <= set(state)
+
+
+def test_warmup_starts_above_zero_and_lr_is_logged(tiny):
+    result = train(tiny(warmup_steps=10, lr=0.01))
+    lrs = [row["lr"] for row in result.steps]
+    assert lrs[0] == pytest.approx(0.001) and lrs[9] == pytest.approx(0.01)
+    assert lrs[-1] < 0.001  # cosine decay towards 0
+
+
+def test_fresh_start_replaces_an_earlier_run(tiny):
+    train(tiny(epochs=2, checkpoint_every=10))
+    result = train(tiny(epochs=1, checkpoint_every=0))
+    assert [row["step"] for row in result.steps] == list(range(1, 33))
+    assert [p.name for p in list_checkpoints(result.run_dir)] == ["ckpt-00000032.pt"]
+
+
+def test_unreadable_newest_checkpoint_falls_back_to_the_previous(tiny, capsys):
+    first = train(tiny(max_steps=40, checkpoint_every=20))
+    newest = list_checkpoints("runs/tiny")[-1]
+    newest.write_bytes(b"disk full")
+    with pytest.warns(UserWarning, match="ckpt-00000040.pt could not be loaded"):
+        resumed = train(tiny(max_steps=40, resume=True, checkpoint_every=20))
+    assert "resuming from ckpt-00000020.pt" in capsys.readouterr().out
+    assert losses(resumed) == losses(first)  # steps 21-40 were run again, identically
+
+
+def test_every_checkpoint_unreadable_is_one_clear_error(tiny):
+    train(tiny(max_steps=20, checkpoint_every=20))
+    for path in list_checkpoints("runs/tiny"):
+        path.write_bytes(b"")
+    with pytest.warns(UserWarning), pytest.raises(CheckpointError, match="no checkpoint in .* could be loaded"):
+        train(tiny(resume=True))
+
+
+def test_resume_with_another_batch_size_is_refused(tiny):
+    train(tiny(max_steps=20, checkpoint_every=20))
+    with pytest.raises(CheckpointError, match="global_batch_size=32 .* but this run has global_batch_size=64"):
+        train(tiny(resume=True, global_batch_size=64))
+
+
+def test_unavailable_gpu_is_one_clear_error():
+    spec = "cuda:99" if torch.cuda.is_available() else "cuda"
+    with pytest.raises(DeviceError, match="use device=auto or device=cpu|only .* GPU"):
+        resolve_device(spec)
+    assert resolve_device("cpu").type == "cpu"
+
+
+# -- in a separate process: a hard kill, and a polite signal --------------------------------------
+
+def _start(cwd, *overrides):
+    return subprocess.Popen([sys.executable, "-m", "dlscale", "train", "tiny", "progress=false", "plot=false",
+                             "epochs=6", *overrides], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def _wait_for_step(run_dir, step, proc, timeout=120):
+    """Block until the run has logged ``step`` (rows are written in blocks of 10)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        path = run_dir / "metrics.csv"
+        if path.is_file() and len(path.read_text().splitlines()) > step:
+            return
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.01)
+    raise TimeoutError(f"no step {step} in {run_dir}")
+
+
+def _rows(path):
+    with open(path) as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.fixture
+def reference_run(in_tmp):
+    proc = _start(in_tmp, "run_dir=runs/ref")
+    assert proc.wait(timeout=300) == 0, proc.stdout.read()
+    return _rows(in_tmp / "runs/ref/metrics.csv"), _rows(in_tmp / "runs/ref/validation.csv")
+
+
+def test_killed_run_resumes_bit_for_bit(in_tmp, reference_run):
+    ref_steps, ref_val = reference_run
+    proc = _start(in_tmp, "run_dir=runs/cut", "checkpoint_every=25")
+    _wait_for_step(in_tmp / "runs/cut", 60, proc)
+    proc.kill()
+    assert proc.wait() == -signal.SIGKILL
+    last_ckpt = list_checkpoints(in_tmp / "runs/cut")[-1]
+    assert last_ckpt.name in ("ckpt-00000050.pt", "ckpt-00000075.pt")
+    assert len(_rows(in_tmp / "runs/cut/metrics.csv")) < len(ref_steps)  # it really was cut short
+
+    proc = _start(in_tmp, "run_dir=runs/cut", "checkpoint_every=25", "resume=true")
+    output = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, output
+    assert f"resuming from {last_ckpt.name}" in output
+    # every logged step, before and after the kill, matches the uninterrupted run exactly
+    assert [(r["step"], r["loss"]) for r in _rows(in_tmp / "runs/cut/metrics.csv")] == \
+           [(r["step"], r["loss"]) for r in ref_steps]
+    assert _rows(in_tmp / "runs/cut/validation.csv") == ref_val
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+def test_signal_checkpoints_and_exits_with_the_requeue_status(in_tmp, reference_run, sig):
+    ref_steps, _ = reference_run
+    proc = _start(in_tmp, "run_dir=runs/sig", "checkpoint_every=0")
+    _wait_for_step(in_tmp / "runs/sig", 30, proc)
+    os.kill(proc.pid, sig)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == PREEMPTED_EXIT_CODE, output
+    assert f"{signal.Signals(sig).name} received; checkpointing at step" in output
+    stopped_at = int(list_checkpoints(in_tmp / "runs/sig")[-1].name[5:13])
+    assert 30 <= stopped_at < len(ref_steps)
+    assert len(_rows(in_tmp / "runs/sig/metrics.csv")) == stopped_at  # every step up to the checkpoint is logged
+
+    proc = _start(in_tmp, "run_dir=runs/sig", "resume=true")
+    assert proc.wait(timeout=300) == 0
+    assert [r["loss"] for r in _rows(in_tmp / "runs/sig/metrics.csv")] == [r["loss"] for r in ref_steps]
