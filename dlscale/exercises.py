@@ -74,7 +74,7 @@ def exercise_notebook(solution: dict, name: str = "notebook") -> dict:
 
 def render(notebook: dict) -> str:
     """Notebook JSON the way Jupyter writes it (one-space indent, trailing newline)."""
-    return json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
+    return json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def generate(solutions: str | Path = "solutions", exercises: str | Path = "exercises",

@@ -1,17 +1,29 @@
 """Figures shared by the notebooks and the reports, built with matplotlib's object API.
 
 Functions return a :class:`matplotlib.figure.Figure` without touching pyplot's global
-state, so they work the same in a notebook (the figure displays itself), in a batch
-job with no display, and inside the training loop that saves ``loss_curve.png``.
+state, so they work the same in a notebook, in a batch job with no display, and inside
+the training loop that saves ``loss_curve.png``. The figures render themselves as PNG
+in Jupyter, so a notebook needs no ``%matplotlib`` magic to show them.
 """
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
+import numpy as np
 from matplotlib.figure import Figure
 
 from .tracking import TRAIN_FILE, VAL_FILE, read_rows
+
+
+class NotebookFigure(Figure):
+    """A Figure that Jupyter displays as a PNG when it is the value of a cell."""
+
+    def _repr_png_(self) -> bytes:
+        buffer = io.BytesIO()
+        self.savefig(buffer, format="png", dpi=100)
+        return buffer.getvalue()
 
 
 def _smooth(values: list[float], window: int) -> list[float]:
@@ -24,11 +36,11 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def loss_curves(run_dir: str | Path, title: str | None = None) -> Figure:
+def loss_curves(run_dir: str | Path, title: str | None = None) -> NotebookFigure:
     """Training loss per step (raw and smoothed) with validation MSE, and validation R² per epoch."""
     run_dir = Path(run_dir)
     train, val = read_rows(run_dir / TRAIN_FILE), read_rows(run_dir / VAL_FILE)
-    fig = Figure(figsize=(10, 4), layout="constrained")
+    fig = NotebookFigure(figsize=(10, 4), layout="constrained")
     loss_ax, r2_ax = fig.subplots(1, 2)
     if train:
         steps, losses = [r["step"] for r in train], [r["loss"] for r in train]
@@ -46,4 +58,42 @@ def loss_curves(run_dir: str | Path, title: str | None = None) -> Figure:
         if ax.has_data():
             ax.legend()
     fig.suptitle(title or run_dir.name)
+    return fig
+
+
+def predictions_vs_truth(pred, target, names: list[str] | None = None) -> NotebookFigure:
+    """One scatter per target of predicted against true value, with the ideal diagonal."""
+    pred, target = np.asarray(pred), np.asarray(target)
+    count = target.shape[1]
+    fig = NotebookFigure(figsize=(4.5 * count, 4), layout="constrained")
+    for index, ax in enumerate(np.atleast_1d(fig.subplots(1, count))):
+        ax.scatter(target[:, index], pred[:, index], s=4, alpha=0.4)
+        low, high = target[:, index].min(), target[:, index].max()
+        ax.plot([low, high], [low, high], color="black", linewidth=1, label="perfect")
+        ax.set(xlabel="true (normalised)", ylabel="predicted", title=(names or [f"target {index}"] * count)[index])
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return fig
+
+
+def bar_chart(labels: list, values: list[float], ylabel: str, title: str = "", xlabel: str = "") -> NotebookFigure:
+    """Labelled bars with their values written on top (throughput comparisons and the like)."""
+    fig = NotebookFigure(figsize=(1.2 * len(labels) + 3, 3.5), layout="constrained")
+    ax = fig.subplots()
+    bars = ax.bar([str(label) for label in labels], values, color="tab:blue")
+    ax.bar_label(bars, labels=[f"{v:,.0f}" if v >= 100 else f"{v:.3g}" for v in values], padding=2)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.margins(y=0.15)
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def map_gallery(maps, params, names: tuple[str, str] = ("log A", "n")) -> NotebookFigure:
+    """A row of maps, each titled with its two parameters (lesson 00's look at the data)."""
+    maps, params = np.asarray(maps), np.asarray(params)
+    fig = NotebookFigure(figsize=(2.2 * len(maps), 2.6), layout="constrained")
+    for ax, image, (first, second) in zip(np.atleast_1d(fig.subplots(1, len(maps))), maps, params):
+        ax.imshow(image.squeeze(), cmap="magma")
+        ax.set_title(f"{names[0]} {first:.2f}\n{names[1]} {second:.2f}", fontsize=9)
+        ax.axis("off")
     return fig

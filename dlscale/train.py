@@ -61,6 +61,7 @@ class Result:
     total_steps: int
     seconds: float
     preempted: bool = False
+    model: nn.Module | None = field(default=None, repr=False)
 
     def summary(self) -> str:
         """One paragraph for a terminal or a notebook."""
@@ -117,6 +118,20 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device, channels_
     for name, value in zip(names or [f"target_{i}" for i in range(len(r2))], r2.tolist()):
         metrics[f"r2_{name}"] = value
     return metrics
+
+
+@torch.no_grad()
+def predict(model: nn.Module, loader: Iterable, device: torch.device | str = "cpu",
+            channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Predictions and targets over ``loader``, both on the CPU, in loader order."""
+    model.eval()
+    preds, targets = [], []
+    for x, y in loader:
+        x, _ = _to_device(x, y, torch.device(device), channels_last)
+        preds.append(model(x).float().cpu())
+        targets.append(y)
+    model.train()
+    return torch.cat(preds), torch.cat(targets)
 
 
 def _to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device, channels_last: bool):
@@ -278,7 +293,8 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
     final = {k: v for k, v in history[-1].items() if k not in ("epoch", "step")} if history else {}
     result = Result(config=cfg, run_dir=run_dir, device=str(device), final=final, history=history,
                     steps=read_rows(run_dir / TRAIN_FILE), samples_per_s=meter.samples_per_s, steps_done=step,
-                    total_steps=total_steps, seconds=time.perf_counter() - started, preempted=preempted)
+                    total_steps=total_steps, seconds=time.perf_counter() - started, preempted=preempted,
+                    model=model)
     if is_main:
         summary = {"samples_per_s": result.samples_per_s, "steps_done": step, "total_steps": total_steps,
                    "seconds": result.seconds, "device": str(device), "preempted": preempted, **final}

@@ -1,0 +1,61 @@
+"""Checks that the exercise notebooks call to verify a learner's answer.
+
+Each check compares the answer with an independent reference on inputs chosen so that
+the common mistakes give a different result, prints a line when it passes, and raises
+``AssertionError`` with a hint when it does not.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .config import TrainConfig, load_config
+
+
+def _passed(exercise: str) -> None:
+    print(f"Exercise {exercise} passed ✓")
+
+
+def check_config_overrides(cfg: TrainConfig) -> None:
+    """01.1: the ``tiny`` config with name ``batch64``, a global batch of 64 and 3 epochs."""
+    assert isinstance(cfg, TrainConfig), f"expected a TrainConfig, got {type(cfg).__name__}: use load_config"
+    expected = load_config("tiny", {"name": "batch64", "global_batch_size": 64, "epochs": 3})
+    wrong = {k: (getattr(cfg, k), v) for k, v in expected.to_dict().items() if getattr(cfg, k) != v}
+    assert not wrong, "these keys differ from what was asked (yours, expected): " + ", ".join(
+        f"{k}={a!r} vs {b!r}" for k, (a, b) in wrong.items()) + ". Start from the 'tiny' config."
+    _passed("01.1")
+
+
+def _reference_r2(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    residual = ((target - pred) ** 2).sum(0)
+    total = ((target - target.mean(0)) ** 2).sum(0)
+    return 1 - residual / total
+
+
+def check_r2_per_target(r2_per_target: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    """01.2: R² of each target column, ``1 - SS_res / SS_tot``, with SS_tot around the target mean."""
+    generator = torch.Generator().manual_seed(7)
+    # targets with a non-zero mean and columns of different spread catch the usual slips
+    target = torch.randn(200, 3, generator=generator, dtype=torch.float64) * torch.tensor([1.0, 3.0, 0.5]) + 2.0
+    pred = target + 0.4 * torch.randn(200, 3, generator=generator, dtype=torch.float64)
+    answer = torch.as_tensor(r2_per_target(pred, target), dtype=torch.float64)
+    assert answer.shape == (3,), f"expected one R² per target column (shape (3,)), got shape {tuple(answer.shape)}"
+    expected = _reference_r2(pred, target)
+    assert torch.allclose(answer, expected, atol=1e-6), (
+        f"got {answer.tolist()}, expected {expected.tolist()}: R² = 1 - sum((y - pred)²) / sum((y - mean(y))²) "
+        f"per column (sum over samples, dim 0)")
+    _passed("01.2")
+
+
+def check_throughput(throughput: Callable[[list[float], int, int], float]) -> None:
+    """01.3: samples/s over the steps after the warm-up ones."""
+    step_seconds = [2.0, 0.5, 0.1, 0.1, 0.12, 0.08, 0.1, 0.1]
+    answer = throughput(step_seconds, 64, 2)
+    expected = 64 * 6 / sum(step_seconds[2:])
+    assert isinstance(answer, (int, float)), f"return a number of samples per second, got {type(answer).__name__}"
+    assert abs(answer - expected) < 1e-6 * expected, (
+        f"got {answer:.2f} samples/s, expected {expected:.2f}: skip the first `warmup` steps, then divide the "
+        f"samples of the remaining steps by their total time")
+    _passed("01.3")

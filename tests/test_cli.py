@@ -1,0 +1,83 @@
+import json
+import re
+import sys
+
+from .conftest import ROOT, run_cli
+
+
+def test_train_end_to_end(in_tmp):
+    done = run_cli("train", "tiny", "epochs=2", "progress=false", cwd=in_tmp)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"[\d,]+ samples/s", done.stdout)
+    assert re.search(r"validation: mse [\d.]+, r2 0\.\d+", done.stdout)
+    run = in_tmp / "runs/tiny"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps_done"] == 64 and summary["r2"] > 0.5
+    assert (run / "loss_curve.png").stat().st_size > 10_000
+
+
+def test_python_dash_m_dlscale_train_is_the_same_command(in_tmp):
+    import subprocess
+    done = subprocess.run([sys.executable, "-m", "dlscale.train", "tiny", "max_steps=5", "progress=false",
+                           "plot=false"], cwd=in_tmp, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "step 5/5" in done.stdout
+
+
+def test_overrides_without_a_config_use_the_defaults(in_tmp):
+    done = run_cli("train", "name=bare", "image_size=16", "train_samples=256", "val_samples=64", "width=4",
+                   "depth=1", "max_steps=3", "progress=false", "plot=false", cwd=in_tmp)
+    assert done.returncode == 0, done.stderr
+    assert (in_tmp / "runs/bare/metrics.csv").is_file()
+
+
+def test_bad_input_is_one_line_without_a_traceback(in_tmp):
+    for args, message in [
+        (["train", "tiny", "lr=fast"], "config key 'lr' expects float, got 'fast'"),
+        (["train", "tiny", "epoch=1"], "unknown config key 'epoch' (did you mean 'epochs'?)"),
+        (["train", "tiny", "data_dir=nowhere"], "data_dir nowhere does not exist"),
+        (["train", "tiny", "device=cuda:0"] if "cuda" not in sys.modules else ["train", "tiny", "device=cuda:99"],
+         "device=cuda"),
+        (["data", "check", "nowhere"], "data folder nowhere/train does not exist"),
+    ]:
+        done = run_cli(*args, cwd=in_tmp)
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_data_generate_then_check_then_train_on_it(in_tmp):
+    done = run_cli("data", "generate", "--out", "mydata", "image_size=16", "train_samples=512", "val_samples=128",
+                   "shard_size=100", "progress=false", cwd=in_tmp)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"wrote 512 training and 128 validation maps of 16x16 to mydata in [\d.]+ s \([\d,]+ maps/s\)",
+                     done.stdout)
+    assert len(list((in_tmp / "mydata/train").glob("*-x.npy"))) == 6
+    done = run_cli("data", "check", "mydata", cwd=in_tmp)
+    assert "train: 512 maps of shape (1, 16, 16), 2 targets, 6 shards: ok" in done.stdout
+    done = run_cli("train", "tiny", "data_dir=mydata", "max_steps=4", "progress=false", "plot=false", cwd=in_tmp)
+    assert done.returncode == 0 and "from mydata" in done.stdout, done.stderr
+
+
+def test_help_explains_every_key_and_command(in_tmp):
+    top = run_cli("--help", cwd=in_tmp).stdout
+    for command in ("train", "data", "exercises", "info"):
+        assert command in top
+    train_help = run_cli("train", "--help", cwd=in_tmp).stdout
+    from dlscale.config import FIELDS
+    for key in FIELDS:
+        assert f"\n  {key} (" in train_help, key
+    assert "global_batch_size (int, default 64)" in train_help and "optimizer (adamw|sgd" in train_help
+    assert "75 stopped on SIGTERM/SIGUSR1" in train_help
+
+
+def test_info_reports_the_launcher(in_tmp):
+    done = run_cli("info", cwd=in_tmp, env={"SLURM_PROCID": "0", "SLURM_NTASKS": "1"})
+    assert re.search(r"launcher\s+slurm", done.stdout)
+    assert re.search(r"torch\s+2\.", done.stdout)
+
+
+def test_exercises_check_reports_drift(in_tmp):
+    assert run_cli("exercises", "--check", "--solutions", str(ROOT / "solutions"),
+                   "--exercises", str(ROOT / "exercises"), cwd=in_tmp).returncode == 0
+    done = run_cli("exercises", "--check", "--solutions", str(ROOT / "solutions"), "--exercises", "empty", cwd=in_tmp)
+    assert done.returncode == 1 and "out of date" in done.stderr

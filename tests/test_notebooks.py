@@ -1,0 +1,122 @@
+"""The lessons and the exercise contract, executed headless with small parameters."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dlscale import checks
+from dlscale.config import load_config
+from dlscale.exercises import ExerciseError, generate, strip_solutions
+
+from .conftest import ROOT
+from .notebooks import errors, execute, has_image
+
+pytestmark = pytest.mark.notebook
+
+LESSONS = {
+    "00_environment.ipynb": {"gallery_size": 3},
+    "01_single_device_baseline.ipynb": {"config": "tiny", "batch_sizes": [16, 64], "sweep_steps": 20},
+}
+SOLUTION_PARAMETERS = {"01_single_device_baseline.ipynb": {"config": "tiny"}}
+
+
+def test_every_lesson_is_covered_and_committed_without_outputs():
+    assert sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb")) == sorted(LESSONS)
+    assert sorted(p.name for p in (ROOT / "solutions").glob("*.ipynb")) == sorted(SOLUTION_PARAMETERS)
+    for folder in ("notebooks", "solutions", "exercises"):
+        for path in (ROOT / folder).glob("*.ipynb"):
+            cells = json.loads(path.read_text())["cells"]
+            assert any("parameters" in c["metadata"].get("tags", []) for c in cells), f"{path}: no parameters cell"
+            for cell in cells:
+                if cell["cell_type"] == "code":
+                    assert not cell["outputs"] and cell["execution_count"] is None, f"{path} has outputs"
+
+
+@pytest.mark.parametrize("name", sorted(LESSONS))
+def test_lesson_runs_top_to_bottom_and_shows_its_figures(name, tmp_path):
+    notebook = execute(ROOT / "notebooks" / name, tmp_path, LESSONS[name])
+    assert errors(notebook) == []
+    assert any(has_image(cell) for cell in notebook.cells), f"{name} displayed no figure"
+
+
+# -- the exercise contract ----------------------------------------------------------------------
+
+def test_committed_exercises_are_what_the_generator_writes():
+    assert generate(ROOT / "solutions", ROOT / "exercises", check=True) == [], \
+        "exercises/ is out of date: run `dlscale exercises`"
+
+
+def test_generator_replaces_fences_keeping_indentation_and_hint():
+    source = ("x = 1\n"
+              "def f():\n"
+              "    # BEGIN SOLUTION Exercise 09.1: return two\n"
+              "    return 2\n"
+              "    # END SOLUTION\n"
+              "y = f()\n")
+    assert strip_solutions(source) == ("x = 1\n"
+                                       "def f():\n"
+                                       "    # TODO Exercise 09.1: return two\n"
+                                       "    raise NotImplementedError(\"Exercise 09.1: return two\")\n"
+                                       "y = f()\n")
+
+
+@pytest.mark.parametrize("source, pattern", [
+    ("# BEGIN SOLUTION\nx = 1\n", "never closed"),
+    ("x = 1\n# END SOLUTION\n", "END SOLUTION without BEGIN"),
+    ("# BEGIN SOLUTION\n# BEGIN SOLUTION\n# END SOLUTION\n", "inside another fence"),
+])
+def test_generator_rejects_broken_fences(source, pattern):
+    with pytest.raises(ExerciseError, match=pattern):
+        strip_solutions(source)
+
+
+def test_generator_writes_and_detects_drift(tmp_path):
+    (tmp_path / "solutions").mkdir()
+    solution = json.loads((ROOT / "solutions/01_single_device_baseline.ipynb").read_text())
+    (tmp_path / "solutions/x.ipynb").write_text(json.dumps(solution))
+    assert generate(tmp_path / "solutions", tmp_path / "exercises", check=True) == [tmp_path / "exercises/x.ipynb"]
+    generate(tmp_path / "solutions", tmp_path / "exercises")
+    text = (tmp_path / "exercises/x.ipynb").read_text()
+    assert "BEGIN SOLUTION" not in text and text.count("raise NotImplementedError") == 3
+    assert generate(tmp_path / "solutions", tmp_path / "exercises", check=True) == []
+
+
+@pytest.mark.parametrize("name", sorted(SOLUTION_PARAMETERS))
+def test_solution_passes_every_check(name, tmp_path):
+    notebook = execute(ROOT / "solutions" / name, tmp_path, SOLUTION_PARAMETERS[name])
+    assert errors(notebook) == []
+    check_cells = [c for c in notebook.cells if "check" in c.metadata.get("tags", [])]
+    assert check_cells and all("passed" in "".join(o.get("text", "") for o in c.outputs) for c in check_cells)
+
+
+@pytest.mark.parametrize("name", sorted(SOLUTION_PARAMETERS))
+def test_exercise_fails_every_check_until_filled_in(name, tmp_path):
+    notebook = execute(ROOT / "exercises" / name, tmp_path, SOLUTION_PARAMETERS[name], allow_errors=True)
+    failed = {index for index, _, _ in errors(notebook)}
+    checks_at = [i for i, c in enumerate(notebook.cells) if "check" in c.metadata.get("tags", [])]
+    assert checks_at and set(checks_at) <= failed
+    stubs = [e for e in errors(notebook) if e[1] == "NotImplementedError"]
+    assert {message.split(":")[0] for _, _, message in stubs} == {"Exercise 01.1", "Exercise 01.2", "Exercise 01.3"}
+
+
+# -- each check rejects a deliberately wrong answer ---------------------------------------------
+
+def test_config_check_rejects_a_wrong_config():
+    checks.check_config_overrides(load_config("tiny", {"name": "batch64", "global_batch_size": 64, "epochs": 3}))
+    with pytest.raises(AssertionError, match="Start from the 'tiny' config"):
+        checks.check_config_overrides(load_config("demo", {"name": "batch64", "global_batch_size": 64, "epochs": 3}))
+    with pytest.raises(AssertionError, match="epochs=2 vs 3"):
+        checks.check_config_overrides(load_config("tiny", {"name": "batch64", "global_batch_size": 64}))
+
+
+def test_r2_check_rejects_common_slips():
+    with pytest.raises(AssertionError, match="expected"):  # forgot to centre the targets
+        checks.check_r2_per_target(lambda p, t: 1 - ((t - p) ** 2).sum(0) / (t ** 2).sum(0))
+    with pytest.raises(AssertionError, match="one R² per target"):  # averaged over targets
+        checks.check_r2_per_target(lambda p, t: (1 - ((t - p) ** 2).sum(0) / ((t - t.mean(0)) ** 2).sum(0)).mean())
+
+
+def test_throughput_check_rejects_counting_warmup():
+    with pytest.raises(AssertionError, match="skip the first"):
+        checks.check_throughput(lambda seconds, batch, warmup: batch * len(seconds) / sum(seconds))

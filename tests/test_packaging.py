@@ -1,0 +1,65 @@
+"""The install story stays true: pyproject and environment.yml agree, the README's commands are CI's."""
+
+import re
+import sys
+
+import yaml
+
+from .conftest import ROOT
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+#: conda-forge names that differ from PyPI's
+CONDA_NAMES = {"torch": "pytorch", "impi-rt": "impi_rt"}
+#: PyPI dependencies that environment.yml leaves out on purpose, and why
+NOT_IN_CONDA = {"horovod": "needs a patched build (see the README)"}
+
+
+def _requirement(spec: str) -> tuple[str, str]:
+    """(name, version bound) of a requirement, without extras or environment markers."""
+    match = re.match(r"^([A-Za-z0-9_.\-]+)\s*(?:\[[^\]]*\])?\s*(.*)$", spec.split(";")[0].strip())
+    return match.group(1).lower(), match.group(2).replace(" ", "")
+
+
+def test_environment_yml_names_the_same_dependencies_as_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pypi = dict(_requirement(s) for s in project["dependencies"])
+    for extra, specs in project["optional-dependencies"].items():
+        pypi.update(_requirement(s) for s in specs if not s.startswith("dlscale"))
+    expected = {CONDA_NAMES.get(name, name): bound for name, bound in pypi.items() if name not in NOT_IN_CONDA}
+
+    environment = yaml.safe_load((ROOT / "environment.yml").read_text())
+    conda = dict(_requirement(s) for s in environment["dependencies"] if isinstance(s, str))
+    conda.pop("python"), conda.pop("pip")
+    assert conda == expected
+    assert {"--no-deps", "-e ."} <= set(next(d for d in environment["dependencies"] if isinstance(d, dict))["pip"])
+
+
+def test_extras_cover_every_optional_import():
+    from dlscale.environment import OPTIONAL
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for module, extra in OPTIONAL.items():
+        assert extra in extras, f"{module} points at a missing extra {extra}"
+    assert "all" in extras and "dev" in extras
+
+
+def test_readme_quick_start_is_two_commands_and_ci_runs_the_test_one():
+    readme = (ROOT / "README.md").read_text()
+    quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"```(?:bash|sh)?\n(.*?)```", quick, re.S)[0].strip().splitlines()
+    commands = [c for c in commands if c.strip() and not c.strip().startswith("#")]
+    assert commands == ["make demo", "make test"]
+    ci = (ROOT / ".ci/run").read_text()
+    assert re.search(r"^make test$", ci, re.M), ".ci/run must run the README's test command unchanged"
+    makefile = (ROOT / "Makefile").read_text()
+    for target in ("demo", "test", "lab", "kernel", "exercises"):
+        assert re.search(rf"^{target}:", makefile, re.M), target
+        assert f"make {target}" in readme, f"README does not mention make {target}"
+
+
+def test_shipped_configs_travel_with_the_package():
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert "configs/*.yaml" in package_data["dlscale"]

@@ -1,0 +1,63 @@
+import json
+import struct
+import sys
+
+import pytest
+
+from dlscale.tracking import TrackingError
+from dlscale.train import train
+
+
+def wandb_history(run_file):
+    """History rows of an offline ``.wandb`` file: LevelDB's log format behind a 7-byte W&B header,
+    each record one of wandb's protobufs (wandb >= 0.19 no longer ships a Python reader)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, block = run_file.read_bytes(), 32768
+    assert data[:4] == b":W&B"
+    pos, parts, rows = 7, b"", []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        parts += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a full record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(parts)
+            parts = b""
+            if record.WhichOneof("record_type") == "history":
+                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                             for item in record.history.item})
+    return rows
+
+
+def test_wandb_offline_run_records_the_metrics_and_never_the_key(tiny, monkeypatch):
+    secret = "0123456789abcdef-not-a-real-key-" + "x" * 8
+    monkeypatch.setenv("WANDB_API_KEY", secret)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    result = train(tiny(tracking="wandb", epochs=1))
+    runs = list((result.run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1, "no offline run"
+    history = wandb_history(runs[0])
+    assert [row["_step"] for row in history] == [row["step"] for row in result.steps]
+    assert [row["train/loss"] for row in history] == pytest.approx([row["loss"] for row in result.steps])
+    assert history[-1]["val/r2"] == pytest.approx(result.final["r2"])
+    for path in result.run_dir.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), f"API key written to {path}"
+
+
+def test_wandb_mode_from_the_environment_wins(tiny, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    result = train(tiny(tracking="wandb", epochs=1, wandb_mode="offline"))
+    assert not list(result.run_dir.glob("wandb/offline-run-*"))
+    assert (result.run_dir / "metrics.csv").is_file()  # the CSV metrics are always written
+
+
+def test_missing_wandb_is_one_clear_error(tiny, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if it were not installed
+    with pytest.raises(TrackingError, match=r"pip install 'dlscale\[tracking\]'"):
+        train(tiny(tracking="wandb"))
