@@ -166,3 +166,12 @@ def test_signal_checkpoints_and_exits_with_the_requeue_status(in_tmp, reference_
     proc = _start(in_tmp, "run_dir=runs/sig", "resume=true")
     assert proc.wait(timeout=300) == 0
     assert [r["loss"] for r in _rows(in_tmp / "runs/sig/metrics.csv")] == [r["loss"] for r in ref_steps]
+
+
+@pytest.mark.slow
+def test_demo_config_reaches_the_promised_r2(in_tmp):
+    """The README's demo, exactly as shipped, must reach R² >= 0.8 on held-out maps."""
+    result = train("demo", progress=False, plot=False)
+    assert result.config.name == "demo" and result.steps_done == result.total_steps
+    assert result.final["r2"] >= 0.8, result.final
+    assert min(v for k, v in result.final.items() if k.startswith("r2_")) >= 0.75

@@ -1,0 +1,16 @@
+"""Data: the synthetic "mini-CosmoFlow" maps, their shard format on disk, and the loaders.
+
+- :mod:`dlscale.data.synthetic` draws the maps (2-D Gaussian random fields, P(k) ∝ A·k^-n);
+- :mod:`dlscale.data.shards` writes and checks the ``.npy`` shard folders;
+- :mod:`dlscale.data.loader` reads them for training (``make_loader``).
+"""
+
+from .loader import ResumableDistributedSampler, ShardDataset, make_loader, prepare_data, synthetic_dir
+from .shards import DataError, generate_dataset, read_manifest, write_shards
+from .synthetic import TARGET_NAMES, FieldSpec, denormalize_targets, generate_fields, normalize_targets
+
+__all__ = [
+    "DataError", "FieldSpec", "ResumableDistributedSampler", "ShardDataset", "TARGET_NAMES",
+    "denormalize_targets", "generate_dataset", "generate_fields", "make_loader", "normalize_targets",
+    "prepare_data", "read_manifest", "synthetic_dir", "write_shards",
+]

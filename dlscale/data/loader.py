@@ -1,0 +1,165 @@
+"""Reading shards for training: a checked Dataset, a resumable sampler, and ``make_loader``.
+
+Used by ``dlscale.train`` and lesson 02 (workers, pinned memory, prefetch, sharding
+across ranks).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+
+from ..config import TrainConfig
+from .shards import MANIFEST, DataError, generate_dataset, read_manifest, read_shard_header
+from .synthetic import FieldSpec
+
+
+class ShardDataset(Dataset):
+    """All shard pairs of one split folder, read lazily through memory maps.
+
+    Opening checks every shard's header, so a bad file fails here, by name, and not
+    halfway through an epoch inside a worker.
+    """
+
+    def __init__(self, split_dir: str | Path):
+        self.split_dir = Path(split_dir)
+        if not self.split_dir.is_dir():
+            raise DataError(f"data folder {self.split_dir} does not exist; generate it with "
+                            f"`dlscale data generate --out {self.split_dir.parent}` or set data_dir")
+        self.x_paths = sorted(self.split_dir.glob("shard-*-x.npy"))
+        if not self.x_paths:
+            raise DataError(f"data folder {self.split_dir} holds no shard-*-x.npy files; see dlscale.data "
+                            f"for the format, or generate data with `dlscale data generate`")
+        self.y_paths = [p.with_name(p.name.replace("-x.npy", "-y.npy")) for p in self.x_paths]
+        counts, input_shape, target_shape = [], None, None
+        for x_path, y_path in zip(self.x_paths, self.y_paths):
+            x, y = read_shard_header(x_path), read_shard_header(y_path)
+            if x.ndim != 4 or y.ndim != 2:
+                raise DataError(f"shard {x_path} has shape {x.shape} with targets {y.shape}; expected "
+                                f"(n, channels, height, width) and (n, n_targets)")
+            if len(x) != len(y):
+                raise DataError(f"shard {x_path} has {len(x)} maps but {y_path.name} has {len(y)} targets")
+            if input_shape is None:
+                input_shape, target_shape = x.shape[1:], y.shape[1:]
+            elif x.shape[1:] != input_shape or y.shape[1:] != target_shape:
+                raise DataError(f"shard {x_path} holds maps of shape {x.shape[1:]} and targets {y.shape[1:]}, "
+                                f"but {self.x_paths[0].name} holds {input_shape} and {target_shape}; "
+                                f"all shards of a split must match")
+            counts.append(len(x))
+        self.input_shape = tuple(input_shape)
+        self.num_targets = int(target_shape[0])
+        self.offsets = np.cumsum([0] + counts).tolist()
+        self._open: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def __len__(self) -> int:
+        return self.offsets[-1]
+
+    def _shard(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        if index not in self._open:
+            self._open[index] = (np.load(self.x_paths[index], mmap_mode="r"),
+                                 np.load(self.y_paths[index], mmap_mode="r"))
+        return self._open[index]
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        shard = bisect.bisect_right(self.offsets, index) - 1
+        x, y = self._shard(shard)
+        row = index - self.offsets[shard]
+        return torch.from_numpy(np.array(x[row])), torch.from_numpy(np.array(y[row]))
+
+    def __getstate__(self) -> dict:
+        # Memory maps do not travel to worker processes; each worker opens its own.
+        return {**self.__dict__, "_open": {}}
+
+
+class ResumableDistributedSampler(DistributedSampler):
+    """A ``DistributedSampler`` that can start partway through an epoch.
+
+    The order of an epoch depends only on (seed, epoch), so skipping the samples a rank
+    already consumed resumes exactly where an interrupted run stopped.
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.start_index = 0
+
+    def set_position(self, epoch: int, start_index: int = 0) -> None:
+        """Start ``epoch`` at this rank's ``start_index``-th sample."""
+        self.set_epoch(epoch)
+        self.start_index = start_index
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(super().__iter__())[self.start_index:])
+
+    def __len__(self) -> int:
+        return self.num_samples - self.start_index
+
+
+def synthetic_dir(cfg: TrainConfig) -> Path:
+    """Where the synthetic set for these settings lives: one folder per distinct set."""
+    return Path("data") / (f"mini-cosmoflow-s{cfg.image_size}-n{cfg.train_samples}-v{cfg.val_samples}"
+                           f"-noise{cfg.noise:g}-seed{cfg.seed}")
+
+
+def prepare_data(cfg: TrainConfig, progress: bool | None = None) -> Path:
+    """The data folder for ``cfg``: the user's ``data_dir``, or the synthetic set (made if missing)."""
+    if cfg.data_dir:
+        path = Path(cfg.data_dir)
+        if not path.is_dir():
+            raise DataError(f"data_dir {path} does not exist; generate it with "
+                            f"`dlscale data generate --out {path}`, or leave data_dir empty for the synthetic set")
+        return path
+    path = synthetic_dir(cfg)
+    if not (path / MANIFEST).is_file():
+        generate_dataset(path, FieldSpec(image_size=cfg.image_size, noise=cfg.noise), cfg.train_samples,
+                         cfg.val_samples, cfg.shard_size, seed=cfg.seed,
+                         progress=cfg.progress if progress is None else progress)
+    return path
+
+
+def auto_workers(cfg: TrainConfig, device: torch.device) -> int:
+    """Workers per rank: none on CPU (they would compete with compute for the same cores)."""
+    if cfg.num_workers >= 0:
+        return cfg.num_workers
+    if device.type != "cuda":
+        return 0
+    return max(1, min(4, (os.cpu_count() or 2) // max(1, torch.cuda.device_count()) - 1))
+
+
+def make_loader(cfg: TrainConfig, rank: int = 0, world_size: int = 1, split: str = "train",
+                device: torch.device | str = "cpu", data_dir: str | Path | None = None) -> DataLoader:
+    """A DataLoader over one split for one rank.
+
+    ``train``: shuffled by a :class:`ResumableDistributedSampler` (call its ``set_position``
+    each epoch), each rank a disjoint share, full batches only so the global batch is fixed.
+    ``val``: each rank an interleaved, disjoint slice in order, no sample dropped or repeated.
+    """
+    device = torch.device(device)
+    root = Path(data_dir) if data_dir is not None else prepare_data(cfg)
+    dataset = ShardDataset(root / split)
+    batch = cfg.per_rank_batch(world_size)
+    workers = auto_workers(cfg, device)
+    options = dict(num_workers=workers, pin_memory=cfg.pin_memory and device.type == "cuda")
+    if workers > 0:
+        options.update(prefetch_factor=cfg.prefetch_factor, persistent_workers=True)
+    if split == "train":
+        if len(dataset) // world_size < batch:
+            raise DataError(f"{root / split} has {len(dataset)} samples, fewer than one global batch "
+                            f"({cfg.global_batch_size}); lower global_batch_size or add data")
+        sampler = ResumableDistributedSampler(dataset, world_size, rank, seed=cfg.seed)
+        return DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=True, **options)
+    return DataLoader(Subset(dataset, range(rank, len(dataset), world_size)), batch_size=batch,
+                      shuffle=False, **options)
+
+
+def target_names(data_dir: str | Path, num_targets: int) -> list[str]:
+    """Names of the target columns from the manifest, or generic names for a user's data."""
+    manifest = read_manifest(data_dir)
+    if manifest and "target_names" in manifest:
+        return list(manifest["target_names"])
+    return [f"target_{i}" for i in range(num_targets)]
