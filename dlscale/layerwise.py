@@ -1,0 +1,309 @@
+"""Layer-wise adaptive optimizers for large batches: LARS, LARC and LAMB.
+
+Each scales every tensor's update by a *trust ratio* that compares the size of the
+weights with the size of the step, so no layer moves by more than a fraction of its own
+norm however large the learning rate — the property that lets a large batch use a large
+learning rate (lesson 07).
+
+Conventions, where implementations differ (see ``shared/REFERENCE.md``):
+
+- *Adaptation* (the trust ratio) and *weight decay* are independent per-group settings
+  (``adapt`` and ``weight_decay``); setting ``weight_decay=0`` does not turn adaptation off.
+- With ``exclude_1d=True`` (the default) tensors with one dimension or fewer — biases and
+  norm weights — get neither adaptation nor weight decay, whatever their group says.
+- A trust ratio is 1 where the weight norm or the update norm is 0 (a zero-initialised
+  layer still trains), computed with ``torch.where`` so the device never syncs.
+- The updates are multi-tensor (``torch._foreach_*``): per-tensor norms with
+  ``_foreach_norm``, all trust ratios of a group as one tensor.
+- Called through ``GradScaler.step`` they see unscaled gradients, and a step that the
+  scaler skips for inf/NaN leaves their state untouched.
+- The last trust ratios of each group are kept in ``optimizer.trust_ratios`` (a list of
+  tensors, one per group, aligned with the group's parameters that had gradients) for plots.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+
+def _norms(tensors: list[Tensor]) -> Tensor:
+    """Per-tensor L2 norms as one tensor: float32 at least, float64 for float64 tensors."""
+    norms = torch.stack(torch._foreach_norm(tensors))
+    return norms if norms.dtype == torch.float64 else norms.float()
+
+
+def _trust_ratios(weight_norms: Tensor, step_norms: Tensor, adapt: Tensor, scale: float = 1.0,
+                  denominator: Tensor | None = None) -> Tensor:
+    """``scale * ‖w‖ / denominator`` (default ``‖step‖``) where ``adapt`` and both norms are positive, else 1."""
+    denominator = step_norms if denominator is None else denominator
+    usable = adapt & (weight_norms > 0) & (step_norms > 0)
+    return torch.where(usable, scale * weight_norms / denominator.clamp_min(torch.finfo(torch.float32).tiny),
+                       torch.ones_like(weight_norms))
+
+
+class _LayerwiseMixin:
+    """What LARS, LARC and LAMB share: which tensors adapt and decay, and the ratios kept for plots."""
+
+    exclude_1d: bool
+    trust_ratios: list[Tensor]
+
+    def _split(self, group: dict) -> tuple[list[Tensor], list[Tensor], Tensor, list[bool]]:
+        """Parameters with gradients, their gradients, an adapt mask (on their device), decay flags."""
+        params = [p for p in group["params"] if p.grad is not None]
+        if any(p.grad.is_sparse for p in params):
+            raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+        eligible = [not (self.exclude_1d and p.ndim <= 1) for p in params]
+        device = params[0].device if params else "cpu"
+        adapt = torch.tensor([group["adapt"] and e for e in eligible], dtype=torch.bool, device=device)
+        decay = [e and group["weight_decay"] != 0 for e in eligible]
+        return params, [p.grad for p in params], adapt, decay
+
+    def _keep(self, index: int, ratios: Tensor) -> None:
+        while len(self.trust_ratios) <= index:
+            self.trust_ratios.append(torch.empty(0))
+        self.trust_ratios[index] = ratios.detach()
+
+
+def _add_decay(targets: list[Tensor], params: list[Tensor], decay: list[bool], weight_decay: float,
+               scales: list[Tensor] | None = None) -> None:
+    """``target += weight_decay * scale * param`` in place, for the tensors that decay."""
+    chosen = [i for i, d in enumerate(decay) if d]
+    if not chosen:
+        return
+    sources = [params[i] for i in chosen]
+    if scales is not None:
+        sources = torch._foreach_mul(sources, [scales[i] for i in chosen])
+    torch._foreach_add_([targets[i] for i in chosen], sources, alpha=weight_decay)
+
+
+class LARS(_LayerwiseMixin, Optimizer):
+    """Layer-wise Adaptive Rate Scaling: SGD with momentum and a per-tensor trust ratio.
+
+    You, Gitman & Ginsburg, "Large Batch Training of Convolutional Networks" (arXiv:1708.03888).
+    For each tensor ``w`` with gradient ``g``::
+
+        r = trust_coefficient * ‖w‖ / (‖g‖ + weight_decay * ‖w‖ + eps)     (1 if a norm is 0)
+        d = r * (g + weight_decay * w)
+        buf = momentum * buf + d
+        w = w - lr * buf                      (nesterov: w - lr * (d + momentum * buf))
+
+    The global LR sits outside the momentum buffer, as in the PyTorch implementations
+    (identical to the paper at a constant LR). Because the per-tensor step is about
+    ``lr * trust_coefficient * ‖w‖``, useful global LRs are large (1 to 30), not SGD's.
+    """
+
+    def __init__(self, params: Iterable, lr: float = 1.0, momentum: float = 0.9, weight_decay: float = 0.0,
+                 trust_coefficient: float = 1e-3, eps: float = 1e-8, nesterov: bool = False, adapt: bool = True,
+                 exclude_1d: bool = True):
+        if lr <= 0 or momentum < 0 or weight_decay < 0 or trust_coefficient <= 0:
+            raise ValueError(f"LARS needs lr > 0, momentum >= 0, weight_decay >= 0, trust_coefficient > 0; got "
+                             f"lr={lr}, momentum={momentum}, weight_decay={weight_decay}, "
+                             f"trust_coefficient={trust_coefficient}")
+        self.exclude_1d = exclude_1d
+        self.trust_ratios = []
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                                      trust_coefficient=trust_coefficient, eps=eps, nesterov=nesterov, adapt=adapt))
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for index, group in enumerate(self.param_groups):
+            params, grads, adapt, decay = self._split(group)
+            if not params:
+                continue
+            wd = group["weight_decay"]
+            w_norm, g_norm = _norms(params), _norms(grads)
+            decayed = torch.tensor(decay, device=w_norm.device)
+            denominator = g_norm + torch.where(decayed, wd * w_norm, torch.zeros_like(w_norm)) + group["eps"]
+            ratios = _trust_ratios(w_norm, g_norm, adapt, group["trust_coefficient"], denominator)
+            self._keep(index, ratios)
+            scales = list(ratios.to(grads[0].dtype).unbind())
+            steps = torch._foreach_mul(grads, scales)  # r * g
+            _add_decay(steps, params, decay, wd, scales)  # + r * wd * w
+            momentum = group["momentum"]
+            if momentum:
+                buffers = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in params]
+                torch._foreach_mul_(buffers, momentum)
+                torch._foreach_add_(buffers, steps)
+                if group["nesterov"]:
+                    torch._foreach_add_(steps, buffers, alpha=momentum)
+                else:
+                    steps = buffers
+            torch._foreach_add_(params, steps, alpha=-group["lr"])
+        return loss
+
+
+class LAMB(_LayerwiseMixin, Optimizer):
+    """Layer-wise Adaptive Moments for Batch training: Adam moments with a per-tensor trust ratio.
+
+    You et al., "Large Batch Optimization for Deep Learning: Training BERT in 76 minutes"
+    (arXiv:1904.00962), Algorithm 2. At step ``t``, for each tensor ``w`` with gradient ``g``::
+
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g**2
+        u = (m / (1 - beta1**t)) / (sqrt(v / (1 - beta2**t)) + eps)     (bias correction optional)
+        u = u + weight_decay * w                  (decoupled decay, inside the trust ratio)
+        r = ‖w‖ / ‖u‖                             (1 if a norm is 0; clamped to trust_clip if given)
+        w = w - lr * r * u
+
+    ``max_grad_norm`` (default None: off, as in the paper) first scales all gradients of all
+    groups so that their global norm is at most that value; apex's and timm's "NVLAMB" turn
+    this on by default, which clips twice if you also call ``clip_grad_norm_``. The step
+    count ``t`` is kept per group.
+    """
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-6, weight_decay: float = 0.01, bias_correction: bool = True,
+                 trust_clip: float | None = None, max_grad_norm: float | None = None, adapt: bool = True,
+                 exclude_1d: bool = True):
+        if lr <= 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1) or eps <= 0 or weight_decay < 0:
+            raise ValueError(f"LAMB needs lr > 0, 0 <= betas < 1, eps > 0, weight_decay >= 0; got lr={lr}, "
+                             f"betas={betas}, eps={eps}, weight_decay={weight_decay}")
+        self.exclude_1d = exclude_1d
+        self.max_grad_norm = max_grad_norm
+        self.trust_ratios = []
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                                      bias_correction=bias_correction, trust_clip=trust_clip, adapt=adapt, step=0))
+
+    def _global_clip(self) -> Tensor | None:
+        """The factor that brings the global gradient norm down to ``max_grad_norm`` (None if off)."""
+        if self.max_grad_norm is None:
+            return None
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        if not grads:
+            return None
+        total = torch.linalg.vector_norm(_norms(grads))
+        return (self.max_grad_norm / (total + 1e-6)).clamp(max=1.0)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        clip = self._global_clip()
+        for index, group in enumerate(self.param_groups):
+            params, grads, adapt, decay = self._split(group)
+            if not params:
+                continue
+            if clip is not None:
+                grads = torch._foreach_mul(grads, clip.to(grads[0].dtype))
+            group["step"] += 1
+            beta1, beta2 = group["betas"]
+            exp_avg = [self.state[p].setdefault("exp_avg", torch.zeros_like(p)) for p in params]
+            exp_avg_sq = [self.state[p].setdefault("exp_avg_sq", torch.zeros_like(p)) for p in params]
+            torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
+            torch._foreach_mul_(exp_avg_sq, beta2)
+            torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
+            if group["bias_correction"]:
+                correction1 = 1 - beta1 ** group["step"]
+                correction2 = 1 - beta2 ** group["step"]
+            else:
+                correction1 = correction2 = 1.0
+            denominator = torch._foreach_sqrt(exp_avg_sq)
+            torch._foreach_div_(denominator, math.sqrt(correction2))
+            torch._foreach_add_(denominator, group["eps"])
+            updates = torch._foreach_div(exp_avg, denominator)
+            torch._foreach_div_(updates, correction1)
+            _add_decay(updates, params, decay, group["weight_decay"])
+            ratios = _trust_ratios(_norms(params), _norms(updates), adapt)
+            if group["trust_clip"] is not None:
+                ratios = ratios.clamp(max=group["trust_clip"])
+            self._keep(index, ratios)
+            torch._foreach_mul_(updates, list(ratios.to(updates[0].dtype).unbind()))
+            torch._foreach_add_(params, updates, alpha=-group["lr"])
+        return loss
+
+
+class LARC(_LayerwiseMixin, Optimizer):
+    """NVIDIA apex's LARC: a trust ratio applied to the gradients of *any* optimizer.
+
+    For each tensor, before the wrapped optimizer's step::
+
+        r = trust_coefficient * ‖w‖ / (‖g‖ + weight_decay * ‖w‖ + eps)     (1 if a norm is 0)
+        clip mode:  r = min(r / lr, 1)       (the adaptive LR never exceeds the global one)
+        scale mode: r unchanged
+        g = r * (g + weight_decay * w)
+
+    The wrapped optimizer then steps with its own weight decay switched off for that step
+    (LARC has already applied it). Unlike apex, decay is applied even where a norm is zero.
+    ``param_groups`` and ``state`` are the wrapped optimizer's own (not copies), so LR
+    schedulers and ``load_state_dict`` act on what the wrapped optimizer uses.
+    """
+
+    def __init__(self, optimizer: Optimizer, trust_coefficient: float = 0.02, clip: bool = True, eps: float = 1e-8,
+                 exclude_1d: bool = True):
+        if trust_coefficient <= 0:
+            raise ValueError(f"LARC needs trust_coefficient > 0, got {trust_coefficient}")
+        # Optimizer.__init__ is not called: every group and all state belong to the wrapped optimizer.
+        self.optim = optimizer
+        self.trust_coefficient, self.clip, self.eps, self.exclude_1d = trust_coefficient, clip, eps, exclude_1d
+        self.trust_ratios = []
+        self.defaults = optimizer.defaults
+        self._optimizer_step_pre_hooks: dict = {}
+        self._optimizer_step_post_hooks: dict = {}
+        for group in self.param_groups:
+            group.setdefault("adapt", True)
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.optim.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict]) -> None:
+        self.optim.param_groups = value
+
+    @property
+    def state(self) -> dict:
+        return self.optim.state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optim.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optim.load_state_dict(state_dict)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optim.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group: dict) -> None:
+        self.optim.add_param_group({"adapt": True, **param_group})
+
+    def __repr__(self) -> str:
+        mode = "clip" if self.clip else "scale"
+        return f"LARC({mode}, trust_coefficient={self.trust_coefficient}, wrapping {self.optim!r})"
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        saved_decay = []
+        for index, group in enumerate(self.param_groups):
+            wd = group.get("weight_decay", 0.0)
+            saved_decay.append(wd)
+            params, grads, adapt, decay = self._split({**group, "weight_decay": wd})
+            if not params:
+                continue
+            w_norm, g_norm = _norms(params), _norms(grads)
+            decayed = torch.tensor(decay, device=w_norm.device)
+            denominator = g_norm + torch.where(decayed, wd * w_norm, torch.zeros_like(w_norm)) + self.eps
+            ratios = _trust_ratios(w_norm, g_norm, adapt, self.trust_coefficient, denominator)
+            if self.clip:
+                ratios = torch.where(adapt, (ratios / group["lr"]).clamp(max=1.0), ratios)
+            self._keep(index, ratios)
+            _add_decay(grads, params, decay, wd)
+            torch._foreach_mul_(grads, list(ratios.to(grads[0].dtype).unbind()))
+            group["weight_decay"] = 0.0
+        try:
+            return self.optim.step(closure)
+        finally:
+            for group, wd in zip(self.param_groups, saved_decay):
+                if "weight_decay" in group:
+                    group["weight_decay"] = wd
