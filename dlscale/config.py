@@ -68,14 +68,26 @@ class TrainConfig:
     epochs: int = _knob(6, "Passes over the training set.")
     max_steps: int = _knob(0, "Stop after this many optimizer steps (0 = run all epochs).")
     global_batch_size: int = _knob(64, "Samples per optimizer step over all ranks; the per-rank batch is derived.")
-    optimizer: Literal["adamw", "sgd"] = _knob("adamw", "Optimizer.")
-    lr: float = _knob(2e-3, "Peak learning rate.")
-    momentum: float = _knob(0.9, "SGD momentum (adamw uses beta1 = momentum).")
+    optimizer: Literal["adamw", "sgd", "lars", "larc", "lamb"] = _knob(
+        "adamw", "Optimizer; lars, larc (around SGD) and lamb adapt the step per layer for large batches.")
+    lr: float = _knob(2e-3, "Peak learning rate at base_batch; lr_scaling adapts it to global_batch_size.")
+    lr_scaling: Literal["none", "linear", "sqrt"] = _knob(
+        "none", "How the LR follows the batch: lr * k or lr * sqrt(k) with k = global_batch_size / base_batch.")
+    base_batch: int = _knob(64, "The global batch at which lr was tuned (used by lr_scaling).")
+    momentum: float = _knob(0.9, "SGD/LARS momentum (adamw and lamb use beta1 = momentum).")
     weight_decay: float = _knob(1e-4, "Decoupled weight decay; biases and norm parameters are exempt.")
-    warmup_steps: int = _knob(50, "Steps of linear warmup from lr/warmup_steps to lr.")
-    decay: Literal["cosine", "linear", "none"] = _knob("cosine", "LR decay after warmup, down to 0 at the last step.")
+    trust_coefficient: float = _knob(0.0, "LARS/LARC trust coefficient (0 = the optimizer's default: 1e-3 LARS, 0.02 LARC).")
+    larc_mode: Literal["clip", "scale"] = _knob("clip", "LARC: clip the per-layer LR at the global LR, or scale it.")
+    warmup_steps: int = _knob(50, "Optimizer steps of linear warmup to the peak LR.")
+    warmup_epochs: float = _knob(0.0, "Warmup length in epochs; when > 0 it replaces warmup_steps.")
+    warmup_start_factor: float = _knob(
+        0.0, "Warmup starts at this fraction of the peak LR (0 = auto: the unscaled LR when lr_scaling is on, "
+             "as in Goyal et al., else 1/warmup_steps).")
+    decay: Literal["cosine", "linear", "poly", "step", "none"] = _knob(
+        "cosine", "LR decay after warmup: to 0 at the last step (cosine, linear, poly), x0.1 at 50% and 75% (step).")
     grad_clip: float = _knob(0.0, "Clip the global gradient norm to this value (0 = off).")
     precision: Literal["fp32"] = _knob("fp32", "Numeric precision of the forward and backward pass.")
+    noise_scale_every: int = _knob(0, "Measure the gradient noise scale B_simple every N steps (0 = off).")
 
     # -- logging, checkpoints ------------------------------------------------
     checkpoint_every: int = _knob(200, "Write a checkpoint every N optimizer steps (0 = only at the end).")
@@ -98,11 +110,16 @@ class TrainConfig:
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"config key '{key}' must be >= 1, got {getattr(self, key)}")
-        for key in ["max_steps", "warmup_steps", "checkpoint_every", "noise", "grad_clip", "weight_decay", "momentum"]:
+        for key in ["max_steps", "warmup_steps", "checkpoint_every", "noise", "grad_clip", "weight_decay", "momentum",
+                    "warmup_epochs", "trust_coefficient", "noise_scale_every"]:
             if getattr(self, key) < 0:
                 raise ConfigError(f"config key '{key}' must be >= 0, got {getattr(self, key)}")
         if self.lr <= 0:
             raise ConfigError(f"config key 'lr' must be > 0, got {self.lr}")
+        if self.base_batch < 1:
+            raise ConfigError(f"config key 'base_batch' must be >= 1, got {self.base_batch}")
+        if not 0 <= self.warmup_start_factor <= 1:
+            raise ConfigError(f"config key 'warmup_start_factor' must be in [0, 1] (0 = auto), got {self.warmup_start_factor}")
         if self.num_workers < -1:
             raise ConfigError(f"config key 'num_workers' must be -1 (auto) or >= 0, got {self.num_workers}")
         size = self.image_size

@@ -1,6 +1,7 @@
 """Optimizers: parameter groups with the usual weight-decay exemptions, and the factory.
 
-``build_optimizer`` is where the large-batch optimizers (LARS, LARC, LAMB) plug in.
+``build_optimizer`` makes the optimizer a config names: SGD and AdamW from torch (their
+multi-tensor versions), and the layer-wise LARS, LARC and LAMB of :mod:`dlscale.layerwise`.
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ import torch
 from torch import nn
 
 from .config import TrainConfig
+from .layerwise import LAMB, LARC, LARS
+
+__all__ = ["LAMB", "LARC", "LARS", "build_optimizer", "param_groups"]
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -25,11 +29,20 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
             {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
-    """The optimizer ``cfg.optimizer`` names, over :func:`param_groups` of ``model``."""
+def build_optimizer(cfg: TrainConfig, model: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
+    """The optimizer ``cfg.optimizer`` names, over :func:`param_groups` of ``model``, at ``lr`` (default ``cfg.lr``)."""
     groups = param_groups(model, cfg.weight_decay)
+    lr = cfg.lr if lr is None else lr
+    trust = {"trust_coefficient": cfg.trust_coefficient} if cfg.trust_coefficient else {}
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
+        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, foreach=True)
     if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.momentum, 0.999))
+        return torch.optim.AdamW(groups, lr=lr, betas=(cfg.momentum, 0.999), foreach=True)
+    if cfg.optimizer == "lars":
+        return LARS(groups, lr=lr, momentum=cfg.momentum, **trust)
+    if cfg.optimizer == "larc":
+        sgd = torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, foreach=True)
+        return LARC(sgd, clip=cfg.larc_mode == "clip", **trust)
+    if cfg.optimizer == "lamb":
+        return LAMB(groups, lr=lr, betas=(cfg.momentum, 0.999))
     raise ValueError(f"unknown optimizer {cfg.optimizer!r}")  # TrainConfig already rejects these

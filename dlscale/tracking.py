@@ -1,7 +1,8 @@
 """Metrics of a run: always CSV files in the run directory, Weights & Biases when asked.
 
 ``metrics.csv`` has one row per optimizer step (step, epoch, loss, lr, samples_per_s);
-``validation.csv`` one row per epoch (epoch, step, mse, r2 and r2 per target). Both are
+``validation.csv`` one row per epoch (epoch, step, mse, r2 and r2 per target);
+``noise_scale.csv`` (when measured) the gradient noise scale estimates. All are
 plain files a notebook reads with the csv module or pandas. With ``tracking=wandb`` the
 same rows also go to Weights & Biases, offline by default (``wandb sync`` uploads later);
 the ``WANDB_MODE`` environment variable wins over the config. Only the main process
@@ -21,6 +22,7 @@ from .errors import DlscaleError
 
 TRAIN_FILE = "metrics.csv"
 VAL_FILE = "validation.csv"
+NOISE_FILE = "noise_scale.csv"
 TRAIN_COLUMNS = ["step", "epoch", "loss", "lr", "samples_per_s"]
 
 
@@ -73,7 +75,7 @@ class MetricsLogger:
         if not self.enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        for name in (TRAIN_FILE, VAL_FILE):
+        for name in (TRAIN_FILE, VAL_FILE, NOISE_FILE):
             if resume_step is None:
                 (self.run_dir / name).unlink(missing_ok=True)
             else:
@@ -95,19 +97,27 @@ class MetricsLogger:
             for row in rows:
                 self._wandb.log({f"train/{k}": v for k, v in row.items() if k != "step"}, step=int(row["step"]))
 
-    def log_validation(self, row: dict[str, Any]) -> None:
-        """Append one validation row (``epoch``, ``step`` and the metric columns)."""
+    def _append(self, name: str, columns: Sequence[str], row: dict[str, Any], prefix: str) -> None:
+        """Append a row to one of the per-event CSV files (and to wandb under ``prefix/``)."""
         if not self.enabled:
             return
-        path = self.run_dir / VAL_FILE
+        path = self.run_dir / name
         new = not path.is_file() or path.stat().st_size == 0
         with open(path, "a", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=self.val_columns)
+            writer = csv.DictWriter(handle, fieldnames=columns)
             if new:
                 writer.writeheader()
             writer.writerow(row)
         if self._wandb is not None:
-            self._wandb.log({f"val/{k}": v for k, v in row.items() if k != "step"}, step=int(row["step"]))
+            self._wandb.log({f"{prefix}/{k}": v for k, v in row.items() if k != "step"}, step=int(row["step"]))
+
+    def log_validation(self, row: dict[str, Any]) -> None:
+        """Append one validation row (``epoch``, ``step`` and the metric columns)."""
+        self._append(VAL_FILE, self.val_columns, row, "val")
+
+    def log_noise_scale(self, row: dict[str, Any]) -> None:
+        """Append one noise-scale row (``step``, ``b_simple``, ``g2``, ``trace``)."""
+        self._append(NOISE_FILE, ["step", "b_simple", "g2", "trace"], row, "noise")
 
     def summary(self, values: dict[str, Any]) -> None:
         if self._wandb is not None:

@@ -34,7 +34,8 @@ from .data.loader import target_names
 from .models import build_model, count_parameters
 from .optim import build_optimizer
 from .preemption import PREEMPTED_EXIT_CODE, StopFlag
-from .schedules import warmup_schedule
+from .noise_scale import NoiseScaleEstimator, grad_sq_norm
+from .schedules import scale_lr, warmup_schedule
 from .throughput import ThroughputMeter
 from .tracking import TRAIN_FILE, VAL_FILE, MetricsLogger, read_rows
 
@@ -61,6 +62,8 @@ class Result:
     total_steps: int
     seconds: float
     preempted: bool = False
+    peak_lr: float = 0.0
+    noise_scale: float = float("nan")
     model: nn.Module | None = field(default=None, repr=False)
 
     def summary(self) -> str:
@@ -134,6 +137,25 @@ def predict(model: nn.Module, loader: Iterable, device: torch.device | str = "cp
     return torch.cat(preds), torch.cat(targets)
 
 
+def _small_batch_sq_norm(model: nn.Module, loss_fn: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                         autocast: Any, scaler: torch.amp.GradScaler) -> float:
+    """‖gradient‖² of the mean loss over a small batch, leaving the model exactly as it was.
+
+    Batch-norm running statistics are put back, so a run that measures the noise scale
+    follows the same trajectory as one that does not.
+    """
+    buffers = [b.clone() for b in model.buffers()]
+    with autocast():
+        loss = loss_fn(model(x), y)
+    scaler.scale(loss).backward()
+    value = float(grad_sq_norm(model.parameters())) / scaler.get_scale() ** 2
+    with torch.no_grad():
+        for buffer, saved in zip(model.buffers(), buffers):
+            buffer.copy_(saved)
+    model.zero_grad(set_to_none=True)
+    return value
+
+
 def _to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device, channels_last: bool):
     x = x.to(device, non_blocking=True)
     if channels_last:
@@ -150,7 +172,8 @@ def _as_config(cfg: TrainConfig | str | None, overrides: Mapping[str, Any]) -> T
 
 
 def _restore(ckpt: dict[str, Any], path: Path, steps_per_epoch: int, cfg: TrainConfig, model: nn.Module,
-             optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler) -> int:
+             optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler,
+             noise: NoiseScaleEstimator) -> int:
     """Load a checkpoint's states into the live objects and return its step."""
     saved = ckpt["position"]
     if saved["steps_per_epoch"] != steps_per_epoch or saved["global_batch_size"] != cfg.global_batch_size:
@@ -164,6 +187,7 @@ def _restore(ckpt: dict[str, Any], path: Path, steps_per_epoch: int, cfg: TrainC
     scheduler.load_state_dict(ckpt["scheduler"])
     scaler.load_state_dict(ckpt["scaler"])
     set_rng_state(ckpt["rng"])
+    noise.__dict__.update(ckpt.get("noise_scale", {}))
     return int(saved["step"])
 
 
@@ -187,12 +211,18 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
     dataset = train_loader.dataset
     names = target_names(data_root, dataset.num_targets)
     model = build_model(cfg, dataset.input_shape[0], dataset.num_targets).to(device)
-    optimizer = build_optimizer(cfg, model)
+    peak_lr = scale_lr(cfg.lr, cfg.base_batch, cfg.global_batch_size, cfg.lr_scaling)
+    optimizer = build_optimizer(cfg, model, lr=peak_lr)
     steps_per_epoch = len(train_loader)
     total_steps = cfg.epochs * steps_per_epoch
     if cfg.max_steps:
         total_steps = min(total_steps, cfg.max_steps)
-    scheduler = warmup_schedule(optimizer, cfg.warmup_steps, total_steps, cfg.decay)
+    warmup = round(cfg.warmup_epochs * steps_per_epoch) if cfg.warmup_epochs else cfg.warmup_steps
+    start_factor = cfg.warmup_start_factor or (cfg.lr / peak_lr if peak_lr > cfg.lr else None)
+    scheduler = warmup_schedule(optimizer, min(warmup, total_steps), total_steps, cfg.decay, start_factor)
+    noise = NoiseScaleEstimator(decay=0.9)
+    if cfg.noise_scale_every and train_loader.batch_size < 2:
+        raise ConfigError("noise_scale_every needs a per-rank batch of at least 2 samples")
     scaler = torch.amp.GradScaler(device.type, enabled=False)  # the mixed-precision policy enables it for fp16
     autocast = contextlib.nullcontext
     loss_fn = nn.MSELoss()
@@ -203,7 +233,7 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
         found = load_latest_checkpoint(run_dir)
         if found:
             resume_from, ckpt = found
-            step = _restore(ckpt, resume_from, steps_per_epoch, cfg, model, optimizer, scheduler, scaler)
+            step = _restore(ckpt, resume_from, steps_per_epoch, cfg, model, optimizer, scheduler, scaler, noise)
             del ckpt
     elif is_main and checkpoint_dir(run_dir).is_dir():
         for old in checkpoint_dir(run_dir).glob("*.pt"):
@@ -216,7 +246,8 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
         where = f"resuming from {resume_from.name} at step {step}" if resume_from else "starting afresh"
         print(f"dlscale: {cfg.name} on {device}, {count_parameters(model):,} parameters, {len(dataset):,} maps "
               f"{tuple(dataset.input_shape)} from {data_root}, {total_steps} steps of batch "
-              f"{cfg.global_batch_size}; {where}; writing to {run_dir}", flush=True)
+              f"{cfg.global_batch_size}, {cfg.optimizer} at peak lr {peak_lr:.3g}; {where}; writing to {run_dir}",
+              flush=True)
 
     def checkpoint() -> None:
         if is_main:
@@ -225,7 +256,7 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
                 "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(),
                 "position": {"step": step, "steps_per_epoch": steps_per_epoch,
                              "global_batch_size": cfg.global_batch_size},
-                "config": cfg.to_dict(),
+                "config": cfg.to_dict(), "noise_scale": dict(noise.__dict__),
             }, keep=cfg.keep_checkpoints)
 
     # -- the loop --------------------------------------------------------------
@@ -252,12 +283,21 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
             train_loader.sampler.set_position(epoch, epoch_step * train_loader.batch_size)
             for x, y in train_loader:
                 x, y = _to_device(x, y, device, cfg.channels_last)
+                optimizer.zero_grad(set_to_none=True)
+                measuring = cfg.noise_scale_every and step % cfg.noise_scale_every == 0
+                if measuring:
+                    small = len(x) // 4 or 1
+                    small_sq = _small_batch_sq_norm(model, loss_fn, x[:small], y[:small], autocast, scaler)
                 with autocast():
                     loss = loss_fn(model(x), y)
-                optimizer.zero_grad(set_to_none=True)
                 scaler.scale(loss).backward()
-                if cfg.grad_clip:
+                if cfg.grad_clip or measuring:
                     scaler.unscale_(optimizer)
+                if measuring:
+                    noise.update(small_sq, small, float(grad_sq_norm(model.parameters())), len(x))
+                    logger.log_noise_scale({"step": step + 1, "b_simple": noise.b_simple, "g2": noise.g2,
+                                            "trace": noise.trace})
+                if cfg.grad_clip:
                     nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
                 lr = optimizer.param_groups[0]["lr"]
                 scaler.step(optimizer)
@@ -294,10 +334,11 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
     result = Result(config=cfg, run_dir=run_dir, device=str(device), final=final, history=history,
                     steps=read_rows(run_dir / TRAIN_FILE), samples_per_s=meter.samples_per_s, steps_done=step,
                     total_steps=total_steps, seconds=time.perf_counter() - started, preempted=preempted,
-                    model=model)
+                    model=model, peak_lr=peak_lr, noise_scale=noise.b_simple)
     if is_main:
         summary = {"samples_per_s": result.samples_per_s, "steps_done": step, "total_steps": total_steps,
-                   "seconds": result.seconds, "device": str(device), "preempted": preempted, **final}
+                   "seconds": result.seconds, "device": str(device), "preempted": preempted, "peak_lr": peak_lr,
+                   **({"noise_scale": noise.b_simple} if cfg.noise_scale_every else {}), **final}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         logger.summary(summary)
         if cfg.plot and not preempted:

@@ -10,20 +10,46 @@ from dlscale.checkpoint import rng_state, set_rng_state
 from dlscale.config import load_config
 from dlscale.models import CNNRegressor, build_model, count_parameters
 from dlscale.optim import build_optimizer, param_groups
-from dlscale.schedules import lr_factor, warmup_schedule
+from dlscale.schedules import lr_factor, lr_trace, scale_lr, warmup_schedule
 from dlscale.throughput import ThroughputMeter
 
 
-def test_warmup_then_cosine_to_zero():
-    factor = lr_factor(warmup_steps=4, total_steps=14, decay="cosine")
-    assert [factor(t) for t in range(4)] == [0.25, 0.5, 0.75, 1.0]
-    assert factor(9) == pytest.approx(0.5)
-    assert factor(14) == pytest.approx(0.0, abs=1e-12)
-    linear = lr_factor(0, 10, "linear")
-    assert linear(0) == 1.0 and linear(5) == 0.5
-    assert lr_factor(2, 10, "none")(9) == 1.0
+def test_scale_lr_rules_and_errors():
+    assert scale_lr(0.1, 256, 8192, "linear") == pytest.approx(3.2)
+    assert scale_lr(0.1, 256, 8192, "sqrt") == pytest.approx(0.1 * 32 ** 0.5)
+    assert scale_lr(0.1, 256, 8192, "none") == 0.1
+    assert scale_lr(0.1, 256, 64, "linear") == pytest.approx(0.025)  # smaller batches scale down
+    with pytest.raises(ValueError, match="rule must be one of none, linear, sqrt"):
+        scale_lr(0.1, 256, 512, "cubic")
+    with pytest.raises(ValueError, match="base_lr > 0"):
+        scale_lr(0.0, 256, 512)
+    with pytest.raises(ValueError, match="batches >= 1"):
+        scale_lr(0.1, 0, 512)
+
+
+@pytest.mark.parametrize("decay, at_end", [("cosine", 0.0), ("linear", 0.0), ("poly", 0.0), ("none", 1.0),
+                                           ("step", 0.01)])
+def test_warmup_hits_start_peak_and_end(decay, at_end):
+    trace = lr_trace(2.0, warmup_steps=10, total_steps=110, decay=decay, warmup_start_factor=0.1)
+    assert trace[0] == pytest.approx(0.2)  # step 0: the start factor, never 0
+    assert trace[5] == pytest.approx(0.2 + 1.8 * 5 / 10)
+    assert trace[10] == pytest.approx(2.0)  # end of warmup: the peak
+    end = lr_factor(10, 110, decay, 0.1)(110)
+    assert end == pytest.approx(at_end, abs=1e-12)
+    assert max(trace) == pytest.approx(2.0)
+
+
+def test_schedule_shapes_between_the_ends():
+    assert lr_factor(0, 100, "cosine")(50) == pytest.approx(0.5)
+    assert lr_factor(0, 100, "linear")(25) == pytest.approx(0.75)
+    assert lr_factor(0, 100, "poly", poly_power=2.0)(50) == pytest.approx(0.25)
+    assert [lr_factor(0, 100, "step")(t) for t in (49, 50, 74, 75)] == pytest.approx([1, 0.1, 0.1, 0.01])
+    assert lr_factor(0, 100, "cosine", min_factor=0.1)(100) == pytest.approx(0.1)
+    assert lr_factor(4, 10)(0) == 0.25  # default start: 1 / warmup_steps
     with pytest.raises(ValueError, match="decay must be one of"):
         lr_factor(0, 10, "exp")
+    with pytest.raises(ValueError, match="warmup_start_factor must be in"):
+        lr_factor(5, 10, "cosine", 0.0)
 
 
 def test_schedule_is_a_torch_scheduler_that_checkpoints():

@@ -10,6 +10,7 @@ import torch
 
 from dlscale.checkpoint import CheckpointError, list_checkpoints
 from dlscale.preemption import PREEMPTED_EXIT_CODE
+from dlscale.tracking import read_rows
 from dlscale.train import DeviceError, resolve_device, train
 
 
@@ -56,8 +57,35 @@ def test_run_directory_holds_metrics_plot_config_and_checkpoints(tiny):
 def test_warmup_starts_above_zero_and_lr_is_logged(tiny):
     result = train(tiny(warmup_steps=10, lr=0.01))
     lrs = [row["lr"] for row in result.steps]
-    assert lrs[0] == pytest.approx(0.001) and lrs[9] == pytest.approx(0.01)
+    assert lrs[0] == pytest.approx(0.001) and lrs[10] == pytest.approx(0.01)
     assert lrs[-1] < 0.001  # cosine decay towards 0
+
+
+def test_lr_scaling_sets_the_peak_and_warmup_starts_from_the_base_lr(tiny):
+    result = train(tiny(lr=0.001, base_batch=8, global_batch_size=32, lr_scaling="linear", warmup_epochs=0.5,
+                        epochs=1, optimizer="lamb"))
+    lrs = [row["lr"] for row in result.steps]
+    assert result.peak_lr == pytest.approx(0.004)
+    assert lrs[0] == pytest.approx(0.001)  # Goyal et al.: warmup from the small-batch LR
+    assert lrs[16] == pytest.approx(0.004)  # half an epoch of 32 steps
+    sqrt = train(tiny(lr=0.001, base_batch=8, global_batch_size=32, lr_scaling="sqrt", max_steps=3))
+    assert sqrt.peak_lr == pytest.approx(0.002)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "lars", "larc", "lamb"])
+def test_every_optimizer_trains(tiny, optimizer):
+    lr = {"sgd": 0.05, "lars": 1.0, "larc": 0.5, "lamb": 0.01}[optimizer]
+    result = train(tiny(optimizer=optimizer, lr=lr, epochs=3))
+    assert result.final["r2"] > 0.3, result.final
+
+
+def test_noise_scale_is_measured_without_changing_the_run(tiny):
+    plain = train(tiny(run_dir="runs/plain"))
+    measured = train(tiny(run_dir="runs/noise", noise_scale_every=4))
+    assert losses(measured) == losses(plain)  # the extra small batch leaves the trajectory alone
+    rows = read_rows(measured.run_dir / "noise_scale.csv")
+    assert [int(r["step"]) for r in rows] == list(range(1, 65, 4))
+    assert measured.noise_scale > 0 and rows[-1]["b_simple"] == pytest.approx(measured.noise_scale)
 
 
 def test_fresh_start_replaces_an_earlier_run(tiny):

@@ -1,0 +1,120 @@
+"""The gradient noise scale: how large a batch can usefully get.
+
+McCandlish, Kaplan, Amodei et al., "An Empirical Model of Large-Batch Training"
+(arXiv:1812.06162), appendix A. With ``G`` the true gradient and ``Σ`` the per-sample
+gradient covariance, the *simple noise scale* is ``B_simple = tr(Σ) / |G|²``: batches much
+smaller than it waste steps on noise, batches much larger than it waste samples.
+
+The squared norm of a gradient averaged over a batch of ``B`` samples has expectation
+``|G|² + tr(Σ) / B``. Measuring it at two batch sizes ``B_small < B_big`` gives unbiased
+estimates of both terms::
+
+    |G|²  ≈ (B_big · |g_big|² − B_small · |g_small|²) / (B_big − B_small)
+    tr(Σ) ≈ (|g_small|² − |g_big|²) / (1 / B_small − 1 / B_big)
+
+Each single estimate is very noisy, so the two are averaged over many measurements
+*before* dividing. In data-parallel training the gradient of one rank (before the
+all-reduce) and the averaged one give the two batch sizes for free; on one process,
+``dlscale.train`` spends one extra small forward and backward pass every
+``noise_scale_every`` steps. Near convergence ``|G|²`` goes to 0 and the ratio grows
+without bound: read it during the steep part of training. Lesson 07 uses it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+
+def grad_sq_norm(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
+    """Σ‖grad‖² over the parameters that have gradients, as a 0-d tensor (no device sync)."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.stack(torch._foreach_norm(grads)).double().square().sum()
+
+
+def estimate_terms(small_sq: float, small_batch: int, big_sq: float, big_batch: int) -> tuple[float, float]:
+    """One unbiased estimate of ``(|G|², tr(Σ))`` from squared gradient norms at two batch sizes."""
+    if not 0 < small_batch < big_batch:
+        raise ValueError(f"need 0 < small_batch < big_batch; got {small_batch} and {big_batch}")
+    g2 = (big_batch * big_sq - small_batch * small_sq) / (big_batch - small_batch)
+    trace = (small_sq - big_sq) / (1.0 / small_batch - 1.0 / big_batch)
+    return g2, trace
+
+
+class NoiseScaleEstimator:
+    """Running averages of ``|G|²`` and ``tr(Σ)``, and their ratio ``B_simple``.
+
+    ``decay=None`` keeps plain means over every update; a decay in (0, 1) keeps
+    exponential moving averages instead (to follow B_simple as training moves on).
+    """
+
+    def __init__(self, decay: float | None = None):
+        self.decay = decay
+        self.count = 0
+        self.g2 = 0.0
+        self.trace = 0.0
+
+    def update(self, small_sq: float, small_batch: int, big_sq: float, big_batch: int) -> None:
+        g2, trace = estimate_terms(float(small_sq), small_batch, float(big_sq), big_batch)
+        self.count += 1
+        weight = 1.0 / self.count if self.decay is None else max(1.0 - self.decay, 1.0 / self.count)
+        self.g2 += weight * (g2 - self.g2)
+        self.trace += weight * (trace - self.trace)
+
+    @property
+    def b_simple(self) -> float:
+        """``tr(Σ) / |G|²``, or NaN while ``|G|²`` is not yet positive."""
+        return self.trace / self.g2 if self.count and self.g2 > 0 else math.nan
+
+
+@dataclass
+class NoiseScale:
+    """A standalone measurement: the averaged terms and B_simple."""
+
+    b_simple: float
+    g2: float
+    trace: float
+    draws: int
+
+
+def measure_noise_scale(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                        dataset: Dataset, small_batch: int, big_batch: int, draws: int = 20,
+                        device: torch.device | str = "cpu", seed: int = 0) -> NoiseScale:
+    """Measure ``B_simple`` of ``model`` on ``dataset`` at its current weights.
+
+    Each draw takes ``big_batch`` random samples, computes the mean-loss gradient on the
+    first ``small_batch`` of them and on all of them, and feeds both squared norms to a
+    :class:`NoiseScaleEstimator`. The weights are not changed (batch-norm statistics are
+    restored afterwards).
+    """
+    generator = torch.Generator().manual_seed(seed)
+    estimator = NoiseScaleEstimator()
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    was_training = model.training
+    model.train()
+    try:
+        for _ in range(draws):
+            index = torch.randperm(len(dataset), generator=generator)[:big_batch].tolist()
+            samples = [dataset[i] for i in index]
+            x = torch.stack([s[0] for s in samples]).to(device)
+            y = torch.stack([s[1] for s in samples]).to(device)
+            norms = []
+            for size in (small_batch, big_batch):
+                model.zero_grad(set_to_none=True)
+                loss_fn(model(x[:size]), y[:size]).backward()
+                norms.append(float(grad_sq_norm(model.parameters())))
+            estimator.update(norms[0], small_batch, norms[1], big_batch)
+    finally:
+        model.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for name, buffer in model.named_buffers():
+                buffer.copy_(buffers[name])
+        model.train(was_training)
+    return NoiseScale(estimator.b_simple, estimator.g2, estimator.trace, estimator.count)
