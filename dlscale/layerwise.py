@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -43,8 +44,19 @@ def _trust_ratios(weight_norms: Tensor, step_norms: Tensor, adapt: Tensor, scale
     """``scale * ‖w‖ / denominator`` (default ``‖step‖``) where ``adapt`` and both norms are positive, else 1."""
     denominator = step_norms if denominator is None else denominator
     usable = adapt & (weight_norms > 0) & (step_norms > 0)
-    return torch.where(usable, scale * weight_norms / denominator.clamp_min(torch.finfo(torch.float32).tiny),
-                       torch.ones_like(weight_norms))
+    return torch.where(usable, scale * weight_norms / denominator.clamp_min(torch.finfo(torch.float32).tiny), 1.0)
+
+
+@dataclass
+class _Layout:
+    """Which tensors of a group adapt and decay, worked out once and reused while the group is unchanged."""
+
+    adapt: Tensor | None  # bool mask on the parameters' device; None when no tensor of the group adapts
+    decay: list[bool]
+    chosen: list[int]  # indices of the tensors that decay
+    decay_mask: Tensor
+    chosen_index: Tensor  # ``chosen`` as a tensor on the parameters' device
+    all_decay: bool
 
 
 class _LayerwiseMixin:
@@ -53,21 +65,52 @@ class _LayerwiseMixin:
     exclude_1d: bool
     trust_ratios: list[Tensor]
 
-    def _split(self, group: dict) -> tuple[list[Tensor], list[Tensor], Tensor, list[bool]]:
-        """Parameters with gradients, their gradients, an adapt mask (on their device), decay flags."""
+    def _split(self, group: dict) -> tuple[list[Tensor], list[Tensor], _Layout]:
+        """Parameters with gradients, their gradients, and the group's layout."""
         params = [p for p in group["params"] if p.grad is not None]
-        if any(p.grad.is_sparse for p in params):
-            raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
-        eligible = [not (self.exclude_1d and p.ndim <= 1) for p in params]
-        device = params[0].device if params else "cpu"
-        adapt = torch.tensor([group["adapt"] and e for e in eligible], dtype=torch.bool, device=device)
-        decay = [e and group["weight_decay"] != 0 for e in eligible]
-        return params, [p.grad for p in params], adapt, decay
+        grads = [p.grad for p in params]
+        key = (tuple(map(id, params)), bool(group["adapt"]), group["weight_decay"] != 0)
+        layouts = self.__dict__.setdefault("_layouts", {})
+        layout = layouts.get(key)
+        if layout is None:
+            if any(g.is_sparse for g in grads):
+                raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+            eligible = [not (self.exclude_1d and p.ndim <= 1) for p in params]
+            device = params[0].device if params else "cpu"
+            adapt = [group["adapt"] and e for e in eligible]
+            decay = [e and group["weight_decay"] != 0 for e in eligible]
+            chosen = [i for i, d in enumerate(decay) if d]
+            layout = _Layout(torch.tensor(adapt, dtype=torch.bool, device=device) if any(adapt) else None, decay,
+                             chosen, torch.tensor(decay, device=device), torch.tensor(chosen, device=device,
+                                                                                      dtype=torch.long), all(decay))
+            if len(layouts) > 64:  # groups whose parameters keep changing: do not grow without bound
+                layouts.clear()
+            layouts[key] = layout
+        return params, grads, layout
+
+    def _state(self, params: list[Tensor], key: str) -> list[Tensor]:
+        """The ``key`` state tensor of each parameter, created (zeros) only where missing."""
+        out = []
+        for p in params:
+            state = self.state[p]
+            if key not in state:
+                state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            out.append(state[key])
+        return out
 
     def _keep(self, index: int, ratios: Tensor) -> None:
         while len(self.trust_ratios) <= index:
             self.trust_ratios.append(torch.empty(0))
         self.trust_ratios[index] = ratios.detach()
+
+
+def _with_decay(grads: list[Tensor], params: list[Tensor], decay: list[bool], weight_decay: float) -> list[Tensor]:
+    """New tensors ``grad + weight_decay * param`` (just ``grad`` copied where a tensor does not decay)."""
+    if all(decay):
+        return list(torch._foreach_add(grads, params, alpha=weight_decay))
+    out = list(torch._foreach_mul(grads, 1.0))
+    _add_decay(out, params, decay, weight_decay)
+    return out
 
 
 def _add_decay(targets: list[Tensor], params: list[Tensor], decay: list[bool], weight_decay: float,
@@ -117,28 +160,51 @@ class LARS(_LayerwiseMixin, Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for index, group in enumerate(self.param_groups):
-            params, grads, adapt, decay = self._split(group)
+            params, grads, layout = self._split(group)
             if not params:
                 continue
-            wd = group["weight_decay"]
-            w_norm, g_norm = _norms(params), _norms(grads)
-            decayed = torch.tensor(decay, device=w_norm.device)
-            denominator = g_norm + torch.where(decayed, wd * w_norm, torch.zeros_like(w_norm)) + group["eps"]
-            ratios = _trust_ratios(w_norm, g_norm, adapt, group["trust_coefficient"], denominator)
-            self._keep(index, ratios)
-            scales = list(ratios.to(grads[0].dtype).unbind())
-            steps = torch._foreach_mul(grads, scales)  # r * g
-            _add_decay(steps, params, decay, wd, scales)  # + r * wd * w
-            momentum = group["momentum"]
-            if momentum:
-                buffers = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in params]
-                torch._foreach_mul_(buffers, momentum)
-                torch._foreach_add_(buffers, steps)
-                if group["nesterov"]:
-                    torch._foreach_add_(steps, buffers, alpha=momentum)
-                else:
+            wd, lr, momentum = group["weight_decay"], group["lr"], group["momentum"]
+            if layout.adapt is None and (momentum == 0 or not group["nesterov"]):  # no trust ratio: plain SGD
+                self._keep(index, torch.ones(len(params), device=params[0].device))
+                steps = _with_decay(grads, params, layout.decay, wd) if layout.chosen else grads
+                if momentum:
+                    buffers = self._state(params, "momentum_buffer")
+                    torch._foreach_mul_(buffers, momentum)
+                    torch._foreach_add_(buffers, steps)
                     steps = buffers
-            torch._foreach_add_(params, steps, alpha=-group["lr"])
+                torch._foreach_add_(params, steps, alpha=-lr)
+                continue
+            if layout.adapt is None:
+                ratios = torch.ones(len(params), device=params[0].device)
+            else:
+                w_norm, g_norm = _norms(params), _norms(grads)
+                decay_norm = wd * w_norm if layout.all_decay else torch.where(layout.decay_mask, wd * w_norm, 0.0)
+                denominator = g_norm + decay_norm + group["eps"]
+                ratios = _trust_ratios(w_norm, g_norm, layout.adapt, group["trust_coefficient"], denominator)
+            self._keep(index, ratios)
+            ratios = ratios.to(params[0].dtype)
+            chosen = layout.chosen
+            # Everything in place (fresh full-size tensors cost more than the arithmetic):
+            # d = r * (g + wd * w) goes straight into the momentum buffer.
+            if momentum:
+                buffers = self._state(params, "momentum_buffer")
+                torch._foreach_mul_(buffers, momentum)
+                torch._foreach_addcmul_(buffers, grads, list(ratios.unbind()))
+                if layout.all_decay:
+                    torch._foreach_addcmul_(buffers, params, list((ratios * wd).unbind()))
+                elif chosen:
+                    torch._foreach_addcmul_([buffers[i] for i in chosen], [params[i] for i in chosen],
+                                            list((ratios[layout.chosen_index] * wd).unbind()))
+                if not group["nesterov"]:
+                    torch._foreach_add_(params, buffers, alpha=-lr)
+                    continue
+            # w -= lr * r * (g + wd * w): w *= (1 - lr * r * wd) first (it needs the old w), then w -= lr * r * g
+            if chosen:
+                torch._foreach_mul_([params[i] for i in chosen],
+                                    list((1 - lr * wd * ratios[layout.chosen_index]).unbind()))
+            torch._foreach_addcmul_(params, grads, list((-lr * ratios).unbind()))
+            if momentum:  # nesterov: w -= lr * (d + momentum * buf)
+                torch._foreach_add_(params, buffers, alpha=-lr * momentum)
         return loss
 
 
@@ -171,8 +237,18 @@ class LAMB(_LayerwiseMixin, Optimizer):
         self.exclude_1d = exclude_1d
         self.max_grad_norm = max_grad_norm
         self.trust_ratios = []
+        self._scratch: dict[Tensor, Tensor] = {}  # per-parameter work space, not state: never checkpointed
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                                       bias_correction=bias_correction, trust_clip=trust_clip, adapt=adapt, step=0))
+
+    def _scratch_for(self, params: list[Tensor]) -> list[Tensor]:
+        out = []
+        for p in params:
+            buffer = self._scratch.get(p)
+            if buffer is None or buffer.shape != p.shape or buffer.dtype != p.dtype:
+                buffer = self._scratch[p] = torch.empty_like(p)
+            out.append(buffer)
+        return out
 
     def _global_clip(self) -> Tensor | None:
         """The factor that brings the global gradient norm down to ``max_grad_norm`` (None if off)."""
@@ -192,35 +268,42 @@ class LAMB(_LayerwiseMixin, Optimizer):
                 loss = closure()
         clip = self._global_clip()
         for index, group in enumerate(self.param_groups):
-            params, grads, adapt, decay = self._split(group)
+            params, grads, layout = self._split(group)
             if not params:
                 continue
             if clip is not None:
                 grads = torch._foreach_mul(grads, clip.to(grads[0].dtype))
             group["step"] += 1
             beta1, beta2 = group["betas"]
-            exp_avg = [self.state[p].setdefault("exp_avg", torch.zeros_like(p)) for p in params]
-            exp_avg_sq = [self.state[p].setdefault("exp_avg_sq", torch.zeros_like(p)) for p in params]
+            exp_avg, exp_avg_sq = self._state(params, "exp_avg"), self._state(params, "exp_avg_sq")
             torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
             torch._foreach_mul_(exp_avg_sq, beta2)
             torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
-            if group["bias_correction"]:
-                correction1 = 1 - beta1 ** group["step"]
-                correction2 = 1 - beta2 ** group["step"]
-            else:
-                correction1 = correction2 = 1.0
-            denominator = torch._foreach_sqrt(exp_avg_sq)
-            torch._foreach_div_(denominator, math.sqrt(correction2))
-            torch._foreach_add_(denominator, group["eps"])
-            updates = torch._foreach_div(exp_avg, denominator)
-            torch._foreach_div_(updates, correction1)
-            _add_decay(updates, params, decay, group["weight_decay"])
-            ratios = _trust_ratios(_norms(params), _norms(updates), adapt)
+            c1, c2 = ((1 - beta1 ** group["step"]), (1 - beta2 ** group["step"])) if group["bias_correction"] else (1.0, 1.0)
+            # The paper's update is u = m/c1 / (sqrt(v/c2) + eps) + wd*w. Written as
+            # u = (sqrt(c2)/c1) * q with q = m / (sqrt(v) + eps*sqrt(c2)) + (c1*wd/sqrt(c2)) * w,
+            # the scalar in front cancels in the trust ratio ‖w‖/‖u‖, which saves two passes.
+            root_c2 = math.sqrt(c2)
+            q = self._scratch_for(params)  # q = m / (sqrt(v) + eps*sqrt(c2)), all in place
+            torch._foreach_copy_(q, exp_avg_sq)
+            torch._foreach_sqrt_(q)
+            torch._foreach_add_(q, group["eps"] * root_c2)
+            torch._foreach_reciprocal_(q)
+            torch._foreach_mul_(q, exp_avg)
+            _add_decay(q, params, layout.decay, group["weight_decay"] * c1 / root_c2)
+            if layout.adapt is None:  # no trust ratio in this group: w -= lr * u, a plain Adam step
+                self._keep(index, torch.ones(len(params), device=params[0].device))
+                torch._foreach_add_(params, q, alpha=-group["lr"] * root_c2 / c1)
+                continue
+            w_norm, q_norm = _norms(params), _norms(q)
+            usable = layout.adapt & (w_norm > 0) & (q_norm > 0)
+            ratios = torch.where(usable, w_norm / q_norm.clamp_min(torch.finfo(torch.float32).tiny) * (c1 / root_c2),
+                                 1.0)  # the paper's r = ‖w‖/‖u‖, 1 where unusable
             if group["trust_clip"] is not None:
                 ratios = ratios.clamp(max=group["trust_clip"])
             self._keep(index, ratios)
-            torch._foreach_mul_(updates, list(ratios.to(updates[0].dtype).unbind()))
-            torch._foreach_add_(params, updates, alpha=-group["lr"])
+            multipliers = ratios * (-group["lr"] * root_c2 / c1)  # w -= lr * r * u
+            torch._foreach_addcmul_(params, q, list(multipliers.to(q[0].dtype).unbind()))
         return loss
 
 
@@ -288,18 +371,23 @@ class LARC(_LayerwiseMixin, Optimizer):
         for index, group in enumerate(self.param_groups):
             wd = group.get("weight_decay", 0.0)
             saved_decay.append(wd)
-            params, grads, adapt, decay = self._split({**group, "weight_decay": wd})
+            params, grads, layout = self._split({**group, "weight_decay": wd})
             if not params:
                 continue
-            w_norm, g_norm = _norms(params), _norms(grads)
-            decayed = torch.tensor(decay, device=w_norm.device)
-            denominator = g_norm + torch.where(decayed, wd * w_norm, torch.zeros_like(w_norm)) + self.eps
-            ratios = _trust_ratios(w_norm, g_norm, adapt, self.trust_coefficient, denominator)
-            if self.clip:
-                ratios = torch.where(adapt, (ratios / group["lr"]).clamp(max=1.0), ratios)
-            self._keep(index, ratios)
-            _add_decay(grads, params, decay, wd)
-            torch._foreach_mul_(grads, list(ratios.to(grads[0].dtype).unbind()))
+            if layout.adapt is None:
+                self._keep(index, torch.ones(len(params), device=params[0].device))
+                _add_decay(grads, params, layout.decay, wd)
+            else:
+                w_norm, g_norm = _norms(params), _norms(grads)
+                decay_norm = wd * w_norm if layout.all_decay else torch.where(layout.decay_mask, wd * w_norm, 0.0)
+                denominator = g_norm + decay_norm + self.eps
+                ratios = _trust_ratios(w_norm, g_norm, layout.adapt, self.trust_coefficient, denominator)
+                if self.clip:
+                    ratios = torch.where(layout.adapt, (ratios / group["lr"]).clamp(max=1.0), ratios)
+                self._keep(index, ratios)
+                _add_decay(grads, params, layout.decay, wd)
+                torch._foreach_mul_(grads, list(ratios.to(grads[0].dtype).unbind()))
+            group["weight_decay"] = 0.0
             group["weight_decay"] = 0.0
         try:
             return self.optim.step(closure)
