@@ -30,8 +30,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
+# timm only for its optimizers, which the benchmark and tests compare with: --no-deps keeps
+# out the torchvision that timm's model zoo wants and that a CPU build of torch cannot import.
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet -e ".[$(TEST_EXTRAS)]"
+	$(BIN)/python -m pip install --quiet --no-deps "timm>=1.0"
 	touch $@
 
 setup: $(VENV)/.installed

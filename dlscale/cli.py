@@ -1,4 +1,4 @@
-"""The ``dlscale`` command: train, data, exercises, info.
+"""The ``dlscale`` command: train, data, bench, experiment, exercises, info.
 
 Every subcommand calls the package; nothing here computes. Errors that a user can fix
 (a bad key, a missing file, no GPU) print one line and exit with status 2.
@@ -76,6 +76,33 @@ def _exercises(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_optim(args: argparse.Namespace) -> int:
+    from .bench import bench_optimizers, format_rows, timm_optimizers
+
+    if timm_optimizers() is None:
+        print("timm is not installed: comparing with torch's optimizers only "
+              "(pip install --no-deps timm adds timm's Lamb and Lars)")
+    rows = bench_optimizers(args.models.split(","), steps=args.steps, rounds=args.rounds, device=args.device)
+    print(format_rows(rows))
+    for model in dict.fromkeys(r["model"] for r in rows):
+        by_name = {r["optimizer"]: r for r in rows if r["model"] == model}
+        for ours, theirs in (("LAMB (dlscale)", "LAMB (timm)"), ("LARS (dlscale)", "LARS (timm)")):
+            line = f"{model}: {ours} = {by_name[ours]['vs_adamw']:.2f}x AdamW (foreach)"
+            if theirs in by_name:
+                line += f", {by_name[theirs]['ms_per_step'] / by_name[ours]['ms_per_step']:.2f}x faster than {theirs}"
+            print(line)
+    return 0
+
+
+def _experiment_large_batch(args: argparse.Namespace) -> int:
+    from .experiments import format_table, large_batch_sweep
+
+    rows = large_batch_sweep(args.out, size=args.size, recipes=args.recipes.split(",") if args.recipes else None)
+    print(format_table(rows))
+    print(f"table and figure in {args.out}/ (table.md, table.csv, sweep.png)")
+    return 0
+
+
 def _info(args: argparse.Namespace) -> int:
     from .environment import report
 
@@ -121,6 +148,29 @@ def build_parser() -> argparse.ArgumentParser:
     exercises.add_argument("--solutions", default="solutions")
     exercises.add_argument("--exercises", default="exercises")
     exercises.set_defaults(handler=_exercises)
+
+    bench = commands.add_parser("bench", help="benchmarks that print ratios measured side by side")
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
+    optim = bench_commands.add_parser("optim", help="optimizer step time: LAMB, LARS, AdamW, SGD (and timm's)",
+                                      description="Time optimizer.step() of each optimizer in turns, on the lesson "
+                                                  "model and a ~25 M parameter model, and print ratios to AdamW.")
+    optim.add_argument("--models", default="lesson,25M", help="comma-separated: lesson, 25M")
+    optim.add_argument("--steps", type=int, default=10, help="steps per timed round")
+    optim.add_argument("--rounds", type=int, default=5, help="rounds (the median is reported)")
+    optim.add_argument("--device", default="cpu", help="cpu or cuda")
+    optim.set_defaults(handler=_bench_optim)
+
+    experiment = commands.add_parser("experiment", help="multi-run experiments (lesson 07's large-batch sweep)")
+    experiment_commands = experiment.add_subparsers(dest="experiment_command", required=True, metavar="EXPERIMENT")
+    sweep = experiment_commands.add_parser(
+        "large-batch", help="batch-size sweep: LR scaling rules, warmup, LARS and LAMB",
+        description="Train a baseline batch B0, then 8x, 32x and 128x B0 with each recipe for the same number "
+                    "of epochs; write a table and a plot. --size ci takes a few minutes on 2 CPU cores; "
+                    "--size full is meant for one GPU.")
+    sweep.add_argument("--size", choices=("ci", "full"), default="ci")
+    sweep.add_argument("--out", default="runs/large_batch", help="folder for the runs, table and figure")
+    sweep.add_argument("--recipes", default=None, help="comma-separated subset of the recipes")
+    sweep.set_defaults(handler=_experiment_large_batch)
 
     info = commands.add_parser("info", help="show hardware, versions, site and launcher (lesson 00)")
     info.set_defaults(handler=_info)

@@ -61,17 +61,33 @@ class NoiseScaleEstimator:
         self.g2 = 0.0
         self.trace = 0.0
 
-    def update(self, small_sq: float, small_batch: int, big_sq: float, big_batch: int) -> None:
+    def update(self, small_sq: float, small_batch: int, big_sq: float, big_batch: int) -> tuple[float, float]:
+        """Add one measurement; return its own (unaveraged) estimates of ``(|G|², tr(Σ))``."""
         g2, trace = estimate_terms(float(small_sq), small_batch, float(big_sq), big_batch)
         self.count += 1
         weight = 1.0 / self.count if self.decay is None else max(1.0 - self.decay, 1.0 / self.count)
         self.g2 += weight * (g2 - self.g2)
         self.trace += weight * (trace - self.trace)
+        return g2, trace
 
     @property
     def b_simple(self) -> float:
         """``tr(Σ) / |G|²``, or NaN while ``|G|²`` is not yet positive."""
         return self.trace / self.g2 if self.count and self.g2 > 0 else math.nan
+
+
+def noise_scale_of_rows(rows: list[dict[str, float]], until_step: float = math.inf) -> float:
+    """B_simple from the per-measurement rows of ``noise_scale.csv`` up to ``until_step``.
+
+    Averages ``g2`` and ``trace`` over those rows before dividing (use the steep early part
+    of training: near convergence ``|G|²`` vanishes and the ratio means little).
+    """
+    chosen = [r for r in rows if r["step"] <= until_step]
+    if not chosen:
+        return math.nan
+    g2 = sum(r["g2"] for r in chosen) / len(chosen)
+    trace = sum(r["trace"] for r in chosen) / len(chosen)
+    return trace / g2 if g2 > 0 else math.nan
 
 
 @dataclass

@@ -116,8 +116,8 @@ class MetricsLogger:
         self._append(VAL_FILE, self.val_columns, row, "val")
 
     def log_noise_scale(self, row: dict[str, Any]) -> None:
-        """Append one noise-scale row (``step``, ``b_simple``, ``g2``, ``trace``)."""
-        self._append(NOISE_FILE, ["step", "b_simple", "g2", "trace"], row, "noise")
+        """Append one noise-scale row: ``step``, this measurement's ``g2`` and ``trace``, the running ``b_simple``."""
+        self._append(NOISE_FILE, ["step", "g2", "trace", "b_simple"], row, "noise")
 
     def summary(self, values: dict[str, Any]) -> None:
         if self._wandb is not None:

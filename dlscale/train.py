@@ -294,9 +294,8 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
                 if cfg.grad_clip or measuring:
                     scaler.unscale_(optimizer)
                 if measuring:
-                    noise.update(small_sq, small, float(grad_sq_norm(model.parameters())), len(x))
-                    logger.log_noise_scale({"step": step + 1, "b_simple": noise.b_simple, "g2": noise.g2,
-                                            "trace": noise.trace})
+                    g2, trace = noise.update(small_sq, small, float(grad_sq_norm(model.parameters())), len(x))
+                    logger.log_noise_scale({"step": step + 1, "g2": g2, "trace": trace, "b_simple": noise.b_simple})
                 if cfg.grad_clip:
                     nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
                 lr = optimizer.param_groups[0]["lr"]

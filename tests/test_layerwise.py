@@ -242,3 +242,33 @@ def test_state_dict_round_trip_continues_identically(name):
             o.step()
     for a, b in zip(model.parameters(), twin.parameters()):
         assert torch.equal(a, b)
+
+
+# -- the same as timm's, with equivalent settings ------------------------------------------------
+
+def test_lamb_matches_timm():
+    from dlscale.bench import timm_optimizers
+    timm = timm_optimizers()
+    assert timm is not None, "timm is a test dependency (make test installs it)"
+    model, other = small_model(), small_model()
+    ours = LAMB(param_groups(model, 0.01), lr=0.01)
+    theirs = timm["Lamb"](param_groups(other, 0.01), lr=0.01, max_grad_norm=None)
+    for x, y in batches(20):
+        for m, o in ((model, ours), (other, theirs)):
+            backward(m, x, y)
+            o.step()
+    assert_same_weights(model, other)
+
+
+def test_lars_matches_timm():
+    from dlscale.bench import timm_optimizers
+    timm = timm_optimizers()
+    assert timm is not None, "timm is a test dependency (make test installs it)"
+    model, other = small_model(), small_model()
+    ours = LARS(param_groups(model, 5e-3), lr=0.5, momentum=0.9)
+    theirs = timm["Lars"](param_groups(other, 5e-3), lr=0.5, momentum=0.9, trust_coeff=1e-3)
+    for x, y in batches(20):
+        for m, o in ((model, ours), (other, theirs)):
+            backward(m, x, y)
+            o.step()
+    assert_same_weights(model, other)

@@ -1,0 +1,41 @@
+"""The large-batch sweep at CI size: it writes its table and figure, and shows what lesson 07 teaches."""
+
+import csv
+
+import pytest
+
+from dlscale.experiments import RECIPES, large_batch_sweep
+
+from .conftest import run_cli
+
+
+@pytest.mark.slow
+def test_large_batch_sweep_writes_its_table_and_tells_the_story(in_tmp):
+    rows = large_batch_sweep("sweep", size="ci", progress=False)
+    assert len(rows) == 1 + 3 * len(RECIPES)
+    with open(in_tmp / "sweep/table.csv") as handle:
+        assert len(list(csv.DictReader(handle))) == len(rows)
+    table = (in_tmp / "sweep/table.md").read_text()
+    assert "| LAMB + warmup |" in table and "batch 2048 (128×)" in table
+    assert (in_tmp / "sweep/sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+    r2 = {(r["recipe"], r["multiple"]): r["val_r2"] for r in rows}
+    baseline = r2[("baseline", 1)]
+    noise_scale = rows[0]["noise_scale"]
+    # the measured noise scale lies between the baseline batch and the batches where scaling stops paying
+    assert 16 < noise_scale < 512
+    # without scaling, the largest batch falls far behind
+    assert r2[("no scaling", 128)] < baseline - 0.3
+    # near the noise scale (8x) a scaled recipe matches the baseline...
+    assert max(r2[(r, 8)] for r in RECIPES if r != "no scaling") > baseline - 0.01
+    # ...at 32x warmup helps linear scaling, and the layer-wise optimizers hold up better than no scaling
+    assert r2[("linear + warmup", 32)] > r2[("linear", 32)]
+    assert min(r2[("LARS + warmup", 32)], r2[("LAMB + warmup", 32)]) > r2[("no scaling", 32)]
+
+
+def test_bench_optim_prints_ratios_side_by_side(in_tmp):
+    done = run_cli("bench", "optim", "--models", "lesson", "--steps", "2", "--rounds", "1", cwd=in_tmp)
+    assert done.returncode == 0, done.stderr
+    for name in ("AdamW (foreach)", "SGD (foreach)", "LAMB (dlscale)", "LARS (dlscale)", "LAMB (timm)", "LARS (timm)"):
+        assert f"| {name} |" in done.stdout, name
+    assert "lesson: LAMB (dlscale) = " in done.stdout and "faster than LAMB (timm)" in done.stdout
