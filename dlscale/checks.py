@@ -59,3 +59,42 @@ def check_throughput(throughput: Callable[[list[float], int, int], float]) -> No
         f"got {answer:.2f} samples/s, expected {expected:.2f}: skip the first `warmup` steps, then divide the "
         f"samples of the remaining steps by their total time")
     _passed("01.3")
+
+
+def check_warmup_cosine(warmup_cosine: Callable[[int, int, int, float], float]) -> None:
+    """07.1: linear warmup from ``start_factor`` to 1 over ``warmup_steps``, then cosine to 0 at ``total_steps``."""
+    from .schedules import lr_factor
+
+    cases = [(t, 10, 110, 0.1) for t in (0, 1, 5, 9, 10, 11, 35, 60, 109, 110)] + [(t, 0, 50, 1.0) for t in (0, 25, 50)]
+    for t, warmup, total, start in cases:
+        expected = lr_factor(warmup, total, "cosine", start if warmup else None)(t)
+        answer = warmup_cosine(t, warmup, total, start)
+        assert isinstance(answer, (int, float)), f"return a number, got {type(answer).__name__}"
+        assert abs(answer - expected) < 1e-9, (
+            f"at step {t} (warmup {warmup}, total {total}, start factor {start}) got {answer:.4f}, expected "
+            f"{expected:.4f}: warmup is start + (1 - start) * t / warmup, then 0.5 * (1 + cos(pi * progress)) "
+            f"with progress = (t - warmup) / (total - warmup)")
+    _passed("07.1")
+
+
+def check_lars_trust_ratio(lars_trust_ratio: Callable[[torch.Tensor, torch.Tensor, float, float], float]) -> None:
+    """07.2: LARS's ratio η‖w‖ / (‖g‖ + wd‖w‖ + eps), and 1 when either norm is zero."""
+    from .layerwise import LARS
+
+    generator = torch.Generator().manual_seed(3)
+    cases = [(torch.randn(8, 4, generator=generator), torch.randn(8, 4, generator=generator) * 0.01, 1e-4, 1e-3),
+             (torch.randn(16, generator=generator).reshape(4, 4) * 5, torch.randn(4, 4, generator=generator), 0.1, 0.02),
+             (torch.zeros(3, 3), torch.randn(3, 3, generator=generator), 1e-4, 1e-3),
+             (torch.randn(3, 3, generator=generator), torch.zeros(3, 3), 1e-4, 1e-3)]
+    for weight, grad, weight_decay, eta in cases:
+        param = torch.nn.Parameter(weight.clone())
+        param.grad = grad.clone()
+        reference = LARS([param], lr=1.0, momentum=0.0, weight_decay=weight_decay, trust_coefficient=eta)
+        reference.step()
+        expected = float(reference.trust_ratios[0][0])
+        answer = float(lars_trust_ratio(weight, grad, weight_decay, eta))
+        assert abs(answer - expected) <= 1e-6 * max(1.0, abs(expected)), (
+            f"‖w‖={float(weight.norm()):.3g}, ‖g‖={float(grad.norm()):.3g}, weight_decay={weight_decay}, "
+            f"η={eta}: got {answer:.6g}, expected {expected:.6g}. The ratio is η‖w‖ / (‖g‖ + weight_decay·‖w‖ + 1e-8), "
+            f"and exactly 1 when ‖w‖ or ‖g‖ is 0")
+    _passed("07.2")

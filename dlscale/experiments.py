@@ -20,7 +20,9 @@ with its own run directory; the table and the figure are written next to them.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import math
 from dataclasses import dataclass, field
@@ -83,7 +85,10 @@ def _run(name: str, out_dir: Path, size: SweepSize, batch: int, recipe: dict[str
     }
     if recipe["optimizer"] == "lars":
         overrides["trust_coefficient"] = size.lars_trust
-    result = train(load_config(size.base_config, overrides))
+    output = io.StringIO()  # each run's console lines go to its run directory, not between the sweep's
+    with contextlib.redirect_stdout(output):
+        result = train(load_config(size.base_config, overrides))
+    (result.run_dir / "output.log").write_text(output.getvalue())
     rows = read_rows(result.run_dir / NOISE_FILE)
     return {"batch": batch, "steps": result.steps_done, "optimizer": recipe["optimizer"], "peak_lr": result.peak_lr,
             "val_mse": result.final.get("mse", math.nan), "val_r2": result.final.get("r2", math.nan),
@@ -136,7 +141,12 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         cells = []
         for batch in batches:
             row = next((r for r in rows if r["recipe"] == recipe and r["batch"] == batch), None)
-            cells.append("" if row is None else f"R² {row['val_r2']:.3f}, MSE {row['val_mse']:.4f}")
+            if row is None:
+                cells.append("")
+            elif not math.isfinite(row["val_r2"]) or row["val_r2"] < -1:
+                cells.append("diverged")
+            else:
+                cells.append(f"R² {row['val_r2']:.3f}, MSE {row['val_mse']:.4f}")
         lines.append(f"| {recipe} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -88,6 +88,14 @@ class _LayerwiseMixin:
             layouts[key] = layout
         return params, grads, layout
 
+    @staticmethod
+    def _evaluate(closure: Callable[[], Any] | None) -> Any:
+        """Run torch's optional closure (re-evaluates the loss, with gradients on)."""
+        if closure is None:
+            return None
+        with torch.enable_grad():
+            return closure()
+
     def _state(self, params: list[Tensor], key: str) -> list[Tensor]:
         """The ``key`` state tensor of each parameter, created (zeros) only where missing."""
         out = []
@@ -155,10 +163,7 @@ class LARS(_LayerwiseMixin, Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self._evaluate(closure)
         for index, group in enumerate(self.param_groups):
             params, grads, layout = self._split(group)
             if not params:
@@ -262,10 +267,7 @@ class LAMB(_LayerwiseMixin, Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self._evaluate(closure)
         clip = self._global_clip()
         for index, group in enumerate(self.param_groups):
             params, grads, layout = self._split(group)

@@ -97,3 +97,52 @@ def map_gallery(maps, params, names: tuple[str, str] = ("log A", "n")) -> Notebo
         ax.set_title(f"{names[0]} {first:.2f}\n{names[1]} {second:.2f}", fontsize=9)
         ax.axis("off")
     return fig
+
+
+def lr_schedules(schedules: dict[str, list[float]], title: str = "learning-rate schedules") -> NotebookFigure:
+    """LR against optimizer step, one line per named schedule (see ``dlscale.schedules.lr_trace``)."""
+    fig = NotebookFigure(figsize=(8, 3.8), layout="constrained")
+    ax = fig.subplots()
+    for name, trace in schedules.items():
+        ax.plot(range(len(trace)), trace, label=name)
+    ax.set(xlabel="optimizer step", ylabel="learning rate", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def trust_ratios(run_dir: str | Path, min_ndim_names: tuple[str, ...] = ("weight",)) -> NotebookFigure:
+    """Trust ratio of each weight tensor over training, from a run's ``trust_ratios.csv`` (log scale)."""
+    from .tracking import TRUST_FILE
+
+    rows = read_rows(Path(run_dir) / TRUST_FILE)
+    fig = NotebookFigure(figsize=(8, 4.2), layout="constrained")
+    ax = fig.subplots()
+    if rows:
+        steps = [r["step"] for r in rows]
+        layers = [k for k in rows[0] if k != "step" and k.endswith(min_ndim_names)]
+        for name in layers:
+            values = [r[name] for r in rows]
+            if any(v != 1.0 for v in values):  # tensors that never adapt (biases, norms) stay at 1
+                ax.plot(steps, values, label=name)
+        ax.set_yscale("log")
+    ax.set(xlabel="optimizer step", ylabel="trust ratio", title="per-layer trust ratio")
+    ax.grid(alpha=0.3)
+    if ax.has_data():
+        ax.legend(fontsize=7, ncol=2)
+    return fig
+
+
+def noise_scale_curve(run_dir: str | Path) -> NotebookFigure:
+    """The running estimate of B_simple over training, from a run's ``noise_scale.csv``."""
+    from .tracking import NOISE_FILE
+
+    rows = [r for r in read_rows(Path(run_dir) / NOISE_FILE) if np.isfinite(r["b_simple"]) and r["b_simple"] > 0]
+    fig = NotebookFigure(figsize=(7, 3.5), layout="constrained")
+    ax = fig.subplots()
+    if rows:
+        ax.plot([r["step"] for r in rows], [r["b_simple"] for r in rows], ".-")
+        ax.set_yscale("log")
+    ax.set(xlabel="optimizer step", ylabel="B_simple (running estimate)", title="gradient noise scale")
+    ax.grid(alpha=0.3)
+    return fig

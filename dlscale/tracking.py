@@ -2,7 +2,8 @@
 
 ``metrics.csv`` has one row per optimizer step (step, epoch, loss, lr, samples_per_s);
 ``validation.csv`` one row per epoch (epoch, step, mse, r2 and r2 per target);
-``noise_scale.csv`` (when measured) the gradient noise scale estimates. All are
+``noise_scale.csv`` (when measured) the gradient noise scale estimates;
+``trust_ratios.csv`` (LARS, LARC, LAMB) the trust ratio of every tensor each 10 steps. All are
 plain files a notebook reads with the csv module or pandas. With ``tracking=wandb`` the
 same rows also go to Weights & Biases, offline by default (``wandb sync`` uploads later);
 the ``WANDB_MODE`` environment variable wins over the config. Only the main process
@@ -23,6 +24,7 @@ from .errors import DlscaleError
 TRAIN_FILE = "metrics.csv"
 VAL_FILE = "validation.csv"
 NOISE_FILE = "noise_scale.csv"
+TRUST_FILE = "trust_ratios.csv"
 TRAIN_COLUMNS = ["step", "epoch", "loss", "lr", "samples_per_s"]
 
 
@@ -75,7 +77,7 @@ class MetricsLogger:
         if not self.enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        for name in (TRAIN_FILE, VAL_FILE, NOISE_FILE):
+        for name in (TRAIN_FILE, VAL_FILE, NOISE_FILE, TRUST_FILE):
             if resume_step is None:
                 (self.run_dir / name).unlink(missing_ok=True)
             else:
@@ -114,6 +116,15 @@ class MetricsLogger:
     def log_validation(self, row: dict[str, Any]) -> None:
         """Append one validation row (``epoch``, ``step`` and the metric columns)."""
         self._append(VAL_FILE, self.val_columns, row, "val")
+
+    def log_trust_ratios(self, columns: Sequence[str], row: dict[str, Any]) -> None:
+        """Append the trust ratio of every parameter tensor (one column each) at ``step``."""
+        if self.enabled:  # not sent to wandb: hundreds of series would drown the rest
+            wandb, self._wandb = self._wandb, None
+            try:
+                self._append(TRUST_FILE, ["step", *columns], row, "trust")
+            finally:
+                self._wandb = wandb
 
     def log_noise_scale(self, row: dict[str, Any]) -> None:
         """Append one noise-scale row: ``step``, this measurement's ``g2`` and ``trace``, the running ``b_simple``."""

@@ -262,6 +262,11 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
     # -- the loop --------------------------------------------------------------
     meter = ThroughputMeter()
     pending: list[tuple[int, int, torch.Tensor, float, float]] = []
+    # Layer-wise optimizers expose their trust ratios; one row per LOG_BLOCK steps, for lesson 07's plot.
+    layer_names = {p: n for n, p in model.named_parameters()}
+    ratio_columns = ([layer_names[p] for g in optimizer.param_groups for p in g["params"]]
+                     if hasattr(optimizer, "trust_ratios") else [])
+    pending_ratios: list[tuple[int, torch.Tensor]] = []
 
     def flush() -> float | None:
         """Write the pending step rows, fetching their losses from the device in one go."""
@@ -271,6 +276,9 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
         logger.log_steps([dict(step=s, epoch=e, loss=loss, lr=lr, samples_per_s=sps)
                           for (s, e, _, lr, sps), loss in zip(pending, losses)])
         pending.clear()
+        for ratio_step, ratios in pending_ratios:
+            logger.log_trust_ratios(ratio_columns, {"step": ratio_step, **dict(zip(ratio_columns, ratios.tolist()))})
+        pending_ratios.clear()
         return losses[-1]
 
     bar = tqdm(total=total_steps, initial=step, desc=cfg.name, unit="step", disable=not (is_main and cfg.progress),
@@ -303,6 +311,10 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
                 scaler.update()
                 scheduler.step()
                 step += 1
+                if ratio_columns and step % LOG_BLOCK == 0:
+                    ratios = torch.cat(optimizer.trust_ratios)
+                    if len(ratios) == len(ratio_columns):  # (a parameter without a gradient would shift columns)
+                        pending_ratios.append((step, ratios))
                 meter.step(len(x) * world_size)
                 pending.append((step, epoch, loss.detach(), lr, meter.last_rate))
                 bar.update()

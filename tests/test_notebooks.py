@@ -17,8 +17,12 @@ pytestmark = pytest.mark.notebook
 LESSONS = {
     "00_environment.ipynb": {"gallery_size": 3},
     "01_single_device_baseline.ipynb": {"config": "tiny", "batch_sizes": [16, 64], "sweep_steps": 20},
+    "07_large_batch.ipynb": {"sweep_recipes": ["no scaling", "linear + warmup", "LAMB + warmup"],
+                             "sweep_multiples": [8, 32]},
 }
-SOLUTION_PARAMETERS = {"01_single_device_baseline.ipynb": {"config": "tiny"}}
+SOLUTION_PARAMETERS = {"01_single_device_baseline.ipynb": {"config": "tiny"}, "07_large_batch.ipynb": {}}
+EXERCISES = {"01_single_device_baseline.ipynb": {"Exercise 01.1", "Exercise 01.2", "Exercise 01.3"},
+             "07_large_batch.ipynb": {"Exercise 07.1", "Exercise 07.2"}}
 
 
 def test_every_lesson_is_covered_and_committed_without_outputs():
@@ -97,7 +101,7 @@ def test_exercise_fails_every_check_until_filled_in(name, tmp_path):
     checks_at = [i for i, c in enumerate(notebook.cells) if "check" in c.metadata.get("tags", [])]
     assert checks_at and set(checks_at) <= failed
     stubs = [e for e in errors(notebook) if e[1] == "NotImplementedError"]
-    assert {message.split(":")[0] for _, _, message in stubs} == {"Exercise 01.1", "Exercise 01.2", "Exercise 01.3"}
+    assert {message.split(":")[0] for _, _, message in stubs} == EXERCISES[name]
 
 
 # -- each check rejects a deliberately wrong answer ---------------------------------------------
@@ -120,3 +124,25 @@ def test_r2_check_rejects_common_slips():
 def test_throughput_check_rejects_counting_warmup():
     with pytest.raises(AssertionError, match="skip the first"):
         checks.check_throughput(lambda seconds, batch, warmup: batch * len(seconds) / sum(seconds))
+
+
+def test_warmup_cosine_check_rejects_common_slips():
+    import math
+    with pytest.raises(AssertionError, match="at step 0"):  # warmup starting from 0
+        checks.check_warmup_cosine(lambda t, w, total, s: (t / w if t < w else
+                                   0.5 * (1 + math.cos(math.pi * (t - w) / (total - w)))))
+    with pytest.raises(AssertionError, match="expected"):  # cosine over the whole run, not after warmup
+        checks.check_warmup_cosine(lambda t, w, total, s: (s + (1 - s) * t / w if t < w else
+                                   0.5 * (1 + math.cos(math.pi * t / total))))
+
+
+def test_trust_ratio_check_rejects_common_slips():
+    def no_decay_term(w, g, wd, eta):
+        return 1.0 if w.norm() == 0 or g.norm() == 0 else eta * float(w.norm()) / (float(g.norm()) + 1e-8)
+
+    def zero_norm_gives_zero(w, g, wd, eta):
+        return eta * float(w.norm()) / (float(g.norm()) + wd * float(w.norm()) + 1e-8)
+
+    for wrong in (no_decay_term, zero_norm_gives_zero):
+        with pytest.raises(AssertionError, match="exactly 1 when"):
+            checks.check_lars_trust_ratio(wrong)

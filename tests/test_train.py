@@ -78,6 +78,12 @@ def test_every_optimizer_trains(tiny, optimizer):
     lr = {"sgd": 0.05, "lars": 1.0, "larc": 0.5, "lamb": 0.01}[optimizer]
     result = train(tiny(optimizer=optimizer, lr=lr, epochs=3))
     assert result.final["r2"] > 0.3, result.final
+    ratios = read_rows(result.run_dir / "trust_ratios.csv")
+    if optimizer == "sgd":
+        assert ratios == []
+    else:  # every 10 steps, one column per tensor; weights adapt (ratio != 1), biases do not
+        assert [int(r["step"]) for r in ratios] == list(range(10, result.total_steps + 1, 10))
+        assert ratios[0]["features.0.0.weight"] != 1.0 and ratios[0]["head.2.bias"] == 1.0
 
 
 def test_noise_scale_is_measured_without_changing_the_run(tiny):
