@@ -86,6 +86,20 @@ def test_every_optimizer_trains(tiny, optimizer):
         assert ratios[0]["features.0.0.weight"] != 1.0 and ratios[0]["head.2.bias"] == 1.0
 
 
+@pytest.mark.parametrize("optimizer, lr", [("lars", 1.0), ("larc", 0.5), ("lamb", 0.01)])
+def test_layerwise_runs_resume_exactly_from_their_checkpoints(tiny, optimizer, lr):
+    """Finish a run, drop the checkpoints after step 40, resume: steps 41-64 replay identically."""
+    settings = dict(optimizer=optimizer, lr=lr, checkpoint_every=20, keep_checkpoints=10, noise_scale_every=8)
+    full = train(tiny(**settings))
+    for path in list_checkpoints(full.run_dir):
+        if int(path.name[5:13]) > 40:
+            path.unlink()
+    resumed = train(tiny(resume=True, **settings))
+    assert losses(resumed) == losses(full)
+    assert read_rows(resumed.run_dir / "noise_scale.csv")[-1]["b_simple"] == pytest.approx(full.noise_scale,
+                                                                                            nan_ok=True)
+
+
 def test_noise_scale_is_measured_without_changing_the_run(tiny):
     plain = train(tiny(run_dir="runs/plain"))
     measured = train(tiny(run_dir="runs/noise", noise_scale_every=4))
