@@ -1,5 +1,10 @@
 """Benchmarks that print ratios measured side by side in one run.
 
+``dlscale bench ladder`` climbs lesson 04's optimization ladder: each rung adds one change
+(loader workers and pinned memory, channels_last, mixed precision, a fused optimizer,
+torch.compile, CUDA graphs) and every rung is trained and timed in the same run.
+``dlscale bench loader`` times the input pipeline alone (lesson 02).
+
 ``dlscale bench optim`` times one optimizer step of LAMB, LARS, AdamW and SGD (torch's
 multi-tensor versions) — and of timm's ``Lamb`` and ``Lars`` when timm is installed — on
 the lesson model and on a model of about 25 M parameters, with the same gradients. The
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import statistics
 import sys
 import time
@@ -116,4 +122,109 @@ def format_rows(rows: list[dict]) -> str:
     for row in rows:
         model = f"{row['model']} ({row['parameters'] / 1e6:.2f} M params, {row['tensors']} tensors)"
         lines.append(f"| {model} | {row['optimizer']} | {row['ms_per_step']:.2f} | {row['vs_adamw']:.2f} |")
+    return "\n".join(lines)
+
+
+# -- the input pipeline alone ----------------------------------------------------------------------
+
+def bench_loader(cfg, batches: int = 50, warmup: int = 3, device: str | torch.device | None = None) -> dict:
+    """Samples/s of the input pipeline alone (read, collate, copy to the device), no model.
+
+    Compare it with the full training throughput: if the loader alone is not much faster
+    than training, the device is starved and waits for data.
+    """
+    from .data import make_loader
+    from .train import resolve_device
+
+    device = resolve_device(cfg.device) if device is None else torch.device(device)
+    loader = make_loader(cfg, split="train", device=device)
+    loader.sampler.set_position(0)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    seen, start = 0, None
+    for index, (x, y) in enumerate(loader):
+        x = x.to(device, non_blocking=True)
+        y = y.to(device, non_blocking=True)
+        if index == warmup:
+            sync()
+            start = time.perf_counter()
+        elif index > warmup:
+            seen += len(x)
+        if index >= warmup + batches:
+            break
+    sync()
+    elapsed = time.perf_counter() - start if start else float("nan")
+    return {"samples_per_s": seen / elapsed if seen else float("nan"), "batches": index - warmup,
+            "num_workers": loader.num_workers, "pin_memory": loader.pin_memory, "batch_size": loader.batch_size}
+
+
+# -- the optimization ladder -----------------------------------------------------------------------
+
+def ladder_rungs(device: torch.device) -> list[tuple[str, dict, str | None]]:
+    """(rung, the settings it adds, why it is skipped or None), each rung on top of the previous ones."""
+    import os
+
+    workers = max(1, min(4, (os.cpu_count() or 2) - 1))
+    cuda = device.type == "cuda"
+    return [
+        ("fp32 baseline", {"precision": "fp32", "num_workers": 0, "pin_memory": False, "channels_last": False,
+                           "optimizer": "adamw", "optimizer_impl": "loop", "compile": False, "cuda_graphs": False},
+         None),
+        ("+ loader workers, pinned memory", {"num_workers": workers, "pin_memory": True}, None),
+        ("+ channels_last", {"channels_last": True}, None),
+        ("+ mixed precision", {"precision": "auto" if cuda else "bf16"}, None),
+        ("+ fused optimizer", {"optimizer_impl": "fused"}, None),
+        ("+ torch.compile", {"compile": True}, None),
+        ("+ CUDA graphs", {"cuda_graphs": True}, None if cuda else "CUDA graphs need a GPU"),
+    ]
+
+
+def bench_ladder(cfg, steps: int = 60, out_dir: str | Path | None = None, progress: bool = True) -> list[dict]:
+    """Train ``steps`` steps per rung of the ladder, in one run, and report samples/s and speedups.
+
+    Writes ``ladder.json`` and ``ladder.png`` into ``out_dir`` (default ``runs/ladder``).
+    """
+    from tqdm.auto import tqdm
+
+    from .train import resolve_device, train_quietly
+
+    device = resolve_device(cfg.device)
+    out_dir = Path(out_dir or "runs/ladder")
+    settings: dict = {}
+    rows: list[dict] = []
+    rungs = ladder_rungs(device)
+    for index, (rung, adds, skipped) in enumerate(tqdm(rungs, desc="ladder", unit="rung", disable=not progress)):
+        if skipped:
+            rows.append({"rung": rung, "skipped": skipped})
+            continue
+        settings.update(adds)
+        run_cfg = cfg.override({**settings, "name": f"ladder-{index}", "run_dir": str(out_dir / f"rung{index}"),
+                                "max_steps": steps, "epochs": 10 ** 6, "checkpoint_every": 0, "plot": False,
+                                "progress": False, "warmup_steps": 0})
+        result = train_quietly(run_cfg)
+        rows.append({"rung": rung, "samples_per_s": result.samples_per_s, "applied": result.applied,
+                     "mfu": result.mfu})
+    measured = [r for r in rows if "samples_per_s" in r]
+    for row in measured:
+        row["speedup"] = row["samples_per_s"] / measured[0]["samples_per_s"]
+    for previous, row in zip(measured, measured[1:]):
+        row["vs_previous"] = row["samples_per_s"] / previous["samples_per_s"]
+    measured[0]["vs_previous"] = 1.0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "ladder.json").write_text(json.dumps({"device": str(device), "steps": steps, "rows": rows},
+                                                    indent=1, default=str) + "\n")
+    from .plots import bar_chart
+    bar_chart([r["rung"].replace("+ ", "+\n") for r in measured], [r["samples_per_s"] for r in measured],
+              "samples / s", f"optimization ladder on {device}").savefig(out_dir / "ladder.png", dpi=120)
+    return rows
+
+
+def format_ladder(rows: list[dict]) -> str:
+    """The ladder as a Markdown table."""
+    lines = ["| rung | samples/s | × baseline | × previous |", "|---|---|---|---|"]
+    for row in rows:
+        if "skipped" in row:
+            lines.append(f"| {row['rung']} | skipped: {row['skipped']} | | |")
+        else:
+            lines.append(f"| {row['rung']} | {row['samples_per_s']:,.0f} | {row['speedup']:.2f} | "
+                         f"{row['vs_previous']:.2f} |")
     return "\n".join(lines)

@@ -94,6 +94,24 @@ def _bench_optim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_ladder(args: argparse.Namespace) -> int:
+    from .bench import bench_ladder, format_ladder
+
+    rows = bench_ladder(load_config(args.config, args.overrides), steps=args.steps, out_dir=args.out)
+    print(format_ladder(rows))
+    print(f"ladder.json and ladder.png in {args.out}/")
+    return 0
+
+
+def _bench_loader(args: argparse.Namespace) -> int:
+    from .bench import bench_loader
+
+    report = bench_loader(load_config(args.config, args.overrides), batches=args.batches)
+    print(f"input pipeline alone: {report['samples_per_s']:,.0f} samples/s over {report['batches']} batches of "
+          f"{report['batch_size']} (workers {report['num_workers']}, pinned memory {report['pin_memory']})")
+    return 0
+
+
 def _experiment_large_batch(args: argparse.Namespace) -> int:
     from .experiments import format_table, large_batch_sweep
 
@@ -159,6 +177,22 @@ def build_parser() -> argparse.ArgumentParser:
     optim.add_argument("--rounds", type=int, default=5, help="rounds (the median is reported)")
     optim.add_argument("--device", default="cpu", help="cpu or cuda")
     optim.set_defaults(handler=_bench_optim)
+
+    ladder = bench_commands.add_parser(
+        "ladder", help="the optimization ladder: each rung adds one speed-up, all measured in one run",
+        description="fp32 baseline -> loader workers and pinned memory -> channels_last -> mixed precision -> "
+                    "fused optimizer -> torch.compile -> CUDA graphs (GPU only); prints samples/s and speedups, "
+                    "writes ladder.json and ladder.png.")
+    ladder.add_argument("config", nargs="?", default="demo", help="config name or YAML path (default demo)")
+    ladder.add_argument("overrides", nargs="*", metavar="key=value")
+    ladder.add_argument("--steps", type=int, default=60, help="training steps per rung")
+    ladder.add_argument("--out", default="runs/ladder")
+    ladder.set_defaults(handler=_bench_ladder)
+    loader = bench_commands.add_parser("loader", help="samples/s of the input pipeline alone (no model)")
+    loader.add_argument("config", nargs="?", default="demo")
+    loader.add_argument("overrides", nargs="*", metavar="key=value")
+    loader.add_argument("--batches", type=int, default=50)
+    loader.set_defaults(handler=_bench_loader)
 
     experiment = commands.add_parser("experiment", help="multi-run experiments (lesson 07's large-batch sweep)")
     experiment_commands = experiment.add_subparsers(dest="experiment_command", required=True, metavar="EXPERIMENT")

@@ -57,6 +57,9 @@ class TrainConfig:
     noise: float = _knob(0.3, "White-noise level added to the synthetic maps (higher = harder).")
     num_workers: int = _knob(-1, "DataLoader worker processes per rank (-1 = auto: 0 on CPU, 4 on GPU).")
     prefetch_factor: int = _knob(2, "Batches each worker loads ahead (only with workers > 0).")
+    persistent_workers: bool = _knob(True, "Keep worker processes alive between epochs (only with workers > 0).")
+    stage_dir: str = _knob("", "Copy the data to this node-local folder before training and read it there "
+                               "(e.g. $TMPDIR or /tmp; environment variables are expanded; '' = off).")
     pin_memory: bool = _knob(True, "Page-locked host buffers for faster copies to the GPU (ignored on CPU).")
 
     # -- model ---------------------------------------------------------------
@@ -86,7 +89,15 @@ class TrainConfig:
     decay: Literal["cosine", "linear", "poly", "step", "none"] = _knob(
         "cosine", "LR decay after warmup: to 0 at the last step (cosine, linear, poly), x0.1 at 50% and 75% (step).")
     grad_clip: float = _knob(0.0, "Clip the global gradient norm to this value (0 = off).")
-    precision: Literal["fp32"] = _knob("fp32", "Numeric precision of the forward and backward pass.")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = _knob(
+        "auto", "Forward-pass precision: auto = bf16 on Ampere+ GPUs, fp16 with loss scaling on V100, fp32 on CPU.")
+    optimizer_impl: Literal["auto", "foreach", "fused", "loop"] = _knob(
+        "auto", "torch SGD/AdamW implementation: one kernel per tensor (loop), multi-tensor (foreach), fused; "
+                "auto = foreach.")
+    compile: bool = _knob(False, "Compile the model with torch.compile (the first steps take longer).")
+    cuda_graphs: bool = _knob(False, "With compile on CUDA, capture steps as CUDA graphs (mode reduce-overhead).")
+    profile_steps: tuple = _knob((), "Profile optimizer steps [start, stop), e.g. 10,15: a Chrome trace and a "
+                                     "summary in run_dir; on CUDA also the window for nsys --capture-range.")
     noise_scale_every: int = _knob(0, "Measure the gradient noise scale B_simple every N steps (0 = off).")
 
     # -- logging, checkpoints ------------------------------------------------
@@ -101,6 +112,7 @@ class TrainConfig:
 
     # ------------------------------------------------------------------------
     def __post_init__(self) -> None:
+        self.profile_steps = tuple(self.profile_steps)  # JSON and YAML give lists
         self.validate()
 
     def validate(self) -> None:
@@ -120,6 +132,11 @@ class TrainConfig:
             raise ConfigError(f"config key 'base_batch' must be >= 1, got {self.base_batch}")
         if not 0 <= self.warmup_start_factor <= 1:
             raise ConfigError(f"config key 'warmup_start_factor' must be in [0, 1] (0 = auto), got {self.warmup_start_factor}")
+        if self.profile_steps and (len(self.profile_steps) != 2 or not 0 <= self.profile_steps[0] < self.profile_steps[1]):
+            raise ConfigError(f"config key 'profile_steps' must be two steps start,stop with 0 <= start < stop; "
+                              f"got {self.profile_steps}")
+        if self.cuda_graphs and not self.compile:
+            raise ConfigError("config key 'cuda_graphs' needs compile=true (graphs are captured by torch.compile)")
         if self.num_workers < -1:
             raise ConfigError(f"config key 'num_workers' must be -1 (auto) or >= 0, got {self.num_workers}")
         size = self.image_size
@@ -209,6 +226,9 @@ def _coerce(key: str, value: Any) -> Any:
             if isinstance(value, bool):
                 raise ValueError
             return float(value)
+        if hint is tuple:
+            items = value.replace(",", " ").split() if isinstance(value, str) else list(value or ())
+            return tuple(int(item) for item in items)
         if hint is str:
             if value is None:
                 return ""

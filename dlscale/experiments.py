@@ -20,9 +20,7 @@ with its own run directory; the table and the figure are written next to them.
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import io
 import json
 import math
 from dataclasses import dataclass, field
@@ -72,7 +70,7 @@ SIZES = {
 
 def _run(name: str, out_dir: Path, size: SweepSize, batch: int, recipe: dict[str, Any] | None,
          extra: dict[str, Any]) -> dict[str, Any]:
-    from .train import train
+    from .train import train_quietly
 
     recipe = recipe or {"optimizer": "sgd", "lr_scaling": "none"}
     lr = getattr(size, recipe.get("lr_key", "sgd_lr"))
@@ -85,10 +83,7 @@ def _run(name: str, out_dir: Path, size: SweepSize, batch: int, recipe: dict[str
     }
     if recipe["optimizer"] == "lars":
         overrides["trust_coefficient"] = size.lars_trust
-    output = io.StringIO()  # each run's console lines go to its run directory, not between the sweep's
-    with contextlib.redirect_stdout(output):
-        result = train(load_config(size.base_config, overrides))
-    (result.run_dir / "output.log").write_text(output.getvalue())
+    result = train_quietly(load_config(size.base_config, overrides))
     rows = read_rows(result.run_dir / NOISE_FILE)
     return {"batch": batch, "steps": result.steps_done, "optimizer": recipe["optimizer"], "peak_lr": result.peak_lr,
             "val_mse": result.final.get("mse", math.nan), "val_r2": result.final.get("r2", math.nan),

@@ -34,14 +34,16 @@ def build_optimizer(cfg: TrainConfig, model: nn.Module, lr: float | None = None)
     groups = param_groups(model, cfg.weight_decay)
     lr = cfg.lr if lr is None else lr
     trust = {"trust_coefficient": cfg.trust_coefficient} if cfg.trust_coefficient else {}
+    impl = {"auto": {"foreach": True}, "foreach": {"foreach": True}, "loop": {"foreach": False},
+            "fused": {"fused": True}}[cfg.optimizer_impl]
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, foreach=True)
+        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, **impl)
     if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=(cfg.momentum, 0.999), foreach=True)
+        return torch.optim.AdamW(groups, lr=lr, betas=(cfg.momentum, 0.999), **impl)
     if cfg.optimizer == "lars":
         return LARS(groups, lr=lr, momentum=cfg.momentum, **trust)
     if cfg.optimizer == "larc":
-        sgd = torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, foreach=True)
+        sgd = torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, **impl)
         return LARC(sgd, clip=cfg.larc_mode == "clip", **trust)
     if cfg.optimizer == "lamb":
         return LAMB(groups, lr=lr, betas=(cfg.momentum, 0.999))

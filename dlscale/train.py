@@ -11,6 +11,7 @@ so that every later step logs the same loss an uninterrupted run would.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import random
 import sys
@@ -29,11 +30,13 @@ from .checkpoint import load_latest_checkpoint, rng_state, save_checkpoint, set_
 from .checkpoint import CheckpointError, checkpoint_dir
 from .config import ConfigError, TrainConfig, load_config
 from .errors import DlscaleError
-from .data import make_loader, prepare_data
+from .data import make_loader, prepare_data, stage_data
 from .data.loader import target_names
 from .models import build_model, count_parameters
 from .optim import build_optimizer
+from .precision import Precision
 from .preemption import PREEMPTED_EXIT_CODE, StopFlag
+from .profiling import StepProfiler, flops_per_sample, mfu, nvtx_range, peak_flops
 from .noise_scale import NoiseScaleEstimator, grad_sq_norm
 from .schedules import scale_lr, warmup_schedule
 from .throughput import ThroughputMeter
@@ -64,6 +67,8 @@ class Result:
     preempted: bool = False
     peak_lr: float = 0.0
     noise_scale: float = float("nan")
+    applied: dict[str, Any] = field(default_factory=dict)
+    mfu: float | None = None
     model: nn.Module | None = field(default=None, repr=False)
 
     def summary(self) -> str:
@@ -156,6 +161,13 @@ def _small_batch_sq_norm(model: nn.Module, loss_fn: nn.Module, x: torch.Tensor, 
     return value
 
 
+def _is_channels_last(model: nn.Module) -> bool:
+    """Whether the conv weights are in NHWC layout (a weight with one input channel is both, so it is skipped)."""
+    weights = [p for p in model.parameters() if p.ndim == 4 and p.shape[1] > 1]
+    return bool(weights) and all(p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
+                                 for p in weights)
+
+
 def _to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device, channels_last: bool):
     x = x.to(device, non_blocking=True)
     if channels_last:
@@ -206,6 +218,8 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
 
     # -- data and model --------------------------------------------------------
     data_root = prepare_data(cfg)
+    if cfg.stage_dir:
+        data_root = stage_data(data_root, cfg.stage_dir, progress=cfg.progress and is_main)
     train_loader = make_loader(cfg, rank, world_size, "train", device, data_root)
     val_loader = make_loader(cfg, rank, world_size, "val", device, data_root)
     dataset = train_loader.dataset
@@ -223,8 +237,11 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
     noise = NoiseScaleEstimator(decay=0.9)
     if cfg.noise_scale_every and train_loader.batch_size < 2:
         raise ConfigError("noise_scale_every needs a per-rank batch of at least 2 samples")
-    scaler = torch.amp.GradScaler(device.type, enabled=False)  # the mixed-precision policy enables it for fp16
-    autocast = contextlib.nullcontext
+    policy = Precision.resolve(cfg.precision, device)
+    scaler = policy.grad_scaler()  # enabled only for fp16; otherwise its calls pass straight through
+    autocast = policy.autocast
+    # The uncompiled module is kept for checkpoints and evaluation; the compiled one trains.
+    step_model = torch.compile(model, mode="reduce-overhead" if cfg.cuda_graphs else None) if cfg.compile else model
     loss_fn = nn.MSELoss()
 
     # -- resume or start afresh ------------------------------------------------
@@ -242,12 +259,20 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
         cfg.save(run_dir / "config.yaml")
     logger = MetricsLogger(cfg, run_dir, resume_step=step if resume_from else None, is_main=is_main,
                            val_columns=["mse", "r2", *(f"r2_{n}" for n in names)])
+    applied = {
+        "device": str(device), "precision": policy.name, "grad_scaler": scaler.is_enabled(),
+        "channels_last": _is_channels_last(model),
+        "compiled": step_model is not model, "cuda_graphs": cfg.cuda_graphs and step_model is not model,
+        "optimizer": type(optimizer).__name__, "optimizer_foreach": bool(optimizer.defaults.get("foreach")),
+        "optimizer_fused": bool(optimizer.defaults.get("fused")), "num_workers": train_loader.num_workers,
+        "pin_memory": train_loader.pin_memory, "data_dir": str(data_root),
+    }
     if is_main:
         where = f"resuming from {resume_from.name} at step {step}" if resume_from else "starting afresh"
         print(f"dlscale: {cfg.name} on {device}, {count_parameters(model):,} parameters, {len(dataset):,} maps "
               f"{tuple(dataset.input_shape)} from {data_root}, {total_steps} steps of batch "
-              f"{cfg.global_batch_size}, {cfg.optimizer} at peak lr {peak_lr:.3g}; {where}; writing to {run_dir}",
-              flush=True)
+              f"{cfg.global_batch_size}, {cfg.optimizer} at peak lr {peak_lr:.3g}, {policy.name}"
+              f"{', compiled' if applied['compiled'] else ''}; {where}; writing to {run_dir}", flush=True)
 
     def checkpoint() -> None:
         if is_main:
@@ -284,33 +309,45 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
     bar = tqdm(total=total_steps, initial=step, desc=cfg.name, unit="step", disable=not (is_main and cfg.progress),
                dynamic_ncols=True, file=sys.stderr)
     preempted = False
+    window = cfg.profile_steps or (0, 0)
+    profiler = StepProfiler(run_dir, max(0, window[0] - step), max(1, window[1] - step), device,
+                            enabled=bool(cfg.profile_steps) and is_main and window[1] > step)
     model.train()
-    with StopFlag() as stop:
+    with StopFlag() as stop, profiler:
         while step < total_steps and not preempted:
             epoch, epoch_step = divmod(step, steps_per_epoch)
             train_loader.sampler.set_position(epoch, epoch_step * train_loader.batch_size)
-            for x, y in train_loader:
-                x, y = _to_device(x, y, device, cfg.channels_last)
+            batches = iter(train_loader)
+            while True:
+                with nvtx_range("data"):
+                    batch = next(batches, None)
+                    if batch is None:
+                        break
+                    x, y = _to_device(*batch, device, cfg.channels_last)
                 optimizer.zero_grad(set_to_none=True)
                 measuring = cfg.noise_scale_every and step % cfg.noise_scale_every == 0
                 if measuring:
                     small = len(x) // 4 or 1
                     small_sq = _small_batch_sq_norm(model, loss_fn, x[:small], y[:small], autocast, scaler)
-                with autocast():
-                    loss = loss_fn(model(x), y)
-                scaler.scale(loss).backward()
-                if cfg.grad_clip or measuring:
-                    scaler.unscale_(optimizer)
-                if measuring:
-                    g2, trace = noise.update(small_sq, small, float(grad_sq_norm(model.parameters())), len(x))
-                    logger.log_noise_scale({"step": step + 1, "g2": g2, "trace": trace, "b_simple": noise.b_simple})
-                if cfg.grad_clip:
-                    nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                lr = optimizer.param_groups[0]["lr"]
-                scaler.step(optimizer)
-                scaler.update()
-                scheduler.step()
+                with nvtx_range("forward"), autocast():
+                    loss = loss_fn(step_model(x), y)
+                with nvtx_range("backward"):
+                    scaler.scale(loss).backward()
+                with nvtx_range("optimizer"):
+                    if cfg.grad_clip or measuring:
+                        scaler.unscale_(optimizer)
+                    if measuring:
+                        g2, trace = noise.update(small_sq, small, float(grad_sq_norm(model.parameters())), len(x))
+                        logger.log_noise_scale({"step": step + 1, "g2": g2, "trace": trace,
+                                                "b_simple": noise.b_simple})
+                    if cfg.grad_clip:
+                        nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                    lr = optimizer.param_groups[0]["lr"]
+                    scaler.step(optimizer)
+                    scaler.update()
+                    scheduler.step()
                 step += 1
+                profiler.step(step)
                 if ratio_columns and step % LOG_BLOCK == 0:
                     ratios = torch.cat(optimizer.trust_ratios)
                     if len(ratios) == len(ratio_columns):  # (a parameter without a gradient would shift columns)
@@ -342,13 +379,16 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
     # -- summary ---------------------------------------------------------------
     history = read_rows(run_dir / VAL_FILE)
     final = {k: v for k, v in history[-1].items() if k not in ("epoch", "step")} if history else {}
+    flops = flops_per_sample(model, dataset.input_shape, loss_fn, dataset.num_targets)
+    utilisation = mfu(meter.samples_per_s, flops, peak_flops(device, policy.name))
     result = Result(config=cfg, run_dir=run_dir, device=str(device), final=final, history=history,
                     steps=read_rows(run_dir / TRAIN_FILE), samples_per_s=meter.samples_per_s, steps_done=step,
                     total_steps=total_steps, seconds=time.perf_counter() - started, preempted=preempted,
-                    model=model, peak_lr=peak_lr, noise_scale=noise.b_simple)
+                    model=model, peak_lr=peak_lr, noise_scale=noise.b_simple, applied=applied, mfu=utilisation)
     if is_main:
         summary = {"samples_per_s": result.samples_per_s, "steps_done": step, "total_steps": total_steps,
                    "seconds": result.seconds, "device": str(device), "preempted": preempted, "peak_lr": peak_lr,
+                   "flops_per_sample": flops, "mfu": utilisation, "applied": applied,
                    **({"noise_scale": noise.b_simple} if cfg.noise_scale_every else {}), **final}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         logger.summary(summary)
@@ -358,6 +398,15 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
                 run_dir / "loss_curve.png", dpi=120)
         print(result.summary(), flush=True)
     logger.close()
+    return result
+
+
+def train_quietly(cfg: TrainConfig) -> Result:
+    """:func:`train` with its console lines saved to ``output.log`` in the run directory (for sweeps)."""
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+        result = train(cfg)
+    (result.run_dir / "output.log").write_text(output.getvalue())
     return result
 
 

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import bisect
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from tqdm.auto import tqdm
 
 from ..config import TrainConfig
 from .shards import MANIFEST, DataError, generate_dataset, read_manifest, read_shard_header
@@ -122,6 +125,36 @@ def prepare_data(cfg: TrainConfig, progress: bool | None = None) -> Path:
     return path
 
 
+def stage_data(data_root: str | Path, stage_dir: str, progress: bool = False) -> Path:
+    """Copy a data folder to node-local storage once, and return the copy to read from.
+
+    ``stage_dir`` may name environment variables (``$TMPDIR``, ``$SLURM_TMPDIR``). A copy whose
+    files already match the source in names and sizes is reused; otherwise the folder is
+    copied under a temporary name and renamed, so an interrupted copy is never read.
+    """
+    source = Path(data_root)
+    target_root = Path(os.path.expandvars(os.path.expanduser(stage_dir)))
+    if "$" in str(target_root):
+        raise DataError(f"stage_dir {stage_dir!r} names an environment variable that is not set")
+    target = target_root / source.name
+    files = sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file())
+    if target.is_dir() and all((target / f).is_file() and (target / f).stat().st_size == (source / f).stat().st_size
+                               for f in files):
+        return target
+    target_root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{source.name}.", dir=target_root))
+    try:
+        for name in tqdm(files, desc=f"staging to {target_root}", unit="file", disable=not progress):
+            (staging / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source / name, staging / name)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
 def auto_workers(cfg: TrainConfig, device: torch.device) -> int:
     """Workers per rank: none on CPU (they would compete with compute for the same cores)."""
     if cfg.num_workers >= 0:
@@ -146,7 +179,7 @@ def make_loader(cfg: TrainConfig, rank: int = 0, world_size: int = 1, split: str
     workers = auto_workers(cfg, device)
     options = dict(num_workers=workers, pin_memory=cfg.pin_memory and device.type == "cuda")
     if workers > 0:
-        options.update(prefetch_factor=cfg.prefetch_factor, persistent_workers=True)
+        options.update(prefetch_factor=cfg.prefetch_factor, persistent_workers=cfg.persistent_workers)
     if split == "train":
         if len(dataset) // world_size < batch:
             raise DataError(f"{root / split} has {len(dataset)} samples, fewer than one global batch "

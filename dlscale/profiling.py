@@ -1,0 +1,270 @@
+"""Seeing where the time goes: NVTX ranges, a step-window profiler, Nsight Systems helpers, MFU.
+
+- :func:`nvtx_range` marks a region for Nsight Systems (through the ``nvtx`` package, a no-op
+  unless a profiler is attached, and safe on CPU-only machines — unlike ``torch.cuda.nvtx``,
+  which raises on CPU builds of torch) and always as a ``torch.profiler.record_function``, so
+  the same names appear in a CPU trace. ``dlscale.train`` marks ``data``, ``forward``,
+  ``backward`` and ``optimizer`` every step.
+- :class:`StepProfiler` profiles a window of steps (``profile_steps=start,stop``): a Chrome
+  trace (open it at https://ui.perfetto.dev, no install needed) and a summary table in the run
+  directory, and on CUDA the ``cudaProfilerApi`` window that ``nsys --capture-range`` waits for.
+- :func:`nsys_command` builds the recommended ``nsys profile`` line; :func:`parse_nvtx_sum`
+  reads ``nsys stats --report nvtx_sum --format csv`` output into rows.
+- :func:`flops_per_sample` counts a model's training FLOPs; :func:`mfu` turns throughput into
+  model FLOPs utilisation.
+
+Lesson 04 uses all of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import importlib
+import io
+import json
+import shlex
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .throughput import ThroughputMeter
+
+__all__ = ["RANGES", "StepProfiler", "ThroughputMeter", "flops_per_sample", "mfu", "nsys_command",
+           "nsys_stats_command", "nvtx_range", "parse_nvtx_sum", "peak_flops"]
+
+#: The ranges the training loop marks every step.
+RANGES = ("data", "forward", "backward", "optimizer")
+
+_nvtx_module: Any = None
+
+
+def _nvtx():
+    """The ``nvtx`` package, or False when it is not installed (looked up once)."""
+    global _nvtx_module
+    if _nvtx_module is None:
+        try:
+            _nvtx_module = importlib.import_module("nvtx")
+        except ImportError:
+            _nvtx_module = False
+    return _nvtx_module
+
+
+class nvtx_range(contextlib.ContextDecorator):
+    """Mark a region by name, as a context manager or a decorator.
+
+    >>> with nvtx_range("forward"):
+    ...     out = model(x)
+    >>> @nvtx_range("load")
+    ... def load(): ...
+    """
+
+    def __init__(self, name: str, color: str | None = None):
+        self.name = name
+        self.color = color
+        self._records: list[Any] = []
+
+    def __enter__(self) -> "nvtx_range":
+        nvtx = _nvtx()
+        if nvtx:
+            nvtx.push_range(self.name, color=self.color)
+        record = torch.profiler.record_function(self.name)
+        record.__enter__()
+        self._records.append(record)  # a stack, so the same object can be re-entered (recursion, decorators)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._records.pop().__exit__(*exc)
+        nvtx = _nvtx()
+        if nvtx:
+            nvtx.pop_range()
+
+
+class StepProfiler:
+    """Profile optimizer steps ``[start, stop)``; call :meth:`step` after every optimizer step.
+
+    Writes ``trace.json`` (Chrome trace format) and ``profile_summary.json`` into ``run_dir``
+    when the window closes. On CUDA it also calls ``torch.cuda.profiler.start()/stop()`` around
+    the window, so ``nsys profile --capture-range=cudaProfilerApi`` records just those steps.
+    """
+
+    def __init__(self, run_dir: str | Path, start: int, stop: int, device: torch.device, enabled: bool = True):
+        self.run_dir, self.start, self.stop = Path(run_dir), start, stop
+        self.cuda = device.type == "cuda"
+        self.summary: dict[str, Any] | None = None
+        self._profiler = None
+        if not enabled:
+            return
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.cuda:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self._profiler = torch.profiler.profile(
+            activities=activities, on_trace_ready=self._write,
+            schedule=torch.profiler.schedule(skip_first=start, wait=0, warmup=0, active=stop - start, repeat=1))
+
+    def __enter__(self) -> "StepProfiler":
+        if self._profiler is not None:
+            self._profiler.__enter__()
+            if self.cuda and self.start == 0:
+                torch.cuda.profiler.start()
+        return self
+
+    def step(self, step: int) -> None:
+        """Call with the number of optimizer steps done so far."""
+        if self._profiler is None:
+            return
+        if self.cuda and step == self.start and step > 0:
+            torch.cuda.profiler.start()
+        if self.cuda and step == self.stop:
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+        self._profiler.step()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._profiler is not None:
+            self._profiler.__exit__(*exc)
+            self._profiler = None
+
+    def _write(self, profiler: torch.profiler.profile) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        profiler.export_chrome_trace(str(self.run_dir / "trace.json"))
+        self.summary = summarize(profiler, self.stop - self.start)
+        (self.run_dir / "profile_summary.json").write_text(json.dumps(self.summary, indent=1) + "\n")
+
+
+def summarize(profiler: torch.profiler.profile, steps: int, top: int = 12) -> dict[str, Any]:
+    """Milliseconds per step for each training-loop range and for the top operators by self time."""
+    events = profiler.key_averages()
+    device_attr = "device_time_total" if hasattr(events[0], "device_time_total") else "cuda_time_total"
+
+    def row(event) -> dict[str, Any]:
+        return {"name": event.key, "calls": event.count,
+                "cpu_ms_per_step": event.cpu_time_total / 1000 / steps,
+                "self_cpu_ms_per_step": event.self_cpu_time_total / 1000 / steps,
+                "device_ms_per_step": getattr(event, device_attr, 0) / 1000 / steps}
+
+    ranges = [row(e) for e in events if e.key in RANGES]
+    ranges.sort(key=lambda r: RANGES.index(r["name"]))
+    operators = [row(e) for e in events if e.key not in RANGES and not e.key.startswith("ProfilerStep")]
+    operators.sort(key=lambda r: -r["self_cpu_ms_per_step"])
+    return {"steps": steps, "ranges": ranges, "top_operators": operators[:top]}
+
+
+def read_summary(run_dir: str | Path) -> dict[str, Any]:
+    """The ``profile_summary.json`` a run with ``profile_steps`` wrote."""
+    return json.loads((Path(run_dir) / "profile_summary.json").read_text())
+
+
+# -- Nsight Systems -----------------------------------------------------------------------------
+
+def nsys_command(train_args: Sequence[str] = ("demo",), output: str = "runs/nsys/dlscale_%q{SLURM_PROCID}",
+                 cuda_graphs: bool = False, python: str = "python") -> list[str]:
+    """``nsys profile ... python -m dlscale.train ARGS``: what to run on a GPU node, one report per rank.
+
+    Pair it with ``profile_steps=start,stop`` in ``train_args``: the capture starts and stops
+    at those steps through the CUDA profiler API, so the report holds only the steps you care
+    about. Under Slurm, ``%q{SLURM_PROCID}`` gives each rank its own report.
+    """
+    command = ["nsys", "profile", "--trace=cuda,nvtx,osrt,cudnn,cublas", "--capture-range=cudaProfilerApi",
+               "--capture-range-end=stop", "--force-overwrite=true", f"--output={output}"]
+    if cuda_graphs:
+        command.append("--cuda-graph-trace=node")
+    return command + [python, "-m", "dlscale.train", *train_args]
+
+
+def nsys_stats_command(report: str, old_names: bool = False) -> list[str]:
+    """``nsys stats`` for the NVTX range summary as CSV (nsys before 2021.5 calls the report ``nvtxsum``)."""
+    return ["nsys", "stats", "--report", "nvtxsum" if old_names else "nvtx_sum", "--format", "csv", report]
+
+
+def as_shell(command: Sequence[str]) -> str:
+    """A command list as one line to paste into a terminal or a batch script."""
+    return shlex.join(command)
+
+
+_COLUMNS = {  # nsys's column names, old and new, to ours
+    "Time (%)": "time_percent", "Time(%)": "time_percent", "Total Time (ns)": "total_ns", "Instances": "instances",
+    "Avg (ns)": "avg_ns", "Average": "avg_ns", "Average (ns)": "avg_ns", "Med (ns)": "med_ns", "Median (ns)": "med_ns",
+    "Min (ns)": "min_ns", "Minimum": "min_ns", "Minimum (ns)": "min_ns", "Max (ns)": "max_ns", "Maximum": "max_ns",
+    "Maximum (ns)": "max_ns", "StdDev (ns)": "stddev_ns", "StdDev": "stddev_ns", "Style": "style", "Range": "range",
+    "Name": "range",
+}
+
+
+def parse_nvtx_sum(text: str) -> list[dict[str, Any]]:
+    """Rows of ``nsys stats --report nvtx_sum`` (or the older ``nvtxsum``) CSV output.
+
+    ``nsys stats`` prints a line or two about what it processes before the CSV; those are
+    skipped. Each row has ``range``, ``time_percent``, ``total_ns``, ``instances`` and the
+    per-instance statistics that version printed, with numbers as numbers and the leading
+    ``:`` that newer versions put before push/pop range names removed.
+    """
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if "Total Time" in line and ("Range" in line or "Name" in line)),
+                 None)
+    if start is None:
+        raise ValueError("no NVTX summary table found: expected nsys stats --report nvtx_sum --format csv output")
+    rows = []
+    for raw in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
+        if not raw or not any(raw.values()):
+            continue
+        row: dict[str, Any] = {}
+        for column, value in raw.items():
+            key = _COLUMNS.get((column or "").strip())
+            if key is None or value is None:
+                continue
+            value = value.strip()
+            if key in ("range", "style"):
+                row[key] = value.lstrip(":") if key == "range" else value
+            else:
+                row[key] = float(value.replace(",", "")) if "." in value or key == "time_percent" else int(value.replace(",", ""))
+        rows.append(row)
+    return rows
+
+
+# -- FLOPs and MFU --------------------------------------------------------------------------------
+
+#: Dense peak FLOP/s per GPU (or GCD) for the precisions training uses, from the vendors' data sheets.
+PEAK_FLOPS = {
+    ("A100", "bf16"): 312e12, ("A100", "fp16"): 312e12, ("A100", "fp32"): 19.5e12,
+    ("H100", "bf16"): 989e12, ("H100", "fp16"): 989e12, ("H100", "fp32"): 67e12,
+    ("H200", "bf16"): 989e12, ("H200", "fp16"): 989e12, ("H200", "fp32"): 67e12,
+    ("V100", "fp16"): 125e12, ("V100", "fp32"): 15.7e12,
+    ("MI250X", "bf16"): 191.5e12, ("MI250X", "fp16"): 191.5e12, ("MI250X", "fp32"): 47.9e12,
+}
+
+
+def peak_flops(device: torch.device | str, precision: str) -> float | None:
+    """The peak FLOP/s of a known GPU for ``precision``, or None (CPUs, unknown GPUs)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for (gpu, prec), flops in PEAK_FLOPS.items() if gpu in name and prec == precision), None)
+
+
+def flops_per_sample(model: nn.Module, input_shape: Sequence[int], loss_fn: Callable | None = None,
+                     targets: int = 2, batch: int = 2) -> float:
+    """FLOPs of one training step (forward and backward) per sample, counted by ``FlopCounterMode``."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    device = next(model.parameters()).device
+    x = torch.randn(batch, *input_shape, device=device)
+    y = torch.randn(batch, targets, device=device)
+    loss_fn = loss_fn or nn.functional.mse_loss
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with FlopCounterMode(display=False) as counter:
+        loss_fn(model(x), y).backward()
+    model.zero_grad(set_to_none=True)
+    model.load_state_dict(state)  # batch-norm statistics moved during the count
+    return counter.get_total_flops() / batch
+
+
+def mfu(samples_per_s: float, flops_per_sample_: float, peak: float | None) -> float | None:
+    """Model FLOPs utilisation: achieved training FLOP/s over the device's peak (None if unknown)."""
+    if not peak:
+        return None
+    return samples_per_s * flops_per_sample_ / peak
