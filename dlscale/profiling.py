@@ -24,6 +24,7 @@ import importlib
 import io
 import json
 import shlex
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -101,9 +102,12 @@ class StepProfiler:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.cuda:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self._profiler = torch.profiler.profile(
-            activities=activities, on_trace_ready=self._write,
-            schedule=torch.profiler.schedule(skip_first=start, wait=0, warmup=0, active=stop - start, repeat=1))
+        warmup = 1 if start > 0 else 0  # the profiler warms up on the step before the window where there is one
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
+            schedule = torch.profiler.schedule(skip_first=start - warmup, wait=0, warmup=warmup,
+                                               active=stop - start, repeat=1)
+        self._profiler = torch.profiler.profile(activities=activities, on_trace_ready=self._write, schedule=schedule)
 
     def __enter__(self) -> "StepProfiler":
         if self._profiler is not None:
