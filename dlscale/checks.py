@@ -98,3 +98,92 @@ def check_lars_trust_ratio(lars_trust_ratio: Callable[[torch.Tensor, torch.Tenso
             f"η={eta}: got {answer:.6g}, expected {expected:.6g}. The ratio is η‖w‖ / (‖g‖ + weight_decay·‖w‖ + 1e-8), "
             f"and exactly 1 when ‖w‖ or ‖g‖ is 0")
     _passed("07.2")
+
+
+def check_loader_choice(choose: Callable[[dict, float], tuple[int, bool]]) -> None:
+    """02.1: the fewest workers (then pinned memory off) whose loader rate is at least twice the training rate."""
+    table = {(0, False): 900.0, (0, True): 950.0, (1, False): 2100.0, (1, True): 2300.0, (2, False): 4000.0,
+             (2, True): 4400.0, (4, False): 4300.0, (4, True): 4500.0}
+    cases = [(1000.0, (1, False)), (2100.0, (2, True)), (400.0, (0, False)), (5000.0, (4, True))]
+    for training_rate, expected in cases:
+        answer = tuple(choose(table, training_rate))
+        assert answer == expected, (
+            f"training at {training_rate:.0f} samples/s: got {answer}, expected {expected}. Keep the settings whose "
+            f"loader rate is at least 2x the training rate; among them take the fewest workers (each worker takes a "
+            f"CPU core and memory), pinned memory only if it is needed; if none reaches 2x, take the fastest.")
+    _passed("02.1")
+
+
+def _amp_reference(make_model: Callable, steps: list, name: str) -> tuple[torch.nn.Module, float]:
+    from .precision import Precision
+
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    policy = Precision.resolve(name, "cpu")
+    scaler = policy.grad_scaler(init_scale=2.0 ** 10)
+    for x, y in steps:
+        optimizer.zero_grad()
+        with policy.autocast():
+            loss = torch.nn.functional.mse_loss(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    return model, scaler.get_scale()
+
+
+def check_amp_step(amp_step: Callable) -> None:
+    """03.1: one mixed-precision step: autocast forward, scaled backward, scaler.step and scaler.update."""
+    from .precision import Precision
+
+    def make_model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+
+    generator = torch.Generator().manual_seed(1)
+    steps = [(torch.randn(8, 6, generator=generator), torch.randn(8, 2, generator=generator)) for _ in range(3)]
+    steps.append((torch.full((8, 6), 1e5), torch.zeros(8, 2)))  # overflows in fp16: must be skipped
+    reference, reference_scale = _amp_reference(make_model, steps, "fp16")
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    policy = Precision.resolve("fp16", "cpu")
+    scaler = policy.grad_scaler(init_scale=2.0 ** 10)
+    for x, y in steps:
+        try:
+            amp_step(model, optimizer, scaler, policy, x, y)
+        except RuntimeError as err:
+            if "update()" in str(err):
+                raise AssertionError("scaler.step() was called twice without scaler.update() in between: "
+                                     "call scaler.update() at the end of every step") from None
+            raise
+    assert scaler.get_scale() == reference_scale, (
+        f"the scale is {scaler.get_scale()}, expected {reference_scale}: call scaler.update() after every step, "
+        f"so that an overflow halves the scale")
+    for ours, theirs in zip(model.parameters(), reference.parameters()):
+        assert torch.isfinite(ours).all(), "an overflowing step reached the weights: step through scaler.step(optimizer)"
+        assert torch.allclose(ours, theirs, atol=1e-5), (
+            "the weights differ from the reference: run the forward pass and the loss inside policy.autocast(), "
+            "backward on scaler.scale(loss), then scaler.step(optimizer) and scaler.update()")
+    _passed("03.1")
+
+
+def check_annotated_loop(train_steps: Callable[[int], None]) -> None:
+    """04.1: every step of the loop marks data, forward, backward and optimizer with nvtx_range."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        train_steps(3)
+    counts = {event.key: event.count for event in profiler.key_averages()}
+    missing = [name for name in ("data", "forward", "backward", "optimizer") if counts.get(name, 0) < 3]
+    assert not missing, (f"ranges missing or not marked every step: {missing} (found {sorted(counts.get(n, 0) for n in missing)} "
+                         f"calls); wrap each phase of each step in `with nvtx_range(name):`")
+    _passed("04.1")
+
+
+def check_slowest_phase(slowest: Callable[[list[dict]], str]) -> None:
+    """04.2: the range with the most time per step in a profile summary."""
+    rows = [{"name": "data", "cpu_ms_per_step": 9.0, "self_cpu_ms_per_step": 8.5},
+            {"name": "forward", "cpu_ms_per_step": 3.0, "self_cpu_ms_per_step": 0.1},
+            {"name": "backward", "cpu_ms_per_step": 6.0, "self_cpu_ms_per_step": 0.2},
+            {"name": "optimizer", "cpu_ms_per_step": 1.0, "self_cpu_ms_per_step": 0.9}]
+    assert slowest(rows) == "data", "compare cpu_ms_per_step (the range's whole time, children included)"
+    rows[0]["cpu_ms_per_step"] = 2.0
+    assert slowest(rows) == "backward", "compare cpu_ms_per_step (the range's whole time, children included)"
+    _passed("04.2")

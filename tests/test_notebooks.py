@@ -17,11 +17,17 @@ pytestmark = pytest.mark.notebook
 LESSONS = {
     "00_environment.ipynb": {"gallery_size": 3},
     "01_single_device_baseline.ipynb": {"config": "tiny", "batch_sizes": [16, 64], "sweep_steps": 20},
+    "02_data_loading.ipynb": {"config": "tiny", "worker_counts": [0, 1], "loader_batches": 10, "train_steps": 20},
+    "03_mixed_precision.ipynb": {"epochs": 1},
+    "04_profiling.ipynb": {"config": "tiny", "profile_window": [3, 6], "ladder_steps": 8},
     "07_large_batch.ipynb": {"sweep_recipes": ["no scaling", "linear + warmup", "LAMB + warmup"],
                              "sweep_multiples": [8, 32]},
 }
-SOLUTION_PARAMETERS = {"01_single_device_baseline.ipynb": {"config": "tiny"}, "07_large_batch.ipynb": {}}
+SOLUTION_PARAMETERS = {"01_single_device_baseline.ipynb": {"config": "tiny"}, "02_data_loading.ipynb": {},
+                       "03_mixed_precision.ipynb": {}, "04_profiling.ipynb": {}, "07_large_batch.ipynb": {}}
 EXERCISES = {"01_single_device_baseline.ipynb": {"Exercise 01.1", "Exercise 01.2", "Exercise 01.3"},
+             "02_data_loading.ipynb": {"Exercise 02.1"}, "03_mixed_precision.ipynb": {"Exercise 03.1"},
+             "04_profiling.ipynb": {"Exercise 04.1", "Exercise 04.2"},
              "07_large_batch.ipynb": {"Exercise 07.1", "Exercise 07.2"}}
 
 
@@ -146,3 +152,50 @@ def test_trust_ratio_check_rejects_common_slips():
     for wrong in (no_decay_term, zero_norm_gives_zero):
         with pytest.raises(AssertionError, match="exactly 1 when"):
             checks.check_lars_trust_ratio(wrong)
+
+
+def test_loader_choice_check_rejects_the_fastest_setting_always():
+    with pytest.raises(AssertionError, match="fewest workers"):
+        checks.check_loader_choice(lambda rates, training: max(rates, key=rates.get))
+
+
+def test_amp_check_rejects_a_step_without_the_scaler():
+    import torch
+
+    def unscaled(model, optimizer, scaler, policy, x, y):
+        optimizer.zero_grad()
+        with policy.autocast():
+            loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return float(loss)
+
+    def no_update(model, optimizer, scaler, policy, x, y):
+        optimizer.zero_grad()
+        with policy.autocast():
+            loss = torch.nn.functional.mse_loss(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        return float(loss)
+
+    with pytest.raises(AssertionError, match="scale"):
+        checks.check_amp_step(unscaled)
+    with pytest.raises(AssertionError, match="scaler.update"):
+        checks.check_amp_step(no_update)
+
+
+def test_profiling_checks_reject_missing_ranges_and_self_time():
+    import torch
+
+    from dlscale.profiling import nvtx_range
+
+    def forward_only(n):
+        for _ in range(n):
+            with nvtx_range("forward"):
+                torch.randn(8, 8).sum()
+
+    with pytest.raises(AssertionError, match="ranges missing"):
+        checks.check_annotated_loop(forward_only)
+    with pytest.raises(AssertionError, match="cpu_ms_per_step"):
+        checks.check_slowest_phase(lambda rows: max(rows, key=lambda r: r["self_cpu_ms_per_step"])["name"] if
+                                   rows[0]["cpu_ms_per_step"] == 2.0 else "data")
