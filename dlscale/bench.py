@@ -178,9 +178,12 @@ def ladder_rungs(device: torch.device) -> list[tuple[str, dict, str | None]]:
     ]
 
 
-def bench_ladder(cfg, steps: int = 60, out_dir: str | Path | None = None, progress: bool = True) -> list[dict]:
+def bench_ladder(cfg, steps: int = 60, out_dir: str | Path | None = None, progress: bool = True,
+                 rounds: int = 1) -> list[dict]:
     """Train ``steps`` steps per rung of the ladder, in one run, and report samples/s and speedups.
 
+    With ``rounds > 1`` every rung is trained once per round, the rungs taking turns, and its
+    median is reported: on a shared machine one run's noise can exceed a rung's effect.
     Writes ``ladder.json`` and ``ladder.png`` into ``out_dir`` (default ``runs/ladder``).
     """
     from tqdm.auto import tqdm
@@ -191,18 +194,23 @@ def bench_ladder(cfg, steps: int = 60, out_dir: str | Path | None = None, progre
     out_dir = Path(out_dir or "runs/ladder")
     settings: dict = {}
     rows: list[dict] = []
-    rungs = ladder_rungs(device)
-    for index, (rung, adds, skipped) in enumerate(tqdm(rungs, desc="ladder", unit="rung", disable=not progress)):
-        if skipped:
-            rows.append({"rung": rung, "skipped": skipped})
-            continue
-        settings.update(adds)
-        run_cfg = cfg.override({**settings, "name": f"ladder-{index}", "run_dir": str(out_dir / f"rung{index}"),
-                                "max_steps": steps, "epochs": 10 ** 6, "checkpoint_every": 0, "plot": False,
-                                "progress": False, "warmup_steps": 0})
-        result = train_quietly(run_cfg)
-        rows.append({"rung": rung, "samples_per_s": result.samples_per_s, "applied": result.applied,
-                     "mfu": result.mfu})
+    configs = []
+    for index, (rung, adds, skipped) in enumerate(ladder_rungs(device)):
+        rows.append({"rung": rung, "skipped": skipped} if skipped else {"rung": rung, "rates": []})
+        if not skipped:
+            settings.update(adds)
+            configs.append((rows[-1], cfg.override({
+                **settings, "name": f"ladder-{index}", "run_dir": str(out_dir / f"rung{index}"), "max_steps": steps,
+                "epochs": 10 ** 6, "checkpoint_every": 0, "plot": False, "progress": False, "warmup_steps": 0})))
+    with tqdm(total=rounds * len(configs), desc="ladder", unit="run", disable=not progress) as bar:
+        for _ in range(rounds):
+            for row, run_cfg in configs:
+                result = train_quietly(run_cfg)
+                row["rates"].append(result.samples_per_s)
+                row.update(applied=result.applied, mfu=result.mfu)
+                bar.update()
+    for row, _ in configs:
+        row["samples_per_s"] = statistics.median(row["rates"])
     measured = [r for r in rows if "samples_per_s" in r]
     for row in measured:
         row["speedup"] = row["samples_per_s"] / measured[0]["samples_per_s"]

@@ -97,7 +97,8 @@ def _bench_optim(args: argparse.Namespace) -> int:
 def _bench_ladder(args: argparse.Namespace) -> int:
     from .bench import bench_ladder, format_ladder
 
-    rows = bench_ladder(load_config(args.config, args.overrides), steps=args.steps, out_dir=args.out)
+    rows = bench_ladder(load_config(args.config, args.overrides), steps=args.steps, out_dir=args.out,
+                        rounds=args.rounds)
     print(format_ladder(rows))
     print(f"ladder.json and ladder.png in {args.out}/")
     return 0
@@ -186,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     ladder.add_argument("config", nargs="?", default="demo", help="config name or YAML path (default demo)")
     ladder.add_argument("overrides", nargs="*", metavar="key=value")
     ladder.add_argument("--steps", type=int, default=60, help="training steps per rung")
+    ladder.add_argument("--rounds", type=int, default=1, help="train every rung this many times, in turns (median)")
     ladder.add_argument("--out", default="runs/ladder")
     ladder.set_defaults(handler=_bench_ladder)
     loader = bench_commands.add_parser("loader", help="samples/s of the input pipeline alone (no model)")
