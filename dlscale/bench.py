@@ -221,7 +221,7 @@ def bench_ladder(cfg, steps: int = 60, out_dir: str | Path | None = None, progre
     (out_dir / "ladder.json").write_text(json.dumps({"device": str(device), "steps": steps, "rows": rows},
                                                     indent=1, default=str) + "\n")
     from .plots import bar_chart
-    bar_chart([r["rung"].replace("+ ", "+\n") for r in measured], [r["samples_per_s"] for r in measured],
+    bar_chart([r["rung"] for r in measured], [r["samples_per_s"] for r in measured],
               "samples / s", f"optimization ladder on {device}").savefig(out_dir / "ladder.png", dpi=120)
     return rows
 

@@ -9,6 +9,7 @@ in Jupyter, so a notebook needs no ``%matplotlib`` magic to show them.
 from __future__ import annotations
 
 import io
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -80,7 +81,7 @@ def bar_chart(labels: list, values: list[float], ylabel: str, title: str = "", x
     """Labelled bars with their values written on top (throughput comparisons and the like)."""
     fig = NotebookFigure(figsize=(1.2 * len(labels) + 3, 3.5), layout="constrained")
     ax = fig.subplots()
-    bars = ax.bar([str(label) for label in labels], values, color="tab:blue")
+    bars = ax.bar([textwrap.fill(str(label), 16) for label in labels], values, color="tab:blue")
     ax.bar_label(bars, labels=[f"{v:,.0f}" if v >= 100 else f"{v:.3g}" for v in values], padding=2)
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.margins(y=0.15)

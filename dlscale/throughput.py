@@ -37,5 +37,9 @@ class ThroughputMeter:
 
     @property
     def samples_per_s(self) -> float:
-        """Mean rate over the counted steps (0 until some were counted)."""
+        """This process's mean rate over the counted steps (0 until some were counted)."""
         return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    def aggregate(self, world_size: int) -> float:
+        """All ranks together, for ranks that each process the same per-rank batch in lockstep."""
+        return self.samples_per_s * world_size

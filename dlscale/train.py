@@ -352,8 +352,8 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
                     ratios = torch.cat(optimizer.trust_ratios)
                     if len(ratios) == len(ratio_columns):  # (a parameter without a gradient would shift columns)
                         pending_ratios.append((step, ratios))
-                meter.step(len(x) * world_size)
-                pending.append((step, epoch, loss.detach(), lr, meter.last_rate))
+                meter.step(len(x))
+                pending.append((step, epoch, loss.detach(), lr, meter.last_rate * world_size))
                 bar.update()
                 if len(pending) >= LOG_BLOCK:
                     bar.set_postfix(loss=f"{flush():.4f}", lr=f"{lr:.2e}")
@@ -380,13 +380,14 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
     history = read_rows(run_dir / VAL_FILE)
     final = {k: v for k, v in history[-1].items() if k not in ("epoch", "step")} if history else {}
     flops = flops_per_sample(model, dataset.input_shape, loss_fn, dataset.num_targets)
-    utilisation = mfu(meter.samples_per_s, flops, peak_flops(device, policy.name))
+    utilisation = mfu(meter.samples_per_s, flops, peak_flops(device, policy.name))  # per device
     result = Result(config=cfg, run_dir=run_dir, device=str(device), final=final, history=history,
-                    steps=read_rows(run_dir / TRAIN_FILE), samples_per_s=meter.samples_per_s, steps_done=step,
+                    steps=read_rows(run_dir / TRAIN_FILE), samples_per_s=meter.aggregate(world_size), steps_done=step,
                     total_steps=total_steps, seconds=time.perf_counter() - started, preempted=preempted,
                     model=model, peak_lr=peak_lr, noise_scale=noise.b_simple, applied=applied, mfu=utilisation)
     if is_main:
-        summary = {"samples_per_s": result.samples_per_s, "steps_done": step, "total_steps": total_steps,
+        summary = {"samples_per_s": result.samples_per_s, "samples_per_s_per_rank": meter.samples_per_s,
+                   "world_size": world_size, "steps_done": step, "total_steps": total_steps,
                    "seconds": result.seconds, "device": str(device), "preempted": preempted, "peak_lr": peak_lr,
                    "flops_per_sample": flops, "mfu": utilisation, "applied": applied,
                    **({"noise_scale": noise.b_simple} if cfg.noise_scale_every else {}), **final}

@@ -100,6 +100,7 @@ def test_throughput_meter_skips_warmup_and_pauses(monkeypatch):
     meter.step(10)
     meter.step(10)
     assert meter.samples_per_s == pytest.approx(10.0)  # (7-6) and (101-100): 20 samples in 2 s
+    assert meter.aggregate(4) == pytest.approx(40.0)
 
 
 def test_rng_state_round_trips_every_generator():
