@@ -168,7 +168,7 @@ def test_amp_check_rejects_a_step_without_the_scaler():
             loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
         optimizer.step()
-        return float(loss)
+        return loss.item()
 
     def no_update(model, optimizer, scaler, policy, x, y):
         optimizer.zero_grad()
@@ -176,7 +176,7 @@ def test_amp_check_rejects_a_step_without_the_scaler():
             loss = torch.nn.functional.mse_loss(model(x), y)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
-        return float(loss)
+        return loss.item()
 
     with pytest.raises(AssertionError, match="scale"):
         checks.check_amp_step(unscaled)
