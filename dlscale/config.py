@@ -66,6 +66,17 @@ class TrainConfig:
     width: int = _knob(16, "Channels of the first conv block; doubled at each later block.")
     depth: int = _knob(3, "Number of conv blocks (each halves the map size).")
     channels_last: bool = _knob(False, "Use the NHWC memory format (faster convolutions on tensor-core GPUs).")
+    norm: Literal["batch", "group"] = _knob(
+        "batch", "Normalisation layers: batch norm, or group norm (independent of how the batch is split).")
+    sync_batchnorm: bool = _knob(False, "With several GPUs, compute batch-norm statistics over all ranks (CUDA only).")
+
+    # -- data parallel -------------------------------------------------------
+    dist_backend: Literal["auto", "nccl", "gloo"] = _knob("auto", "Process-group backend: auto = NCCL on GPUs, gloo on CPUs.")
+    dist_timeout_s: float = _knob(300.0, "Seconds a collective may wait for the other ranks before the job stops "
+                                         "with an error (a dead or missing rank never hangs the job).")
+    bucket_cap_mb: float = _knob(25.0, "DDP gradient bucket size in MiB (all-reduce granularity).")
+    gradient_as_bucket_view: bool = _knob(True, "DDP: gradients are views into the all-reduce buckets (saves memory).")
+    static_graph: bool = _knob(False, "DDP: the graph is the same every step (lets DDP skip some bookkeeping).")
 
     # -- optimisation --------------------------------------------------------
     epochs: int = _knob(6, "Passes over the training set.")

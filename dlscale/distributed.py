@@ -1,15 +1,38 @@
-"""Data-parallel plumbing: how this process was launched, and (later) process groups and DDP.
+"""Data-parallel plumbing: how this process was launched, the process group, DDP.
 
-For now it answers one question, which lesson 00 and ``dlscale info`` show: which
-launcher started this process. Every launcher leaves its own environment variables; we
-read them, never a hard-coded ``SLURM_PROCID``, so the same code runs under torchrun,
-``srun``, ``mpirun`` or on its own.
+Every launcher leaves its own environment variables; :func:`detect` reads them (never a
+hard-coded ``SLURM_PROCID``), so the same code runs under ``torchrun``, Slurm's ``srun``,
+``mpirun`` (Open MPI, MPICH, Intel MPI), notebook-driven engines, or on its own:
+
+================  ==========================================================================
+torchrun          ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``
+srun              ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``; the master is the
+                  first host of ``SLURM_JOB_NODELIST`` (never the login node, never
+                  ``localhost`` on several nodes)
+mpirun            ``OMPI_COMM_WORLD_*``, ``PMI_RANK``/``PMI_SIZE`` (MPICH, Intel MPI),
+                  ``PMIX_RANK``; the master from ``MASTER_ADDR`` or broadcast with mpi4py
+================  ==========================================================================
+
+:func:`init` then creates the process group — NCCL on CUDA, gloo on CPU — with a timeout,
+so a dead or missing peer ends every rank with a clear error instead of a hang. Lessons 00
+and 05 use it; ``dlscale.train`` calls it.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
+import re
+import socket
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .errors import DlscaleError
 
 #: Launchers in the order they are checked, with a variable each one always sets.
 LAUNCHER_MARKERS = (
@@ -19,18 +42,230 @@ LAUNCHER_MARKERS = (
     ("mpi", "OMPI_COMM_WORLD_RANK"),
     ("mpi", "PMI_RANK"),
     ("mpi", "PMIX_RANK"),
-    ("ipyparallel", "IPP_ENGINE_ID"),
 )
+DEFAULT_PORT = 29500
+
+
+class DistributedError(DlscaleError):
+    """The job's processes could not form or keep a process group; the message says why."""
 
 
 def detect_launcher(environ: Mapping[str, str] | None = None) -> str:
-    """``torchrun``, ``slurm``, ``mpi``, ``ipyparallel``, or ``single`` for a plain process.
+    """``torchrun``, ``slurm``, ``mpi``, a name set in ``DLSCALE_LAUNCHER``, or ``single``.
 
-    A Slurm *allocation* (``SLURM_JOB_ID`` without ``SLURM_PROCID``, e.g. a Jupyter
-    server on a compute node) is still a single process: only ``srun`` makes ranks.
+    A Slurm *allocation* (``SLURM_JOB_ID`` without ``SLURM_PROCID``, e.g. a Jupyter server
+    on a compute node) is still a single process: only ``srun`` makes ranks.
     """
     environ = os.environ if environ is None else environ
+    if environ.get("DLSCALE_LAUNCHER"):
+        return environ["DLSCALE_LAUNCHER"]
     for launcher, variable in LAUNCHER_MARKERS:
         if variable in environ:
             return launcher
     return "single"
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Hosts of a Slurm node list: ``nid[001234-001236,001240],login01`` -> four nids and login01."""
+    hosts = []
+    for match in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist):
+        prefix, ranges = match.group(1), match.group(2)
+        if not ranges:
+            hosts.append(prefix)
+            continue
+        for part in ranges.split(","):
+            low, _, high = part.partition("-")
+            for number in range(int(low), int(high or low) + 1):
+                hosts.append(f"{prefix}{number:0{len(low)}d}")
+    return hosts
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in the job: ranks, sizes, the launcher, and (after init) its device."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    launcher: str = "single"
+    master_addr: str = "127.0.0.1"
+    master_port: int = DEFAULT_PORT
+    device: str = "cpu"
+    backend: str = "none"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def describe(self) -> str:
+        """One line for logs and lesson 00."""
+        if not self.distributed:
+            return f"single process ({self.launcher}) on {self.device}"
+        return (f"rank {self.rank}/{self.world_size} (local {self.local_rank}/{self.local_world_size}) via "
+                f"{self.launcher}, {self.backend} on {self.device}, master {self.master_addr}:{self.master_port}")
+
+
+def _int(environ: Mapping[str, str], *names: str, default: int | None = None) -> int:
+    for name in names:
+        if environ.get(name, "") != "":
+            return int(environ[name])
+    if default is None:
+        raise DistributedError(f"none of {', '.join(names)} is set")
+    return default
+
+
+def _tasks_on_first_node(value: str) -> int:
+    """``SLURM_NTASKS_PER_NODE`` / ``SLURM_TASKS_PER_NODE`` such as ``4`` or ``4(x2),2``."""
+    return int(re.match(r"\d+", value).group()) if value else 1
+
+
+def _mpi_master(environ: Mapping[str, str]) -> str:
+    if environ.get("MASTER_ADDR"):
+        return environ["MASTER_ADDR"]
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise DistributedError("under mpirun, set MASTER_ADDR to the first host of the job, or install mpi4py "
+                               "(pip install 'dlscale[kmeans]') so that rank 0 can broadcast its address") from None
+    return MPI.COMM_WORLD.bcast(socket.gethostname() if MPI.COMM_WORLD.Get_rank() == 0 else None, root=0)
+
+
+def detect(environ: Mapping[str, str] | None = None) -> DistEnv:
+    """The :class:`DistEnv` the launcher's environment variables describe (no process group yet)."""
+    environ = os.environ if environ is None else environ
+    launcher = detect_launcher(environ)
+    port = _int(environ, "MASTER_PORT", default=DEFAULT_PORT)
+    if launcher == "single":
+        return DistEnv()
+    if launcher == "slurm":
+        nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or ""
+        hosts = expand_nodelist(nodelist) if nodelist else []
+        if environ.get("MASTER_ADDR"):
+            master = environ["MASTER_ADDR"]
+        elif hosts:
+            master = hosts[0]
+        else:
+            raise DistributedError("under srun, SLURM_JOB_NODELIST is not set: cannot tell the master node")
+        world = _int(environ, "SLURM_NTASKS", "SLURM_NPROCS")
+        per_node = _tasks_on_first_node(environ.get("SLURM_NTASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE", ""))
+        return DistEnv(_int(environ, "SLURM_PROCID"), _int(environ, "SLURM_LOCALID", default=0), world,
+                       per_node, "slurm", master, port)
+    if launcher == "mpi":
+        rank = _int(environ, "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+        world = _int(environ, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MPI_WORLD_SIZE")
+        local = _int(environ, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID", default=0)
+        local_size = _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", default=world)
+        master = _mpi_master(environ) if world > 1 else "127.0.0.1"
+        return DistEnv(rank, local, world, local_size, "mpi", master, port)
+    # torchrun, and helpers that set torchrun's variables (DLSCALE_LAUNCHER names them)
+    world = _int(environ, "WORLD_SIZE", default=1)
+    return DistEnv(_int(environ, "RANK", default=0), _int(environ, "LOCAL_RANK", default=0), world,
+                   _int(environ, "LOCAL_WORLD_SIZE", default=world), launcher,
+                   environ.get("MASTER_ADDR", "127.0.0.1"), port)
+
+
+def init(device: str = "auto", backend: str | None = None, timeout_s: float = 300.0,
+         environ: Mapping[str, str] | None = None) -> DistEnv:
+    """Join the job: pick the device (``cuda:LOCAL_RANK`` on GPUs) and, with several ranks, the process group.
+
+    ``backend`` defaults to NCCL on CUDA and gloo otherwise. A peer that does not join, or
+    dies later, makes collective calls fail after ``timeout_s`` instead of hanging forever.
+    """
+    env = detect(environ)
+    wants_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if wants_cuda and torch.cuda.is_available():
+        index = env.local_rank % torch.cuda.device_count() if device in ("auto", "cuda") else torch.device(device).index
+        torch.cuda.set_device(index)
+        resolved = f"cuda:{index}"
+    else:
+        resolved = "cpu" if device == "auto" else device
+    env = replace(env, device=resolved)
+    if not env.distributed:
+        return env
+    backend = backend or ("nccl" if resolved.startswith("cuda") else "gloo")
+    if dist.is_initialized():
+        return replace(env, backend=dist.get_backend())
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # NCCL errors end the job instead of hanging it
+    try:
+        dist.init_process_group(backend, init_method=f"tcp://{env.master_addr}:{env.master_port}", rank=env.rank,
+                                world_size=env.world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    except Exception as err:  # noqa: BLE001 - any failure to form the group gets the same explanation
+        raise DistributedError(
+            f"rank {env.rank} of {env.world_size} could not join the process group at {env.master_addr}:"
+            f"{env.master_port} within {timeout_s:.0f} s ({type(err).__name__}: {err}). Check that every rank "
+            f"started, that MASTER_ADDR is a compute node every rank can reach, and that the port is free") from None
+    return replace(env, backend=backend)
+
+
+def shutdown() -> None:
+    """Leave the process group (a no-op when there is none)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def is_main() -> bool:
+    """True on rank 0, and in a single process."""
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def print0(*args: Any, **kwargs: Any) -> None:
+    """``print`` on the main rank only."""
+    if is_main():
+        print(*args, **kwargs)
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """The sum over ranks, in place (unchanged in a single process)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_reduce_mean(value: torch.Tensor | float) -> torch.Tensor | float:
+    """The mean over ranks of a tensor (in place) or a number."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    if isinstance(value, torch.Tensor):
+        return all_reduce_sum(value).div_(dist.get_world_size())
+    tensor = torch.tensor(float(value), dtype=torch.float64)
+    return float(all_reduce_sum(tensor)) / dist.get_world_size()
+
+
+def all_reduce_max_flag(flag: bool, device: str | torch.device = "cpu") -> bool:
+    """True on every rank if it is true on any rank (used for a stop signal that reached one rank)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    tensor = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """``obj`` from rank ``src`` on every rank."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def wrap_model(model: nn.Module, env: DistEnv, bucket_cap_mb: float = 25.0, gradient_as_bucket_view: bool = True,
+               static_graph: bool = False) -> nn.Module:
+    """``model`` wrapped in DistributedDataParallel when there are several ranks, else unchanged."""
+    if not env.distributed:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [torch.device(env.device).index] if env.device.startswith("cuda") else None
+    return DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb,
+                                   gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph)

@@ -14,13 +14,19 @@ from torch import nn
 from .config import TrainConfig
 
 
-def _conv_block(in_channels: int, out_channels: int) -> nn.Sequential:
+def _norm(kind: str, channels: int) -> nn.Module:
+    # Group norm (8 channels a group, fewer when the layer is narrow) does not depend on the batch,
+    # so a data-parallel run computes exactly what one process does.
+    return nn.BatchNorm2d(channels) if kind == "batch" else nn.GroupNorm(max(1, channels // 8), channels)
+
+
+def _conv_block(in_channels: int, out_channels: int, norm: str = "batch") -> nn.Sequential:
     return nn.Sequential(
         nn.Conv2d(in_channels, out_channels, 3, padding=1, bias=False),
-        nn.BatchNorm2d(out_channels),
+        _norm(norm, out_channels),
         nn.ReLU(inplace=True),
         nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False),
-        nn.BatchNorm2d(out_channels),
+        _norm(norm, out_channels),
         nn.ReLU(inplace=True),
         nn.MaxPool2d(2),
     )
@@ -29,10 +35,11 @@ def _conv_block(in_channels: int, out_channels: int) -> nn.Sequential:
 class CNNRegressor(nn.Module):
     """Maps of shape (N, in_channels, H, W) to (N, num_outputs) regression targets."""
 
-    def __init__(self, in_channels: int = 1, num_outputs: int = 2, width: int = 16, depth: int = 3):
+    def __init__(self, in_channels: int = 1, num_outputs: int = 2, width: int = 16, depth: int = 3,
+                 norm: str = "batch"):
         super().__init__()
         channels = [in_channels] + [width * 2 ** i for i in range(depth)]
-        self.features = nn.Sequential(*(_conv_block(a, b) for a, b in zip(channels, channels[1:])))
+        self.features = nn.Sequential(*(_conv_block(a, b, norm) for a, b in zip(channels, channels[1:])))
         self.head = nn.Sequential(
             nn.AdaptiveAvgPool2d(1),
             nn.Flatten(),
@@ -47,7 +54,7 @@ class CNNRegressor(nn.Module):
 
 def build_model(cfg: TrainConfig, in_channels: int = 1, num_outputs: int = 2) -> CNNRegressor:
     """The model a config describes, in the memory format it asks for (still on the CPU)."""
-    model = CNNRegressor(in_channels, num_outputs, width=cfg.width, depth=cfg.depth)
+    model = CNNRegressor(in_channels, num_outputs, width=cfg.width, depth=cfg.depth, norm=cfg.norm)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return model

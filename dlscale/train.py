@@ -29,8 +29,10 @@ from tqdm.auto import tqdm
 from .checkpoint import load_latest_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .checkpoint import CheckpointError, checkpoint_dir
 from .config import ConfigError, TrainConfig, load_config
-from .errors import DlscaleError
+from . import distributed
 from .data import make_loader, prepare_data, stage_data
+from .distributed import DistributedError, all_reduce_max_flag, all_reduce_mean, all_reduce_sum
+from .errors import DlscaleError
 from .data.loader import target_names
 from .models import build_model, count_parameters
 from .optim import build_optimizer
@@ -119,7 +121,7 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device, channels_
     model.train()
     if sums is None:
         return {}
-    count, total, squares, errors = sums.cpu()
+    count, total, squares, errors = all_reduce_sum(sums).cpu()  # every rank scored its own slice
     variance_sum = squares - total * total / count
     r2 = 1.0 - errors / variance_sum
     metrics = {"mse": float(errors.sum() / count.sum()), "r2": float(r2.mean())}
@@ -211,20 +213,49 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
     """
     cfg = _as_config(cfg, overrides)
     started = time.perf_counter()
-    rank, world_size, is_main = 0, 1, True  # the data-parallel launcher fills these in
-    device = resolve_device(cfg.device)
+    requested = resolve_device(cfg.device)  # a clear error if the device is not there
+    owns_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
+    env = distributed.init("auto" if cfg.device == "auto" else str(requested),
+                           None if cfg.dist_backend == "auto" else cfg.dist_backend, cfg.dist_timeout_s)
+    try:
+        return _train(cfg, env, started)
+    except RuntimeError as err:
+        if not env.distributed or isinstance(err, DlscaleError):
+            raise
+        raise DistributedError(f"rank {env.rank} of {env.world_size} stopped: a collective operation failed "
+                               f"({str(err).splitlines()[0][:200]}). Another rank probably died or was killed; "
+                               f"resume with resume=true from the last checkpoint") from None
+    finally:
+        if owns_group:
+            distributed.shutdown()
+
+
+def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result:
+    rank, world_size, is_main = env.rank, env.world_size, env.is_main
+    device = torch.device(env.device)
     seed_everything(cfg.seed)
     run_dir = cfg.resolved_run_dir
 
     # -- data and model --------------------------------------------------------
+    if is_main:  # one rank generates the synthetic set; the others wait and then find it
+        prepare_data(cfg)
+    distributed.barrier()
     data_root = prepare_data(cfg)
-    if cfg.stage_dir:
-        data_root = stage_data(data_root, cfg.stage_dir, progress=cfg.progress and is_main)
+    if cfg.stage_dir:  # one copy per node
+        if env.local_rank == 0:
+            stage_data(data_root, cfg.stage_dir, progress=cfg.progress and is_main)
+        distributed.barrier()
+        data_root = stage_data(data_root, cfg.stage_dir)
     train_loader = make_loader(cfg, rank, world_size, "train", device, data_root)
     val_loader = make_loader(cfg, rank, world_size, "val", device, data_root)
     dataset = train_loader.dataset
     names = target_names(data_root, dataset.num_targets)
-    model = build_model(cfg, dataset.input_shape[0], dataset.num_targets).to(device)
+    model = build_model(cfg, dataset.input_shape[0], dataset.num_targets)
+    if cfg.sync_batchnorm:
+        if device.type != "cuda":
+            raise ConfigError("sync_batchnorm=true needs GPUs (torch's SyncBatchNorm is CUDA-only); on CPUs use norm=group")
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = model.to(device)
     peak_lr = scale_lr(cfg.lr, cfg.base_batch, cfg.global_batch_size, cfg.lr_scaling)
     optimizer = build_optimizer(cfg, model, lr=peak_lr)
     steps_per_epoch = len(train_loader)
@@ -240,8 +271,10 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
     policy = Precision.resolve(cfg.precision, device)
     scaler = policy.grad_scaler()  # enabled only for fp16; otherwise its calls pass straight through
     autocast = policy.autocast
-    # The uncompiled module is kept for checkpoints and evaluation; the compiled one trains.
-    step_model = torch.compile(model, mode="reduce-overhead" if cfg.cuda_graphs else None) if cfg.compile else model
+    # The plain module is kept for checkpoints and evaluation; the DDP-wrapped (and compiled) one trains.
+    step_model = distributed.wrap_model(model, env, cfg.bucket_cap_mb, cfg.gradient_as_bucket_view, cfg.static_graph)
+    if cfg.compile:
+        step_model = torch.compile(step_model, mode="reduce-overhead" if cfg.cuda_graphs else None)
     loss_fn = nn.MSELoss()
 
     # -- resume or start afresh ------------------------------------------------
@@ -262,14 +295,15 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
     applied = {
         "device": str(device), "precision": policy.name, "grad_scaler": scaler.is_enabled(),
         "channels_last": _is_channels_last(model),
-        "compiled": step_model is not model, "cuda_graphs": cfg.cuda_graphs and step_model is not model,
-        "optimizer": type(optimizer).__name__, "optimizer_foreach": bool(optimizer.defaults.get("foreach")),
+        "compiled": cfg.compile, "cuda_graphs": cfg.cuda_graphs and cfg.compile,
+        "world_size": world_size, "launcher": env.launcher, "backend": env.backend,
+        "ddp": step_model is not model and env.distributed, "optimizer": type(optimizer).__name__, "optimizer_foreach": bool(optimizer.defaults.get("foreach")),
         "optimizer_fused": bool(optimizer.defaults.get("fused")), "num_workers": train_loader.num_workers,
         "pin_memory": train_loader.pin_memory, "data_dir": str(data_root),
     }
     if is_main:
         where = f"resuming from {resume_from.name} at step {step}" if resume_from else "starting afresh"
-        print(f"dlscale: {cfg.name} on {device}, {count_parameters(model):,} parameters, {len(dataset):,} maps "
+        print(f"dlscale: {cfg.name} on {env.describe()}, {count_parameters(model):,} parameters, {len(dataset):,} maps "
               f"{tuple(dataset.input_shape)} from {data_root}, {total_steps} steps of batch "
               f"{cfg.global_batch_size}, {cfg.optimizer} at peak lr {peak_lr:.3g}, {policy.name}"
               f"{', compiled' if applied['compiled'] else ''}; {where}; writing to {run_dir}", flush=True)
@@ -297,7 +331,7 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
         """Write the pending step rows, fetching their losses from the device in one go."""
         if not pending:
             return None
-        losses = torch.stack([row[2] for row in pending]).tolist()
+        losses = all_reduce_mean(torch.stack([row[2] for row in pending]).float()).tolist()  # the global batch's loss
         logger.log_steps([dict(step=s, epoch=e, loss=loss, lr=lr, samples_per_s=sps)
                           for (s, e, _, lr, sps), loss in zip(pending, losses)])
         pending.clear()
@@ -308,6 +342,7 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
 
     bar = tqdm(total=total_steps, initial=step, desc=cfg.name, unit="step", disable=not (is_main and cfg.progress),
                dynamic_ncols=True, file=sys.stderr)
+    say = bar.write if is_main else (lambda *args, **kwargs: None)
     preempted = False
     window = cfg.profile_steps or (0, 0)
     profiler = StepProfiler(run_dir, max(0, window[0] - step), max(1, window[1] - step), device,
@@ -337,7 +372,8 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
                     if cfg.grad_clip or measuring:
                         scaler.unscale_(optimizer)
                     if measuring:
-                        g2, trace = noise.update(small_sq, small, float(grad_sq_norm(model.parameters())), len(x))
+                        g2, trace = noise.update(small_sq, small, float(grad_sq_norm(model.parameters())),
+                                                 len(x) * world_size)  # after DDP, the gradient of the global batch
                         logger.log_noise_scale({"step": step + 1, "g2": g2, "trace": trace,
                                                 "b_simple": noise.b_simple})
                     if cfg.grad_clip:
@@ -362,10 +398,13 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
                     flush()
                     metrics = evaluate(model, val_loader, device, cfg.channels_last, names)
                     logger.log_validation({"epoch": epoch + 1, "step": step, **metrics})
-                    bar.write(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+                    say(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
                     meter.pause()
-                if stop.requested:
-                    bar.write(f"dlscale: {stop.signal_name} received; checkpointing at step {step} and stopping")
+                # A signal may reach only some ranks: with several, they agree at block boundaries.
+                if (stop.requested if not env.distributed else
+                        step % LOG_BLOCK == 0 and all_reduce_max_flag(stop.requested, device)):
+                    say(f"dlscale: {stop.signal_name or 'a stop signal'} received; checkpointing at step {step} "
+                        f"and stopping")
                     preempted = True
                 if preempted or step == total_steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
                     flush()

@@ -1,0 +1,123 @@
+"""Data-parallel training: launcher detection, 2 ranks equal 1, a dead rank stops the job, resume."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from dlscale.checkpoint import list_checkpoints
+from dlscale.distributed import DistEnv, DistributedError, detect, detect_launcher, expand_nodelist
+from dlscale.tracking import read_rows
+
+
+def test_slurm_node_lists_expand():
+    assert expand_nodelist("nid[001234-001237,001240]") == ["nid001234", "nid001235", "nid001236", "nid001237",
+                                                             "nid001240"]
+    assert expand_nodelist("login01") == ["login01"]
+    assert expand_nodelist("gpu[7-8],cpu03") == ["gpu7", "gpu8", "cpu03"]
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({}, DistEnv()),
+    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "nid001",
+      "MASTER_PORT": "29600", "TORCHELASTIC_RUN_ID": "x"},
+     DistEnv(3, 1, 8, 4, "torchrun", "nid001", 29600)),
+    ({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "16", "SLURM_NTASKS_PER_NODE": "4",
+      "SLURM_JOB_NODELIST": "nid[001234-001237]", "SLURM_JOB_ID": "42"},
+     DistEnv(5, 1, 16, 4, "slurm", "nid001234", 29500)),
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+      "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "node7"}, DistEnv(1, 1, 2, 2, "mpi", "node7", 29500)),
+    ({"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2", "MASTER_ADDR": "h1"},
+     DistEnv(2, 0, 4, 2, "mpi", "h1", 29500)),
+])
+def test_detect_reads_each_launchers_variables(environ, expected):
+    assert detect(environ) == expected
+
+
+def test_a_slurm_allocation_alone_is_one_process_and_missing_variables_are_clear():
+    assert detect_launcher({"SLURM_JOB_ID": "1", "SLURM_NNODES": "2"}) == "single"
+    with pytest.raises(DistributedError, match="SLURM_JOB_NODELIST is not set"):
+        detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"})
+
+
+# -- real processes over gloo ----------------------------------------------------------------------
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+SETTINGS = ["tiny", "norm=group", "progress=false", "plot=false", "epochs=2", "checkpoint_every=16",
+            "keep_checkpoints=10"]
+
+
+def _single(cwd, *extra):
+    return subprocess.run([sys.executable, "-m", "dlscale.train", *SETTINGS, *extra], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def _torchrun(cwd, *extra, ranks=2):
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
+                           f"--master-port={_port()}", "-m", "dlscale.train", *SETTINGS, *extra],
+                          cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def _weights(run_dir):
+    return torch.load(list_checkpoints(run_dir)[-1], weights_only=True)["model"]
+
+
+def test_two_ranks_under_torchrun_equal_one_process_and_only_rank0_writes(in_tmp):
+    one = _single(in_tmp, "run_dir=runs/one")
+    assert one.returncode == 0, one.stderr
+    two = _torchrun(in_tmp, "run_dir=runs/two")
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "rank 0/2" in two.stdout and "via torchrun, gloo" in two.stdout
+    for key, value in _weights(in_tmp / "runs/one").items():
+        assert torch.allclose(value, _weights(in_tmp / "runs/two")[key], atol=1e-5), key
+    steps_one, steps_two = read_rows(in_tmp / "runs/one/metrics.csv"), read_rows(in_tmp / "runs/two/metrics.csv")
+    assert [r["step"] for r in steps_two] == [r["step"] for r in steps_one]  # one writer: each step once
+    assert [r["loss"] for r in steps_two] == pytest.approx([r["loss"] for r in steps_one], abs=1e-5)
+    val_one, val_two = read_rows(in_tmp / "runs/one/validation.csv"), read_rows(in_tmp / "runs/two/validation.csv")
+    assert val_two[-1]["r2"] == pytest.approx(val_one[-1]["r2"], abs=1e-4)  # reduced over both ranks' slices
+    assert two.stdout.count("run tiny finished") == 1  # only rank 0 reports
+
+
+def test_a_two_rank_run_resumes_exactly(in_tmp):
+    full = _torchrun(in_tmp, "run_dir=runs/r")
+    assert full.returncode == 0, full.stderr[-3000:]
+    losses = [r["loss"] for r in read_rows(in_tmp / "runs/r/metrics.csv")]
+    for path in list_checkpoints(in_tmp / "runs/r"):
+        if int(path.name[5:13]) > 32:
+            path.unlink()
+    again = _torchrun(in_tmp, "run_dir=runs/r", "resume=true")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from ckpt-00000032.pt" in again.stdout
+    assert [r["loss"] for r in read_rows(in_tmp / "runs/r/metrics.csv")] == losses
+
+
+def test_a_dead_rank_stops_the_other_with_a_clear_message(in_tmp):
+    port = _port()
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen([sys.executable, "-m", "dlscale.train", *SETTINGS, "epochs=50",
+                                       "dist_timeout_s=30", "run_dir=runs/dead"], cwd=in_tmp, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    deadline = time.time() + 120
+    while time.time() < deadline and len(read_rows(in_tmp / "runs/dead/metrics.csv")) < 20:
+        assert all(p.poll() is None for p in procs), procs[0].stderr.read()
+        time.sleep(0.05)
+    killed_at = time.time()
+    procs[1].send_signal(signal.SIGKILL)
+    _, stderr = procs[0].communicate(timeout=90)
+    assert time.time() - killed_at < 60  # well within the 30 s timeout plus shutdown
+    assert procs[0].returncode == 2, stderr[-2000:]
+    assert "rank 0 of 2 stopped: a collective operation failed" in stderr and "Another rank probably died" in stderr
+    assert "Traceback" not in stderr
