@@ -236,3 +236,121 @@ def format_ladder(rows: list[dict]) -> str:
             lines.append(f"| {row['rung']} | {row['samples_per_s']:,.0f} | {row['speedup']:.2f} | "
                          f"{row['vs_previous']:.2f} |")
     return "\n".join(lines)
+
+
+# -- all-reduce bandwidth ----------------------------------------------------------------------------
+
+#: Message sizes of the all-reduce benchmark: 4 KiB to 256 MiB in steps of 4.
+ALLREDUCE_SIZES = tuple(4 * 1024 * 4 ** i for i in range(9))
+
+
+def bus_bandwidth(size_bytes: float, seconds: float, world_size: int) -> float:
+    """nccl-tests' bus bandwidth of an all-reduce: ``2·(n−1)/n · bytes / time``, comparable across sizes of job."""
+    return 2 * (world_size - 1) / world_size * size_bytes / seconds
+
+
+def bench_allreduce(sizes: Iterable[int] = ALLREDUCE_SIZES, device: str = "auto", min_seconds: float = 0.2,
+                    max_iters: int = 50) -> list[dict]:
+    """Time ``all_reduce`` of float32 tensors of each size on the process group; run on every rank.
+
+    Each size runs a few untimed iterations, then enough timed ones to last about
+    ``min_seconds`` (at most ``max_iters``). Returns rows on every rank (rank 0 prints them).
+    """
+    import torch.distributed as dist
+
+    from . import distributed
+
+    env = distributed.init(device)
+    if not env.distributed:
+        raise distributed.DistributedError("bench allreduce needs several ranks: run it under torchrun, srun or "
+                                           "mpirun, or pass --nproc N to start N local processes")
+    target = torch.device(env.device)
+    sync = torch.cuda.synchronize if target.type == "cuda" else (lambda: None)
+    rows = []
+    for size in sizes:
+        tensor = torch.ones(size // 4, dtype=torch.float32, device=target)
+        for _ in range(2):
+            dist.all_reduce(tensor)
+        sync()
+        start, iters = time.perf_counter(), 0
+        while iters < max_iters and (iters < 3 or time.perf_counter() - start < min_seconds):
+            dist.all_reduce(tensor)
+            sync()
+            iters += 1
+        seconds = torch.tensor((time.perf_counter() - start) / iters, dtype=torch.float64)
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+        rows.append({"bytes": size, "ms": 1000 * float(seconds), "iters": iters,
+                     "algbw_gbs": size / float(seconds) / 1e9,
+                     "busbw_gbs": bus_bandwidth(size, float(seconds), env.world_size) / 1e9,
+                     "world_size": env.world_size, "backend": env.backend})
+    return rows
+
+
+def format_allreduce(rows: list[dict]) -> str:
+    lines = [f"all-reduce, {rows[0]['world_size']} ranks, {rows[0]['backend']}", "",
+             "| size | time (ms) | algbw (GB/s) | busbw (GB/s) |", "|---|---|---|---|"]
+    for row in rows:
+        size = row["bytes"]
+        label = f"{size / 2**20:g} MiB" if size >= 2 ** 20 else f"{size / 1024:g} KiB"
+        lines.append(f"| {label} | {row['ms']:.3f} | {row['algbw_gbs']:.3f} | {row['busbw_gbs']:.3f} |")
+    return "\n".join(lines)
+
+
+def torchrun_command(nproc: int, module_args: list[str]) -> list[str]:
+    """Start ``python -m MODULE ARGS`` as ``nproc`` local ranks under torchrun (a free port each time)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--master-port={port}",
+            "-m", *module_args]
+
+
+# -- weak and strong scaling of the training ------------------------------------------------------------
+
+def bench_scaling(cfg, procs: Iterable[int] = (1, 2), steps: int = 60, out_dir: str | Path = "runs/scaling",
+                  progress: bool = True) -> list[dict]:
+    """Train at each process count, strong (same global batch) and weak (same per-rank batch), and compare.
+
+    Each run is ``dlscale.train`` under torchrun on this machine; on a cluster the same
+    comparison comes from the Slurm scripts. Efficiency is throughput over
+    ``processes × single-process throughput``.
+    """
+    import subprocess
+
+    from tqdm.auto import tqdm
+
+    out_dir = Path(out_dir)
+    base = cfg.global_batch_size
+    jobs = [(mode, n) for mode in ("strong", "weak") for n in procs]
+    rows = []
+    for mode, n in tqdm(jobs, desc="scaling", unit="run", disable=not progress):
+        batch = base if mode == "strong" else base * n
+        run_dir = out_dir / f"{mode}-n{n}"
+        args = ["dlscale.train", *(f"{k}={v}" for k, v in cfg.to_dict().items() if k not in ("profile_steps",)),
+                f"global_batch_size={batch}", f"max_steps={steps}", "epochs=1000000", f"run_dir={run_dir}",
+                "checkpoint_every=0", "progress=false", "plot=false", "resume=false"]
+        command = torchrun_command(n, args) if n > 1 else [sys.executable, "-m", *args]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{mode} scaling run with {n} processes failed:\n{done.stderr[-2000:]}")
+        summary = json.loads((run_dir / "summary.json").read_text())
+        rows.append({"mode": mode, "processes": n, "global_batch": batch, "samples_per_s": summary["samples_per_s"]})
+    for row in rows:
+        single = next(r for r in rows if r["mode"] == row["mode"] and r["processes"] == min(procs))
+        row["speedup"] = row["samples_per_s"] / single["samples_per_s"]
+        row["efficiency"] = row["speedup"] * single["processes"] / row["processes"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "scaling.json").write_text(json.dumps(rows, indent=1) + "\n")
+    from .plots import scaling_curves
+    scaling_curves(rows).savefig(out_dir / "scaling.png", dpi=120)
+    return rows
+
+
+def format_scaling(rows: list[dict]) -> str:
+    lines = ["| scaling | processes | global batch | samples/s | speedup | efficiency |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['mode']} | {r['processes']} | {r['global_batch']} | {r['samples_per_s']:,.0f} | "
+                     f"{r['speedup']:.2f} | {100 * r['efficiency']:.0f}% |")
+    return "\n".join(lines)

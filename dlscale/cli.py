@@ -113,6 +113,45 @@ def _bench_loader(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_allreduce(args: argparse.Namespace) -> int:
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from . import distributed
+    from .bench import ALLREDUCE_SIZES, bench_allreduce, format_allreduce, torchrun_command
+
+    if distributed.detect_launcher() == "single":
+        if args.nproc < 2:
+            raise distributed.DistributedError("bench allreduce needs several ranks: pass --nproc N (N >= 2), or run "
+                                               "it under torchrun, srun or mpirun")
+        forwarded = ["dlscale", "bench", "allreduce", "--max-mib", str(args.max_mib), "--out", args.out,
+                     "--device", args.device]
+        return subprocess.run(torchrun_command(args.nproc, forwarded)).returncode
+    sizes = [s for s in ALLREDUCE_SIZES if s <= args.max_mib * 2 ** 20]
+    rows = bench_allreduce(sizes, device=args.device)
+    if distributed.is_main():
+        print(format_allreduce(rows))
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "allreduce.json").write_text(json.dumps(rows, indent=1) + "\n")
+        from .plots import allreduce_bandwidth
+        allreduce_bandwidth(rows).savefig(out / "allreduce.png", dpi=120)
+        print(f"allreduce.json and allreduce.png in {out}/")
+    distributed.shutdown()
+    return 0
+
+
+def _bench_scaling(args: argparse.Namespace) -> int:
+    from .bench import bench_scaling, format_scaling
+
+    procs = [int(n) for n in args.procs.split(",")]
+    rows = bench_scaling(load_config(args.config, args.overrides), procs=procs, steps=args.steps, out_dir=args.out)
+    print(format_scaling(rows))
+    print(f"scaling.json and scaling.png in {args.out}/")
+    return 0
+
+
 def _experiment_large_batch(args: argparse.Namespace) -> int:
     from .experiments import format_table, large_batch_sweep
 
@@ -195,6 +234,27 @@ def build_parser() -> argparse.ArgumentParser:
     loader.add_argument("overrides", nargs="*", metavar="key=value")
     loader.add_argument("--batches", type=int, default=50)
     loader.set_defaults(handler=_bench_loader)
+
+    allreduce = bench_commands.add_parser(
+        "allreduce", help="all-reduce time and bus bandwidth, 4 KiB to 256 MiB",
+        description="Time torch.distributed.all_reduce over message sizes on the active backend (gloo on CPUs, "
+                    "NCCL on GPUs) and report the algorithm and bus bandwidth (bus = 2(n-1)/n x bytes/time, as "
+                    "nccl-tests). Run it under torchrun/srun/mpirun, or with --nproc N for N local processes.")
+    allreduce.add_argument("--nproc", type=int, default=2, help="local processes when not launched by a launcher")
+    allreduce.add_argument("--max-mib", type=float, default=256, help="largest message in MiB")
+    allreduce.add_argument("--device", default="auto")
+    allreduce.add_argument("--out", default="runs/allreduce")
+    allreduce.set_defaults(handler=_bench_allreduce)
+    scaling = bench_commands.add_parser(
+        "scaling", help="weak and strong scaling of the training over local processes",
+        description="Train at each process count under torchrun: strong scaling keeps the global batch, weak "
+                    "scaling keeps the per-rank batch. Prints throughput, speedup and efficiency.")
+    scaling.add_argument("config", nargs="?", default="demo")
+    scaling.add_argument("overrides", nargs="*", metavar="key=value")
+    scaling.add_argument("--procs", default="1,2", help="comma-separated process counts")
+    scaling.add_argument("--steps", type=int, default=60)
+    scaling.add_argument("--out", default="runs/scaling")
+    scaling.set_defaults(handler=_bench_scaling)
 
     experiment = commands.add_parser("experiment", help="multi-run experiments (lesson 07's large-batch sweep)")
     experiment_commands = experiment.add_subparsers(dest="experiment_command", required=True, metavar="EXPERIMENT")

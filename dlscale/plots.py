@@ -147,3 +147,37 @@ def noise_scale_curve(run_dir: str | Path) -> NotebookFigure:
     ax.set(xlabel="optimizer step", ylabel="B_simple (running estimate)", title="gradient noise scale")
     ax.grid(alpha=0.3)
     return fig
+
+
+def scaling_curves(rows: list[dict]) -> NotebookFigure:
+    """Throughput and parallel efficiency against the number of processes (or GPUs), weak and strong."""
+    fig = NotebookFigure(figsize=(10, 4), layout="constrained")
+    rate_ax, eff_ax = fig.subplots(1, 2)
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        points = sorted((r["processes"], r["samples_per_s"], r["efficiency"]) for r in rows if r["mode"] == mode)
+        procs = [p[0] for p in points]
+        rate_ax.plot(procs, [p[1] for p in points], "o-", label=f"{mode} scaling")
+        eff_ax.plot(procs, [100 * p[2] for p in points], "o-", label=f"{mode} scaling")
+    counts = sorted({r["processes"] for r in rows})
+    first = min(rows, key=lambda r: r["processes"])
+    rate_ax.plot(counts, [first["samples_per_s"] * c / counts[0] for c in counts], "k--", linewidth=1, label="ideal")
+    rate_ax.set(xlabel="processes", ylabel="samples / s", title="throughput", xticks=counts)
+    eff_ax.axhline(100, color="black", linestyle="--", linewidth=1)
+    eff_ax.set(xlabel="processes", ylabel="efficiency (%)", title="parallel efficiency", xticks=counts, ylim=(0, 110))
+    for ax in (rate_ax, eff_ax):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return fig
+
+
+def allreduce_bandwidth(rows: list[dict]) -> NotebookFigure:
+    """Bus bandwidth of all-reduce against message size (log-log)."""
+    fig = NotebookFigure(figsize=(7, 4), layout="constrained")
+    ax = fig.subplots()
+    ax.plot([r["bytes"] for r in rows], [r["busbw_gbs"] for r in rows], "o-",
+            label=f"{rows[0]['backend']}, {rows[0]['world_size']} ranks")
+    ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="bus bandwidth (GB/s)",
+           title="all-reduce bus bandwidth")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    return fig

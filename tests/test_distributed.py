@@ -121,3 +121,37 @@ def test_a_dead_rank_stops_the_other_with_a_clear_message(in_tmp):
     assert procs[0].returncode == 2, stderr[-2000:]
     assert "rank 0 of 2 stopped: a collective operation failed" in stderr and "Another rank probably died" in stderr
     assert "Traceback" not in stderr
+
+
+def test_bus_bandwidth_is_the_nccl_tests_formula():
+    from dlscale.bench import bus_bandwidth
+    assert bus_bandwidth(1e9, 1.0, 2) == pytest.approx(1e9)  # 2·(2−1)/2 = 1
+    assert bus_bandwidth(1e9, 1.0, 8) == pytest.approx(1.75e9)  # 2·7/8
+    assert bus_bandwidth(1e9, 0.5, 4) == pytest.approx(3e9)
+
+
+def test_bench_allreduce_runs_on_two_local_ranks(in_tmp):
+    from .conftest import run_cli
+    done = run_cli("bench", "allreduce", "--nproc", "2", "--max-mib", "0.25", "--out", "ar", cwd=in_tmp)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "all-reduce, 2 ranks, gloo" in done.stdout
+    for size in ("4 KiB", "16 KiB", "64 KiB", "256 KiB"):
+        assert f"| {size} |" in done.stdout
+    import json
+    rows = json.loads((in_tmp / "ar/allreduce.json").read_text())
+    assert [r["bytes"] for r in rows] == [4096, 16384, 65536, 262144]
+    assert all(r["busbw_gbs"] == pytest.approx(r["algbw_gbs"]) for r in rows)  # two ranks: bus = algorithm bw
+    alone = run_cli("bench", "allreduce", "--nproc", "1", cwd=in_tmp)
+    assert alone.returncode == 2 and "needs several ranks" in alone.stderr
+
+
+@pytest.mark.slow
+def test_weak_and_strong_scaling_runs_report_efficiency(tiny, in_tmp):
+    from dlscale.bench import bench_scaling, format_scaling
+    rows = bench_scaling(tiny(), procs=(1, 2), steps=12, out_dir="scaling", progress=False)
+    assert [(r["mode"], r["processes"], r["global_batch"]) for r in rows] == [
+        ("strong", 1, 32), ("strong", 2, 32), ("weak", 1, 32), ("weak", 2, 64)]
+    for row in rows:
+        assert row["samples_per_s"] > 0
+        assert row["efficiency"] == pytest.approx(row["speedup"] / row["processes"])
+    assert (in_tmp / "scaling/scaling.png").is_file() and "| weak | 2 | 64 |" in format_scaling(rows)
