@@ -416,12 +416,14 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
     flush()
 
     # -- summary ---------------------------------------------------------------
-    history = read_rows(run_dir / VAL_FILE)
+    # Rank 0 wrote the files; it hands their rows to the others (which may not share its file system).
+    history, step_rows = distributed.broadcast_object(
+        (read_rows(run_dir / VAL_FILE), read_rows(run_dir / TRAIN_FILE)) if is_main else None)
     final = {k: v for k, v in history[-1].items() if k not in ("epoch", "step")} if history else {}
     flops = flops_per_sample(model, dataset.input_shape, loss_fn, dataset.num_targets)
     utilisation = mfu(meter.samples_per_s, flops, peak_flops(device, policy.name))  # per device
     result = Result(config=cfg, run_dir=run_dir, device=str(device), final=final, history=history,
-                    steps=read_rows(run_dir / TRAIN_FILE), samples_per_s=meter.aggregate(world_size), steps_done=step,
+                    steps=step_rows, samples_per_s=meter.aggregate(world_size), steps_done=step,
                     total_steps=total_steps, seconds=time.perf_counter() - started, preempted=preempted,
                     model=model, peak_lr=peak_lr, noise_scale=noise.b_simple, applied=applied, mfu=utilisation)
     if is_main:

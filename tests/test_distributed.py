@@ -155,3 +155,35 @@ def test_weak_and_strong_scaling_runs_report_efficiency(tiny, in_tmp):
         assert row["samples_per_s"] > 0
         assert row["efficiency"] == pytest.approx(row["speedup"] / row["processes"])
     assert (in_tmp / "scaling/scaling.png").is_file() and "| weak | 2 | 64 |" in format_scaling(rows)
+
+
+def test_rank_environments_group_engines_by_host():
+    from dlscale.engines import rank_environments
+    one_host = rank_environments(["a", "a"], 4000)
+    assert [e["LOCAL_RANK"] for e in one_host] == ["0", "1"] and one_host[0]["MASTER_ADDR"] == "127.0.0.1"
+    two_hosts = rank_environments(["n1", "n1", "n2", "n2"], 4000)
+    assert [e["LOCAL_RANK"] for e in two_hosts] == ["0", "1", "0", "1"]
+    assert {e["MASTER_ADDR"] for e in two_hosts} == {"n1"} and two_hosts[3]["WORLD_SIZE"] == "4"
+
+
+def test_ipyparallel_engines_run_one_job_and_return_every_rank(in_tmp):
+    import psutil
+
+    from dlscale.engines import EngineError, run_on_engines
+    from dlscale.train import train
+
+    results = run_on_engines(train, 2, "tiny", norm="group", epochs=1, progress=False, plot=False,
+                             run_dir=str(in_tmp / "runs/engines"))
+    assert len(results) == 2
+    assert [r.applied["launcher"] for r in results] == ["ipyparallel", "ipyparallel"]
+    assert all(r.applied["world_size"] == 2 and r.applied["ddp"] for r in results)
+    assert results[0].final["r2"] == pytest.approx(results[1].final["r2"])  # metrics are reduced over ranks
+    with pytest.raises(EngineError, match=r"rank 0: DeviceError.*rank 1: DeviceError"):
+        run_on_engines(train, 2, "tiny", device="cuda:7", progress=False)
+    def engines_alive():
+        return [p for p in psutil.process_iter(["cmdline"]) if "ipyparallel.engine" in " ".join(p.info["cmdline"] or [])]
+
+    deadline = time.time() + 20
+    while engines_alive() and time.time() < deadline:
+        time.sleep(0.2)
+    assert engines_alive() == [], "engines left running"
