@@ -187,3 +187,63 @@ def check_slowest_phase(slowest: Callable[[list[dict]], str]) -> None:
     rows[0]["cpu_ms_per_step"] = 2.0
     assert slowest(rows) == "backward", "compare cpu_ms_per_step (the range's whole time, children included)"
     _passed("04.2")
+
+
+def check_shard_indices(shard_indices: Callable[[int, int, int, int, int], list[int]]) -> None:
+    """05.1: this rank's indices for an epoch, as a DistributedSampler (shuffled, drop_last) gives them."""
+    from torch.utils.data import DistributedSampler
+
+    for size, world, epoch in ((103, 4, 0), (64, 2, 3)):
+        shards = [list(shard_indices(size, rank, world, epoch, 7)) for rank in range(world)]
+        flat = [i for shard in shards for i in shard]
+        assert len(flat) == len(set(flat)), "a sample appears on two ranks: each rank needs a disjoint share"
+        assert all(len(s) == size // world for s in shards), (
+            f"every rank should get {size // world} samples (drop the remainder, so all ranks take the same steps)")
+        for rank, shard in enumerate(shards):
+            expected = list(DistributedSampler(range(size), num_replicas=world, rank=rank, shuffle=True, seed=7,
+                                               drop_last=True).__iter__()) if epoch == 0 else None
+            if expected is not None:
+                assert shard == expected, "use torch.utils.data.DistributedSampler(range(n), ..., seed=seed, drop_last=True)"
+        again = [list(shard_indices(size, 0, world, epoch + 1, 7))]
+        assert again[0] != shards[0], "call sampler.set_epoch(epoch): each epoch needs a new order"
+    _passed("05.1")
+
+
+def _global_metric_on_rank(global_mse: Callable, local_sum: float, local_count: int) -> float:
+    """Run on one engine: join the job's process group, call the learner's function, leave."""
+    from . import distributed
+
+    distributed.init("cpu")
+    try:
+        return float(global_mse(torch.tensor(local_sum, dtype=torch.float64), torch.tensor(local_count)))
+    finally:
+        distributed.shutdown()
+
+
+def check_global_mse(global_mse: Callable[[torch.Tensor, torch.Tensor], float]) -> None:
+    """05.2: the mean squared error over all ranks' samples, from each rank's sum and count (two real ranks)."""
+    sums, counts = [3.0, 30.0], [10, 20]  # unequal shares: the mean of the ranks' means would be wrong
+    answers = _run_pair(global_mse, sums, counts)
+    expected = sum(sums) / sum(counts)
+    assert all(abs(a - expected) < 1e-9 for a in answers), (
+        f"ranks returned {answers}, expected {expected} on both: all-reduce the sums and the counts (SUM), then "
+        f"divide; the mean of the ranks' means is wrong when their shares differ")
+    _passed("05.2")
+
+
+def _run_pair(global_mse: Callable, sums: list[float], counts: list[int]) -> list[float]:
+    from .engines import EngineError, run_on_engines
+
+    try:
+        return run_on_engines(_pair_member, 2, global_mse, sums, counts, timeout=120)
+    except EngineError as err:
+        if "NotImplementedError" in str(err):  # the learner's stub, raised on the engines: show it as such
+            raise NotImplementedError(str(err).split("NotImplementedError: ", 1)[1].split(";")[0]) from None
+        raise
+
+
+def _pair_member(global_mse: Callable, sums: list[float], counts: list[int]) -> float:
+    import os
+
+    rank = int(os.environ["RANK"])
+    return _global_metric_on_rank(global_mse, sums[rank], counts[rank])

@@ -20,14 +20,17 @@ LESSONS = {
     "02_data_loading.ipynb": {"config": "tiny", "worker_counts": [0, 1], "loader_batches": 10, "train_steps": 20},
     "03_mixed_precision.ipynb": {"epochs": 1},
     "04_profiling.ipynb": {"config": "tiny", "profile_window": [3, 6], "ladder_steps": 8},
+    "05_data_parallel.ipynb": {"allreduce_max_kib": 256, "scaling_steps": 10},
     "07_large_batch.ipynb": {"sweep_recipes": ["no scaling", "linear + warmup", "LAMB + warmup"],
                              "sweep_multiples": [8, 32]},
 }
 SOLUTION_PARAMETERS = {"01_single_device_baseline.ipynb": {"config": "tiny"}, "02_data_loading.ipynb": {},
-                       "03_mixed_precision.ipynb": {}, "04_profiling.ipynb": {}, "07_large_batch.ipynb": {}}
+                       "03_mixed_precision.ipynb": {}, "04_profiling.ipynb": {}, "05_data_parallel.ipynb": {},
+                       "07_large_batch.ipynb": {}}
 EXERCISES = {"01_single_device_baseline.ipynb": {"Exercise 01.1", "Exercise 01.2", "Exercise 01.3"},
              "02_data_loading.ipynb": {"Exercise 02.1"}, "03_mixed_precision.ipynb": {"Exercise 03.1"},
              "04_profiling.ipynb": {"Exercise 04.1", "Exercise 04.2"},
+             "05_data_parallel.ipynb": {"Exercise 05.1", "Exercise 05.2"},
              "07_large_batch.ipynb": {"Exercise 07.1", "Exercise 07.2"}}
 
 
@@ -199,3 +202,17 @@ def test_profiling_checks_reject_missing_ranges_and_self_time():
     with pytest.raises(AssertionError, match="cpu_ms_per_step"):
         checks.check_slowest_phase(lambda rows: max(rows, key=lambda r: r["self_cpu_ms_per_step"])["name"] if
                                    rows[0]["cpu_ms_per_step"] == 2.0 else "data")
+
+
+def test_data_parallel_checks_reject_overlap_and_the_mean_of_means():
+    with pytest.raises(AssertionError, match="appears on two ranks"):
+        checks.check_shard_indices(lambda n, rank, world, epoch, seed: list(range(n // world)))
+
+    def mean_of_means(local_sum, local_count):
+        import torch.distributed as dist
+        mean = (local_sum / local_count).clone()
+        dist.all_reduce(mean)
+        return float(mean / dist.get_world_size())
+
+    with pytest.raises(AssertionError, match="mean of the ranks' means is wrong"):
+        checks.check_global_mse(mean_of_means)
