@@ -16,7 +16,7 @@ VENV        ?= .venv
 VENV_FLAGS  ?=
 # A release the kit is tested with. On Linux, PyPI's build runs on both CUDA GPUs and CPUs.
 TORCH       ?= torch==2.13.0
-TEST_EXTRAS ?= dev,notebooks,tracking,profiling
+TEST_EXTRAS ?= dev,notebooks,tracking,profiling,mpi
 PYTEST_ARGS ?=
 BIN         := $(VENV)/bin
 

@@ -82,6 +82,8 @@ class TrainConfig:
     epochs: int = _knob(6, "Passes over the training set.")
     max_steps: int = _knob(0, "Stop after this many optimizer steps (0 = run all epochs).")
     global_batch_size: int = _knob(64, "Samples per optimizer step over all ranks; the per-rank batch is derived.")
+    grad_accumulation: int = _knob(1, "Micro-batches per optimizer step: each rank's batch is split into this many, "
+                                      "and DDP all-reduces only after the last one (less memory, same step).")
     optimizer: Literal["adamw", "sgd", "lars", "larc", "lamb"] = _knob(
         "adamw", "Optimizer; lars, larc (around SGD) and lamb adapt the step per layer for large batches.")
     lr: float = _knob(2e-3, "Peak learning rate at base_batch; lr_scaling adapts it to global_batch_size.")
@@ -128,7 +130,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Check ranges and relations between fields; raise :class:`ConfigError` naming the key."""
-        positive = ["image_size", "train_samples", "val_samples", "shard_size", "width", "depth",
+        positive = ["image_size", "train_samples", "val_samples", "shard_size", "width", "depth", "grad_accumulation",
                     "epochs", "global_batch_size", "prefetch_factor", "keep_checkpoints"]
         for key in positive:
             if getattr(self, key) < 1:
@@ -146,6 +148,8 @@ class TrainConfig:
         if self.profile_steps and (len(self.profile_steps) != 2 or not 0 <= self.profile_steps[0] < self.profile_steps[1]):
             raise ConfigError(f"config key 'profile_steps' must be two steps start,stop with 0 <= start < stop; "
                               f"got {self.profile_steps}")
+        if self.grad_accumulation > 1 and self.noise_scale_every:
+            raise ConfigError("noise_scale_every needs grad_accumulation=1 (it measures whole-batch gradients)")
         if self.cuda_graphs and not self.compile:
             raise ConfigError("config key 'cuda_graphs' needs compile=true (graphs are captured by torch.compile)")
         if self.num_workers < -1:
@@ -171,6 +175,14 @@ class TrainConfig:
             raise ConfigError(f"global_batch_size={self.global_batch_size} does not split evenly over "
                               f"{world_size} ranks; choose a multiple of {world_size}")
         return self.global_batch_size // world_size
+
+    def micro_batch(self, world_size: int) -> int:
+        """The batch of one forward pass: the per-rank batch split by ``grad_accumulation``."""
+        per_rank = self.per_rank_batch(world_size)
+        if per_rank % self.grad_accumulation:
+            raise ConfigError(f"the per-rank batch {per_rank} does not split into grad_accumulation="
+                              f"{self.grad_accumulation} micro-batches; choose a divisor of {per_rank}")
+        return per_rank // self.grad_accumulation
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -16,7 +16,7 @@ from .distributed import detect_launcher
 
 #: Optional packages and the extra that installs each.
 OPTIONAL = {"nvtx": "profiling", "wandb": "tracking", "horovod": "horovod", "daal4py": "kmeans",
-            "mpi4py": "kmeans", "sklearn": "kmeans", "ipyparallel": "notebooks", "jupyterlab": "notebooks"}
+            "mpi4py": "mpi", "sklearn": "kmeans", "ipyparallel": "notebooks", "jupyterlab": "notebooks"}
 
 
 def detect_site(environ: dict[str, str] | None = None, hostname: str | None = None) -> str:

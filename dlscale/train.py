@@ -258,7 +258,8 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
     model = model.to(device)
     peak_lr = scale_lr(cfg.lr, cfg.base_batch, cfg.global_batch_size, cfg.lr_scaling)
     optimizer = build_optimizer(cfg, model, lr=peak_lr)
-    steps_per_epoch = len(train_loader)
+    accumulation = cfg.grad_accumulation
+    steps_per_epoch = len(train_loader) // accumulation
     total_steps = cfg.epochs * steps_per_epoch
     if cfg.max_steps:
         total_steps = min(total_steps, cfg.max_steps)
@@ -351,23 +352,33 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
     with StopFlag() as stop, profiler:
         while step < total_steps and not preempted:
             epoch, epoch_step = divmod(step, steps_per_epoch)
-            train_loader.sampler.set_position(epoch, epoch_step * train_loader.batch_size)
+            train_loader.sampler.set_position(epoch, epoch_step * cfg.per_rank_batch(world_size))
             batches = iter(train_loader)
             while True:
-                with nvtx_range("data"):
-                    batch = next(batches, None)
-                    if batch is None:
-                        break
-                    x, y = _to_device(*batch, device, cfg.channels_last)
                 optimizer.zero_grad(set_to_none=True)
-                measuring = cfg.noise_scale_every and step % cfg.noise_scale_every == 0
-                if measuring:
-                    small = len(x) // 4 or 1
-                    small_sq = _small_batch_sq_norm(model, loss_fn, x[:small], y[:small], autocast, scaler)
-                with nvtx_range("forward"), autocast():
-                    loss = loss_fn(step_model(x), y)
-                with nvtx_range("backward"):
-                    scaler.scale(loss).backward()
+                loss = None
+                for micro in range(accumulation):
+                    with nvtx_range("data"):
+                        batch = next(batches, None)
+                        if batch is None:
+                            break
+                        x, y = _to_device(*batch, device, cfg.channels_last)
+                    measuring = cfg.noise_scale_every and step % cfg.noise_scale_every == 0
+                    if measuring:
+                        small = len(x) // 4 or 1
+                        small_sq = _small_batch_sq_norm(model, loss_fn, x[:small], y[:small], autocast, scaler)
+                    # Inner micro-batches keep their gradients local; DDP all-reduces after the last one.
+                    inner = env.distributed and micro < accumulation - 1
+                    with (step_model.no_sync() if inner else contextlib.nullcontext()):
+                        with nvtx_range("forward"), autocast():
+                            micro_loss = loss_fn(step_model(x), y)
+                            if accumulation > 1:
+                                micro_loss = micro_loss / accumulation
+                        with nvtx_range("backward"):
+                            scaler.scale(micro_loss).backward()
+                    loss = micro_loss.detach() if loss is None else loss + micro_loss.detach()
+                if batch is None:
+                    break
                 with nvtx_range("optimizer"):
                     if cfg.grad_clip or measuring:
                         scaler.unscale_(optimizer)
@@ -388,7 +399,7 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
                     ratios = torch.cat(optimizer.trust_ratios)
                     if len(ratios) == len(ratio_columns):  # (a parameter without a gradient would shift columns)
                         pending_ratios.append((step, ratios))
-                meter.step(len(x))
+                meter.step(len(x) * accumulation)
                 pending.append((step, epoch, loss.detach(), lr, meter.last_rate * world_size))
                 bar.update()
                 if len(pending) >= LOG_BLOCK:

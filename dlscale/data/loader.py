@@ -175,13 +175,13 @@ def make_loader(cfg: TrainConfig, rank: int = 0, world_size: int = 1, split: str
     device = torch.device(device)
     root = Path(data_dir) if data_dir is not None else prepare_data(cfg)
     dataset = ShardDataset(root / split)
-    batch = cfg.per_rank_batch(world_size)
+    batch = cfg.micro_batch(world_size) if split == "train" else cfg.per_rank_batch(world_size)
     workers = auto_workers(cfg, device)
     options = dict(num_workers=workers, pin_memory=cfg.pin_memory and device.type == "cuda")
     if workers > 0:
         options.update(prefetch_factor=cfg.prefetch_factor, persistent_workers=cfg.persistent_workers)
     if split == "train":
-        if len(dataset) // world_size < batch:
+        if len(dataset) // world_size < cfg.per_rank_batch(world_size):
             raise DataError(f"{root / split} has {len(dataset)} samples, fewer than one global batch "
                             f"({cfg.global_batch_size}); lower global_batch_size or add data")
         sampler = ResumableDistributedSampler(dataset, world_size, rank, seed=cfg.seed)
