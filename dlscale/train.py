@@ -298,7 +298,8 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
         "channels_last": _is_channels_last(model),
         "compiled": cfg.compile, "cuda_graphs": cfg.cuda_graphs and cfg.compile,
         "world_size": world_size, "launcher": env.launcher, "backend": env.backend,
-        "ddp": step_model is not model and env.distributed, "optimizer": type(optimizer).__name__, "optimizer_foreach": bool(optimizer.defaults.get("foreach")),
+        "ddp": step_model is not model and env.distributed, "optimizer": type(optimizer).__name__,
+        "optimizer_foreach": bool(optimizer.defaults.get("foreach")),
         "optimizer_fused": bool(optimizer.defaults.get("fused")), "num_workers": train_loader.num_workers,
         "pin_memory": train_loader.pin_memory, "data_dir": str(data_root),
     }
