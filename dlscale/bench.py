@@ -296,6 +296,17 @@ def format_allreduce(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def save_allreduce(rows: list[dict], out_dir: str | Path) -> Path:
+    """Write ``allreduce.json`` and ``allreduce.png`` into ``out_dir``."""
+    from .plots import allreduce_bandwidth
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "allreduce.json").write_text(json.dumps(rows, indent=1) + "\n")
+    allreduce_bandwidth(rows).savefig(out_dir / "allreduce.png", dpi=120)
+    return out_dir
+
+
 def torchrun_command(nproc: int, module_args: list[str]) -> list[str]:
     """Start ``python -m MODULE ARGS`` as ``nproc`` local ranks under torchrun (a free port each time)."""
     import socket

@@ -114,12 +114,10 @@ def _bench_loader(args: argparse.Namespace) -> int:
 
 
 def _bench_allreduce(args: argparse.Namespace) -> int:
-    import json
     import subprocess
-    from pathlib import Path
 
     from . import distributed
-    from .bench import ALLREDUCE_SIZES, bench_allreduce, format_allreduce, torchrun_command
+    from .bench import ALLREDUCE_SIZES, bench_allreduce, format_allreduce, save_allreduce, torchrun_command
 
     if distributed.detect_launcher() == "single":
         if args.nproc < 2:
@@ -132,12 +130,7 @@ def _bench_allreduce(args: argparse.Namespace) -> int:
     rows = bench_allreduce(sizes, device=args.device)
     if distributed.is_main():
         print(format_allreduce(rows))
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "allreduce.json").write_text(json.dumps(rows, indent=1) + "\n")
-        from .plots import allreduce_bandwidth
-        allreduce_bandwidth(rows).savefig(out / "allreduce.png", dpi=120)
-        print(f"allreduce.json and allreduce.png in {out}/")
+        print(f"allreduce.json and allreduce.png in {save_allreduce(rows, args.out)}/")
     distributed.shutdown()
     return 0
 
@@ -168,6 +161,13 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_arguments(parser: argparse.ArgumentParser, default: str | None = "demo") -> None:
+    """The ``[CONFIG] [key=value ...]`` arguments that every training-based command takes."""
+    parser.add_argument("config", nargs="?", default=default,
+                        help="config name or YAML path" + (f" (default {default})" if default else ""))
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlscale", description="Deep learning at scale: train, data, exercises.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -180,8 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train with the one training loop; metrics, plots and checkpoints go to the run directory.",
         epilog=TRAIN_EPILOG.format(names=", ".join(config_names()), keys=keys, preempted=PREEMPTED_EXIT_CODE),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    train.add_argument("config", nargs="?", help="config name or YAML path")
-    train.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    _config_arguments(train, default=None)
     train.set_defaults(handler=_train)
 
     data = commands.add_parser("data", help="generate or check a data folder")
@@ -223,15 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="fp32 baseline -> loader workers and pinned memory -> channels_last -> mixed precision -> "
                     "fused optimizer -> torch.compile -> CUDA graphs (GPU only); prints samples/s and speedups, "
                     "writes ladder.json and ladder.png.")
-    ladder.add_argument("config", nargs="?", default="demo", help="config name or YAML path (default demo)")
-    ladder.add_argument("overrides", nargs="*", metavar="key=value")
+    _config_arguments(ladder)
     ladder.add_argument("--steps", type=int, default=60, help="training steps per rung")
     ladder.add_argument("--rounds", type=int, default=1, help="train every rung this many times, in turns (median)")
     ladder.add_argument("--out", default="runs/ladder")
     ladder.set_defaults(handler=_bench_ladder)
     loader = bench_commands.add_parser("loader", help="samples/s of the input pipeline alone (no model)")
-    loader.add_argument("config", nargs="?", default="demo")
-    loader.add_argument("overrides", nargs="*", metavar="key=value")
+    _config_arguments(loader)
     loader.add_argument("--batches", type=int, default=50)
     loader.set_defaults(handler=_bench_loader)
 
@@ -249,8 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
         "scaling", help="weak and strong scaling of the training over local processes",
         description="Train at each process count under torchrun: strong scaling keeps the global batch, weak "
                     "scaling keeps the per-rank batch. Prints throughput, speedup and efficiency.")
-    scaling.add_argument("config", nargs="?", default="demo")
-    scaling.add_argument("overrides", nargs="*", metavar="key=value")
+    _config_arguments(scaling)
     scaling.add_argument("--procs", default="1,2", help="comma-separated process counts")
     scaling.add_argument("--steps", type=int, default=60)
     scaling.add_argument("--out", default="runs/scaling")

@@ -59,6 +59,14 @@ class _Layout:
     all_decay: bool
 
 
+def _lars_ratios(params: list[Tensor], grads: list[Tensor], layout: _Layout, weight_decay: float,
+                 trust_coefficient: float, eps: float) -> Tensor:
+    """LARS's ``η‖w‖ / (‖g‖ + λ‖w‖ + eps)`` per tensor (λ only where the tensor decays), 1 where unusable."""
+    w_norm, g_norm = _norms(params), _norms(grads)
+    decay_norm = weight_decay * w_norm if layout.all_decay else torch.where(layout.decay_mask, weight_decay * w_norm, 0.0)
+    return _trust_ratios(w_norm, g_norm, layout.adapt, trust_coefficient, g_norm + decay_norm + eps)
+
+
 class _LayerwiseMixin:
     """What LARS, LARC and LAMB share: which tensors adapt and decay, and the ratios kept for plots."""
 
@@ -182,10 +190,7 @@ class LARS(_LayerwiseMixin, Optimizer):
             if layout.adapt is None:
                 ratios = torch.ones(len(params), device=params[0].device)
             else:
-                w_norm, g_norm = _norms(params), _norms(grads)
-                decay_norm = wd * w_norm if layout.all_decay else torch.where(layout.decay_mask, wd * w_norm, 0.0)
-                denominator = g_norm + decay_norm + group["eps"]
-                ratios = _trust_ratios(w_norm, g_norm, layout.adapt, group["trust_coefficient"], denominator)
+                ratios = _lars_ratios(params, grads, layout, wd, group["trust_coefficient"], group["eps"])
             self._keep(index, ratios)
             ratios = ratios.to(params[0].dtype)
             chosen = layout.chosen
@@ -380,10 +385,7 @@ class LARC(_LayerwiseMixin, Optimizer):
                 self._keep(index, torch.ones(len(params), device=params[0].device))
                 _add_decay(grads, params, layout.decay, wd)
             else:
-                w_norm, g_norm = _norms(params), _norms(grads)
-                decay_norm = wd * w_norm if layout.all_decay else torch.where(layout.decay_mask, wd * w_norm, 0.0)
-                denominator = g_norm + decay_norm + self.eps
-                ratios = _trust_ratios(w_norm, g_norm, layout.adapt, self.trust_coefficient, denominator)
+                ratios = _lars_ratios(params, grads, layout, wd, self.trust_coefficient, self.eps)
                 if self.clip:
                     ratios = torch.where(layout.adapt, (ratios / group["lr"]).clamp(max=1.0), ratios)
                 self._keep(index, ratios)

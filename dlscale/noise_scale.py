@@ -22,13 +22,26 @@ without bound: read it during the steep part of training. Lesson 07 uses it.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
+
+
+@contextlib.contextmanager
+def preserved_buffers(model: nn.Module) -> Iterator[None]:
+    """Put the model's buffers (batch-norm statistics) back as they were when the block ends."""
+    saved = [b.clone() for b in model.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in zip(model.buffers(), saved):
+                buffer.copy_(value)
 
 
 def grad_sq_norm(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
@@ -112,25 +125,22 @@ def measure_noise_scale(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch
     """
     generator = torch.Generator().manual_seed(seed)
     estimator = NoiseScaleEstimator()
-    buffers = {name: b.clone() for name, b in model.named_buffers()}
     was_training = model.training
     model.train()
     try:
-        for _ in range(draws):
-            index = torch.randperm(len(dataset), generator=generator)[:big_batch].tolist()
-            samples = [dataset[i] for i in index]
-            x = torch.stack([s[0] for s in samples]).to(device)
-            y = torch.stack([s[1] for s in samples]).to(device)
-            norms = []
-            for size in (small_batch, big_batch):
-                model.zero_grad(set_to_none=True)
-                loss_fn(model(x[:size]), y[:size]).backward()
-                norms.append(float(grad_sq_norm(model.parameters())))
-            estimator.update(norms[0], small_batch, norms[1], big_batch)
+        with preserved_buffers(model):
+            for _ in range(draws):
+                index = torch.randperm(len(dataset), generator=generator)[:big_batch].tolist()
+                samples = [dataset[i] for i in index]
+                x = torch.stack([s[0] for s in samples]).to(device)
+                y = torch.stack([s[1] for s in samples]).to(device)
+                norms = []
+                for size in (small_batch, big_batch):
+                    model.zero_grad(set_to_none=True)
+                    loss_fn(model(x[:size]), y[:size]).backward()
+                    norms.append(float(grad_sq_norm(model.parameters())))
+                estimator.update(norms[0], small_batch, norms[1], big_batch)
     finally:
         model.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            for name, buffer in model.named_buffers():
-                buffer.copy_(buffers[name])
         model.train(was_training)
     return NoiseScale(estimator.b_simple, estimator.g2, estimator.trace, estimator.count)

@@ -99,8 +99,8 @@ class MetricsLogger:
             for row in rows:
                 self._wandb.log({f"train/{k}": v for k, v in row.items() if k != "step"}, step=int(row["step"]))
 
-    def _append(self, name: str, columns: Sequence[str], row: dict[str, Any], prefix: str) -> None:
-        """Append a row to one of the per-event CSV files (and to wandb under ``prefix/``)."""
+    def _append(self, name: str, columns: Sequence[str], row: dict[str, Any], prefix: str | None) -> None:
+        """Append a row to one of the per-event CSV files (and to wandb under ``prefix/``, unless None)."""
         if not self.enabled:
             return
         path = self.run_dir / name
@@ -110,7 +110,7 @@ class MetricsLogger:
             if new:
                 writer.writeheader()
             writer.writerow(row)
-        if self._wandb is not None:
+        if self._wandb is not None and prefix is not None:
             self._wandb.log({f"{prefix}/{k}": v for k, v in row.items() if k != "step"}, step=int(row["step"]))
 
     def log_validation(self, row: dict[str, Any]) -> None:
@@ -119,12 +119,7 @@ class MetricsLogger:
 
     def log_trust_ratios(self, columns: Sequence[str], row: dict[str, Any]) -> None:
         """Append the trust ratio of every parameter tensor (one column each) at ``step``."""
-        if self.enabled:  # not sent to wandb: hundreds of series would drown the rest
-            wandb, self._wandb = self._wandb, None
-            try:
-                self._append(TRUST_FILE, ["step", *columns], row, "trust")
-            finally:
-                self._wandb = wandb
+        self._append(TRUST_FILE, ["step", *columns], row, None)  # not to wandb: hundreds of series drown the rest
 
     def log_noise_scale(self, row: dict[str, Any]) -> None:
         """Append one noise-scale row: ``step``, this measurement's ``g2`` and ``trace``, the running ``b_simple``."""

@@ -39,7 +39,7 @@ from .optim import build_optimizer
 from .precision import Precision
 from .preemption import PREEMPTED_EXIT_CODE, StopFlag
 from .profiling import StepProfiler, flops_per_sample, mfu, nvtx_range, peak_flops
-from .noise_scale import NoiseScaleEstimator, grad_sq_norm
+from .noise_scale import NoiseScaleEstimator, grad_sq_norm, preserved_buffers
 from .schedules import scale_lr, warmup_schedule
 from .throughput import ThroughputMeter
 from .tracking import TRAIN_FILE, VAL_FILE, MetricsLogger, read_rows
@@ -151,14 +151,11 @@ def _small_batch_sq_norm(model: nn.Module, loss_fn: nn.Module, x: torch.Tensor, 
     Batch-norm running statistics are put back, so a run that measures the noise scale
     follows the same trajectory as one that does not.
     """
-    buffers = [b.clone() for b in model.buffers()]
-    with autocast():
-        loss = loss_fn(model(x), y)
-    scaler.scale(loss).backward()
+    with preserved_buffers(model):
+        with autocast():
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
     value = float(grad_sq_norm(model.parameters())) / scaler.get_scale() ** 2
-    with torch.no_grad():
-        for buffer, saved in zip(model.buffers(), buffers):
-            buffer.copy_(saved)
     model.zero_grad(set_to_none=True)
     return value
 
