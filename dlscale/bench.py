@@ -250,39 +250,46 @@ def bus_bandwidth(size_bytes: float, seconds: float, world_size: int) -> float:
 
 
 def bench_allreduce(sizes: Iterable[int] = ALLREDUCE_SIZES, device: str = "auto", min_seconds: float = 0.2,
-                    max_iters: int = 50) -> list[dict]:
-    """Time ``all_reduce`` of float32 tensors of each size on the process group; run on every rank.
+                    max_iters: int = 50, data_parallel: str = "auto") -> list[dict]:
+    """Time the all-reduce of float32 tensors of each size on the active backend; run on every rank.
 
-    Each size runs a few untimed iterations, then enough timed ones to last about
-    ``min_seconds`` (at most ``max_iters``). Returns rows on every rank (rank 0 prints them).
+    The backend is the process group (gloo on CPUs, NCCL on GPUs) or, with
+    ``data_parallel="horovod"`` (the default under horovodrun), Horovod. Each size runs a
+    few untimed iterations, then enough timed ones to last about ``min_seconds`` (at most
+    ``max_iters``). Returns rows on every rank (rank 0 prints them).
     """
-    import torch.distributed as dist
-
     from . import distributed
 
-    env = distributed.init(device)
+    env = distributed.init(device, data_parallel=data_parallel)
     if not env.distributed:
-        raise distributed.DistributedError("bench allreduce needs several ranks: run it under torchrun, srun or "
-                                           "mpirun, or pass --nproc N to start N local processes")
+        raise distributed.DistributedError("bench allreduce needs several ranks: run it under torchrun, srun, "
+                                           "mpirun or horovodrun, or pass --nproc N to start N local processes")
+    backend = env.backend if env.backend != "horovod" else "horovod (gloo)" if not env.device.startswith("cuda") \
+        else "horovod (nccl)"
     target = torch.device(env.device)
     sync = torch.cuda.synchronize if target.type == "cuda" else (lambda: None)
     rows = []
     for size in sizes:
         tensor = torch.ones(size // 4, dtype=torch.float32, device=target)
-        for _ in range(2):
-            dist.all_reduce(tensor)
+        # Three untimed calls also size the timed loop. Every rank must make the same number of
+        # calls (each one is a collective), so the count comes from the slowest rank's estimate.
         sync()
-        start, iters = time.perf_counter(), 0
-        while iters < max_iters and (iters < 3 or time.perf_counter() - start < min_seconds):
-            dist.all_reduce(tensor)
-            sync()
-            iters += 1
+        start = time.perf_counter()
+        for _ in range(3):
+            distributed.all_reduce_sum(tensor)
+        sync()
+        estimate = distributed.all_reduce_max(torch.tensor((time.perf_counter() - start) / 3, dtype=torch.float64))
+        iters = int(min(max_iters, max(3, min_seconds / max(float(estimate), 1e-9))))
+        start = time.perf_counter()
+        for _ in range(iters):
+            distributed.all_reduce_sum(tensor)
+        sync()
         seconds = torch.tensor((time.perf_counter() - start) / iters, dtype=torch.float64)
-        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+        distributed.all_reduce_max(seconds)  # the slowest rank sets the pace
         rows.append({"bytes": size, "ms": 1000 * float(seconds), "iters": iters,
                      "algbw_gbs": size / float(seconds) / 1e9,
                      "busbw_gbs": bus_bandwidth(size, float(seconds), env.world_size) / 1e9,
-                     "world_size": env.world_size, "backend": env.backend})
+                     "world_size": env.world_size, "backend": backend})
     return rows
 
 
@@ -316,6 +323,19 @@ def torchrun_command(nproc: int, module_args: list[str]) -> list[str]:
         port = sock.getsockname()[1]
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--master-port={port}",
             "-m", *module_args]
+
+
+def horovodrun_command(nproc: int, module_args: list[str]) -> list[str]:
+    """Start ``python -m MODULE ARGS`` as ``nproc`` local ranks under ``horovodrun --gloo``."""
+    import shutil
+
+    from .horovod_backend import INSTALL_HINT, HorovodError
+
+    beside = Path(sys.executable).with_name("horovodrun")
+    runner = str(beside) if beside.exists() else shutil.which("horovodrun")
+    if runner is None:
+        raise HorovodError(f"horovodrun is not installed; {INSTALL_HINT}")
+    return [runner, "-np", str(nproc), "--gloo", "-H", f"localhost:{nproc}", sys.executable, "-m", *module_args]
 
 
 # -- weak and strong scaling of the training ------------------------------------------------------------

@@ -7,7 +7,7 @@ the common mistakes give a different result, prints a line when it passes, and r
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -247,3 +247,121 @@ def _pair_member(global_mse: Callable, sums: list[float], counts: list[int]) -> 
 
     rank = int(os.environ["RANK"])
     return _global_metric_on_rank(global_mse, sums[rank], counts[rank])
+
+
+# -- lesson 06: Horovod --------------------------------------------------------------------------
+
+def regression_problem(n: int = 256, features: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """06.1's data: ``n`` samples of a noisy linear function, the same on every rank."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, features, generator=generator)
+    y = x @ torch.randn(features, 1, generator=generator) + 0.1 * torch.randn(n, 1, generator=generator)
+    return x, y
+
+
+def _one_process_loop(steps: int, lr: float) -> torch.nn.Module:
+    """06.1's loop in one process on all the data, from rank 0's starting model."""
+    x, y = regression_problem()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(x.shape[1], 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return model
+
+
+def check_horovod_loop(train_with_horovod: Callable[[int, float], dict]) -> None:
+    """06.1: the loop on 2 Horovod ranks takes the steps one process takes on all the data."""
+    from .horovod_backend import run
+
+    steps, lr = 10, 0.1
+    results = run(train_with_horovod, 2, steps, lr)
+    n = len(regression_problem()[0])
+    assert [r["samples"] for r in results] == [n // 2, n // 2], (
+        f"ranks trained on {[r['samples'] for r in results]} samples; each should keep its own half: "
+        f"x[hvd.rank()::hvd.size()]")
+    spread = float((results[0]["weight"] - results[1]["weight"]).abs().max())
+    assert spread < 1e-6, (
+        f"the two ranks ended with different weights (by {spread:.2g}): broadcast rank 0's parameters "
+        f"(hvd.broadcast_parameters) and wrap the optimizer in hvd.DistributedOptimizer so gradients are averaged")
+    reference = _one_process_loop(steps, lr)
+    gap = float((results[0]["weight"] - reference.weight.detach()).abs().max())
+    assert gap < 1e-5, (
+        f"the ranks agree, but differ from one process on all the data by {gap:.2g}: the averaged gradient of the "
+        f"two halves is the whole batch's gradient, so start from rank 0's model and average with op=hvd.Average")
+    _passed("06.1")
+
+
+def check_fp16_compression(compress_report: Callable[[torch.Tensor], dict]) -> None:
+    """06.2: bytes sent and the largest relative error when a gradient travels through Compression.fp16."""
+    generator = torch.Generator().manual_seed(6)
+    grad = torch.randn(10_000, generator=generator) * torch.logspace(-4, 0, 10_000)
+    report = compress_report(grad)
+    assert report["bytes_sent"] == grad.numel() * 2, (
+        f"bytes_sent {report['bytes_sent']}: an fp16 value takes 2 bytes (the fp32 gradient takes 4)")
+    rounded = grad.half().float()
+    expected = float(((rounded - grad).abs() / grad.abs()).max())
+    assert abs(report["max_relative_error"] - expected) <= 1e-3 * expected, (
+        f"max_relative_error {report['max_relative_error']:.3g}, expected {expected:.3g}: compress, decompress, "
+        f"then max(|back - grad| / |grad|)")
+    _passed("06.2")
+
+
+# -- lesson 08: distributed K-Means ---------------------------------------------------------------
+
+def _kmeans_shards() -> tuple[torch.Tensor, torch.Tensor, list[slice]]:
+    """08.1's data: 3 clusters' labels on 2 unequal shards (a mean of the ranks' means would be wrong)."""
+    generator = torch.Generator().manual_seed(8)
+    x = torch.randn(50, 4, generator=generator, dtype=torch.float64)
+    labels = torch.randint(0, 3, (50,), generator=generator)
+    labels[:3] = torch.tensor([0, 1, 2])  # every cluster has a member on rank 0
+    return x, labels, [slice(0, 12), slice(12, 50)]
+
+
+def _centre_update_on_rank(update_centers: Callable) -> tuple[torch.Tensor, int]:
+    """Run on one engine: the learner's update on this rank's shard, and how many all-reduces it made."""
+    import os
+
+    import torch.distributed as dist
+
+    from . import distributed
+
+    x, labels, shards = _kmeans_shards()
+    shard = shards[int(os.environ["RANK"])]
+    distributed.init("cpu")
+    calls = []
+    original = dist.all_reduce
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    dist.all_reduce = counting
+    try:
+        return update_centers(x[shard], labels[shard], 3), len(calls)
+    finally:
+        dist.all_reduce = original
+        distributed.shutdown()
+
+
+def check_centre_update(update_centers: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]) -> None:
+    """08.1: new centres from each rank's local sums and counts, with a single all-reduce."""
+    from .engines import EngineError, run_on_engines
+
+    try:
+        results = run_on_engines(_centre_update_on_rank, 2, update_centers, timeout=120)
+    except EngineError as err:
+        if "NotImplementedError" in str(err):
+            raise NotImplementedError(str(err).split("NotImplementedError: ", 1)[1].split(";")[0]) from None
+        raise
+    x, labels, _ = _kmeans_shards()
+    expected = torch.stack([x[labels == c].mean(0) for c in range(3)])
+    for rank, (centres, calls) in enumerate(results):
+        assert torch.allclose(centres.double(), expected, atol=1e-10), (
+            f"rank {rank}'s centres differ from the means over all samples: all-reduce the per-cluster sums AND "
+            f"the counts, then divide (the mean of the ranks' means is wrong when their shares differ)")
+        assert calls == 1, (f"rank {rank} made {calls} all-reduce calls: pack the sums and the counts into one "
+                            f"tensor and all-reduce it once (one message per iteration, not two)")
+    _passed("08.1")

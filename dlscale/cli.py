@@ -117,21 +117,40 @@ def _bench_allreduce(args: argparse.Namespace) -> int:
     import subprocess
 
     from . import distributed
-    from .bench import ALLREDUCE_SIZES, bench_allreduce, format_allreduce, save_allreduce, torchrun_command
+    from .bench import (ALLREDUCE_SIZES, bench_allreduce, format_allreduce, horovodrun_command, save_allreduce,
+                        torchrun_command)
 
     if distributed.detect_launcher() == "single":
         if args.nproc < 2:
             raise distributed.DistributedError("bench allreduce needs several ranks: pass --nproc N (N >= 2), or run "
-                                               "it under torchrun, srun or mpirun")
+                                               "it under torchrun, srun, mpirun or horovodrun")
         forwarded = ["dlscale", "bench", "allreduce", "--max-mib", str(args.max_mib), "--out", args.out,
-                     "--device", args.device]
-        return subprocess.run(torchrun_command(args.nproc, forwarded)).returncode
+                     "--device", args.device] + (["--horovod"] if args.horovod else [])
+        start = horovodrun_command if args.horovod else torchrun_command
+        return subprocess.run(start(args.nproc, forwarded)).returncode
     sizes = [s for s in ALLREDUCE_SIZES if s <= args.max_mib * 2 ** 20]
-    rows = bench_allreduce(sizes, device=args.device)
+    rows = bench_allreduce(sizes, device=args.device, data_parallel="horovod" if args.horovod else "auto")
     if distributed.is_main():
         print(format_allreduce(rows))
         print(f"allreduce.json and allreduce.png in {save_allreduce(rows, args.out)}/")
     distributed.shutdown()
+    return 0
+
+
+def _kmeans(args: argparse.Namespace) -> int:
+    from .kmeans_io import run
+
+    run(args)
+    return 0
+
+
+def _bench_kmeans(args: argparse.Namespace) -> int:
+    from .kmeans_bench import bench_kmeans, format_kmeans
+
+    rows = bench_kmeans(n=args.n, d=args.d, k=args.k, iterations=args.iters, procs=[int(p) for p in
+                        args.procs.split(",")] if args.procs else [], out_dir=args.out, rounds=args.rounds)
+    print(format_kmeans(rows))
+    print(f"kmeans.json and kmeans.png in {args.out}/")
     return 0
 
 
@@ -234,12 +253,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     allreduce = bench_commands.add_parser(
         "allreduce", help="all-reduce time and bus bandwidth, 4 KiB to 256 MiB",
-        description="Time torch.distributed.all_reduce over message sizes on the active backend (gloo on CPUs, "
-                    "NCCL on GPUs) and report the algorithm and bus bandwidth (bus = 2(n-1)/n x bytes/time, as "
-                    "nccl-tests). Run it under torchrun/srun/mpirun, or with --nproc N for N local processes.")
+        description="Time the all-reduce over message sizes on the active backend (torch.distributed with gloo "
+                    "on CPUs and NCCL on GPUs, or Horovod with --horovod) and report the algorithm and bus "
+                    "bandwidth (bus = 2(n-1)/n x bytes/time, as nccl-tests). Run it under torchrun/srun/mpirun/"
+                    "horovodrun, or with --nproc N for N local processes.")
     allreduce.add_argument("--nproc", type=int, default=2, help="local processes when not launched by a launcher")
     allreduce.add_argument("--max-mib", type=float, default=256, help="largest message in MiB")
     allreduce.add_argument("--device", default="auto")
+    allreduce.add_argument("--horovod", action="store_true",
+                           help="time Horovod's all-reduce (local ranks start under horovodrun --gloo)")
     allreduce.add_argument("--out", default="runs/allreduce")
     allreduce.set_defaults(handler=_bench_allreduce)
     scaling = bench_commands.add_parser(
@@ -251,6 +273,40 @@ def build_parser() -> argparse.ArgumentParser:
     scaling.add_argument("--steps", type=int, default=60)
     scaling.add_argument("--out", default="runs/scaling")
     scaling.set_defaults(handler=_bench_scaling)
+
+    kmeans_bench = bench_commands.add_parser(
+        "kmeans", help="K-Means: dlscale-torch, daal4py and scikit-learn side by side, and 1-vs-2-process scaling",
+        description="Fit the same data from the same initial centres for a fixed number of Lloyd iterations with "
+                    "each engine and print the time per iteration with ratios to scikit-learn; then strong scaling "
+                    "of the distributed backends over local processes (torchrun, mpirun).")
+    kmeans_bench.add_argument("--n", type=int, default=1_000_000, help="samples")
+    kmeans_bench.add_argument("--d", type=int, default=32, help="features")
+    kmeans_bench.add_argument("--k", type=int, default=64, help="clusters")
+    kmeans_bench.add_argument("--iters", type=int, default=10, help="Lloyd iterations per fit")
+    kmeans_bench.add_argument("--procs", default="1,2", help="process counts for the scaling runs ('' = none)")
+    kmeans_bench.add_argument("--rounds", type=int, default=3, help="fits per engine; the median is reported")
+    kmeans_bench.add_argument("--out", default="runs/bench_kmeans")
+    kmeans_bench.set_defaults(handler=_bench_kmeans)
+
+    kmeans = commands.add_parser(
+        "kmeans", help="distributed K-Means on .npy/.csv files or an image (colour quantization)",
+        description="Cluster each rank's data with dlscale.kmeans.KMeans and write centers.npy, the labels, "
+                    "summary.json and, for an image, the quantized picture. Runs alone or under torchrun, "
+                    "mpirun -n N or srun; backend auto uses daal4py under MPI on CPUs and torch otherwise.")
+    source = kmeans.add_mutually_exclusive_group(required=True)
+    source.add_argument("--input", nargs=1, default=[], help="a .npy/.csv file split by rank, or a pattern such as "
+                                                            "data_{rank}.npy with one file per rank")
+    source.add_argument("--image", help="'sample' (scikit-learn's photo) or an image file: quantize its colours")
+    kmeans.add_argument("--k", type=int, default=8, help="clusters (colours for an image)")
+    kmeans.add_argument("--backend", choices=("auto", "torch", "daal4py"), default="auto")
+    kmeans.add_argument("--init", default="k-means++", help="k-means++, k-means||, random, or a .npy file of centres")
+    kmeans.add_argument("--max-iter", type=int, default=300)
+    kmeans.add_argument("--tol", type=float, default=1e-4)
+    kmeans.add_argument("--seed", type=int, default=0)
+    kmeans.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    kmeans.add_argument("--chunk-size", type=int, default=None, help="rows scored at a time (default from memory)")
+    kmeans.add_argument("--out", default="runs/kmeans")
+    kmeans.set_defaults(handler=_kmeans)
 
     experiment = commands.add_parser("experiment", help="multi-run experiments (lesson 07's large-batch sweep)")
     experiment_commands = experiment.add_subparsers(dest="experiment_command", required=True, metavar="EXPERIMENT")

@@ -71,6 +71,11 @@ class TrainConfig:
     sync_batchnorm: bool = _knob(False, "With several GPUs, compute batch-norm statistics over all ranks (CUDA only).")
 
     # -- data parallel -------------------------------------------------------
+    data_parallel: Literal["auto", "ddp", "horovod"] = _knob(
+        "auto", "How gradients are averaged over ranks: PyTorch DDP, or Horovod's DistributedOptimizer "
+                "(auto = Horovod when launched by horovodrun, DDP otherwise).")
+    horovod_fp16_compression: bool = _knob(False, "Horovod: send gradients as fp16 (half the bytes, "
+                                                  "rounded gradients).")
     dist_backend: Literal["auto", "nccl", "gloo"] = _knob("auto", "Process-group backend: auto = NCCL on GPUs, gloo on CPUs.")
     dist_timeout_s: float = _knob(300.0, "Seconds a collective may wait for the other ranks before the job stops "
                                          "with an error (a dead or missing rank never hangs the job).")
@@ -150,6 +155,9 @@ class TrainConfig:
                               f"got {self.profile_steps}")
         if self.grad_accumulation > 1 and self.noise_scale_every:
             raise ConfigError("noise_scale_every needs grad_accumulation=1 (it measures whole-batch gradients)")
+        if self.noise_scale_every and self.data_parallel == "horovod":
+            raise ConfigError("noise_scale_every works with data_parallel=ddp or auto: under Horovod its extra "
+                              "backward pass would set off an all-reduce")
         if self.cuda_graphs and not self.compile:
             raise ConfigError("config key 'cuda_graphs' needs compile=true (graphs are captured by torch.compile)")
         if self.num_workers < -1:

@@ -11,11 +11,15 @@ srun              ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``; the mas
                   ``localhost`` on several nodes)
 mpirun            ``OMPI_COMM_WORLD_*``, ``PMI_RANK``/``PMI_SIZE`` (MPICH, Intel MPI),
                   ``PMIX_RANK``; the master from ``MASTER_ADDR`` or broadcast with mpi4py
+horovodrun        ``HOROVOD_RANK``, ``HOROVOD_SIZE``, ``HOROVOD_LOCAL_RANK``, ``HOROVOD_LOCAL_SIZE``
 ================  ==========================================================================
 
 :func:`init` then creates the process group — NCCL on CUDA, gloo on CPU — with a timeout,
-so a dead or missing peer ends every rank with a clear error instead of a hang. Lessons 00
-and 05 use it; ``dlscale.train`` calls it.
+so a dead or missing peer ends every rank with a clear error instead of a hang; or, with
+``data_parallel="horovod"`` (the default under horovodrun), starts Horovod instead. The
+collectives below (:func:`all_reduce_mean`, :func:`broadcast_object`, :func:`barrier`, ...)
+go to whichever is active, so the training loop has one code path. Lessons 00, 05 and 06
+use it; ``dlscale.train`` calls it.
 """
 
 from __future__ import annotations
@@ -32,10 +36,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from . import horovod_backend
 from .errors import DlscaleError
 
 #: Launchers in the order they are checked, with a variable each one always sets.
 LAUNCHER_MARKERS = (
+    ("horovodrun", "HOROVOD_RANK"),
     ("torchrun", "TORCHELASTIC_RUN_ID"),
     ("torchrun", "LOCAL_RANK"),
     ("slurm", "SLURM_PROCID"),
@@ -45,13 +51,16 @@ LAUNCHER_MARKERS = (
 )
 DEFAULT_PORT = 29500
 
+#: ``horovod.torch`` once :func:`init` has started Horovod; the collectives then go through it.
+_horovod: Any = None
+
 
 class DistributedError(DlscaleError):
     """The job's processes could not form or keep a process group; the message says why."""
 
 
 def detect_launcher(environ: Mapping[str, str] | None = None) -> str:
-    """``torchrun``, ``slurm``, ``mpi``, a name set in ``DLSCALE_LAUNCHER``, or ``single``.
+    """``horovodrun``, ``torchrun``, ``slurm``, ``mpi``, a name set in ``DLSCALE_LAUNCHER``, or ``single``.
 
     A Slurm *allocation* (``SLURM_JOB_ID`` without ``SLURM_PROCID``, e.g. a Jupyter server
     on a compute node) is still a single process: only ``srun`` makes ranks.
@@ -155,6 +164,10 @@ def detect(environ: Mapping[str, str] | None = None) -> DistEnv:
         per_node = _tasks_on_first_node(environ.get("SLURM_NTASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE", ""))
         return DistEnv(_int(environ, "SLURM_PROCID"), _int(environ, "SLURM_LOCALID", default=0), world,
                        per_node, "slurm", master, port)
+    if launcher == "horovodrun":
+        return DistEnv(_int(environ, "HOROVOD_RANK"), _int(environ, "HOROVOD_LOCAL_RANK", default=0),
+                       _int(environ, "HOROVOD_SIZE"), _int(environ, "HOROVOD_LOCAL_SIZE", default=1), "horovodrun",
+                       environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1"), port)
     if launcher == "mpi":
         rank = _int(environ, "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
         world = _int(environ, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MPI_WORLD_SIZE")
@@ -169,14 +182,31 @@ def detect(environ: Mapping[str, str] | None = None) -> DistEnv:
                    environ.get("MASTER_ADDR", "127.0.0.1"), port)
 
 
+def resolve_data_parallel(choice: str, launcher: str) -> str:
+    """``ddp`` or ``horovod``: ``auto`` means Horovod under horovodrun, DDP everywhere else."""
+    if choice == "auto":
+        return "horovod" if launcher == "horovodrun" else "ddp"
+    if choice == "ddp" and launcher == "horovodrun":
+        raise DistributedError("this job was started by horovodrun, which sets up Horovod, not torch.distributed; "
+                               "use data_parallel=horovod (or auto), or launch DDP with torchrun, srun or mpirun")
+    return choice
+
+
 def init(device: str = "auto", backend: str | None = None, timeout_s: float = 300.0,
-         environ: Mapping[str, str] | None = None) -> DistEnv:
+         environ: Mapping[str, str] | None = None, data_parallel: str = "auto") -> DistEnv:
     """Join the job: pick the device (``cuda:LOCAL_RANK`` on GPUs) and, with several ranks, the process group.
 
     ``backend`` defaults to NCCL on CUDA and gloo otherwise. A peer that does not join, or
     dies later, makes collective calls fail after ``timeout_s`` instead of hanging forever.
+    With ``data_parallel="horovod"`` Horovod is started instead and reports the ranks.
     """
+    global _horovod
     env = detect(environ)
+    if resolve_data_parallel(data_parallel, env.launcher) == "horovod":
+        hvd = horovod_backend.init(env.launcher, timeout_s)
+        _horovod = hvd
+        env = replace(env, rank=hvd.rank(), local_rank=hvd.local_rank(), world_size=hvd.size(),
+                      local_world_size=hvd.local_size(), backend="horovod")
     wants_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     if wants_cuda and torch.cuda.is_available():
         index = env.local_rank % torch.cuda.device_count() if device in ("auto", "cuda") else torch.device(device).index
@@ -185,7 +215,7 @@ def init(device: str = "auto", backend: str | None = None, timeout_s: float = 30
     else:
         resolved = "cpu" if device == "auto" else device
     env = replace(env, device=resolved)
-    if not env.distributed:
+    if not env.distributed or env.backend == "horovod":
         return env
     backend = backend or ("nccl" if resolved.startswith("cuda") else "gloo")
     if dist.is_initialized():
@@ -202,19 +232,39 @@ def init(device: str = "auto", backend: str | None = None, timeout_s: float = 30
     return replace(env, backend=backend)
 
 
+def uses_horovod() -> bool:
+    """Whether :func:`init` started Horovod (rather than a torch.distributed process group)."""
+    return _horovod is not None
+
+
+def _group_size() -> int:
+    """Ranks in the active group: Horovod's, torch.distributed's, or 1."""
+    if _horovod is not None:
+        return _horovod.size()
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def shutdown() -> None:
-    """Leave the process group (a no-op when there is none)."""
+    """Leave the process group or Horovod (a no-op when there is none)."""
+    global _horovod
+    if _horovod is not None:
+        _horovod.shutdown()
+        _horovod = None
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
 
 def barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
+    if _horovod is not None:
+        _horovod.barrier()
+    elif dist.is_available() and dist.is_initialized():
         dist.barrier()
 
 
 def is_main() -> bool:
     """True on rank 0, and in a single process."""
+    if _horovod is not None:
+        return _horovod.rank() == 0
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
@@ -224,34 +274,49 @@ def print0(*args: Any, **kwargs: Any) -> None:
         print(*args, **kwargs)
 
 
+def _all_reduce(tensor: torch.Tensor, op: str) -> torch.Tensor:
+    """``op`` (``Sum`` or ``Max``) over ranks, in place, with Horovod or torch.distributed."""
+    if _group_size() > 1:
+        if _horovod is not None:
+            _horovod.allreduce_(tensor, op=getattr(_horovod, op))
+        else:
+            dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op.upper()))
+    return tensor
+
+
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """The sum over ranks, in place (unchanged in a single process)."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor
+    return _all_reduce(tensor, "Sum")
+
+
+def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+    """The element-wise maximum over ranks, in place (unchanged in a single process)."""
+    return _all_reduce(tensor, "Max")
 
 
 def all_reduce_mean(value: torch.Tensor | float) -> torch.Tensor | float:
     """The mean over ranks of a tensor (in place) or a number."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    size = _group_size()
+    if size == 1:
         return value
     if isinstance(value, torch.Tensor):
-        return all_reduce_sum(value).div_(dist.get_world_size())
+        return all_reduce_sum(value).div_(size)
     tensor = torch.tensor(float(value), dtype=torch.float64)
-    return float(all_reduce_sum(tensor)) / dist.get_world_size()
+    return float(all_reduce_sum(tensor)) / size
 
 
 def all_reduce_max_flag(flag: bool, device: str | torch.device = "cpu") -> bool:
     """True on every rank if it is true on any rank (used for a stop signal that reached one rank)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if _group_size() == 1:
         return flag
-    tensor = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return bool(tensor.item())
+    return bool(all_reduce_max(torch.tensor([1.0 if flag else 0.0], device=device)).item())
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """``obj`` from rank ``src`` on every rank."""
+    if _horovod is not None:
+        # The name must match on every rank; Horovod's default is the type of obj, which differs off the root.
+        return _horovod.broadcast_object(obj, root_rank=src, name="dlscale.broadcast_object")
     if not (dist.is_available() and dist.is_initialized()):
         return obj
     box = [obj]
@@ -261,11 +326,27 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
 
 def wrap_model(model: nn.Module, env: DistEnv, bucket_cap_mb: float = 25.0, gradient_as_bucket_view: bool = True,
                static_graph: bool = False) -> nn.Module:
-    """``model`` wrapped in DistributedDataParallel when there are several ranks, else unchanged."""
-    if not env.distributed:
+    """``model`` wrapped in DistributedDataParallel when there are several ranks, else unchanged.
+
+    Under Horovod the model stays as it is: Horovod wraps the optimizer instead
+    (:func:`wrap_optimizer`).
+    """
+    if not env.distributed or env.backend == "horovod":
         return model
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [torch.device(env.device).index] if env.device.startswith("cuda") else None
     return DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb,
                                    gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph)
+
+
+def wrap_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, env: DistEnv, fp16_compression: bool = False,
+                   backward_passes_per_step: int = 1) -> tuple[torch.optim.Optimizer, Any]:
+    """Under Horovod, ``optimizer`` behind ``hvd.DistributedOptimizer`` and the object to ``synchronize()``.
+
+    Under DDP (or in one process) the optimizer is returned unchanged with ``None``: DDP has
+    already averaged the gradients when ``backward()`` returns.
+    """
+    if env.backend != "horovod":
+        return optimizer, None
+    return horovod_backend.distributed_optimizer(optimizer, model, fp16_compression, backward_passes_per_step)

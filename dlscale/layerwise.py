@@ -363,7 +363,8 @@ class LARC(_LayerwiseMixin, Optimizer):
         self.optim.load_state_dict(state_dict)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optim.zero_grad(set_to_none=set_to_none)
+        # (a Horovod DistributedOptimizer's zero_grad takes no arguments and always sets None)
+        self.optim.zero_grad() if set_to_none else self.optim.zero_grad(set_to_none=False)
 
     def add_param_group(self, param_group: dict) -> None:
         self.optim.add_param_group({"adapt": True, **param_group})

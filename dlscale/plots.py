@@ -153,11 +153,14 @@ def scaling_curves(rows: list[dict]) -> NotebookFigure:
     """Throughput and parallel efficiency against the number of processes (or GPUs), weak and strong."""
     fig = NotebookFigure(figsize=(10, 4), layout="constrained")
     rate_ax, eff_ax = fig.subplots(1, 2)
-    for mode in dict.fromkeys(r["mode"] for r in rows):
-        points = sorted((r["processes"], r["samples_per_s"], r["efficiency"]) for r in rows if r["mode"] == mode)
+    # One line per mode, and per engine when the rows compare several (K-Means: torch and daal4py).
+    for engine, mode in dict.fromkeys((r.get("engine", ""), r["mode"]) for r in rows):
+        points = sorted((r["processes"], r["samples_per_s"], r["efficiency"]) for r in rows
+                        if r["mode"] == mode and r.get("engine", "") == engine)
         procs = [p[0] for p in points]
-        rate_ax.plot(procs, [p[1] for p in points], "o-", label=f"{mode} scaling")
-        eff_ax.plot(procs, [100 * p[2] for p in points], "o-", label=f"{mode} scaling")
+        label = f"{engine}, {mode} scaling" if engine else f"{mode} scaling"
+        rate_ax.plot(procs, [p[1] for p in points], "o-", label=label)
+        eff_ax.plot(procs, [100 * p[2] for p in points], "o-", label=label)
     counts = sorted({r["processes"] for r in rows})
     first = min(rows, key=lambda r: r["processes"])
     rate_ax.plot(counts, [first["samples_per_s"] * c / counts[0] for c in counts], "k--", linewidth=1, label="ideal")
@@ -170,14 +173,38 @@ def scaling_curves(rows: list[dict]) -> NotebookFigure:
     return fig
 
 
-def allreduce_bandwidth(rows: list[dict]) -> NotebookFigure:
-    """Bus bandwidth of all-reduce against message size (log-log)."""
+def allreduce_bandwidth(*row_sets: list[dict]) -> NotebookFigure:
+    """Bus bandwidth of all-reduce against message size (log-log), one line per set of rows (backend)."""
     fig = NotebookFigure(figsize=(7, 4), layout="constrained")
     ax = fig.subplots()
-    ax.plot([r["bytes"] for r in rows], [r["busbw_gbs"] for r in rows], "o-",
-            label=f"{rows[0]['backend']}, {rows[0]['world_size']} ranks")
+    for rows in row_sets:
+        ax.plot([r["bytes"] for r in rows], [r["busbw_gbs"] for r in rows], "o-",
+                label=f"{rows[0]['backend']}, {rows[0]['world_size']} ranks")
     ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="bus bandwidth (GB/s)",
            title="all-reduce bus bandwidth")
     ax.grid(alpha=0.3, which="both")
     ax.legend()
+    return fig
+
+
+def quantized_images(original, quantized: dict) -> NotebookFigure:
+    """The original picture beside each quantized version (titles are the dict's keys)."""
+    fig = NotebookFigure(figsize=(4.2 * (1 + len(quantized)), 3.6), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, 1 + len(quantized)))
+    for ax, (title, image) in zip(axes, {"original": original, **quantized}.items()):
+        ax.imshow(np.asarray(image).clip(0, 1))
+        ax.set_title(title)
+        ax.axis("off")
+    return fig
+
+
+def kmeans_timings(rows: list[dict]) -> NotebookFigure:
+    """Seconds per Lloyd iteration of each K-Means engine (``dlscale bench kmeans`` rows)."""
+    fig = NotebookFigure(figsize=(7, 3.8), layout="constrained")
+    ax = fig.subplots()
+    labels = [r["engine"] for r in rows]
+    bars = ax.barh(labels, [r["seconds_per_iteration"] for r in rows], color="tab:blue")
+    ax.bar_label(bars, labels=[f"{r['seconds_per_iteration'] * 1e3:.0f} ms" for r in rows], padding=3)
+    ax.invert_yaxis()
+    ax.set(xlabel="seconds per Lloyd iteration", title="K-Means: the same data, the same initial centres")
     return fig

@@ -256,8 +256,8 @@ def flops_per_sample(model: nn.Module, input_shape: Sequence[int], loss_fn: Call
     from torch.utils.flop_counter import FlopCounterMode
 
     device = next(model.parameters()).device
-    x = torch.randn(batch, *input_shape, device=device)
-    y = torch.randn(batch, targets, device=device)
+    x = torch.zeros(batch, *input_shape, device=device)  # the count does not depend on values; no RNG draws
+    y = torch.zeros(batch, targets, device=device)
     loss_fn = loss_fn or nn.functional.mse_loss
     state = {k: v.clone() for k, v in model.state_dict().items()}
     with FlopCounterMode(display=False) as counter:

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from .checkpoint import load_latest_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .checkpoint import CheckpointError, checkpoint_dir
 from .config import ConfigError, TrainConfig, load_config
-from . import distributed
+from . import distributed, horovod_backend
 from .data import make_loader, prepare_data, stage_data
 from .distributed import DistributedError, all_reduce_max_flag, all_reduce_mean, all_reduce_sum
 from .errors import DlscaleError
@@ -213,7 +213,10 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
     requested = resolve_device(cfg.device)  # a clear error if the device is not there
     owns_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     env = distributed.init("auto" if cfg.device == "auto" else str(requested),
-                           None if cfg.dist_backend == "auto" else cfg.dist_backend, cfg.dist_timeout_s)
+                           None if cfg.dist_backend == "auto" else cfg.dist_backend, cfg.dist_timeout_s,
+                           data_parallel=cfg.data_parallel)
+    # Horovod stays up for the life of the process (it cannot always start again after a shutdown).
+    owns_group = owns_group and env.backend != "horovod"
     try:
         return _train(cfg, env, started)
     except RuntimeError as err:
@@ -253,9 +256,14 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
             raise ConfigError("sync_batchnorm=true needs GPUs (torch's SyncBatchNorm is CUDA-only); on CPUs use norm=group")
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device)
+    loss_fn = nn.MSELoss()
+    # Counted before Horovod hooks the gradients: its extra backward pass would set off an all-reduce.
+    flops = flops_per_sample(model, dataset.input_shape, loss_fn, dataset.num_targets)
     peak_lr = scale_lr(cfg.lr, cfg.base_batch, cfg.global_batch_size, cfg.lr_scaling)
     optimizer = build_optimizer(cfg, model, lr=peak_lr)
     accumulation = cfg.grad_accumulation
+    # Under Horovod the optimizer all-reduces (``sync.synchronize()``); under DDP the model does and sync is None.
+    optimizer, sync = distributed.wrap_optimizer(optimizer, model, env, cfg.horovod_fp16_compression, accumulation)
     steps_per_epoch = len(train_loader) // accumulation
     total_steps = cfg.epochs * steps_per_epoch
     if cfg.max_steps:
@@ -266,6 +274,9 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
     noise = NoiseScaleEstimator(decay=0.9)
     if cfg.noise_scale_every and train_loader.batch_size < 2:
         raise ConfigError("noise_scale_every needs a per-rank batch of at least 2 samples")
+    if cfg.noise_scale_every and sync is not None:
+        raise ConfigError("noise_scale_every works with DDP only: under Horovod its extra backward pass would set "
+                          "off an all-reduce; launch with torchrun/srun/mpirun, or set noise_scale_every=0")
     policy = Precision.resolve(cfg.precision, device)
     scaler = policy.grad_scaler()  # enabled only for fp16; otherwise its calls pass straight through
     autocast = policy.autocast
@@ -273,7 +284,6 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
     step_model = distributed.wrap_model(model, env, cfg.bucket_cap_mb, cfg.gradient_as_bucket_view, cfg.static_graph)
     if cfg.compile:
         step_model = torch.compile(step_model, mode="reduce-overhead" if cfg.cuda_graphs else None)
-    loss_fn = nn.MSELoss()
 
     # -- resume or start afresh ------------------------------------------------
     step, resume_from = 0, None
@@ -283,6 +293,8 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
             resume_from, ckpt = found
             step = _restore(ckpt, resume_from, steps_per_epoch, cfg, model, optimizer, scheduler, scaler, noise)
             del ckpt
+    if sync is not None:  # Horovod's idiom: every rank starts from rank 0's state
+        horovod_backend.broadcast_initial_state(model, optimizer, resumed=resume_from is not None)
     elif is_main and checkpoint_dir(run_dir).is_dir():
         for old in checkpoint_dir(run_dir).glob("*.pt"):
             old.unlink()
@@ -295,7 +307,9 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
         "channels_last": _is_channels_last(model),
         "compiled": cfg.compile, "cuda_graphs": cfg.cuda_graphs and cfg.compile,
         "world_size": world_size, "launcher": env.launcher, "backend": env.backend,
-        "ddp": step_model is not model and env.distributed, "optimizer": type(optimizer).__name__,
+        "ddp": step_model is not model and env.distributed, "horovod": sync is not None,
+        "horovod_fp16_compression": sync is not None and cfg.horovod_fp16_compression,
+        "optimizer": type(optimizer).__name__,
         "optimizer_foreach": bool(optimizer.defaults.get("foreach")),
         "optimizer_fused": bool(optimizer.defaults.get("fused")), "num_workers": train_loader.num_workers,
         "pin_memory": train_loader.pin_memory, "data_dir": str(data_root),
@@ -353,7 +367,7 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
             train_loader.sampler.set_position(epoch, epoch_step * cfg.per_rank_batch(world_size))
             batches = iter(train_loader)
             while True:
-                optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad()  # (Horovod's zero_grad takes no arguments; None gradients is the default)
                 loss = None
                 for micro in range(accumulation):
                     with nvtx_range("data"):
@@ -366,7 +380,7 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
                         small = len(x) // 4 or 1
                         small_sq = _small_batch_sq_norm(model, loss_fn, x[:small], y[:small], autocast, scaler)
                     # Inner micro-batches keep their gradients local; DDP all-reduces after the last one.
-                    inner = env.distributed and micro < accumulation - 1
+                    inner = applied["ddp"] and micro < accumulation - 1
                     with (step_model.no_sync() if inner else contextlib.nullcontext()):
                         with nvtx_range("forward"), autocast():
                             micro_loss = loss_fn(step_model(x), y)
@@ -378,6 +392,9 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
                 if batch is None:
                     break
                 with nvtx_range("optimizer"):
+                    if sync is not None:  # wait for Horovod's all-reduce before the gradients are read
+                        with nvtx_range("allreduce"):
+                            sync.synchronize()
                     if cfg.grad_clip or measuring:
                         scaler.unscale_(optimizer)
                     if measuring:
@@ -388,7 +405,8 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
                     if cfg.grad_clip:
                         nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
                     lr = optimizer.param_groups[0]["lr"]
-                    scaler.step(optimizer)
+                    with horovod_backend.skip_synchronize(sync):
+                        scaler.step(optimizer)
                     scaler.update()
                     scheduler.step()
                 step += 1
@@ -429,7 +447,6 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
     history, step_rows = distributed.broadcast_object(
         (read_rows(run_dir / VAL_FILE), read_rows(run_dir / TRAIN_FILE)) if is_main else None)
     final = {k: v for k, v in history[-1].items() if k not in ("epoch", "step")} if history else {}
-    flops = flops_per_sample(model, dataset.input_shape, loss_fn, dataset.num_targets)
     utilisation = mfu(meter.samples_per_s, flops, peak_flops(device, policy.name))  # per device
     result = Result(config=cfg, run_dir=run_dir, device=str(device), final=final, history=history,
                     steps=step_rows, samples_per_s=meter.aggregate(world_size), steps_done=step,

@@ -1,0 +1,160 @@
+"""``dlscale bench kmeans``: the K-Means engines side by side, and their scaling over processes.
+
+Every engine fits the same data from the same initial centres for the same number of Lloyd
+iterations (``tol=0``), in one run, so the ratios to scikit-learn are measured under the same
+conditions. The time per iteration is the whole fit divided by its iterations (each engine's
+set-up, variance and final assignment included). Then the distributed backends run the same
+fit at each process count under ``torchrun`` (torch) and ``mpirun`` (daal4py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def make_blobs(n: int, d: int, k: int, seed: int = 0) -> np.ndarray:
+    """``n`` float32 samples around ``k`` random centres (unit noise, centres spread over ±5)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.uniform(-5, 5, size=(k, d)).astype(np.float32)
+    data = centres[rng.integers(0, k, size=n)]
+    data += rng.standard_normal((n, d), dtype=np.float32)
+    return data
+
+
+def _time_fit(fit) -> tuple[float, int]:
+    started = time.perf_counter()
+    iterations = fit()
+    return time.perf_counter() - started, iterations
+
+
+def _engines(x: np.ndarray, init: np.ndarray, iterations: int) -> dict:
+    from .kmeans import KMeans, resolve_backend
+    from .kmeans_daal import available as daal_available
+
+    k = len(init)
+
+    def ours(backend: str, device: str = "cpu"):
+        def fit() -> int:
+            return KMeans(k, init=init, max_iter=iterations, tol=0.0, backend=backend, device=device).fit(x).n_iter_
+        return fit
+
+    engines = {}
+    try:
+        from sklearn.cluster import KMeans as SklearnKMeans
+
+        engines["scikit-learn"] = lambda: SklearnKMeans(k, init=init, n_init=1, max_iter=iterations, tol=0.0,
+                                                        algorithm="lloyd").fit(x).n_iter_
+    except ImportError:
+        pass
+    engines["dlscale torch (cpu)"] = ours("torch")
+    if daal_available():
+        engines["daal4py"] = ours("daal4py")
+    engines[f"dlscale auto (= {resolve_backend('auto', torch.device('cpu'))})"] = ours("auto")
+    if torch.cuda.is_available():
+        engines["dlscale torch (cuda)"] = ours("torch", "cuda")
+    return engines
+
+
+def _scaling_run(launcher: str, procs: int, data: Path, init: Path, k: int, iterations: int, out: Path) -> dict:
+    backend = "torch" if launcher == "torchrun" else "daal4py"
+    command = ["dlscale", "kmeans", "--input", str(data), "--k", str(k), "--init", str(init), "--max-iter",
+               str(iterations), "--tol", "0", "--backend", backend, "--device", "cpu", "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // procs))}
+    if procs == 1:
+        argv = [sys.executable, "-m", *command]
+    elif launcher == "torchrun":
+        from .bench import torchrun_command
+        argv = torchrun_command(procs, command)
+    else:
+        bin_dir = Path(sys.executable).parent
+        env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
+        argv = [str(bin_dir / "mpirun"), "-n", str(procs), sys.executable, "-m", *command]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:6])} ... failed:\n{done.stderr[-2000:]}")
+    return json.loads((out / "summary.json").read_text())
+
+
+def _scaling(x: np.ndarray, init: np.ndarray, procs: list[int], iterations: int, out_dir: Path,
+             seed: int) -> list[dict]:
+    """Strong scaling (the same data over more ranks) and weak scaling (each rank keeps its share's size)."""
+    from .kmeans_daal import available as daal_available
+
+    rows = []
+    np.save(out_dir / "init.npy", init)
+    for mode in ("strong", "weak"):
+        for count in procs:
+            data = out_dir / f"data-{mode}-{count}.npy"
+            size = len(x) * (count if mode == "weak" else 1)
+            np.save(data, x if size == len(x) else make_blobs(size, x.shape[1], len(init), seed))
+            for launcher in ["torchrun"] + (["mpirun"] if daal_available() else []):
+                summary = _scaling_run(launcher, count, data, out_dir / "init.npy", len(init), iterations,
+                                       out_dir / f"{launcher}-{mode}-{count}")
+                rows.append({"engine": f"{summary['backend']} via {launcher}", "kind": "scaling", "mode": mode,
+                             "processes": count, "samples": size, "seconds": summary["seconds"],
+                             "iterations": summary["n_iter"],
+                             "seconds_per_iteration": summary["seconds_per_iteration"],
+                             "samples_per_s": size / summary["seconds_per_iteration"]})
+            data.unlink()
+    for row in rows:  # efficiency against the same engine and mode at the smallest count
+        first = min((r for r in rows if r["engine"] == row["engine"] and r["mode"] == row["mode"]),
+                    key=lambda r: r["processes"])
+        work = row["processes"] / first["processes"] if row["mode"] == "strong" else 1.0
+        row["efficiency"] = first["seconds_per_iteration"] / (work * row["seconds_per_iteration"])
+    return rows
+
+
+def bench_kmeans(n: int = 1_000_000, d: int = 32, k: int = 64, iterations: int = 10, procs: list[int] | None = None,
+                 out_dir: str | Path = "runs/bench_kmeans", seed: int = 0, rounds: int = 3) -> list[dict]:
+    """Rows ``{engine, seconds_per_iteration, iterations, ratio_to_sklearn, ...}``; also writes JSON and a plot.
+
+    Each engine's figure is the median of ``rounds`` fits.
+    """
+    from .plots import kmeans_timings
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    x = make_blobs(n, d, k, seed)
+    init = x[np.random.default_rng(seed + 1).choice(n, k, replace=False)].copy()
+    rows = []
+    warnings.filterwarnings("ignore", message="Number of distinct clusters")  # an empty cluster, re-seeded
+    engines = _engines(x, init, iterations)
+    for fit_small in _engines(x[:10 * k], init, 1).values():  # first-call costs (library loading) out of the timing
+        fit_small()
+    # Rounds go round-robin over the engines, so a slow spell of this shared machine hits all of them.
+    timings: dict[str, list[tuple[float, int]]] = {engine: [] for engine in engines}
+    for _ in range(rounds):
+        for engine, fit in engines.items():
+            timings[engine].append(_time_fit(fit))
+    for engine, runs in timings.items():
+        seconds, done = sorted(runs)[len(runs) // 2]  # the median round
+        rows.append({"engine": engine, "kind": "engine", "processes": 1, "seconds": seconds, "iterations": done,
+                     "seconds_per_iteration": seconds / max(done, 1), "rounds": rounds})
+    reference = next((r["seconds_per_iteration"] for r in rows if r["engine"] == "scikit-learn"), None)
+    for row in rows:
+        row["ratio_to_sklearn"] = row["seconds_per_iteration"] / reference if reference else None
+    if procs:
+        rows += _scaling(x, init, procs, iterations, out_dir, seed)
+    (out_dir / "kmeans.json").write_text(json.dumps({"n": n, "d": d, "k": k, "rows": rows}, indent=1) + "\n")
+    kmeans_timings([r for r in rows if r["kind"] == "engine"]).savefig(out_dir / "kmeans.png", dpi=120)
+    return rows
+
+
+def format_kmeans(rows: list[dict]) -> str:
+    lines = ["| engine | scaling | processes | iterations | s per iteration | vs scikit-learn | efficiency |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        ratio = f"{row['ratio_to_sklearn']:.2f}×" if row.get("ratio_to_sklearn") else ""
+        efficiency = f"{row['efficiency']:.0%}" if row.get("efficiency") else ""
+        lines.append(f"| {row['engine']} | {row.get('mode', '')} | {row['processes']} | {row['iterations']} | "
+                     f"{row['seconds_per_iteration']:.3f} | {ratio} | {efficiency} |")
+    return "\n".join(lines)

@@ -1,0 +1,137 @@
+"""Initial centres for :class:`dlscale.kmeans.KMeans`: k-means++, k-means|| and random.
+
+- :func:`kmeans_plusplus` is scikit-learn's greedy k-means++ (Arthur & Vassilvitskii 2007):
+  each new centre is the best of a few candidates drawn with probability ∝ D(x)². It needs
+  every point's distance at every step, so it runs in one process.
+- :func:`kmeans_parallel` is k-means|| (Bahmani et al., "Scalable K-Means++", VLDB 2012), its
+  distributed form: a few rounds in which every rank samples its own points with probability
+  ``ℓ·D(x)²/φ`` (φ the global cost), then a weighted k-means++ over the few hundred gathered
+  candidates, computed identically on every rank.
+- :func:`random_init` picks k distinct samples uniformly from the whole data set.
+
+With several ranks every function takes this rank's shard and returns the same centres on
+every rank; the ``generator`` must be seeded identically everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+    if _world()[1] > 1:
+        dist.all_reduce(tensor)
+    return tensor
+
+
+def _shard_offsets(n_local: int, device: torch.device) -> tuple[int, int]:
+    """This rank's first global row, and the global number of rows."""
+    rank, world = _world()
+    sizes = torch.zeros(world, dtype=torch.float64, device=device)
+    sizes[rank] = n_local
+    sizes = _all_reduce(sizes).long().tolist()
+    return sum(sizes[:rank]), sum(sizes)
+
+
+def _rows_by_global_index(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """The rows with these global indices, gathered from whichever rank holds each (same result everywhere)."""
+    offset, _ = _shard_offsets(x.shape[0], x.device)
+    out = torch.zeros(len(indices), x.shape[1], dtype=torch.float64, device=x.device)
+    local = (indices >= offset) & (indices < offset + x.shape[0])
+    out[local] = x[(indices[local] - offset).to(x.device)].double()
+    return _all_reduce(out).to(x.dtype)
+
+
+def random_init(x: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    """``k`` distinct samples drawn uniformly from all ranks' data."""
+    _, total = _shard_offsets(x.shape[0], x.device)
+    chosen = torch.randperm(total, generator=generator)[:k].to(x.device)
+    return _rows_by_global_index(x, chosen)
+
+
+def _closest_sq(x: torch.Tensor, centers: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Squared distance of every row to its closest centre (float64), chunk by chunk."""
+    c_sq = (centers * centers).sum(1)
+    out = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
+    for start in range(0, x.shape[0], chunk):
+        xc = x[start:start + chunk]
+        block = torch.addmm(c_sq, xc, centers.T, beta=1, alpha=-2).min(dim=1).values
+        out[start:start + chunk] = (block + (xc * xc).sum(1)).clamp_(min=0).double()
+    return out
+
+
+def kmeans_plusplus(x: torch.Tensor, k: int, generator: torch.Generator, n_local_trials: int | None = None,
+                    weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Greedy k-means++ on the rows of ``x`` (optionally weighted), in one process, as scikit-learn does it."""
+    n = x.shape[0]
+    weights = torch.ones(n, dtype=torch.float64, device=x.device) if weights is None else weights.double()
+    trials = n_local_trials or 2 + int(math.log(k))
+    first = int(torch.multinomial(weights.cpu(), 1, generator=generator))
+    centers = [x[first]]
+    closest = ((x - x[first]) ** 2).sum(1).double()
+    potential = float((closest * weights).sum())
+    for _ in range(1, k):
+        if potential <= 0:  # fewer distinct points than k: repeat one rather than divide by zero
+            centers.append(x[int(torch.randint(n, (1,), generator=generator))])
+            continue
+        draws = torch.rand(trials, generator=generator, dtype=torch.float64).to(x.device) * potential
+        candidates = torch.searchsorted(torch.cumsum(closest * weights, 0), draws).clamp_(max=n - 1)
+        to_candidates = torch.cdist(x[candidates].double(), x.double()) ** 2  # trials × n
+        trial_closest = torch.minimum(closest[None], to_candidates)
+        trial_potential = (trial_closest * weights).sum(1)
+        best = int(torch.argmin(trial_potential))
+        closest, potential = trial_closest[best], float(trial_potential[best])
+        centers.append(x[int(candidates[best])])
+    return torch.stack(centers).clone()
+
+
+def kmeans_parallel(x: torch.Tensor, k: int, generator: torch.Generator, chunk: int,
+                    oversampling: float | None = None, rounds: int = 5) -> torch.Tensor:
+    """k-means|| over all ranks' shards: ``rounds`` of oversampling (ℓ = 2k by default), then weighted k-means++."""
+    rank, world = _world()
+    ell = oversampling or 2.0 * k
+    candidates = random_init(x, 1, generator)
+    closest = _closest_sq(x, candidates, chunk)
+    # Each rank samples its own points with its own stream, derived from the shared seed.
+    local = torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=generator)) + rank)
+    for _ in range(rounds):
+        cost = float(_all_reduce(closest.sum().reshape(1))[0])
+        if cost <= 0:
+            break
+        keep = torch.rand(x.shape[0], generator=local, dtype=torch.float64).to(x.device) < ell * closest / cost
+        new = _gather_rows(x[keep])
+        if len(new) == 0:
+            continue
+        candidates = torch.cat([candidates, new])
+        closest = torch.minimum(closest, _closest_sq(x, new, chunk))
+    # Weight each candidate by the points closest to it, then reduce the candidates to k.
+    labels = torch.cat([torch.addmm((candidates * candidates).sum(1), x[s:s + chunk], candidates.T, alpha=-2)
+                        .argmin(1) for s in range(0, x.shape[0], chunk)])
+    weights = _all_reduce(torch.bincount(labels, minlength=len(candidates)).double())
+    if len(candidates) <= k:  # too few distinct candidates: top up with random samples
+        return torch.cat([candidates, random_init(x, k - len(candidates), generator)])
+    return kmeans_plusplus(candidates, k, generator, weights=weights)
+
+
+def _gather_rows(rows: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``rows`` concatenated in rank order, on every rank."""
+    _, world = _world()
+    if world == 1:
+        return rows
+    counts = torch.zeros(world, dtype=torch.int64, device=rows.device)
+    counts[_world()[0]] = len(rows)
+    counts = _all_reduce(counts).tolist()
+    padded = torch.zeros(max(counts), rows.shape[1], dtype=rows.dtype, device=rows.device)
+    padded[:len(rows)] = rows
+    gathered = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(gathered, padded)
+    return torch.cat([block[:count] for block, count in zip(gathered, counts)])

@@ -1,0 +1,259 @@
+"""Distributed K-Means: scikit-learn's semantics, chunking, empty clusters, init, ranks, daal4py, CLI."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from sklearn.cluster import KMeans as SklearnKMeans
+from sklearn.datasets import make_blobs, make_circles, make_moons
+
+from dlscale.kmeans import KMeans, KMeansError, _assign
+from dlscale.kmeans_init import kmeans_parallel, kmeans_plusplus
+
+from .conftest import run_cli
+
+
+def _datasets():
+    blobs, _ = make_blobs(4000, n_features=6, centers=7, random_state=0)
+    anisotropic = blobs @ np.array([[0.6, -0.6, 0, 0, 0, 0], [-0.4, 0.8, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0],
+                                    [0, 0, 0, 1, 0, 0], [0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 1]])
+    moons, _ = make_moons(3000, noise=0.1, random_state=0)
+    circles, _ = make_circles(3000, noise=0.05, factor=0.4, random_state=0)
+    uniform = np.random.default_rng(0).uniform(size=(3000, 3))
+    return {"blobs": blobs, "anisotropic": anisotropic, "moons": moons, "circles": circles, "uniform": uniform}
+
+
+@pytest.mark.parametrize("name", sorted(_datasets()))
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_matches_scikit_learn_from_the_same_initial_centres(name, dtype):
+    x = _datasets()[name].astype(dtype)
+    init = x[np.random.default_rng(1).choice(len(x), 9, replace=False)]
+    reference = SklearnKMeans(9, init=init, n_init=1, algorithm="lloyd").fit(x)
+    ours = KMeans(9, init=init, backend="torch", device="cpu").fit(x)
+    assert ours.n_iter_ == reference.n_iter_
+    assert np.array_equal(ours.labels_, reference.labels_)
+    scale = np.abs(reference.cluster_centers_).max()
+    np.testing.assert_allclose(ours.cluster_centers_, reference.cluster_centers_, rtol=1e-4, atol=1e-4 * scale)
+    assert ours.inertia_ == pytest.approx(reference.inertia_, rel=1e-6 if dtype == np.float64 else 1e-5)
+    assert np.array_equal(ours.predict(x), ours.labels_)  # final labels belong to the returned centres
+
+
+def test_empty_clusters_are_reseeded_like_scikit_learn_never_nan():
+    # 3 natural groups of duplicated points, 5 clusters, two starting centres far from everything
+    points = np.repeat(np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]]), [40, 30, 20], axis=0)
+    points = points + np.random.default_rng(0).normal(scale=0.01, size=points.shape)
+    init = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0], [100.0, 100.0], [-100.0, 50.0]])
+    reference = SklearnKMeans(5, init=init, n_init=1, algorithm="lloyd").fit(points)
+    ours = KMeans(5, init=init, backend="torch", device="cpu").fit(points)
+    assert np.isfinite(ours.cluster_centers_).all()
+    assert not np.any(np.all(ours.cluster_centers_ == 0, axis=1))  # no cluster parked at the origin
+    assert len(set(ours.labels_.tolist())) == 5  # every cluster got points
+    assert ours.inertia_ == pytest.approx(reference.inertia_, rel=1e-6)
+    np.testing.assert_allclose(np.sort(ours.cluster_centers_, axis=0), np.sort(reference.cluster_centers_, axis=0),
+                               atol=1e-6)
+
+
+def test_results_do_not_depend_on_the_chunk_size():
+    x, _ = make_blobs(5000, n_features=4, centers=6, random_state=2)
+    runs = [KMeans(6, random_state=0, backend="torch", device="cpu", chunk_size=size).fit(x)
+            for size in (7, 1000, None)]
+    for run in runs[1:]:
+        assert np.array_equal(run.labels_, runs[0].labels_)
+        np.testing.assert_allclose(run.cluster_centers_, runs[0].cluster_centers_, rtol=1e-10)
+        assert run.n_iter_ == runs[0].n_iter_
+
+
+def test_no_allocation_is_as_large_as_the_full_distance_matrix():
+    from torch.profiler import ProfilerActivity, profile
+
+    n, k, chunk = 40_000, 64, 1024
+    x = torch.randn(n, 8)
+    centers = x[:k].clone()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        _assign(x, centers, chunk)
+    largest = max(event.cpu_memory_usage for event in prof.events())
+    assert largest >= chunk * k * 4  # the profiler did see the chunk's distance block
+    assert largest < n * k * 4 / 10  # far below an n × k matrix
+
+
+def test_kmeans_parallel_init_is_about_as_good_as_kmeans_plusplus():
+    x = torch.from_numpy(make_blobs(6000, n_features=5, centers=20, cluster_std=0.5, random_state=3)[0])
+    costs = {"++": [], "||": [], "random": []}
+    for seed in range(5):
+        generator = lambda: torch.Generator().manual_seed(seed)  # noqa: E731
+        for name, centers in (("++", kmeans_plusplus(x, 20, generator())),
+                              ("||", kmeans_parallel(x, 20, generator(), chunk=2048)),
+                              ("random", x[torch.randperm(len(x), generator=generator())[:20]])):
+            costs[name].append(_assign(x, centers, 4096)[1])
+    assert np.mean(costs["||"]) < 2.0 * np.mean(costs["++"])
+    assert np.mean(costs["||"]) < np.mean(costs["random"])  # and it is a real seeding, not luck
+
+
+def test_bad_arguments_get_clear_errors():
+    x = np.random.default_rng(0).normal(size=(10, 2))
+    with pytest.raises(KMeansError, match="more than the 10 samples"):
+        KMeans(20, backend="torch", device="cpu").fit(x)
+    with pytest.raises(KMeansError, match="expected \\(3, 2\\)"):
+        KMeans(3, init=np.zeros((3, 5)), backend="torch", device="cpu").fit(x)
+    with pytest.raises(KMeansError, match="not fitted"):
+        KMeans(3).predict(x)
+    with pytest.raises(KMeansError, match="2-D"):
+        KMeans(3, backend="torch", device="cpu").fit(np.zeros(10))
+
+
+def test_a_missing_daal4py_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "daal4py", None)
+    with pytest.raises(KMeansError, match=r"dlscale\[kmeans\]"):
+        KMeans(3, backend="daal4py").fit(np.zeros((10, 2)))
+
+
+def test_daal4py_in_one_process_agrees_with_the_torch_backend():
+    x, _ = make_blobs(3000, n_features=4, centers=5, random_state=4)
+    init = x[:5].copy()
+    daal = KMeans(5, init=init, backend="daal4py", tol=0.0, max_iter=50).fit(x)
+    ours = KMeans(5, init=init, backend="torch", device="cpu", tol=0.0, max_iter=50).fit(x)
+    assert daal.backend_ == "daal4py"
+    np.testing.assert_allclose(np.sort(daal.cluster_centers_, axis=0), np.sort(ours.cluster_centers_, axis=0),
+                               rtol=1e-6)
+    assert daal.inertia_ == pytest.approx(ours.inertia_, rel=1e-6)
+
+
+# -- several processes, through the CLI ---------------------------------------------------------
+
+def _launcher_env():
+    bin_dir = os.path.dirname(sys.executable)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
+
+
+def _prepare(tmp_path, n=6000, k=6):
+    x, _ = make_blobs(n, n_features=5, centers=k, random_state=5)
+    np.save(tmp_path / "data.npy", x)
+    np.save(tmp_path / "init.npy", x[np.random.default_rng(0).choice(n, k, replace=False)])
+    return x
+
+
+def _kmeans_args(tmp_path, out, backend, k=6):
+    # tol=0: run to strict convergence, because oneDAL's SPMD mode does not stop on its accuracy threshold
+    return ["dlscale", "kmeans", "--input", str(tmp_path / "data.npy"), "--k", str(k), "--init",
+            str(tmp_path / "init.npy"), "--backend", backend, "--device", "cpu", "--out", str(tmp_path / out),
+            "--tol", "0", "--max-iter", "100"]
+
+
+def test_two_gloo_ranks_on_a_split_data_set_equal_one_process(in_tmp):
+    from dlscale.bench import torchrun_command
+
+    x = _prepare(in_tmp)
+    single = subprocess.run([sys.executable, "-m", *_kmeans_args(in_tmp, "one", "torch")], capture_output=True,
+                            text=True, timeout=300)
+    assert single.returncode == 0, single.stderr[-2000:]
+    two = subprocess.run(torchrun_command(2, _kmeans_args(in_tmp, "two", "torch")), capture_output=True, text=True,
+                         timeout=300, env=_launcher_env())
+    assert two.returncode == 0, two.stderr[-2000:]
+    one_summary = json.loads((in_tmp / "one/summary.json").read_text())
+    two_summary = json.loads((in_tmp / "two/summary.json").read_text())
+    assert two_summary["ranks"] == 2 and two_summary["n_iter"] == one_summary["n_iter"]
+    np.testing.assert_allclose(np.load(in_tmp / "two/centers.npy"), np.load(in_tmp / "one/centers.npy"), rtol=1e-9)
+    assert two_summary["inertia"] == pytest.approx(one_summary["inertia"], rel=1e-9)
+    labels = np.concatenate([np.load(in_tmp / f"two/labels_rank{r}.npy") for r in range(2)])
+    assert np.array_equal(labels, np.load(in_tmp / "one/labels.npy")) and len(labels) == len(x)
+
+
+def test_two_ranks_with_kmeans_parallel_init_agree_on_the_centres(in_tmp):
+    from dlscale.bench import torchrun_command
+
+    _prepare(in_tmp)
+    args = _kmeans_args(in_tmp, "par", "torch")
+    args[args.index("--init") + 1] = "k-means||"
+    done = subprocess.run(torchrun_command(2, args), capture_output=True, text=True, timeout=300, env=_launcher_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((in_tmp / "par/summary.json").read_text())
+    reference = SklearnKMeans(6, n_init=5, random_state=0).fit(np.load(in_tmp / "data.npy"))
+    assert summary["inertia"] < 1.05 * reference.inertia_  # a good clustering, found by two ranks together
+
+
+def test_daal4py_under_mpirun_equals_one_process_and_the_torch_backend(in_tmp):
+    bin_dir = os.path.dirname(sys.executable)
+    _prepare(in_tmp)
+    one = subprocess.run([sys.executable, "-m", *_kmeans_args(in_tmp, "one", "daal4py")], capture_output=True,
+                         text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = subprocess.run([os.path.join(bin_dir, "mpirun"), "-n", "2", sys.executable, "-m",
+                          *_kmeans_args(in_tmp, "mpi", "auto")], capture_output=True, text=True, timeout=300,
+                         env=_launcher_env())
+    assert two.returncode == 0, (two.stdout[-2000:], two.stderr[-2000:])
+    summary = json.loads((in_tmp / "mpi/summary.json").read_text())
+    assert summary["backend"] == "daal4py" and summary["ranks"] == 2  # auto picks daal4py under MPI
+    np.testing.assert_allclose(np.load(in_tmp / "mpi/centers.npy"), np.load(in_tmp / "one/centers.npy"), rtol=1e-9)
+    torch_run = subprocess.run([sys.executable, "-m", *_kmeans_args(in_tmp, "torch", "torch")], capture_output=True,
+                               text=True, timeout=300)
+    assert torch_run.returncode == 0
+    np.testing.assert_allclose(np.sort(np.load(in_tmp / "mpi/centers.npy"), axis=0),
+                               np.sort(np.load(in_tmp / "torch/centers.npy"), axis=0), rtol=1e-5)
+
+
+def test_cli_quantizes_the_sample_image(in_tmp):
+    done = run_cli("kmeans", "--image", "sample", "--k", "8", "--backend", "torch", "--device", "cpu",
+                   "--out", "quant", cwd=in_tmp)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from matplotlib import image as mpimg
+
+    quantized = mpimg.imread(in_tmp / "quant/quantized.png")[..., :3]
+    assert quantized.shape[:2] == (427, 640)
+    assert len(np.unique(quantized.reshape(-1, 3), axis=0)) <= 8
+    summary = json.loads((in_tmp / "quant/summary.json").read_text())
+    assert summary["n_clusters"] == 8 and summary["inertia"] > 0 and summary["n_iter"] >= 1
+    assert (in_tmp / "quant/comparison.png").stat().st_size > 10_000
+
+
+def test_cli_reads_one_npy_file_per_rank_and_reports_missing_files(in_tmp):
+    x = _prepare(in_tmp)
+    np.save(in_tmp / "part_0.npy", x)
+    done = run_cli("kmeans", "--input", "part_{rank}.npy", "--k", "6", "--backend", "torch", "--device", "cpu",
+                   "--out", "parts", cwd=in_tmp)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert np.load(in_tmp / "parts/labels.npy").shape == (len(x),)
+    missing = run_cli("kmeans", "--input", "nothing_{rank}.npy", "--k", "3", cwd=in_tmp)
+    assert missing.returncode == 2 and "no such input file: nothing_0.npy" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
+def test_the_centre_update_check_rejects_a_mean_of_means_and_two_all_reduces():
+    from dlscale import checks
+
+    def mean_of_means(x_local, labels_local, k):
+        import torch
+        import torch.distributed as dist
+        means = torch.stack([x_local[labels_local == c].mean(0) for c in range(k)]).double()
+        dist.all_reduce(means)
+        return means / dist.get_world_size()
+
+    def two_messages(x_local, labels_local, k):
+        import torch
+        import torch.distributed as dist
+        sums = torch.zeros(k, x_local.shape[1], dtype=torch.float64).index_add_(0, labels_local, x_local.double())
+        counts = torch.bincount(labels_local, minlength=k).double()
+        dist.all_reduce(sums)
+        dist.all_reduce(counts)
+        return sums / counts[:, None]
+
+    with pytest.raises(AssertionError, match="mean of the ranks' means"):
+        checks.check_centre_update(mean_of_means)
+    with pytest.raises(AssertionError, match="all-reduce it once"):
+        checks.check_centre_update(two_messages)
+
+
+def test_auto_picks_torch_in_one_process_and_daal4py_for_mpi_ranks(monkeypatch):
+    from dlscale.kmeans import resolve_backend
+
+    cpu = torch.device("cpu")
+    assert resolve_backend("auto", cpu) == "torch"  # measured faster than daal4py on CPUs (docs/benchmarks.md)
+    assert resolve_backend("auto", torch.device("cuda")) == "torch"
+    for name, value in {"PMI_RANK": "0", "PMI_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(name, value)
+    assert resolve_backend("auto", cpu) == "daal4py"  # ranks from mpirun, no torch process group
+    with pytest.raises(KMeansError, match="auto, torch or daal4py"):
+        resolve_backend("sklearn", cpu)
