@@ -4,6 +4,8 @@
 #   make demo       virtual environment + install, then train the demo model
 #   make test       the same plus the test extras and Horovod, then the test suite
 #   make horovod    build Horovod for this environment's torch (scripts/build_horovod.sh, minutes)
+#   make slurm-packages   Slurm, munge and shellcheck from Debian's packages (as root), for the
+#                   one-node cluster of lesson 09 and the tests of slurm/
 #   make lab        JupyterLab on the lessons
 #   make kernel     register this environment as a Jupyter kernel (e.g. on NERSC's JupyterHub)
 #   make exercises  regenerate exercises/ from solutions/
@@ -23,7 +25,7 @@ PYTEST_ARGS ?=
 HOROVOD     ?= yes
 BIN         := $(VENV)/bin
 
-.PHONY: setup setup-dev horovod demo test lab kernel exercises clean
+.PHONY: setup setup-dev horovod slurm-packages demo test lab kernel exercises clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -46,6 +48,11 @@ $(VENV)/.installed-horovod: scripts/build_horovod.sh $(VENV)/.installed
 	scripts/build_horovod.sh $(BIN)/python
 	touch $@
 
+SLURM_PACKAGES := slurmctld slurmd slurm-client munge shellcheck
+slurm-packages:
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SLURM_PACKAGES) || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SLURM_PACKAGES))
+
 setup: $(VENV)/.installed
 
 setup-dev: $(VENV)/.installed-dev
@@ -55,7 +62,11 @@ horovod: $(VENV)/.installed-horovod
 demo: setup
 	$(BIN)/dlscale train demo
 
-test: setup-dev $(if $(filter yes,$(HOROVOD)),horovod)
+# As root on Debian or Ubuntu (CI, a container), make test also installs Slurm, munge and
+# shellcheck for the tests of slurm/; elsewhere those tests skip and say how to install them.
+SYSTEM_PACKAGES ?= $(shell [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null && echo slurm-packages)
+
+test: setup-dev $(if $(filter yes,$(HOROVOD)),horovod) $(SYSTEM_PACKAGES)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lab: setup-dev

@@ -144,6 +144,16 @@ def _kmeans(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from .report import collect, format_report, write_report
+
+    rows = collect(args.paths, target_r2=args.target_r2)
+    print(format_report(rows, args.target_r2))
+    out = write_report(rows, args.out or args.paths[0])
+    print(f"report.csv and report.png in {out}/")
+    return 0
+
+
 def _bench_kmeans(args: argparse.Namespace) -> int:
     from .kmeans_bench import bench_kmeans, format_kmeans
 
@@ -307,6 +317,16 @@ def build_parser() -> argparse.ArgumentParser:
     kmeans.add_argument("--chunk-size", type=int, default=None, help="rows scored at a time (default from memory)")
     kmeans.add_argument("--out", default="runs/kmeans")
     kmeans.set_defaults(handler=_kmeans)
+
+    report = commands.add_parser(
+        "report", help="a scaling sweep's run directories as a table and a plot",
+        description="Collect run directories (any folder with a summary.json, searched below each PATH) into a "
+                    "table: nodes, ranks, global batch, samples/s, efficiency relative to the group's smallest "
+                    "run, final R², and training time to a target R². Writes report.csv and report.png.")
+    report.add_argument("paths", nargs="+", metavar="PATH")
+    report.add_argument("--target-r2", type=float, default=0.9)
+    report.add_argument("--out", default=None, help="folder for report.csv and report.png (default: the first PATH)")
+    report.set_defaults(handler=_report)
 
     experiment = commands.add_parser("experiment", help="multi-run experiments (lesson 07's large-batch sweep)")
     experiment_commands = experiment.add_subparsers(dest="experiment_command", required=True, metavar="EXPERIMENT")

@@ -454,7 +454,8 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
                     model=model, peak_lr=peak_lr, noise_scale=noise.b_simple, applied=applied, mfu=utilisation)
     if is_main:
         summary = {"samples_per_s": result.samples_per_s, "samples_per_s_per_rank": meter.samples_per_s,
-                   "world_size": world_size, "steps_done": step, "total_steps": total_steps,
+                   "world_size": world_size, "nodes": max(1, world_size // max(1, env.local_world_size)),
+                   "global_batch_size": cfg.global_batch_size, "steps_done": step, "total_steps": total_steps,
                    "seconds": result.seconds, "device": str(device), "preempted": preempted, "peak_lr": peak_lr,
                    "flops_per_sample": flops, "mfu": utilisation, "applied": applied,
                    **({"noise_scale": noise.b_simple} if cfg.noise_scale_every else {}), **final}

@@ -29,6 +29,7 @@ LESSONS = {
     "05_data_parallel.ipynb": {"allreduce_max_kib": 256, "scaling_steps": 10},
     "06_horovod.ipynb": {"steps": 20, "allreduce_max_kib": 256},
     "08_distributed_kmeans.ipynb": {"colours": [4, 8], "bench_n": 20_000, "bench_iters": 3},
+    "09_scaling_out.ipynb": {"sizes": [1, 2], "steps": 20},
     "07_large_batch.ipynb": {"sweep_recipes": ["no scaling", "linear + warmup", "LAMB + warmup"],
                              "sweep_multiples": [8, 32]},
 }

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The one launch body behind every submit script in slurm/:
+#
+#   launch.sh SITE JOB [ARGS...]      JOB = train | profile | kmeans
+#
+# It reads the site's settings (sites/SITE.env, then $DLSCALE_SITE_ENV if you keep your own:
+# account-free, path-free defaults live here, your choices live there), prepares the
+# software environment, points the ranks at the first node of the job, and starts one task
+# per GPU (or per CPU slot) with srun. ARGS go unchanged to `python -m dlscale.train`
+# (or `dlscale kmeans`), e.g. `sbatch slurm/local/train.sbatch tiny epochs=2`.
+#
+# Preemption: the scripts ask Slurm for SIGUSR1 shortly before the time limit. The training
+# checkpoints on it and exits with 75; this script then requeues the job, and the next run
+# resumes from the checkpoint (resume=true, same run directory: the job id does not change).
+set -euo pipefail
+
+site=${1:?usage: launch.sh SITE train|profile|kmeans [ARGS...]}
+job=${2:?usage: launch.sh SITE train|profile|kmeans [ARGS...]}
+shift 2
+# The repository (for the settings and .venv); runs and data go to the working directory,
+# which is where sbatch was called (or its --chdir).
+root=${DLSCALE_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}
+
+# Defaults a site file may change.
+DLSCALE_PYTHON=python
+DLSCALE_PREFIX=()          # e.g. (shifter --image=...) or (podman-hpc run ...): put before python
+DLSCALE_SRUN_FLAGS=()      # e.g. (--gpu-bind=closest)
+dlscale_environment() { :; }
+
+# shellcheck source=/dev/null
+source "$root/slurm/sites/$site.env"
+if [[ -n ${DLSCALE_SITE_ENV:-} ]]; then
+    # shellcheck source=/dev/null
+    source "$DLSCALE_SITE_ENV"
+fi
+dlscale_environment
+
+# The master is the first node of the allocation: never the login node, never localhost.
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_ADDR
+export MASTER_PORT=${MASTER_PORT:-29500}
+run_dir=${DLSCALE_RUN_DIR:-runs/${SLURM_JOB_NAME:-dlscale}-${SLURM_JOB_ID}}
+
+case $job in
+    train)
+        command=("$DLSCALE_PYTHON" -m dlscale.train "$@")
+        [[ " $* " == *" run_dir="* ]] || command+=("run_dir=$run_dir")
+        command+=(resume=true)
+        ;;
+    profile)  # one Nsight Systems report per rank, over the steps named by profile_steps=
+        mapfile -t command < <("$DLSCALE_PYTHON" -c 'import sys; from dlscale.profiling import nsys_command
+print("\n".join(nsys_command(sys.argv[2:], output=sys.argv[1] + "/nsys/rank_%q{SLURM_PROCID}",
+                             python=sys.executable)))' "$run_dir" "$@" "run_dir=$run_dir")
+        ;;
+    kmeans)
+        command=("$DLSCALE_PYTHON" -m dlscale kmeans "$@")
+        [[ " $* " == *" --out "* ]] || command+=(--out "$run_dir")
+        ;;
+    *)
+        echo "launch.sh: unknown job '$job' (train, profile or kmeans)" >&2
+        exit 2
+        ;;
+esac
+
+echo "dlscale: job ${SLURM_JOB_ID} on ${SLURM_JOB_NUM_NODES:-1} node(s), ${SLURM_NTASKS:-1} task(s), master" \
+     "${MASTER_ADDR}:${MASTER_PORT}, writing to ${run_dir}"
+read -r -a extra_flags <<< "${DLSCALE_SRUN_EXTRA:-}"  # per-job srun flags, e.g. --mpi=pmi2 for MPI codes
+if [[ ${DLSCALE_DRY_RUN:-0} == 1 ]]; then  # print what would run (tests, and checking a site's settings)
+    printf '%q ' srun --kill-on-bad-exit=0 "${DLSCALE_SRUN_FLAGS[@]}" "${extra_flags[@]}" "${DLSCALE_PREFIX[@]}" \
+        "${command[@]}"
+    echo
+    exit 0
+fi
+# --kill-on-bad-exit=0: after a stop signal the ranks exit with 75 one after the other, and
+# srun must not kill the later ones (its status would then be theirs, not 75). A rank that
+# dies of an error still ends the others: their collectives fail within dist_timeout_s.
+status=0
+srun --kill-on-bad-exit=0 "${DLSCALE_SRUN_FLAGS[@]}" "${extra_flags[@]}" "${DLSCALE_PREFIX[@]}" "${command[@]}" \
+    || status=$?
+
+if [[ $status -eq 75 ]]; then  # preempted: checkpointed; run again from the checkpoint
+    echo "dlscale: stopped on a signal at a checkpoint; requeueing job ${SLURM_JOB_ID}"
+    scontrol requeue "$SLURM_JOB_ID"
+    exit 0
+fi
+exit "$status"

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# A weak- and a strong-scaling series of the same training, one job per size:
+#
+#   slurm/sweep.sh SITE "1 2 4 8" PER_RANK_BATCH [ARGS...]
+#   dlscale report runs/sweep-...                    (the table and plot, when the jobs are done)
+#
+# SIZES are node counts (tasks on the one-node "local" site). Weak scaling keeps each rank's
+# batch (global batch = PER_RANK_BATCH x ranks); strong scaling keeps the first size's global
+# batch, so PER_RANK_BATCH must divide by the largest size over the first. Each run writes to
+# SWEEP/{weak,strong}-n<SIZE>; each job starts after the previous one ends (afterany), so
+# the runs do not compete for the same nodes or file system (DLSCALE_SWEEP_CHAIN=0 submits
+# them side by side). sbatch flags such as -A and -q go in SBATCH_ACCOUNT, SBATCH_QOS, ...
+set -euo pipefail
+
+site=${1:?usage: sweep.sh SITE "SIZES" PER_RANK_BATCH [ARGS...]}
+sizes=${2:?usage: sweep.sh SITE "SIZES" PER_RANK_BATCH [ARGS...]}
+per_rank=${3:?usage: sweep.sh SITE "SIZES" PER_RANK_BATCH [ARGS...]}
+shift 3
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+script=$root/slurm/$site/train.sbatch
+[[ -f $script ]] || { echo "sweep.sh: no $script" >&2; exit 2; }
+tasks_per_node=$(sed -n 's/^#SBATCH --ntasks-per-node=//p' "$script")
+sweep=${DLSCALE_SWEEP_DIR:-runs/sweep-$(date +%Y%m%d-%H%M%S)}
+read -r -a counts <<< "$sizes"
+ranks_of() {  # the ranks of a job of size $1
+    if [[ $site == local ]]; then echo "$1"; else echo $(( $1 * tasks_per_node )); fi
+}
+strong_batch=$(( per_rank * $(ranks_of "${counts[0]}") ))
+mkdir -p "$sweep"
+previous=""
+for n in "${counts[@]}"; do
+    shape=("--nodes=$n")
+    [[ $site == local ]] && shape=(--nodes=1 "--ntasks-per-node=$n")
+    ranks=$(ranks_of "$n")
+    for mode in weak strong; do
+        batch=$strong_batch
+        [[ $mode == weak ]] && batch=$(( per_rank * ranks ))
+        after=()
+        if [[ -n $previous && ${DLSCALE_SWEEP_CHAIN:-1} == 1 ]]; then
+            after=("--dependency=afterany:$previous")
+        fi
+        previous=$(sbatch --parsable "${shape[@]}" "${after[@]}" --job-name="$mode-n$n" "$script" "$@" \
+                   "global_batch_size=$batch" "run_dir=$sweep/$mode-n$n")
+        echo "$mode scaling, size $n ($ranks ranks, global batch $batch): job $previous"
+    done
+done
+echo "when the jobs are done: dlscale report $sweep"

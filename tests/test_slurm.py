@@ -1,0 +1,203 @@
+"""The submit scripts in slurm/: on a real one-node Slurm cluster that the tests start, and rendered per site.
+
+The cluster needs Debian's slurmctld, slurmd, slurm-client and munge (``make slurm-packages``;
+``.ci/run`` installs them). Without them these tests skip, which fails CI.
+"""
+
+import csv
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dlscale.config import load_config
+from dlscale.local_slurm import LocalSlurm, missing_programs
+from dlscale.tracking import read_rows
+
+from .conftest import ROOT, run_cli
+
+SCRIPTS = sorted([*ROOT.glob("slurm/*.sh"), *ROOT.glob("slurm/*/*.sbatch"), ROOT / "slurm/summit/train.lsf",
+                  *ROOT.glob("slurm/sites/*.env")])
+TRAIN = ["tiny", "norm=group", "progress=false", "plot=false"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    if missing_programs():
+        pytest.skip(f"Slurm is not installed here ({', '.join(missing_programs())}): make slurm-packages")
+    slurm = LocalSlurm(tmp_path_factory.mktemp("slurm")).start()
+    yield slurm
+    slurm.stop()
+    assert all(process.poll() is not None for process in slurm.processes) or not slurm.processes
+
+
+def _env(cluster):
+    bin_dir = os.path.dirname(sys.executable)
+    return cluster.environ({**os.environ, "DLSCALE_ROOT": str(ROOT), "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+
+
+def _sbatch(cluster, cwd, script, *args, wait=True, flags=()):
+    command = ["sbatch", "--parsable", f"--chdir={cwd}", *flags, *(["--wait"] if wait else []),
+               str(ROOT / "slurm" / script), *args]
+    return subprocess.run(command, env=_env(cluster), capture_output=True, text=True, timeout=600)
+
+
+def _job_state(cluster, job):
+    shown = subprocess.run(["scontrol", "show", "job", job], env=_env(cluster), capture_output=True, text=True).stdout
+    fields = dict(re.findall(r"(\w+)=(\S+)", shown))
+    return fields.get("JobState"), int(fields.get("Restarts", 0))
+
+
+def _wait_for_state(cluster, job, state, timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        current, restarts = _job_state(cluster, job)
+        if current == state:
+            return restarts
+        time.sleep(1)
+    raise AssertionError(f"job {job} still {current} after {timeout} s")
+
+
+def test_a_two_task_training_job_runs_through_srun_and_only_rank0_writes(cluster, tmp_path):
+    done = _sbatch(cluster, tmp_path, "local/train.sbatch", *TRAIN, "max_steps=30")
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip()
+    output = (tmp_path / f"slurm-dlscale-train-{job}.out").read_text()
+    assert "rank 0/2 (local 0/2) via slurm, gloo" in output  # SLURM_* variables, not torchrun's
+    assert output.count("run tiny finished") == 1
+    run = tmp_path / f"runs/dlscale-train-{job}"
+    assert [row["step"] for row in read_rows(run / "metrics.csv")] == list(range(1, 31))  # each step once
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["applied"]["launcher"] == "slurm"
+
+
+def test_a_two_task_kmeans_job_equals_one_process(cluster, tmp_path):
+    from sklearn.datasets import make_blobs
+
+    from dlscale.kmeans import KMeans
+
+    x, _ = make_blobs(4000, n_features=3, centers=4, random_state=7)
+    np.save(tmp_path / "data.npy", x)
+    np.save(tmp_path / "init.npy", x[:4])
+    done = _sbatch(cluster, tmp_path, "local/kmeans.sbatch", "--input", "data.npy", "--k", "4", "--init", "init.npy",
+                   "--backend", "torch", "--device", "cpu", "--out", "km")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "km/summary.json").read_text())
+    assert summary["ranks"] == 2 and summary["launcher"] == "slurm"
+    alone = KMeans(4, init=x[:4], backend="torch", device="cpu").fit(x)
+    np.testing.assert_allclose(np.load(tmp_path / "km/centers.npy"), alone.cluster_centers_, rtol=1e-9)
+    assert summary["inertia"] == pytest.approx(alone.inertia_, rel=1e-9)
+
+
+def test_a_preempted_job_checkpoints_requeues_and_ends_as_an_uninterrupted_one(cluster, tmp_path):
+    settings = [*TRAIN, "epochs=4", "run_dir=runs/preempted"]
+    submitted = _sbatch(cluster, tmp_path, "local/train.sbatch", *settings, wait=False)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip()
+    metrics = tmp_path / "runs/preempted/metrics.csv"
+    deadline = time.time() + 180
+    while time.time() < deadline and len(read_rows(metrics)) < 25:
+        time.sleep(0.2)
+    # What Slurm sends before the time limit (--signal=USR1@60), sent now to the job's steps
+    subprocess.run(["scancel", "--signal=USR1", job], env=_env(cluster), check=True)
+    assert _wait_for_state(cluster, job, "PENDING") == 1  # requeued by launch.sh after the checkpoint
+    # Slurm holds a requeued job back for 2 minutes (BeginTime); the administrator of this test cluster waives it
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=_env(cluster), check=True)
+    assert _wait_for_state(cluster, job, "COMPLETED") == 1
+    output = (tmp_path / f"slurm-dlscale-train-{job}.out").read_text()
+    assert "requeueing job" in output and "resuming from ckpt-" in output
+    reference = _sbatch(cluster, tmp_path, "local/train.sbatch", *TRAIN, "epochs=4", "run_dir=runs/straight")
+    assert reference.returncode == 0, reference.stderr
+    straight = [row["loss"] for row in read_rows(tmp_path / "runs/straight/metrics.csv")]
+    assert [row["loss"] for row in read_rows(metrics)] == straight
+
+
+def test_a_sweep_submits_weak_and_strong_series_and_the_report_reads_them(cluster, tmp_path):
+    env = {**_env(cluster), "DLSCALE_SWEEP_DIR": "runs/sweep"}
+    done = subprocess.run(["bash", str(ROOT / "slurm/sweep.sh"), "local", "1 2", "16", *TRAIN, "max_steps=20"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    jobs = re.findall(r"job (\d+)", done.stdout)
+    assert len(jobs) == 4
+    for job in jobs:
+        _wait_for_state(cluster, job, "COMPLETED")
+    report = run_cli("report", "runs/sweep", "--target-r2", "0.0", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    with open(tmp_path / "runs/sweep/report.csv", newline="") as handle:
+        rows = {row["run"]: row for row in csv.DictReader(handle)}
+    assert set(rows) == {"weak-n1", "weak-n2", "strong-n1", "strong-n2"}
+    assert [rows[r]["global_batch_size"] for r in ("weak-n1", "weak-n2", "strong-n1", "strong-n2")] == \
+        ["16", "32", "16", "16"]
+    assert [rows[r]["ranks"] for r in ("weak-n1", "weak-n2")] == ["1", "2"]
+    assert float(rows["weak-n1"]["efficiency"]) == pytest.approx(1.0)
+    assert 0 < float(rows["strong-n2"]["efficiency"]) < 2
+    assert (tmp_path / "runs/sweep/report.png").stat().st_size > 10_000
+    assert "| weak-n2 | 1 | 2 | 32 |" in report.stdout
+
+
+def test_report_says_where_it_looked_when_there_are_no_runs(tmp_path):
+    done = run_cli("report", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 2 and "no run directories" in done.stderr and "Traceback" not in done.stderr
+
+
+# -- every script, without a cluster ----------------------------------------------------------------
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed (make slurm-packages)")
+def test_every_script_is_shellcheck_clean():
+    done = subprocess.run(["shellcheck", "-x", *map(str, SCRIPTS)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout
+
+
+def _headers(script: Path) -> dict[str, str]:
+    return dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", script.read_text(), re.M))
+
+
+@pytest.mark.parametrize("site, gpus_per_node", [("perlmutter", 4), ("frontier", 8), ("local", 0)])
+def test_each_site_renders_one_task_per_gpu_and_a_world_the_config_splits_over(site, gpus_per_node, tmp_path):
+    script = ROOT / f"slurm/{site}/train.sbatch"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    headers = _headers(script)
+    tasks = int(headers["ntasks-per-node"])
+    assert int(headers.get("gpus-per-node", 0)) == gpus_per_node
+    if gpus_per_node:
+        assert tasks == gpus_per_node  # one rank per GPU
+    # Render the launch for 2 nodes with stand-ins for the cluster's commands
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "scontrol").write_text("#!/bin/sh\necho nid001000\n")
+    (fake / "module").write_text("#!/bin/sh\necho \"module $*\" >> \"$FAKE_LOG\"\n")
+    for tool in fake.iterdir():
+        tool.chmod(0o755)
+    nodes = 2
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "FAKE_LOG": str(tmp_path / "calls.log"),
+           "DLSCALE_DRY_RUN": "1", "DLSCALE_ROOT": str(ROOT), "SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "t",
+           "SLURM_JOB_NODELIST": "nid[001000-001001]", "SLURM_JOB_NUM_NODES": str(nodes),
+           "SLURM_NTASKS": str(nodes * tasks), "SLURM_CPUS_PER_TASK": headers["cpus-per-task"]}
+    done = subprocess.run(["bash", str(script), "gpu", "epochs=1"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    assert "master nid001000:29500" in done.stdout
+    command = done.stdout.strip().splitlines()[-1]
+    assert command.startswith("srun --kill-on-bad-exit=0") and "-m dlscale.train gpu epochs=1" in command
+    assert "run_dir=runs/t-42 resume=true" in command
+    if site == "frontier":
+        assert "--gpu-bind=closest" in command
+    if site == "perlmutter":
+        assert "module load pytorch" in (tmp_path / "calls.log").read_text()
+    world = nodes * tasks
+    load_config("gpu").per_rank_batch(world)  # the gpu config's global batch splits evenly over the world
+    assert "#SBATCH --signal=USR1@" in script.read_text() and "#SBATCH --requeue" in script.read_text()
+
+
+def test_the_summit_lsf_script_asks_for_one_gpu_per_resource_set():
+    text = (ROOT / "slurm/summit/train.lsf").read_text()
+    subprocess.run(["bash", "-n", str(ROOT / "slurm/summit/train.lsf")], check=True)
+    assert "decommissioned in November 2024" in text
+    assert re.search(r"--rs_per_host 6 --tasks_per_rs 1 --gpu_per_rs 1", text)
