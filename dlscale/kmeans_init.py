@@ -71,13 +71,23 @@ def _closest_sq(x: torch.Tensor, centers: torch.Tensor, chunk: int) -> torch.Ten
 
 def kmeans_plusplus(x: torch.Tensor, k: int, generator: torch.Generator, n_local_trials: int | None = None,
                     weights: torch.Tensor | None = None) -> torch.Tensor:
-    """Greedy k-means++ on the rows of ``x`` (optionally weighted), in one process, as scikit-learn does it."""
+    """Greedy k-means++ on the rows of ``x`` (optionally weighted), in one process, as scikit-learn does it.
+
+    Distances to the candidates are one GEMM each step (``‖x‖² − 2·x·cᵀ + ‖c‖²`` in the data's
+    precision, as scikit-learn computes them); potentials and the sampling sums are float64.
+    """
     n = x.shape[0]
     weights = torch.ones(n, dtype=torch.float64, device=x.device) if weights is None else weights.double()
     trials = n_local_trials or 2 + int(math.log(k))
+    x_sq = (x * x).sum(1)
+
+    def sq_distances(rows: torch.Tensor) -> torch.Tensor:  # (len(rows), n)
+        block = torch.addmm(x_sq.expand(len(rows), n), rows, x.T, alpha=-2)
+        return block.add_((rows * rows).sum(1)[:, None]).clamp_(min=0)
+
     first = int(torch.multinomial(weights.cpu(), 1, generator=generator))
     centers = [x[first]]
-    closest = ((x - x[first]) ** 2).sum(1).double()
+    closest = sq_distances(x[first][None])[0]
     potential = float((closest * weights).sum())
     for _ in range(1, k):
         if potential <= 0:  # fewer distinct points than k: repeat one rather than divide by zero
@@ -85,8 +95,7 @@ def kmeans_plusplus(x: torch.Tensor, k: int, generator: torch.Generator, n_local
             continue
         draws = torch.rand(trials, generator=generator, dtype=torch.float64).to(x.device) * potential
         candidates = torch.searchsorted(torch.cumsum(closest * weights, 0), draws).clamp_(max=n - 1)
-        to_candidates = torch.cdist(x[candidates].double(), x.double()) ** 2  # trials × n
-        trial_closest = torch.minimum(closest[None], to_candidates)
+        trial_closest = torch.minimum(closest[None], sq_distances(x[candidates]))
         trial_potential = (trial_closest * weights).sum(1)
         best = int(torch.argmin(trial_potential))
         closest, potential = trial_closest[best], float(trial_potential[best])
