@@ -5,9 +5,10 @@
 and every rank ends with the same centres; otherwise it runs in one process. Two engines:
 
 - ``backend="torch"``: chunked distances ``‖c‖² − 2·x·cᵀ`` (one GEMM per chunk, so memory
-  is chunk × k, never N × k), per-cluster sums by a second GEMM with the chunk's one-hot
-  labels (no atomics: the same result every run, on CPUs and GPUs), accumulated in float64,
-  and one all-reduce of ``[sums, counts, labels changed]`` per iteration. CPU (gloo) or CUDA (NCCL).
+  is chunk × k, never N × k), per-cluster sums and counts in float64 that, after the first
+  iteration, only the rows that changed cluster update (on GPUs: a one-hot GEMM, free of
+  the atomics that make ``index_add_`` differ from run to run there), and one all-reduce of
+  ``[sums, counts, labels changed]`` per iteration. CPU (gloo) or CUDA (NCCL).
 - ``backend="daal4py"``: Intel oneDAL's SPMD K-Means under ``mpirun``
   (:mod:`dlscale.kmeans_daal`), from ``scikit-learn-intelex``.
 
