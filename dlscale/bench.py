@@ -365,7 +365,9 @@ def bench_scaling(cfg, procs: Iterable[int] = (1, 2), steps: int = 60, out_dir: 
         command = torchrun_command(n, args) if n > 1 else [sys.executable, "-m", *args]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"{mode} scaling run with {n} processes failed:\n{done.stderr[-2000:]}")
+            # The cause is usually near the start (a rank's own error); torchrun's summary is at the end.
+            raise RuntimeError(f"{mode} scaling run with {n} processes failed:\n{done.stderr[:3000]}\n...\n"
+                               f"{done.stderr[-1500:]}")
         summary = json.loads((run_dir / "summary.json").read_text())
         rows.append({"mode": mode, "processes": n, "global_batch": batch, "samples_per_s": summary["samples_per_s"]})
     for row in rows:
