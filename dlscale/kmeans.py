@@ -208,7 +208,7 @@ class KMeans:
     def _fit_once(self, x: torch.Tensor, attempt: int) -> dict:
         started = time.perf_counter()
         k, chunk = self.n_clusters, self._chunk(x)
-        n_total = int(_all_reduce(torch.tensor([float(x.shape[0])], dtype=torch.float64, device=x.device))[0])
+        n_total = int(distributed.all_reduce_sum(torch.tensor([float(x.shape[0])], dtype=torch.float64, device=x.device))[0])
         threshold = self.tol * _mean_variance(x, n_total, chunk) if self.tol > 0 else 0.0
         centers = self._initial_centers(x, attempt, n_total)
         init_done = time.perf_counter()
@@ -221,7 +221,7 @@ class KMeans:
             changed = _lloyd_pass(x, centers, labels, chunk, local, first=iterations == 1)
             local[-1] = changed
             # One collective per iteration: sums, counts and the number of changed labels together.
-            packed = _all_reduce(local.clone())
+            packed = distributed.all_reduce_sum(local.clone())
             sums, counts = packed[:k * x.shape[1]].view(k, -1), packed[k * x.shape[1]:-1]
             if bool((counts == 0).any()):
                 _relocate_empty_clusters(x, centers, labels, sums, counts)
@@ -238,7 +238,7 @@ class KMeans:
             inertia = _inertia(x, centers, labels, chunk)
         else:  # the last pass's labels belong to the previous centres: assign once more
             labels, inertia = _assign(x, centers, chunk)
-        inertia = float(_all_reduce(torch.tensor([inertia], dtype=torch.float64, device=x.device))[0])
+        inertia = float(distributed.all_reduce_sum(torch.tensor([inertia], dtype=torch.float64, device=x.device))[0])
         total = time.perf_counter() - started
         return {"centers": centers, "labels": labels, "inertia": inertia, "n_iter": iterations,
                 "timings": {"init": init_done - started, "iterations": loop_done - init_done,
@@ -247,19 +247,13 @@ class KMeans:
 
 # -- the pieces of one Lloyd iteration ------------------------------------------------------------
 
-def _all_reduce(tensor: torch.Tensor) -> torch.Tensor:
-    if _process_group_size() > 1:
-        dist.all_reduce(tensor)
-    return tensor
-
-
 def _mean_variance(x: torch.Tensor, n_total: int, chunk: int) -> float:
     """Mean over features of the variance of the whole data set (two passes: mean, then squared deviations)."""
-    mean = _all_reduce(x.sum(0, dtype=torch.float64)) / n_total
+    mean = distributed.all_reduce_sum(x.sum(0, dtype=torch.float64)) / n_total
     squares = torch.zeros_like(mean)
     for start in range(0, x.shape[0], chunk):
         squares += ((x[start:start + chunk].double() - mean) ** 2).sum(0)
-    return float((_all_reduce(squares) / n_total).mean())
+    return float((distributed.all_reduce_sum(squares) / n_total).mean())
 
 
 def _distances(xc: torch.Tensor, centers: torch.Tensor, c_sq: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,8 @@ import math
 import torch
 import torch.distributed as dist
 
+from .distributed import all_reduce_sum
+
 
 def _world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
@@ -27,18 +29,12 @@ def _world() -> tuple[int, int]:
     return 0, 1
 
 
-def _all_reduce(tensor: torch.Tensor) -> torch.Tensor:
-    if _world()[1] > 1:
-        dist.all_reduce(tensor)
-    return tensor
-
-
 def _shard_offsets(n_local: int, device: torch.device) -> tuple[int, int]:
     """This rank's first global row, and the global number of rows."""
     rank, world = _world()
     sizes = torch.zeros(world, dtype=torch.float64, device=device)
     sizes[rank] = n_local
-    sizes = _all_reduce(sizes).long().tolist()
+    sizes = all_reduce_sum(sizes).long().tolist()
     return sum(sizes[:rank]), sum(sizes)
 
 
@@ -48,7 +44,7 @@ def _rows_by_global_index(x: torch.Tensor, indices: torch.Tensor) -> torch.Tenso
     out = torch.zeros(len(indices), x.shape[1], dtype=torch.float64, device=x.device)
     local = (indices >= offset) & (indices < offset + x.shape[0])
     out[local] = x[(indices[local] - offset).to(x.device)].double()
-    return _all_reduce(out).to(x.dtype)
+    return all_reduce_sum(out).to(x.dtype)
 
 
 def random_init(x: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
@@ -113,7 +109,7 @@ def kmeans_parallel(x: torch.Tensor, k: int, generator: torch.Generator, chunk: 
     # Each rank samples its own points with its own stream, derived from the shared seed.
     local = torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=generator)) + rank)
     for _ in range(rounds):
-        cost = float(_all_reduce(closest.sum().reshape(1))[0])
+        cost = float(all_reduce_sum(closest.sum().reshape(1))[0])
         if cost <= 0:
             break
         keep = torch.rand(x.shape[0], generator=local, dtype=torch.float64).to(x.device) < ell * closest / cost
@@ -125,7 +121,7 @@ def kmeans_parallel(x: torch.Tensor, k: int, generator: torch.Generator, chunk: 
     # Weight each candidate by the points closest to it, then reduce the candidates to k.
     labels = torch.cat([torch.addmm((candidates * candidates).sum(1), x[s:s + chunk], candidates.T, alpha=-2)
                         .argmin(1) for s in range(0, x.shape[0], chunk)])
-    weights = _all_reduce(torch.bincount(labels, minlength=len(candidates)).double())
+    weights = all_reduce_sum(torch.bincount(labels, minlength=len(candidates)).double())
     if len(candidates) <= k:  # too few distinct candidates: top up with random samples
         return torch.cat([candidates, random_init(x, k - len(candidates), generator)])
     return kmeans_plusplus(candidates, k, generator, weights=weights)
@@ -138,7 +134,7 @@ def _gather_rows(rows: torch.Tensor) -> torch.Tensor:
         return rows
     counts = torch.zeros(world, dtype=torch.int64, device=rows.device)
     counts[_world()[0]] = len(rows)
-    counts = _all_reduce(counts).tolist()
+    counts = all_reduce_sum(counts).tolist()
     padded = torch.zeros(max(counts), rows.shape[1], dtype=rows.dtype, device=rows.device)
     padded[:len(rows)] = rows
     gathered = [torch.empty_like(padded) for _ in range(world)]
