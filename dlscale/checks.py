@@ -217,7 +217,7 @@ def _global_metric_on_rank(global_mse: Callable, local_sum: float, local_count: 
     try:
         return float(global_mse(torch.tensor(local_sum, dtype=torch.float64), torch.tensor(local_count)))
     finally:
-        distributed.shutdown()
+        distributed.shutdown(drain=False)  # the engine lives on; a failed answer may have left a rank behind
 
 
 def check_global_mse(global_mse: Callable[[torch.Tensor, torch.Tensor], float]) -> None:
@@ -343,7 +343,7 @@ def _centre_update_on_rank(update_centers: Callable) -> tuple[torch.Tensor, int]
         return update_centers(x[shard], labels[shard], 3), len(calls)
     finally:
         dist.all_reduce = original
-        distributed.shutdown()
+        distributed.shutdown(drain=False)  # the engine lives on; a failed answer may have left a rank behind
 
 
 def check_centre_update(update_centers: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]) -> None:

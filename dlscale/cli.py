@@ -7,6 +7,7 @@ Every subcommand calls the package; nothing here computes. Errors that a user ca
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import sys
 import textwrap
 
@@ -347,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # A rank killed inside C++ (SIGABRT, SIGSEGV in gloo, NCCL or a kernel) then prints where
+    # its Python code was, which is often all a batch job's log keeps of the failure.
+    faulthandler.enable()
     try:
         return args.handler(args)
     except DlscaleError as err:

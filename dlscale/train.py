@@ -217,8 +217,11 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
                            data_parallel=cfg.data_parallel)
     # Horovod stays up for the life of the process (it cannot always start again after a shutdown).
     owns_group = owns_group and env.backend != "horovod"
+    finished = False
     try:
-        return _train(cfg, env, started)
+        result = _train(cfg, env, started)
+        finished = True
+        return result
     except RuntimeError as err:
         if not env.distributed or isinstance(err, DlscaleError):
             raise
@@ -227,7 +230,7 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
                                f"resume with resume=true from the last checkpoint") from None
     finally:
         if owns_group:
-            distributed.shutdown()
+            distributed.shutdown(drain=finished)  # after a failure a peer may be gone: no barrier
 
 
 def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result:

@@ -123,6 +123,35 @@ def test_a_dead_rank_stops_the_other_with_a_clear_message(in_tmp):
     assert "Traceback" not in stderr
 
 
+LEAVING = """
+import sys, time
+from dlscale import distributed
+env = distributed.init("cpu")
+distributed.broadcast_object("last words" if env.is_main else None)
+if env.rank == 1:
+    time.sleep(2)  # the late rank
+started = time.perf_counter()
+distributed.shutdown(drain=sys.argv[1] == "drain")
+print(f"rank {env.rank} left after {time.perf_counter() - started:.2f} s", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["drain", "no-drain"])
+def test_a_normal_shutdown_waits_for_every_rank_and_a_failed_one_does_not(in_tmp, mode):
+    # Waiting lets gloo's worker threads release the last collective before the interpreter
+    # exits (otherwise an occasional SIGABRT at exit); after a failure it must not wait.
+    (in_tmp / "leave.py").write_text(LEAVING)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                           f"--master-port={_port()}", "leave.py", mode], cwd=in_tmp, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    waited = float(done.stdout.split("rank 0 left after ")[1].split(" s")[0])
+    if mode == "drain":
+        assert waited > 1.5
+    else:
+        assert waited < 1.0
+
+
 def test_bus_bandwidth_is_the_nccl_tests_formula():
     from dlscale.bench import bus_bandwidth
     assert bus_bandwidth(1e9, 1.0, 2) == pytest.approx(1e9)  # 2·(2−1)/2 = 1
