@@ -28,6 +28,7 @@ import datetime
 import os
 import re
 import socket
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -50,6 +51,8 @@ LAUNCHER_MARKERS = (
     ("mpi", "PMIX_RANK"),
 )
 DEFAULT_PORT = 29500
+#: Seconds a draining :func:`shutdown` leaves the GIL to gloo's worker threads (see there).
+_DRAIN_PAUSE_S = 0.05
 
 #: ``horovod.torch`` once :func:`init` has started Horovod; the collectives then go through it.
 _horovod: Any = None
@@ -259,9 +262,12 @@ def shutdown(drain: bool = True) -> None:
             # A gloo worker thread frees a finished collective's tensors just after the caller
             # resumes, and that takes the GIL. If the process is already exiting by then, Python
             # ends the thread mid-destructor and the rank dies of SIGABRT ("terminate called
-            # without an active exception", seen in about 1 of 100 two-rank runs with torch 2.13).
-            # The barrier is waited on with the GIL released, so the workers finish first.
+            # without an active exception", about 1 in 100 two-rank runs with torch 2.13). The
+            # barrier completes every rank's collectives; the barrier's own work still holds the
+            # last one until a worker frees it after we resume, so the pause (the GIL released)
+            # lets that happen before the interpreter can start finalizing.
             dist.barrier()
+            time.sleep(_DRAIN_PAUSE_S)
         dist.destroy_process_group()
 
 
