@@ -208,7 +208,8 @@ class KMeans:
     def _fit_once(self, x: torch.Tensor, attempt: int) -> dict:
         started = time.perf_counter()
         k, chunk = self.n_clusters, self._chunk(x)
-        n_total = int(distributed.all_reduce_sum(torch.tensor([float(x.shape[0])], dtype=torch.float64, device=x.device))[0])
+        rows = torch.tensor([float(x.shape[0])], dtype=torch.float64, device=x.device)
+        n_total = int(distributed.all_reduce_sum(rows)[0])
         threshold = self.tol * _mean_variance(x, n_total, chunk) if self.tol > 0 else 0.0
         centers = self._initial_centers(x, attempt, n_total)
         init_done = time.perf_counter()
