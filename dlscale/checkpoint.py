@@ -5,6 +5,10 @@ random generator's state and the position in the data, so a resumed run logs the
 losses as one that was never interrupted (bit for bit on the CPU). Files are written to
 a temporary name and renamed into place, so a job killed mid-write leaves the previous
 checkpoint intact. They load with ``torch.load(weights_only=True)``: no pickled code runs.
+
+Only a fresh start (``resume=false``) removes an earlier run's checkpoints
+(:func:`clear_checkpoints`); a resumed run keeps the one it resumed from until a newer one
+has been renamed into place, so a job that dies twice loses nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +41,17 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     folder = checkpoint_dir(run_dir)
     found = [p for p in folder.glob("ckpt-*.pt") if _NAME.search(p.name)] if folder.is_dir() else []
     return sorted(found, key=lambda p: int(_NAME.search(p.name).group(1)))
+
+
+def clear_checkpoints(run_dir: str | Path) -> int:
+    """Remove a run folder's checkpoints and half-written temporary files; return how many went."""
+    folder = checkpoint_dir(run_dir)
+    if not folder.is_dir():
+        return 0
+    doomed = [*list_checkpoints(run_dir), *folder.glob(".ckpt-*.pt.tmp")]
+    for path in doomed:
+        path.unlink(missing_ok=True)
+    return len(doomed)
 
 
 def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
@@ -85,7 +100,8 @@ def rng_state() -> dict[str, Any]:
         "python_gauss": random.getstate()[2],
     }
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        # This rank's device only: a state per visible GPU would not load on a node that sees fewer.
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -97,4 +113,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
                          np_state["has_gauss"], np_state["cached_gaussian"]))
     random.setstate((3, tuple(state["python"]), state["python_gauss"]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        cuda = state["cuda"]
+        if isinstance(cuda, (list, tuple)):  # older checkpoints: get_rng_state_all, one state per visible GPU
+            index = torch.cuda.current_device()
+            if index >= len(cuda):
+                warnings.warn(f"the checkpoint holds CUDA random states for {len(cuda)} GPU(s), none for device "
+                              f"{index}; that device's generator keeps its seed", stacklevel=2)
+                return
+            cuda = cuda[index]
+        torch.cuda.set_rng_state(cuda)

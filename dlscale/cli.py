@@ -56,12 +56,21 @@ def _data_generate(args: argparse.Namespace) -> int:
 
 
 def _data_check(args: argparse.Namespace) -> int:
-    from .data import ShardDataset
+    from .data import DataError, ShardDataset, non_finite_values
 
+    bad = []
     for split in ("train", "val"):
         dataset = ShardDataset(f"{args.data_dir}/{split}")
+        damaged = [(path, count) for path in (*dataset.x_paths, *dataset.y_paths)
+                   if (count := non_finite_values(path))]
+        for path, count in damaged:
+            print(f"{split}: {path} holds {count:,} NaN or infinite value(s)")
+        bad += damaged
         print(f"{split}: {len(dataset)} maps of shape {dataset.input_shape}, {dataset.num_targets} targets, "
-              f"{len(dataset.x_paths)} shards: ok")
+              f"{len(dataset.x_paths)} shards: {'NOT ok' if damaged else 'ok'}")
+    if bad:
+        raise DataError(f"{len(bad)} shard file(s) in {args.data_dir} hold NaN or infinite values (listed above); "
+                        f"regenerate or clean them before training, since one such map makes the loss NaN")
     return 0
 
 
@@ -224,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--config", default=None, help="config name or YAML path for the sizes")
     generate.add_argument("overrides", nargs="*", metavar="key=value")
     generate.set_defaults(handler=_data_generate)
-    check = data_commands.add_parser("check", help="open every shard of a data folder and report")
+    check = data_commands.add_parser("check", help="open every shard of a data folder and report damaged, "
+                                                   "mismatched and non-finite (NaN, inf) ones")
     check.add_argument("data_dir")
     check.set_defaults(handler=_data_check)
 

@@ -107,8 +107,9 @@ class TrainConfig:
     decay: Literal["cosine", "linear", "poly", "step", "none"] = _knob(
         "cosine", "LR decay after warmup: to 0 at the last step (cosine, linear, poly), x0.1 at 50% and 75% (step).")
     grad_clip: float = _knob(0.0, "Clip the global gradient norm to this value (0 = off).")
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = _knob(
-        "auto", "Forward-pass precision: auto = bf16 on Ampere+ GPUs, fp16 with loss scaling on V100, fp32 on CPU.")
+    precision: Literal["auto", "fp32", "bf16", "fp16", "fp64"] = _knob(
+        "auto", "Forward-pass precision: auto = bf16 on Ampere+ GPUs, fp16 with loss scaling on V100, fp32 on CPU; "
+                "fp64 = float64 parameters and data (slow: for checks that two runs agree to rounding).")
     optimizer_impl: Literal["auto", "foreach", "fused", "loop"] = _knob(
         "auto", "torch SGD/AdamW implementation: one kernel per tensor (loop), multi-tensor (foreach), fused; "
                 "auto = foreach.")

@@ -14,7 +14,10 @@ same for every precision::
 
 ``"auto"`` picks bf16 on GPUs that have it (Ampere and newer: A100, H100, MI250X), fp16 with
 loss scaling on Volta-class GPUs (Summit's V100), and fp32 on CPUs, where bf16 only pays on
-chips with AMX or AVX-512-BF16 (ask for it explicitly). Lesson 03 uses
+chips with AMX or AVX-512-BF16 (ask for it explicitly). ``"fp64"`` keeps the parameters and
+the data in float64 with autocast off: slow, and meant for checks that two ways of computing
+the same step agree (the equivalence tests), where float32 rounding, amplified by Adam-type
+updates, would otherwise depend on which CPU kernels ran. Lesson 03 uses
 :func:`gradient_underflow` to show why fp16 needs the scaler.
 """
 
@@ -30,8 +33,8 @@ from torch import nn
 
 from .errors import DlscaleError
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISIONS = ("auto", "fp32", "bf16", "fp16", "fp64")
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
 
 
 class PrecisionError(DlscaleError):
@@ -51,8 +54,13 @@ class Precision:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The dtype autocast computes in (float32 means autocast is off)."""
+        """The dtype autocast computes in (float32 or float64 means autocast is off)."""
         return _DTYPES[self.name]
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """The dtype of the parameters and of the inputs: float64 for ``fp64``, float32 otherwise."""
+        return torch.float64 if self.name == "fp64" else torch.float32
 
     @classmethod
     def resolve(cls, request: str, device: torch.device | str) -> "Precision":
@@ -75,13 +83,15 @@ class Precision:
             return cls(request, "cuda")
         if device.type == "cpu":
             return cls("fp32" if request == "auto" else request, "cpu")
+        if request == "fp64":
+            return cls("fp64", device.type)
         if request not in ("auto", "fp32"):
             raise PrecisionError(f"precision={request} is not supported on {device.type} devices here; use fp32")
         return cls("fp32", device.type)
 
     def autocast(self) -> ContextManager:
         """The context for the forward pass and loss (a no-op for fp32)."""
-        if self.name == "fp32":
+        if self.name in ("fp32", "fp64"):
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
 

@@ -255,9 +255,10 @@ def flops_per_sample(model: nn.Module, input_shape: Sequence[int], loss_fn: Call
     """FLOPs of one training step (forward and backward) per sample, counted by ``FlopCounterMode``."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    device = next(model.parameters()).device
-    x = torch.zeros(batch, *input_shape, device=device)  # the count does not depend on values; no RNG draws
-    y = torch.zeros(batch, targets, device=device)
+    first = next(model.parameters())
+    # The count does not depend on values; no RNG draws.
+    x = torch.zeros(batch, *input_shape, device=first.device, dtype=first.dtype)
+    y = torch.zeros(batch, targets, device=first.device, dtype=first.dtype)
     loss_fn = loss_fn or nn.functional.mse_loss
     state = {k: v.clone() for k, v in model.state_dict().items()}
     with FlopCounterMode(display=False) as counter:

@@ -27,7 +27,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .checkpoint import load_latest_checkpoint, rng_state, save_checkpoint, set_rng_state
-from .checkpoint import CheckpointError, checkpoint_dir
+from .checkpoint import CheckpointError, clear_checkpoints
 from .config import ConfigError, TrainConfig, load_config
 from . import distributed, horovod_backend
 from .data import make_loader, prepare_data, stage_data
@@ -50,6 +50,10 @@ LOG_BLOCK = 10
 
 class DeviceError(DlscaleError):
     """The requested device is not available here; the message says what to use instead."""
+
+
+class DivergedError(DlscaleError):
+    """The loss or the weights became non-finite; the message names the step and what to try."""
 
 
 @dataclass
@@ -112,8 +116,9 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device, channels_
     """
     model.eval()
     sums = None
+    dtype = next(model.parameters()).dtype
     for x, y in loader:
-        x, y = _to_device(x, y, device, channels_last)
+        x, y = _to_device(x, y, device, channels_last, dtype)
         pred = model(x).double()
         y = y.double()
         batch = torch.stack([torch.full_like(y[0], len(y)), y.sum(0), (y * y).sum(0), ((pred - y) ** 2).sum(0)])
@@ -136,8 +141,9 @@ def predict(model: nn.Module, loader: Iterable, device: torch.device | str = "cp
     """Predictions and targets over ``loader``, both on the CPU, in loader order."""
     model.eval()
     preds, targets = [], []
+    dtype = next(model.parameters()).dtype
     for x, y in loader:
-        x, _ = _to_device(x, y, torch.device(device), channels_last)
+        x, _ = _to_device(x, y, torch.device(device), channels_last, dtype)
         preds.append(model(x).float().cpu())
         targets.append(y)
     model.train()
@@ -167,11 +173,28 @@ def _is_channels_last(model: nn.Module) -> bool:
                                  for p in weights)
 
 
-def _to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device, channels_last: bool):
-    x = x.to(device, non_blocking=True)
+def _to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device, channels_last: bool,
+               dtype: torch.dtype = torch.float32):
+    x = x.to(device, dtype, non_blocking=True)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
-    return x, y.to(device, non_blocking=True)
+    return x, y.to(device, dtype, non_blocking=True)
+
+
+def _check_finite(losses: list[float], first_step: int, lr: float) -> None:
+    """Stop with one message if a logged loss is NaN or infinite (before anything is checkpointed)."""
+    bad = next((i for i, loss in enumerate(losses) if not np.isfinite(loss)), None)
+    if bad is not None:
+        raise DivergedError(
+            f"the training loss became {losses[bad]} at step {first_step + bad} (lr {lr:.3g}); no checkpoint "
+            f"was written from this point and the last good one is kept. Try a lower lr, a longer warmup "
+            f"(warmup_steps), grad_clip=1.0 or precision=fp32, and check the data for NaN or inf values with "
+            f"`dlscale data check DATA_DIR`; then continue from the last checkpoint with resume=true, or start "
+            f"afresh with resume=false")
+
+
+def _weights_are_finite(model: nn.Module) -> bool:
+    return bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())
 
 
 def _as_config(cfg: TrainConfig | str | None, overrides: Mapping[str, Any]) -> TrainConfig:
@@ -258,7 +281,8 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
         if device.type != "cuda":
             raise ConfigError("sync_batchnorm=true needs GPUs (torch's SyncBatchNorm is CUDA-only); on CPUs use norm=group")
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    model = model.to(device)
+    policy = Precision.resolve(cfg.precision, device)
+    model = model.to(device, policy.param_dtype)
     loss_fn = nn.MSELoss()
     # Counted before Horovod hooks the gradients: its extra backward pass would set off an all-reduce.
     flops = flops_per_sample(model, dataset.input_shape, loss_fn, dataset.num_targets)
@@ -280,7 +304,6 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
     if cfg.noise_scale_every and sync is not None:
         raise ConfigError("noise_scale_every works with DDP only: under Horovod its extra backward pass would set "
                           "off an all-reduce; launch with torchrun/srun/mpirun, or set noise_scale_every=0")
-    policy = Precision.resolve(cfg.precision, device)
     scaler = policy.grad_scaler()  # enabled only for fp16; otherwise its calls pass straight through
     autocast = policy.autocast
     # The plain module is kept for checkpoints and evaluation; the DDP-wrapped (and compiled) one trains.
@@ -289,6 +312,9 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
         step_model = torch.compile(step_model, mode="reduce-overhead" if cfg.cuda_graphs else None)
 
     # -- resume or start afresh ------------------------------------------------
+    # A resume never removes a checkpoint: the newest stays until a newer one is renamed into
+    # place (save_checkpoint), so a run that dies again before its next one resumes from the
+    # same point. Only a fresh start clears the checkpoints of an earlier run in this folder.
     step, resume_from = 0, None
     if cfg.resume:
         found = load_latest_checkpoint(run_dir)
@@ -296,11 +322,11 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
             resume_from, ckpt = found
             step = _restore(ckpt, resume_from, steps_per_epoch, cfg, model, optimizer, scheduler, scaler, noise)
             del ckpt
+    elif is_main:
+        clear_checkpoints(run_dir)
+    distributed.barrier()  # every rank has loaded (or rank 0 has cleared) before any rank goes on
     if sync is not None:  # Horovod's idiom: every rank starts from rank 0's state
         horovod_backend.broadcast_initial_state(model, optimizer, resumed=resume_from is not None)
-    elif is_main and checkpoint_dir(run_dir).is_dir():
-        for old in checkpoint_dir(run_dir).glob("*.pt"):
-            old.unlink()
     if is_main:
         cfg.save(run_dir / "config.yaml")
     logger = MetricsLogger(cfg, run_dir, resume_step=step if resume_from else None, is_main=is_main,
@@ -325,6 +351,10 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
               f"{', compiled' if applied['compiled'] else ''}; {where}; writing to {run_dir}", flush=True)
 
     def checkpoint() -> None:
+        if not _weights_are_finite(model):  # a finite loss can still come before an exploding update
+            raise DivergedError(f"the weights became non-finite by step {step} (lr {lr:.3g}); the checkpoint of "
+                                f"this step was not written and the last good one is kept. Try a lower lr, a "
+                                f"longer warmup, grad_clip=1.0 or precision=fp32, then resume=true")
         if is_main:
             save_checkpoint(run_dir, step, {
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -348,6 +378,7 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
         if not pending:
             return None
         losses = all_reduce_mean(torch.stack([row[2] for row in pending]).float()).tolist()  # the global batch's loss
+        _check_finite(losses, pending[0][0], pending[0][3])  # every rank sees the same mean, so all stop together
         logger.log_steps([dict(step=s, epoch=e, loss=loss, lr=lr, samples_per_s=sps)
                           for (s, e, _, lr, sps), loss in zip(pending, losses)])
         pending.clear()
@@ -377,7 +408,7 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
                         batch = next(batches, None)
                         if batch is None:
                             break
-                        x, y = _to_device(*batch, device, cfg.channels_last)
+                        x, y = _to_device(*batch, device, cfg.channels_last, policy.param_dtype)
                     measuring = cfg.noise_scale_every and step % cfg.noise_scale_every == 0
                     if measuring:
                         small = len(x) // 4 or 1

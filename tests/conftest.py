@@ -14,6 +14,16 @@ import torch
 from dlscale.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
+
+#: Tolerance for two runs that take the same steps in float64 (``precision=fp64``) but add in
+#: another order (ranks, micro-batches, Horovod's fusion buffer). Each sum is then off by a few
+#: float64 ulps (1.1e-16 relative), and Adam-type updates, which divide by sqrt(v), amplify that
+#: over tens of steps by at most ~1e4 (measured in float32: 3e-4 after 64 AdamW steps, about 1e4
+#: float32 ulps of the weights). That bounds honest differences near 1e-12; 1e-9 leaves a margin
+#: of 1e3 whatever kernels a CPU picks, while a real error (a missing all-reduce, a wrong shard or
+#: average) moves the weights by 1e-3 or more. In float32 the same bound would be 1e-3, too loose
+#: to catch anything, which is why these tests run in float64.
+SAME_STEPS_FP64 = 1e-9
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 _skipped_in_ci: list[str] = []
 

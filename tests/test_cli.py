@@ -81,3 +81,20 @@ def test_exercises_check_reports_drift(in_tmp):
                    "--exercises", str(ROOT / "exercises"), cwd=in_tmp).returncode == 0
     done = run_cli("exercises", "--check", "--solutions", str(ROOT / "solutions"), "--exercises", "empty", cwd=in_tmp)
     assert done.returncode == 1 and "out of date" in done.stderr
+
+
+def test_data_check_names_shards_with_nan_or_inf(in_tmp):
+    import numpy as np
+    done = run_cli("data", "generate", "--out", "mydata", "image_size=8", "train_samples=200", "val_samples=100",
+                   "shard_size=100", "progress=false", cwd=in_tmp)
+    assert done.returncode == 0, done.stderr
+    for name, value, where in (("train/shard-00001-x.npy", np.nan, (3, 0, 2, 5)), ("val/shard-00000-y.npy", np.inf, (5, 1))):
+        array = np.load(in_tmp / "mydata" / name)
+        array[where] = value
+        np.save(in_tmp / "mydata" / name, array)
+    done = run_cli("data", "check", "mydata", cwd=in_tmp)
+    assert done.returncode == 2, done.stdout
+    assert "train: mydata/train/shard-00001-x.npy holds 1 NaN or infinite value(s)" in done.stdout
+    assert "val: mydata/val/shard-00000-y.npy holds 1 NaN or infinite value(s)" in done.stdout
+    assert "train: 200 maps of shape (1, 8, 8), 2 targets, 2 shards: NOT ok" in done.stdout
+    assert "2 shard file(s) in mydata hold NaN or infinite values" in done.stderr

@@ -10,6 +10,7 @@ from .conftest import run_cli
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a hang guard: 16 runs take ~5 min on 2 quiet cores and 2-3x that on a busy machine
 def test_large_batch_sweep_writes_its_table_and_tells_the_story(in_tmp):
     rows = large_batch_sweep("sweep", size="ci", progress=False)
     assert len(rows) == 1 + 3 * len(RECIPES)

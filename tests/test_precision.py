@@ -1,5 +1,8 @@
 """The mixed-precision policy, and the fp16 underflow that loss scaling fixes."""
 
+import math
+
+import numpy as np
 import pytest
 import torch
 
@@ -17,7 +20,7 @@ def test_cpu_policy(request_, expected):
 
 
 def test_unknown_precision_is_a_clear_error():
-    with pytest.raises(PrecisionError, match="precision must be one of auto, fp32, bf16, fp16; got 'fp8'"):
+    with pytest.raises(PrecisionError, match="precision must be one of auto, fp32, bf16, fp16, fp64; got 'fp8'"):
         Precision.resolve("fp8", "cpu")
 
 
@@ -49,13 +52,33 @@ def test_autocast_changes_the_dtype_of_a_matmul(name, dtype):
 
 
 def test_loss_scaling_rescues_underflowing_gradients():
-    torch.manual_seed(0)
-    model = CNNRegressor(width=8, depth=2)
-    x, y = torch.randn(32, 1, 16, 16), 0.01 * torch.randn(32, 2)
-    tiny_loss = lambda out, target: torch.nn.functional.mse_loss(out, target) * 1e-3  # noqa: E731 - late in training
-    result = gradient_underflow(model, x, y, loss_fn=tiny_loss)
-    assert result.unscaled > 0.3 and result.scaled < 0.01 and result.elements > 1000
-    assert gradient_underflow(model, x, y, loss_fn=tiny_loss, scale=1.0).scaled == pytest.approx(result.unscaled)
+    """Gradients whose fate in fp16 IEEE rounding alone decides, so the fractions hold on every CPU.
+
+    A bias-free linear layer fed ones, with the loss sum(out * y) over a batch of one, gets the
+    gradient y_i in every weight of row i: one product by 1.0 and no sum, so no kernel can round it
+    differently. The y_i span 1e-12 to 1e-2 (as gradients late in training do); fp16 turns to zero
+    what lies below half its smallest subnormal (2^-25, about 3e-8), and a loss scale of 2^16 lifts
+    most of them back. The expected fractions come from numpy's own float16 rounding.
+    """
+    y = torch.logspace(-12, -2, 101).reshape(1, -1)
+    model = torch.nn.Linear(8, y.shape[1], bias=False)
+    x = torch.ones(1, 8)
+    product = lambda out, target: (out * target).sum()  # noqa: E731 - d(loss)/d(out) = target
+    result = gradient_underflow(model, x, y, loss_fn=product)
+    lost = lambda scale: float(np.mean(np.float16(y.numpy() * scale) == 0))  # noqa: E731
+    assert result.elements == 8 * y.shape[1]
+    assert result.unscaled == pytest.approx(lost(1.0)) and 0.4 < result.unscaled < 0.5  # those below ~3e-8
+    assert result.scaled == pytest.approx(lost(2.0 ** 16)) and result.scaled < result.unscaled / 2
+    assert gradient_underflow(model, x, y, loss_fn=product, scale=1.0).scaled == pytest.approx(result.unscaled)
+
+
+def test_fp64_keeps_parameters_and_data_in_float64(tiny):
+    policy = Precision.resolve("fp64", "cpu")
+    assert policy.param_dtype == torch.float64 and not policy.grad_scaler().is_enabled()
+    result = train(tiny(precision="fp64", max_steps=12))
+    assert result.applied["precision"] == "fp64"
+    assert all(p.dtype == torch.float64 for p in result.model.parameters())
+    assert all(map(math.isfinite, (row["loss"] for row in result.steps)))
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp16"])

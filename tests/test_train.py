@@ -1,18 +1,20 @@
 import csv
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
-from dlscale.checkpoint import CheckpointError, list_checkpoints
+from dlscale.checkpoint import CheckpointError, checkpoint_dir, list_checkpoints
 from dlscale.preemption import PREEMPTED_EXIT_CODE
 from dlscale.noise_scale import noise_scale_of_rows
 from dlscale.tracking import read_rows
-from dlscale.train import DeviceError, resolve_device, train
+from dlscale.train import DeviceError, DivergedError, resolve_device, train
 
 
 def losses(result):
@@ -141,6 +143,32 @@ def test_resume_with_another_batch_size_is_refused(tiny):
         train(tiny(resume=True, global_batch_size=64))
 
 
+def _finite(checkpoint):
+    return all(torch.isfinite(v).all() for v in torch.load(checkpoint, weights_only=True)["model"].values())
+
+
+def test_a_nan_map_stops_the_run_naming_the_step_and_keeps_the_last_good_checkpoint(tiny):
+    from dlscale.data import prepare_data
+    data = prepare_data(tiny())
+    x_path = data / "train/shard-00002-x.npy"
+    maps = np.load(x_path)
+    maps[7] = np.nan  # one map full of NaN, met at some step of the first epoch
+    np.save(x_path, maps)
+    with pytest.raises(DivergedError, match=r"loss became nan at step (\d+) .*dlscale data check") as caught:
+        train(tiny(data_dir=str(data), checkpoint_every=1, keep_checkpoints=1000))
+    bad_step = int(re.search(r"at step (\d+)", str(caught.value)).group(1))
+    kept = list_checkpoints("runs/tiny")
+    assert kept and _step_of(kept[-1]) == bad_step - 1  # every step before it was saved, none after
+    assert all(_finite(path) for path in kept)
+    assert all(row["step"] < bad_step for row in read_rows("runs/tiny/metrics.csv"))
+
+
+def test_an_exploding_lr_stops_the_run_without_a_non_finite_checkpoint(tiny):
+    with pytest.raises(DivergedError, match="at step .* Try a lower lr"):
+        train(tiny(lr=1e12, optimizer="sgd", warmup_steps=0, checkpoint_every=1))
+    assert all(_finite(path) for path in list_checkpoints("runs/tiny"))
+
+
 def test_unavailable_gpu_is_one_clear_error():
     spec = "cuda:99" if torch.cuda.is_available() else "cuda"
     with pytest.raises(DeviceError, match="use device=auto or device=cpu|only .* GPU"):
@@ -168,6 +196,28 @@ def _wait_for_step(run_dir, step, proc, timeout=120):
     raise TimeoutError(f"no step {step} in {run_dir}")
 
 
+def _step_of(checkpoint):
+    return int(checkpoint.name[5:13])
+
+
+def _start_and_kill_after_resume(cwd, *overrides):
+    """Start a resuming run and SIGKILL it as soon as it says where it resumed from.
+
+    That line comes after every rank has loaded and before the first step. The run is given
+    1000 epochs and no checkpoint before its end (its LR schedule differs, but it dies anyway),
+    so the kill lands long before its next checkpoint however busy the machine is.
+    """
+    proc = _start(cwd, *overrides, "resume=true", "epochs=1000", "checkpoint_every=0")
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "resuming from" in line:
+            proc.kill()
+            break
+    proc.wait()
+    return "".join(seen)
+
+
 def _rows(path):
     with open(path) as handle:
         return list(csv.DictReader(handle))
@@ -187,8 +237,7 @@ def test_killed_run_resumes_bit_for_bit(in_tmp, reference_run):
     proc.kill()
     assert proc.wait() == -signal.SIGKILL
     last_ckpt = list_checkpoints(in_tmp / "runs/cut")[-1]
-    assert last_ckpt.name in ("ckpt-00000050.pt", "ckpt-00000075.pt")
-    assert len(_rows(in_tmp / "runs/cut/metrics.csv")) < len(ref_steps)  # it really was cut short
+    assert 50 <= _step_of(last_ckpt) < len(ref_steps)  # it really was cut short, however busy the machine
 
     proc = _start(in_tmp, "run_dir=runs/cut", "checkpoint_every=25", "resume=true")
     output = proc.communicate(timeout=300)[0]
@@ -198,6 +247,41 @@ def test_killed_run_resumes_bit_for_bit(in_tmp, reference_run):
     assert [(r["step"], r["loss"]) for r in _rows(in_tmp / "runs/cut/metrics.csv")] == \
            [(r["step"], r["loss"]) for r in ref_steps]
     assert _rows(in_tmp / "runs/cut/validation.csv") == ref_val
+
+
+def test_a_run_killed_twice_resumes_bit_for_bit(in_tmp):
+    """Killed after step 50, resumed, killed again before its next checkpoint, resumed: nothing is lost.
+
+    The first kill is staged: an uninterrupted run with its later checkpoints removed leaves
+    what a kill after step 50 leaves (test_killed_run_resumes_bit_for_bit kills for real).
+    """
+    run = in_tmp / "runs/twice"
+    proc = _start(in_tmp, "run_dir=runs/twice", "checkpoint_every=25", "keep_checkpoints=10")
+    assert proc.wait(timeout=300) == 0, proc.stdout.read()
+    ref_steps, ref_val = _rows(run / "metrics.csv"), _rows(run / "validation.csv")
+    for path in list_checkpoints(run):
+        if _step_of(path) > 50:
+            path.unlink()
+
+    output = _start_and_kill_after_resume(in_tmp, "run_dir=runs/twice")
+    assert "resuming from ckpt-00000050.pt" in output, output
+    assert [p.name for p in list_checkpoints(run)] == ["ckpt-00000025.pt", "ckpt-00000050.pt"]  # both still there
+
+    proc = _start(in_tmp, "run_dir=runs/twice", "checkpoint_every=25", "resume=true")
+    output = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, output
+    assert "resuming from ckpt-00000050.pt" in output  # not from step 0
+    assert [(r["step"], r["loss"]) for r in _rows(run / "metrics.csv")] == [(r["step"], r["loss"]) for r in ref_steps]
+    assert _rows(run / "validation.csv") == ref_val
+
+
+def test_a_fresh_start_clears_old_checkpoints_and_a_resume_keeps_them(tiny):
+    train(tiny(max_steps=40, checkpoint_every=10, keep_checkpoints=10))
+    (checkpoint_dir("runs/tiny") / ".ckpt-00000050.pt.tmp").write_bytes(b"half")  # a write cut short
+    resumed = train(tiny(max_steps=40, resume=True, checkpoint_every=0, keep_checkpoints=10))
+    assert resumed.steps_done == 40 and len(list_checkpoints("runs/tiny")) == 4  # nothing removed, nothing to redo
+    train(tiny(max_steps=20, checkpoint_every=0))
+    assert [p.name for p in checkpoint_dir("runs/tiny").iterdir()] == ["ckpt-00000020.pt"]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
@@ -225,3 +309,26 @@ def test_demo_config_reaches_the_promised_r2(in_tmp):
     assert result.config.name == "demo" and result.steps_done == result.total_steps
     assert result.final["r2"] >= 0.8, result.final
     assert min(v for k, v in result.final.items() if k.startswith("r2_")) >= 0.75
+
+
+def test_cuda_random_state_is_this_devices_only(monkeypatch):
+    """A rank that saw 4 GPUs saves its own device's generator, so it resumes on a node that sees 1.
+
+    No GPU here: torch.cuda's generator calls are stood in for (the device tool checks the real ones).
+    """
+    from dlscale.checkpoint import rng_state, set_rng_state
+    states = [torch.full((8,), i, dtype=torch.uint8) for i in range(4)]
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": states[torch.cuda.current_device()])
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: list(states))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append(state))
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: pytest.fail("sets a state per visible GPU"))
+    saved = rng_state()
+    assert torch.equal(saved["cuda"], states[2])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # the resume sees one GPU
+    set_rng_state(saved)
+    assert torch.equal(restored[-1], states[2])
+    set_rng_state({**saved, "cuda": list(states)})  # an older checkpoint: one state per GPU, take this device's
+    assert torch.equal(restored[-1], states[0])

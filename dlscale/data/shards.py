@@ -76,6 +76,13 @@ def read_shard_header(path: Path) -> np.ndarray:
     return array
 
 
+def non_finite_values(path: Path, chunk: int = 256) -> int:
+    """How many NaN or infinite values a shard holds (read in chunks of ``chunk`` samples through its memory map)."""
+    array = read_shard_header(path)
+    return sum(int(np.count_nonzero(~np.isfinite(array[start:start + chunk])))
+               for start in range(0, len(array), chunk))
+
+
 def generate_dataset(out_dir: str | Path, spec: FieldSpec, train_samples: int, val_samples: int,
                      shard_size: int = 1024, seed: int = 0, progress: bool = True) -> dict[str, Any]:
     """Generate the synthetic dataset into ``out_dir`` and return its manifest.
