@@ -249,6 +249,13 @@ def bus_bandwidth(size_bytes: float, seconds: float, world_size: int) -> float:
     return 2 * (world_size - 1) / world_size * size_bytes / seconds
 
 
+def slowest_rank(seconds: float, device: torch.device) -> float:
+    """The largest of every rank's ``seconds``, reduced on the benchmark's device (NCCL takes no CPU tensors)."""
+    from . import distributed
+
+    return float(distributed.all_reduce_max(torch.tensor(seconds, dtype=torch.float64, device=device)))
+
+
 def bench_allreduce(sizes: Iterable[int] = ALLREDUCE_SIZES, device: str = "auto", min_seconds: float = 0.2,
                     max_iters: int = 50, data_parallel: str = "auto") -> list[dict]:
     """Time the all-reduce of float32 tensors of each size on the active backend; run on every rank.
@@ -278,14 +285,13 @@ def bench_allreduce(sizes: Iterable[int] = ALLREDUCE_SIZES, device: str = "auto"
         for _ in range(3):
             distributed.all_reduce_sum(tensor)
         sync()
-        estimate = distributed.all_reduce_max(torch.tensor((time.perf_counter() - start) / 3, dtype=torch.float64))
-        iters = int(min(max_iters, max(3, min_seconds / max(float(estimate), 1e-9))))
+        estimate = slowest_rank((time.perf_counter() - start) / 3, target)
+        iters = int(min(max_iters, max(3, min_seconds / max(estimate, 1e-9))))
         start = time.perf_counter()
         for _ in range(iters):
             distributed.all_reduce_sum(tensor)
         sync()
-        seconds = torch.tensor((time.perf_counter() - start) / iters, dtype=torch.float64)
-        distributed.all_reduce_max(seconds)  # the slowest rank sets the pace
+        seconds = slowest_rank((time.perf_counter() - start) / iters, target)  # the slowest rank sets the pace
         rows.append({"bytes": size, "ms": 1000 * float(seconds), "iters": iters,
                      "algbw_gbs": size / float(seconds) / 1e9,
                      "busbw_gbs": bus_bandwidth(size, float(seconds), env.world_size) / 1e9,

@@ -194,9 +194,9 @@ def _experiment_large_batch(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from .environment import report
+    from .environment import report, task_line
 
-    print(report())
+    print(task_line() if args.task else report(), flush=True)
     return 0
 
 
@@ -352,6 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.set_defaults(handler=_experiment_large_batch)
 
     info = commands.add_parser("info", help="show hardware, versions, site and launcher (lesson 00)")
+    info.add_argument("--task", action="store_true",
+                      help="one line: this task's rank, host, CPUs and binding settings (launch.sh SITE probe)")
     info.set_defaults(handler=_info)
     return parser
 

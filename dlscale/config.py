@@ -159,6 +159,10 @@ class TrainConfig:
         if self.noise_scale_every and self.data_parallel == "horovod":
             raise ConfigError("noise_scale_every works with data_parallel=ddp or auto: under Horovod its extra "
                               "backward pass would set off an all-reduce")
+        if self.sync_batchnorm and self.compile:
+            raise ConfigError("sync_batchnorm=true cannot be combined with compile=true: torch.compile does not "
+                              "trace SyncBatchNorm's collectives; use norm=group (no batch statistics to share) "
+                              "with compile, or turn compile off")
         if self.cuda_graphs and not self.compile:
             raise ConfigError("config key 'cuda_graphs' needs compile=true (graphs are captured by torch.compile)")
         if self.num_workers < -1:

@@ -301,6 +301,13 @@ def _all_reduce(tensor: torch.Tensor, op: str) -> torch.Tensor:
     return tensor
 
 
+def collective_device() -> torch.device:
+    """Where a collective's tensors must live: this rank's GPU under NCCL (it rejects CPU tensors), else the CPU."""
+    if _horovod is None and dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """The sum over ranks, in place (unchanged in a single process)."""
     return _all_reduce(tensor, "Sum")
@@ -318,7 +325,7 @@ def all_reduce_mean(value: torch.Tensor | float) -> torch.Tensor | float:
         return value
     if isinstance(value, torch.Tensor):
         return all_reduce_sum(value).div_(size)
-    tensor = torch.tensor(float(value), dtype=torch.float64)
+    tensor = torch.tensor(float(value), dtype=torch.float64, device=collective_device())
     return float(all_reduce_sum(tensor)) / size
 
 

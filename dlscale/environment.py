@@ -53,10 +53,25 @@ def describe() -> dict[str, Any]:
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)
             info[f"gpu {index}"] = f"{props.name}, {props.total_memory / 2**30:.0f} GiB, compute {props.major}.{props.minor}"
-        info["bf16 supported"] = torch.cuda.is_bf16_supported()
+        from .precision import supports_bf16
+        info["bf16 supported"] = supports_bf16(torch.device("cuda"))
     for module, extra in OPTIONAL.items():
         info[f"optional {module}"] = "installed" if importlib.util.find_spec(module) else f"missing (extra: {extra})"
     return info
+
+
+def task_line(environ: dict[str, str] | None = None) -> str:
+    """One line saying what this task was given: rank, host, CPUs and the settings that bind them.
+
+    ``slurm/launch.sh SITE probe`` runs it in every task of a job, to check a site's binding.
+    """
+    environ = dict(os.environ) if environ is None else environ
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    settings = " ".join(f"{name}={environ.get(name, '-')}" for name in
+                        ("SLURM_CPUS_PER_TASK", "SRUN_CPUS_PER_TASK", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"))
+    rank, size = environ.get("SLURM_PROCID", environ.get("RANK", "0")), environ.get("SLURM_NTASKS", "1")
+    return (f"task {rank}/{size} on {socket.gethostname()}: {len(cpus)} cpu(s) "
+            f"[{','.join(map(str, cpus))}], torch threads {torch.get_num_threads()}, {settings}")
 
 
 def report() -> str:

@@ -38,7 +38,7 @@ AuthType=auth/munge
 AuthInfo=socket={root}/munge.socket
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=task/affinity
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill

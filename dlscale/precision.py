@@ -45,6 +45,30 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
+def _rocm_arch(device: torch.device) -> str | None:
+    """The AMD GPU's architecture (``gfx90a`` on MI250X), or None on CUDA builds of torch."""
+    if not torch.version.hip:
+        return None
+    return torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
+
+
+#: AMD architectures with bf16 matrix instructions: MI200 (gfx90a), MI300 (gfx94x), MI350 (gfx950), RDNA3/4.
+_ROCM_BF16 = ("gfx90a", "gfx94", "gfx95", "gfx11", "gfx12")
+
+
+def supports_bf16(device: torch.device | str) -> bool:
+    """Whether the GPU computes in bf16 natively: NVIDIA compute capability 8.0+ (Ampere), or a bf16 AMD part.
+
+    Not ``torch.cuda.is_bf16_supported()``: by default it counts emulation and says yes on a V100
+    or T4, where bf16 runs slowly and fp16 with loss scaling is the right choice.
+    """
+    device = torch.device(device)
+    arch = _rocm_arch(device)
+    if arch is not None:
+        return arch.startswith(_ROCM_BF16)
+    return _capability(device)[0] >= 8
+
+
 @dataclass(frozen=True)
 class Precision:
     """A resolved precision (``fp32``, ``bf16`` or ``fp16``) for one device type."""
@@ -71,9 +95,10 @@ class Precision:
         if device.type == "cuda":
             major, minor = _capability(device)
             name = torch.cuda.get_device_name(device)
+            bf16 = supports_bf16(device)
             if request == "auto":
-                request = "bf16" if torch.cuda.is_bf16_supported() else "fp16" if major >= 7 else "fp32"
-            if request == "bf16" and not torch.cuda.is_bf16_supported():
+                request = "bf16" if bf16 else "fp16" if major >= 7 else "fp32"
+            if request == "bf16" and not bf16:
                 raise PrecisionError(f"precision=bf16 needs a GPU with bfloat16 (Ampere or newer, compute 8.0+); "
                                      f"{name} has compute {major}.{minor}: use precision=fp16 (with loss scaling) "
                                      f"or fp32")

@@ -2,12 +2,14 @@
 
 - :func:`nvtx_range` marks a region for Nsight Systems (through the ``nvtx`` package, a no-op
   unless a profiler is attached, and safe on CPU-only machines — unlike ``torch.cuda.nvtx``,
-  which raises on CPU builds of torch) and always as a ``torch.profiler.record_function``, so
-  the same names appear in a CPU trace. ``dlscale.train`` marks ``data``, ``forward``,
-  ``backward`` and ``optimizer`` every step.
+  which raises on CPU builds of torch; where the package is missing but CUDA is there, as in
+  a site's PyTorch module, through ``torch.cuda.nvtx``) and always as a
+  ``torch.profiler.record_function``, so the same names appear in a CPU trace.
+  ``dlscale.train`` marks ``data``, ``forward``, ``backward`` and ``optimizer`` every step.
 - :class:`StepProfiler` profiles a window of steps (``profile_steps=start,stop``): a Chrome
   trace (open it at https://ui.perfetto.dev, no install needed) and a summary table in the run
-  directory, and on CUDA the ``cudaProfilerApi`` window that ``nsys --capture-range`` waits for.
+  directory, and on CUDA the ``cudaProfilerApi`` window that ``nsys --capture-range`` waits for,
+  opened and closed on every rank (a rank that never opens it gets an empty report).
 - :func:`nsys_command` builds the recommended ``nsys profile`` line; :func:`parse_nvtx_sum`
   reads ``nsys stats --report nvtx_sum --format csv`` output into rows.
 - :func:`flops_per_sample` counts a model's training FLOPs; :func:`mfu` turns throughput into
@@ -23,6 +25,7 @@ import csv
 import importlib
 import io
 import json
+import os
 import shlex
 import warnings
 from collections.abc import Callable, Sequence
@@ -43,15 +46,41 @@ RANGES = ("data", "forward", "backward", "optimizer")
 _nvtx_module: Any = None
 
 
+class _TorchCudaNvtx:
+    """``torch.cuda.nvtx`` behind the ``nvtx`` package's two calls (for a torch with CUDA but no package)."""
+
+    __name__ = "torch.cuda.nvtx"
+
+    @staticmethod
+    def push_range(name: str, color: str | None = None) -> None:
+        torch.cuda.nvtx.range_push(name)
+
+    @staticmethod
+    def pop_range() -> None:
+        torch.cuda.nvtx.range_pop()
+
+
 def _nvtx():
-    """The ``nvtx`` package, or False when it is not installed (looked up once)."""
+    """Where NVTX ranges go: the ``nvtx`` package, else ``torch.cuda.nvtx`` on CUDA, else False (looked up once)."""
     global _nvtx_module
     if _nvtx_module is None:
         try:
             _nvtx_module = importlib.import_module("nvtx")
         except ImportError:
-            _nvtx_module = False
+            _nvtx_module = _TorchCudaNvtx() if torch.cuda.is_available() else False
     return _nvtx_module
+
+
+def nvtx_backend() -> str:
+    """What marks the NVTX ranges here: ``nvtx``, ``torch.cuda.nvtx`` or ``none`` (recorded in summary.json)."""
+    module = _nvtx()
+    return module.__name__ if module else "none"
+
+
+def under_nsys(environ: dict[str, str] | None = None) -> bool:
+    """Whether Nsight Systems is profiling this process (launch.sh's profile job says so; nsys's own variable too)."""
+    environ = os.environ if environ is None else environ
+    return bool(environ.get("DLSCALE_UNDER_NSYS") or environ.get("NSYS_PROFILING_SESSION_ID"))
 
 
 class nvtx_range(contextlib.ContextDecorator):
@@ -87,45 +116,54 @@ class nvtx_range(contextlib.ContextDecorator):
 class StepProfiler:
     """Profile optimizer steps ``[start, stop)``; call :meth:`step` after every optimizer step.
 
-    Writes ``trace.json`` (Chrome trace format) and ``profile_summary.json`` into ``run_dir``
-    when the window closes. On CUDA it also calls ``torch.cuda.profiler.start()/stop()`` around
-    the window, so ``nsys profile --capture-range=cudaProfilerApi`` records just those steps.
+    Steps are counted from the start of training, also after a resume: ``first_step`` is the
+    step the run resumed from (the profiled window is what is left of ``[start, stop)``).
+    With ``trace`` (the main rank) it writes ``trace.json`` (Chrome trace format) and
+    ``profile_summary.json`` into ``run_dir`` when the window closes. On CUDA every rank calls
+    ``torch.cuda.profiler.start()/stop()`` around the window, so ``nsys profile
+    --capture-range=cudaProfilerApi`` records just those steps in each rank's report. Under
+    nsys the trace keeps CPU activity only: CUDA activity would make torch subscribe to CUPTI,
+    which nsys needs for itself.
     """
 
-    def __init__(self, run_dir: str | Path, start: int, stop: int, device: torch.device, enabled: bool = True):
-        self.run_dir, self.start, self.stop = Path(run_dir), start, stop
-        self.cuda = device.type == "cuda"
+    def __init__(self, run_dir: str | Path, start: int, stop: int, device: torch.device, trace: bool = True,
+                 first_step: int = 0, environ: dict[str, str] | None = None):
+        self.run_dir, self.first_step = Path(run_dir), first_step
+        self.start, self.stop = max(start, first_step), stop
+        self.active = self.start < self.stop  # (nothing to do once the window is past)
+        self.capture = self.active and device.type == "cuda"
         self.summary: dict[str, Any] | None = None
         self._profiler = None
-        if not enabled:
+        if not (self.active and trace):
             return
         activities = [torch.profiler.ProfilerActivity.CPU]
-        if self.cuda:
+        if self.capture and not under_nsys(environ):
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        warmup = 1 if start > 0 else 0  # the profiler warms up on the step before the window where there is one
+        self.activities = activities
+        skip = self.start - first_step  # the profiler counts its own step() calls, from this run's first
+        warmup = 1 if skip > 0 else 0  # the profiler warms up on the step before the window where there is one
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
-            schedule = torch.profiler.schedule(skip_first=start - warmup, wait=0, warmup=warmup,
-                                               active=stop - start, repeat=1)
+            schedule = torch.profiler.schedule(skip_first=skip - warmup, wait=0, warmup=warmup,
+                                               active=self.stop - self.start, repeat=1)
         self._profiler = torch.profiler.profile(activities=activities, on_trace_ready=self._write, schedule=schedule)
 
     def __enter__(self) -> "StepProfiler":
         if self._profiler is not None:
             self._profiler.__enter__()
-            if self.cuda and self.start == 0:
-                torch.cuda.profiler.start()
+        if self.capture and self.start == self.first_step:
+            torch.cuda.profiler.start()
         return self
 
     def step(self, step: int) -> None:
-        """Call with the number of optimizer steps done so far."""
-        if self._profiler is None:
-            return
-        if self.cuda and step == self.start and step > 0:
+        """Call with the number of optimizer steps done so far (counted from the start of training)."""
+        if self.capture and step == self.start and step > self.first_step:
             torch.cuda.profiler.start()
-        if self.cuda and step == self.stop:
+        if self.capture and step == self.stop:
             torch.cuda.synchronize()
             torch.cuda.profiler.stop()
-        self._profiler.step()
+        if self._profiler is not None:
+            self._profiler.step()
 
     def __exit__(self, *exc: object) -> None:
         if self._profiler is not None:
@@ -231,11 +269,12 @@ def parse_nvtx_sum(text: str) -> list[dict[str, Any]]:
 
 # -- FLOPs and MFU --------------------------------------------------------------------------------
 
-#: Dense peak FLOP/s per GPU (or GCD) for the precisions training uses, from the vendors' data sheets.
+#: Dense peak FLOP/s per GPU (or GCD) for the precisions training uses, from the vendors' data sheets
+#: (SXM parts; "tf32" is the tensor-core rate that float32 convolutions get through cuDNN's TF32).
 PEAK_FLOPS = {
-    ("A100", "bf16"): 312e12, ("A100", "fp16"): 312e12, ("A100", "fp32"): 19.5e12,
-    ("H100", "bf16"): 989e12, ("H100", "fp16"): 989e12, ("H100", "fp32"): 67e12,
-    ("H200", "bf16"): 989e12, ("H200", "fp16"): 989e12, ("H200", "fp32"): 67e12,
+    ("A100", "bf16"): 312e12, ("A100", "fp16"): 312e12, ("A100", "tf32"): 156e12, ("A100", "fp32"): 19.5e12,
+    ("H100", "bf16"): 989e12, ("H100", "fp16"): 989e12, ("H100", "tf32"): 494.7e12, ("H100", "fp32"): 67e12,
+    ("H200", "bf16"): 989e12, ("H200", "fp16"): 989e12, ("H200", "tf32"): 494.7e12, ("H200", "fp32"): 67e12,
     ("V100", "fp16"): 125e12, ("V100", "fp32"): 15.7e12,
     ("MI250X", "bf16"): 191.5e12, ("MI250X", "fp16"): 191.5e12, ("MI250X", "fp32"): 47.9e12,
 }
@@ -248,6 +287,20 @@ def peak_flops(device: torch.device | str, precision: str) -> float | None:
         return None
     name = torch.cuda.get_device_name(device)
     return next((flops for (gpu, prec), flops in PEAK_FLOPS.items() if gpu in name and prec == precision), None)
+
+
+def peak_precision(device: torch.device | str, precision: str, convolutions: bool = True) -> str:
+    """The precision whose peak an ``fp32`` run really runs at: ``tf32`` where cuDNN (for a model
+    of convolutions, PyTorch's default) or cuBLAS (``allow_tf32`` for matmuls) uses TF32 and the GPU
+    has it; otherwise ``precision`` itself.
+    """
+    device = torch.device(device)
+    if precision != "fp32" or device.type != "cuda":
+        return precision
+    tf32 = torch.backends.cudnn.allow_tf32 if convolutions else torch.backends.cuda.matmul.allow_tf32
+    name = torch.cuda.get_device_name(device)
+    has_tf32 = any(gpu in name for gpu, prec in PEAK_FLOPS if prec == "tf32")
+    return "tf32" if tf32 and has_tf32 else "fp32"
 
 
 def flops_per_sample(model: nn.Module, input_shape: Sequence[int], loss_fn: Callable | None = None,

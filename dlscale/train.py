@@ -38,7 +38,7 @@ from .models import build_model, count_parameters
 from .optim import build_optimizer
 from .precision import Precision
 from .preemption import PREEMPTED_EXIT_CODE, StopFlag
-from .profiling import StepProfiler, flops_per_sample, mfu, nvtx_range, peak_flops
+from .profiling import StepProfiler, flops_per_sample, mfu, nvtx_backend, nvtx_range, peak_flops, peak_precision
 from .noise_scale import NoiseScaleEstimator, grad_sq_norm, preserved_buffers
 from .schedules import scale_lr, warmup_schedule
 from .throughput import ThroughputMeter
@@ -306,10 +306,9 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
                           "off an all-reduce; launch with torchrun/srun/mpirun, or set noise_scale_every=0")
     scaler = policy.grad_scaler()  # enabled only for fp16; otherwise its calls pass straight through
     autocast = policy.autocast
-    # The plain module is kept for checkpoints and evaluation; the DDP-wrapped (and compiled) one trains.
-    step_model = distributed.wrap_model(model, env, cfg.bucket_cap_mb, cfg.gradient_as_bucket_view, cfg.static_graph)
-    if cfg.compile:
-        step_model = torch.compile(step_model, mode="reduce-overhead" if cfg.cuda_graphs else None)
+    # The plain module is kept for checkpoints and evaluation; the compiled (and DDP-wrapped) one trains.
+    step_model = build_step_model(model, env, cfg)
+    graph_skips = _cuda_graph_skips() if cfg.cuda_graphs else 0
 
     # -- resume or start afresh ------------------------------------------------
     # A resume never removes a checkpoint: the newest stays until a newer one is renamed into
@@ -325,6 +324,7 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
     elif is_main:
         clear_checkpoints(run_dir)
     distributed.barrier()  # every rank has loaded (or rank 0 has cleared) before any rank goes on
+    first_step = step
     if sync is not None:  # Horovod's idiom: every rank starts from rank 0's state
         horovod_backend.broadcast_initial_state(model, optimizer, resumed=resume_from is not None)
     if is_main:
@@ -334,14 +334,14 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
     applied = {
         "device": str(device), "precision": policy.name, "grad_scaler": scaler.is_enabled(),
         "channels_last": _is_channels_last(model),
-        "compiled": cfg.compile, "cuda_graphs": cfg.cuda_graphs and cfg.compile,
+        "compiled": cfg.compile, "cuda_graphs": False,  # known after the first steps
         "world_size": world_size, "launcher": env.launcher, "backend": env.backend,
-        "ddp": step_model is not model and env.distributed, "horovod": sync is not None,
+        "ddp": isinstance(step_model, nn.parallel.DistributedDataParallel), "horovod": sync is not None,
         "horovod_fp16_compression": sync is not None and cfg.horovod_fp16_compression,
         "optimizer": type(optimizer).__name__,
         "optimizer_foreach": bool(optimizer.defaults.get("foreach")),
         "optimizer_fused": bool(optimizer.defaults.get("fused")), "num_workers": train_loader.num_workers,
-        "pin_memory": train_loader.pin_memory, "data_dir": str(data_root),
+        "pin_memory": train_loader.pin_memory, "data_dir": str(data_root), "nvtx": nvtx_backend(),
     }
     if is_main:
         where = f"resuming from {resume_from.name} at step {step}" if resume_from else "starting afresh"
@@ -392,8 +392,8 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
     say = bar.write if is_main else (lambda *args, **kwargs: None)
     preempted = False
     window = cfg.profile_steps or (0, 0)
-    profiler = StepProfiler(run_dir, max(0, window[0] - step), max(1, window[1] - step), device,
-                            enabled=bool(cfg.profile_steps) and is_main and window[1] > step)
+    # Every rank opens the nsys capture range; the main rank also writes the torch trace.
+    profiler = StepProfiler(run_dir, *window, device, trace=is_main, first_step=step)
     model.train()
     with StopFlag() as stop, profiler:
         while step < total_steps and not preempted:
@@ -475,13 +475,20 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
                     break
     bar.close()
     flush()
+    # Inductor skips CUDA graphs it cannot capture safely (batch norm mutates its running
+    # statistics, for one), so whether they were applied is read back, not assumed.
+    applied["cuda_graphs"] = (cfg.compile and cfg.cuda_graphs and device.type == "cuda"
+                              and step > first_step and _cuda_graph_skips() == graph_skips)
 
     # -- summary ---------------------------------------------------------------
     # Rank 0 wrote the files; it hands their rows to the others (which may not share its file system).
     history, step_rows = distributed.broadcast_object(
         (read_rows(run_dir / VAL_FILE), read_rows(run_dir / TRAIN_FILE)) if is_main else None)
     final = {k: v for k, v in history[-1].items() if k not in ("epoch", "step")} if history else {}
-    utilisation = mfu(meter.samples_per_s, flops, peak_flops(device, policy.name))  # per device
+    # float32 convolutions on an Ampere or newer GPU run on TF32 tensor cores: MFU is against that peak.
+    peak_name = peak_precision(device, policy.name)
+    peak = peak_flops(device, peak_name)
+    utilisation = mfu(meter.samples_per_s, flops, peak)  # per device
     result = Result(config=cfg, run_dir=run_dir, device=str(device), final=final, history=history,
                     steps=step_rows, samples_per_s=meter.aggregate(world_size), steps_done=step,
                     total_steps=total_steps, seconds=time.perf_counter() - started, preempted=preempted,
@@ -491,7 +498,8 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
                    "world_size": world_size, "nodes": max(1, world_size // max(1, env.local_world_size)),
                    "global_batch_size": cfg.global_batch_size, "steps_done": step, "total_steps": total_steps,
                    "seconds": result.seconds, "device": str(device), "preempted": preempted, "peak_lr": peak_lr,
-                   "flops_per_sample": flops, "mfu": utilisation, "applied": applied,
+                   "flops_per_sample": flops, "mfu": utilisation,
+                   "mfu_peak": {"precision": peak_name, "flops_per_s": peak}, "applied": applied,
                    **({"noise_scale": noise.b_simple} if cfg.noise_scale_every else {}), **final}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         logger.summary(summary)
@@ -502,6 +510,23 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv, started: float) -> Result
         print(result.summary(), flush=True)
     logger.close()
     return result
+
+
+def build_step_model(model: nn.Module, env: distributed.DistEnv, cfg: TrainConfig) -> nn.Module:
+    """The module the training step calls: ``model`` compiled when asked, then wrapped in DDP.
+
+    The order is PyTorch's guidance: torch.compile does not trace DDP's hooks well, so the
+    inner module is compiled and DDP wraps the result. ``model`` itself stays plain, for
+    checkpoints and evaluation.
+    """
+    inner = torch.compile(model, mode="reduce-overhead" if cfg.cuda_graphs else None) if cfg.compile else model
+    return distributed.wrap_model(inner, env, cfg.bucket_cap_mb, cfg.gradient_as_bucket_view, cfg.static_graph)
+
+
+def _cuda_graph_skips() -> int:
+    """How many times inductor has declined to capture a CUDA graph in this process."""
+    from torch._dynamo.utils import counters
+    return counters["inductor"]["cudagraph_skips"]
 
 
 def train_quietly(cfg: TrainConfig) -> Result:

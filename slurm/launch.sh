@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one launch body behind every submit script in slurm/:
 #
-#   launch.sh SITE JOB [ARGS...]      JOB = train | profile | kmeans
+#   launch.sh SITE JOB [ARGS...]      JOB = train | profile | kmeans | probe
 #
 # It reads the site's settings (sites/SITE.env, then $DLSCALE_SITE_ENV if you keep your own:
 # account-free, path-free defaults live here, your choices live there), prepares the
@@ -14,8 +14,8 @@
 # resumes from the checkpoint (resume=true, same run directory: the job id does not change).
 set -euo pipefail
 
-site=${1:?usage: launch.sh SITE train|profile|kmeans [ARGS...]}
-job=${2:?usage: launch.sh SITE train|profile|kmeans [ARGS...]}
+site=${1:?usage: launch.sh SITE train|profile|kmeans|probe [ARGS...]}
+job=${2:?usage: launch.sh SITE train|profile|kmeans|probe [ARGS...]}
 shift 2
 # The repository (for the settings and .venv); runs and data go to the working directory,
 # which is where sbatch was called (or its --chdir).
@@ -26,6 +26,15 @@ DLSCALE_PYTHON=python
 DLSCALE_PREFIX=()          # e.g. (shifter --image=...) or (podman-hpc run ...): put before python
 DLSCALE_SRUN_FLAGS=()      # e.g. (--gpu-bind=closest)
 dlscale_environment() { :; }
+# conda's activate scripts read variables that may be unset, which `set -u` turns into an abort.
+# shellcheck disable=SC2317  # called from the site files
+conda_activate() {
+    set +u
+    conda activate "$@"
+    local status=$?
+    set -u
+    return "$status"
+}
 
 # shellcheck source=/dev/null
 source "$root/slurm/sites/$site.env"
@@ -36,9 +45,18 @@ fi
 dlscale_environment
 
 # The master is the first node of the allocation: never the login node, never localhost.
-MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# (Read whole: `scontrol ... | head -n 1` can die of SIGPIPE under pipefail on a long node list.)
+mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+MASTER_ADDR=${nodes[0]:?scontrol gave no host for SLURM_JOB_NODELIST=$SLURM_JOB_NODELIST}
 export MASTER_ADDR
-export MASTER_PORT=${MASTER_PORT:-29500}
+# One port per job, so two jobs that share a node (a shared QOS) do not collide: 10000-29999,
+# unprivileged and below Linux's ephemeral range (32768-60999).
+export MASTER_PORT=${MASTER_PORT:-$((10000 + SLURM_JOB_ID % 20000))}
+# Since Slurm 22.05, srun does not inherit --cpus-per-task from the allocation (sbatch(1)):
+# without this every rank, its threads and its loader workers would share one core.
+if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then
+    export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
+fi
 run_dir=${DLSCALE_RUN_DIR:-runs/${SLURM_JOB_NAME:-dlscale}-${SLURM_JOB_ID}}
 
 case $job in
@@ -48,16 +66,21 @@ case $job in
         command+=(resume=true)
         ;;
     profile)  # one Nsight Systems report per rank, over the steps named by profile_steps=
+        mkdir -p "$run_dir/nsys"  # nsys does not create the folder of its --output
+        export DLSCALE_UNDER_NSYS=1  # the training then leaves the GPU counters (CUPTI) to nsys
         mapfile -t command < <("$DLSCALE_PYTHON" -c 'import sys; from dlscale.profiling import nsys_command
 print("\n".join(nsys_command(sys.argv[2:], output=sys.argv[1] + "/nsys/rank_%q{SLURM_PROCID}",
                              python=sys.executable)))' "$run_dir" "$@" "run_dir=$run_dir")
+        ;;
+    probe)  # one line per task: what it was given (CPUs, affinity, threads, GPUs); checks a site's binding
+        command=("$DLSCALE_PYTHON" -m dlscale info --task)
         ;;
     kmeans)
         command=("$DLSCALE_PYTHON" -m dlscale kmeans "$@")
         [[ " $* " == *" --out "* ]] || command+=(--out "$run_dir")
         ;;
     *)
-        echo "launch.sh: unknown job '$job' (train, profile or kmeans)" >&2
+        echo "launch.sh: unknown job '$job' (train, profile, kmeans or probe)" >&2
         exit 2
         ;;
 esac
@@ -65,9 +88,14 @@ esac
 echo "dlscale: job ${SLURM_JOB_ID} on ${SLURM_JOB_NUM_NODES:-1} node(s), ${SLURM_NTASKS:-1} task(s), master" \
      "${MASTER_ADDR}:${MASTER_PORT}, writing to ${run_dir}"
 read -r -a extra_flags <<< "${DLSCALE_SRUN_EXTRA:-}"  # per-job srun flags, e.g. --mpi=pmi2 for MPI codes
+cpus_flag=()
+if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then
+    cpus_flag=(--cpus-per-task="$SLURM_CPUS_PER_TASK")  # (SRUN_CPUS_PER_TASK says the same, for nested sruns)
+fi
 if [[ ${DLSCALE_DRY_RUN:-0} == 1 ]]; then  # print what would run (tests, and checking a site's settings)
-    printf '%q ' srun --kill-on-bad-exit=0 "${DLSCALE_SRUN_FLAGS[@]}" "${extra_flags[@]}" "${DLSCALE_PREFIX[@]}" \
-        "${command[@]}"
+    { env | grep -E '^(MASTER_|SRUN_|OMP_|NCCL_|FI_|MIOPEN_|CUDA_VISIBLE|DLSCALE_UNDER)' || true; } | sort | sed 's/^/env: /'
+    printf '%q ' srun --kill-on-bad-exit=0 "${cpus_flag[@]}" "${DLSCALE_SRUN_FLAGS[@]}" "${extra_flags[@]}" \
+        "${DLSCALE_PREFIX[@]}" "${command[@]}"
     echo
     exit 0
 fi
@@ -75,8 +103,8 @@ fi
 # srun must not kill the later ones (its status would then be theirs, not 75). A rank that
 # dies of an error still ends the others: their collectives fail within dist_timeout_s.
 status=0
-srun --kill-on-bad-exit=0 "${DLSCALE_SRUN_FLAGS[@]}" "${extra_flags[@]}" "${DLSCALE_PREFIX[@]}" "${command[@]}" \
-    || status=$?
+srun --kill-on-bad-exit=0 "${cpus_flag[@]}" "${DLSCALE_SRUN_FLAGS[@]}" "${extra_flags[@]}" "${DLSCALE_PREFIX[@]}" \
+    "${command[@]}" || status=$?
 
 if [[ $status -eq 75 ]]; then  # preempted: checkpointed; run again from the checkpoint
     echo "dlscale: stopped on a signal at a checkpoint; requeueing job ${SLURM_JOB_ID}"

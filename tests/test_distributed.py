@@ -315,3 +315,26 @@ def test_gradient_accumulation_takes_the_same_steps(in_tmp):
     assert [r["step"] for r in read_rows(in_tmp / "runs/acc/metrics.csv")] == list(range(1, 41))
     assert read_rows(in_tmp / "runs/acc/metrics.csv")[0]["loss"] == pytest.approx(
         read_rows(in_tmp / "runs/one/metrics.csv")[0]["loss"], rel=1e-6)  # the logged loss is the whole batch's
+
+
+def test_the_benchmarks_timing_reductions_run_on_its_device(monkeypatch):
+    """Under NCCL a CPU tensor in a collective is an error: the timings travel on the benchmark's device.
+
+    No GPU here, so the collective is stood in for and records where its tensor lives ("meta" plays
+    the GPU: any device other than the CPU shows the same mistake).
+    """
+    from dlscale import bench, distributed
+    seen = []
+    monkeypatch.setattr(distributed, "all_reduce_max", lambda tensor: seen.append(tensor.device) or torch.tensor(0.5))
+    assert bench.slowest_rank(0.5, torch.device("meta")) == 0.5
+    assert seen == [torch.device("meta")]
+
+
+def test_collectives_of_plain_numbers_use_the_groups_device(monkeypatch):
+    from dlscale import distributed
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed.dist, "get_backend", lambda *a: "nccl")
+    monkeypatch.setattr(distributed.torch.cuda, "current_device", lambda: 3)
+    assert distributed.collective_device() == torch.device("cuda", 3)
+    monkeypatch.setattr(distributed.dist, "get_backend", lambda *a: "gloo")
+    assert distributed.collective_device() == torch.device("cpu")

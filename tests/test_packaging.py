@@ -63,3 +63,26 @@ def test_readme_quick_start_is_two_commands_and_ci_runs_the_test_one():
 def test_shipped_configs_travel_with_the_package():
     package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert "configs/*.yaml" in package_data["dlscale"]
+
+
+#: torch APIs the package may use, with the first release that has them. A new use of a newer API
+#: must raise the floor in pyproject.toml (and environment.yml, which the test above keeps equal).
+TORCH_APIS = {
+    "torch.amp.GradScaler": (2, 3),          # before: torch.cuda.amp.GradScaler, CUDA only
+    "torch.utils.flop_counter": (2, 1),
+    "torch.compile": (2, 0),
+    "torch.distributed.fsdp.fully_shard": (2, 6),
+    "torch.distributed.tensor": (2, 5),
+    "torch.nn.attention": (2, 2),
+}
+
+
+def test_the_torch_floor_covers_every_api_the_code_uses():
+    code = "\n".join(path.read_text() for path in (ROOT / "dlscale").rglob("*.py"))
+    used = {api: version for api, version in TORCH_APIS.items() if api in code}
+    assert "torch.amp.GradScaler" in used  # the table is checked against something real
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    bound = dict(_requirement(s) for s in project["dependencies"])["torch"]
+    floor = tuple(int(part) for part in re.match(r">=(\d+)\.(\d+)", bound).groups())
+    newest = max(used, key=used.get)
+    assert floor >= used[newest], f"torch{bound} is below {newest}, which needs torch {used[newest]}"

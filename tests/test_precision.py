@@ -28,19 +28,37 @@ def test_unknown_precision_is_a_clear_error():
     ("NVIDIA A100-SXM4-40GB", (8, 0), True, "bf16"),
     ("NVIDIA H100 80GB HBM3", (9, 0), True, "bf16"),
     ("Tesla V100-SXM2-16GB", (7, 0), False, "fp16"),
+    ("Tesla T4", (7, 5), False, "fp16"),
 ])
-def test_gpu_policy_rules(monkeypatch, gpu, capability, bf16, auto):
-    """The CUDA rules, with the device's answers given (this machine has no GPU; the device tool checks the real one)."""
+def test_gpu_policy_follows_the_compute_capability(monkeypatch, gpu, capability, bf16, auto):
+    """The CUDA rules from a faked device capability (no GPU here; the device tool checks the real one).
+
+    ``torch.cuda.is_bf16_supported()`` answers True on a V100 too (it counts emulation); the stand-in
+    answers so everywhere, and the policy must not listen to it.
+    """
     monkeypatch.setattr(precision_module, "_capability", lambda device: capability)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: gpu)
+    assert precision_module.supports_bf16("cuda") == bf16
     assert Precision.resolve("auto", "cuda").name == auto
     assert Precision.resolve("fp16", "cuda").name == "fp16"
     if bf16:
         assert Precision.resolve("bf16", "cuda").name == "bf16"
     else:
-        with pytest.raises(PrecisionError, match=r"bf16 needs a GPU with bfloat16 .* V100.* has compute 7.0"):
+        with pytest.raises(PrecisionError, match=rf"bf16 needs a GPU with bfloat16 .*{gpu}.* has compute {capability[0]}"):
             Precision.resolve("bf16", "cuda")
+
+
+@pytest.mark.parametrize("arch, bf16", [("gfx90a:sramecc+:xnack-", True), ("gfx942", True), ("gfx908", False)])
+def test_rocm_bf16_follows_the_architecture(monkeypatch, arch, bf16):
+    """On ROCm builds the capability numbers say little; the architecture decides (MI250X is gfx90a)."""
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("Props", (), {"gcnArchName": arch}))
+    monkeypatch.setattr(precision_module, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "AMD Instinct")
+    assert precision_module.supports_bf16("cuda") == bf16
+    assert Precision.resolve("auto", "cuda").name == ("bf16" if bf16 else "fp16")
 
 
 @pytest.mark.parametrize("name, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)])

@@ -109,3 +109,85 @@ def test_flops_per_sample_counts_forward_and_backward_and_leaves_the_model_alone
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert mfu(1000.0, 1e9, 1e13) == pytest.approx(0.1)
     assert mfu(1000.0, 1e9, None) is None and peak_flops("cpu", "bf16") is None
+
+
+class _CudaProfilerCalls:
+    """Stands in for torch.cuda's profiler API (no GPU here) and records what was called at which step."""
+
+    def __init__(self, monkeypatch):
+        self.calls, self.step = [], None
+        monkeypatch.setattr(torch.cuda.profiler, "start", lambda: self.calls.append(("start", self.step)))
+        monkeypatch.setattr(torch.cuda.profiler, "stop", lambda: self.calls.append(("stop", self.step)))
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+
+    def run(self, profiler, first, last):
+        self.step = first
+        with profiler:
+            for self.step in range(first + 1, last + 1):
+                profiler.step(self.step)
+        return self.calls
+
+
+@pytest.mark.parametrize("first_step, expected", [
+    (0, [("start", 5), ("stop", 8)]),     # a fresh run
+    (3, [("start", 5), ("stop", 8)]),     # resumed before the window: steps still count from the start
+    (6, [("start", 6), ("stop", 8)]),     # resumed inside the window: what is left of it
+    (9, []),                              # resumed after it
+])
+def test_every_rank_opens_the_nsys_capture_range_at_the_right_steps(monkeypatch, tmp_path, first_step, expected):
+    """A rank that is not the main one writes no trace but must still open and close nsys's window."""
+    calls = _CudaProfilerCalls(monkeypatch)
+    profiler = profiling.StepProfiler(tmp_path, 5, 8, torch.device("cuda"), trace=False, first_step=first_step)
+    assert calls.run(profiler, first_step, 12) == expected
+
+
+def test_under_nsys_the_trace_records_cpu_activity_only(tmp_path):
+    cuda = torch.device("cuda")
+    alone = profiling.StepProfiler(tmp_path, 2, 4, cuda, environ={})
+    under = profiling.StepProfiler(tmp_path, 2, 4, cuda, environ={"DLSCALE_UNDER_NSYS": "1"})
+    assert torch.profiler.ProfilerActivity.CUDA in alone.activities
+    assert under.activities == [torch.profiler.ProfilerActivity.CPU]  # CUPTI is left to nsys
+
+
+def test_a_resumed_run_profiles_what_is_left_of_its_window(tiny):
+    train(tiny(max_steps=20, checkpoint_every=10))
+    for path in sorted((tiny().resolved_run_dir / "checkpoints").glob("*.pt"))[1:]:
+        path.unlink()  # as if it had died after step 10
+    result = train(tiny(max_steps=20, checkpoint_every=10, resume=True, profile_steps=(12, 15)))
+    summary = json.loads((result.run_dir / "profile_summary.json").read_text())
+    assert summary["steps"] == 3 and all(r["calls"] == 3 for r in summary["ranges"])
+
+
+def test_without_the_nvtx_package_ranges_go_through_torch_cuda_nvtx(monkeypatch):
+    """A site's PyTorch module has CUDA but not the nvtx package: nsys must still see the ranges."""
+    import sys
+    pushed = []
+    monkeypatch.setitem(sys.modules, "nvtx", None)  # import nvtx now fails
+    monkeypatch.setattr(profiling, "_nvtx_module", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: pushed.append(("push", name)))
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: pushed.append(("pop",)))
+    with nvtx_range("forward"):
+        pass
+    assert pushed == [("push", "forward"), ("pop",)]
+    assert profiling.nvtx_backend() == "torch.cuda.nvtx"
+
+
+@pytest.mark.parametrize("gpu, tf32, precision, expected, peak", [
+    ("NVIDIA A100-SXM4-40GB", True, "fp32", "tf32", 156e12),   # cuDNN's default for convolutions
+    ("NVIDIA A100-SXM4-40GB", False, "fp32", "fp32", 19.5e12),
+    ("NVIDIA A100-SXM4-40GB", True, "bf16", "bf16", 312e12),
+    ("Tesla V100-SXM2-16GB", True, "fp32", "fp32", 15.7e12),   # no TF32 on Volta
+])
+def test_mfu_divides_by_the_peak_the_run_really_had(monkeypatch, gpu, tf32, precision, expected, peak):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: gpu)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", tf32)
+    assert profiling.peak_precision("cuda", precision) == expected
+    assert peak_flops("cuda", expected) == peak
+
+
+def test_the_summary_names_the_peak_and_the_nvtx_backend(tiny):
+    result = train(tiny(max_steps=2))
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    assert summary["mfu_peak"] == {"precision": "fp32", "flops_per_s": None}  # a CPU: no known peak
+    assert summary["applied"]["nvtx"] == "nvtx"  # the profiling extra is installed for the tests

@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -76,6 +77,19 @@ def test_a_two_task_training_job_runs_through_srun_and_only_rank0_writes(cluster
     assert [row["step"] for row in read_rows(run / "metrics.csv")] == list(range(1, 31))  # each step once
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["applied"]["launcher"] == "slurm"
+
+
+def test_each_task_of_a_job_gets_the_cpus_per_task_it_asked_for(cluster, tmp_path):
+    """launch.sh's probe job prints what each task was given; the cluster binds tasks (task/affinity)."""
+    done = subprocess.run(["sbatch", "--parsable", "--wait", f"--chdir={tmp_path}", "--ntasks=2", "--cpus-per-task=1",
+                           "--output=probe-%j.out", f"--wrap=bash {ROOT}/slurm/launch.sh local probe"],
+                          env=_env(cluster), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    output = (tmp_path / f"probe-{done.stdout.strip()}.out").read_text()
+    tasks = dict(re.findall(r"^task (\d+)/2 on \S+: 1 cpu\(s\) \[(\d+)\].*SRUN_CPUS_PER_TASK=1 ", output, re.M))
+    assert sorted(tasks) == ["0", "1"], output
+    assert len(set(tasks.values())) == 2  # each task on its own core
+    assert "OMP_NUM_THREADS=1" in output
 
 
 def test_a_two_task_kmeans_job_equals_one_process(cluster, tmp_path):
@@ -160,6 +174,36 @@ def _headers(script: Path) -> dict[str, str]:
     return dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", script.read_text(), re.M))
 
 
+def _render(tmp_path, script, *args, env=None, hosts=("nid001000", "nid001001"), job_id="42"):
+    """Run a submit script with DLSCALE_DRY_RUN=1 and stand-ins for scontrol and module.
+
+    Returns (completed process, the srun line, the environment lines launch.sh printed, the module calls).
+    """
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (tmp_path / "hosts.txt").write_text("\n".join(hosts) + "\n")
+    (fake / "scontrol").write_text(f"#!/bin/sh\ncat {tmp_path / 'hosts.txt'}\n")
+    (fake / "module").write_text("#!/bin/sh\necho \"module $*\" >> \"$FAKE_LOG\"\n")
+    for tool in fake.iterdir():
+        tool.chmod(0o755)
+    headers = _headers(ROOT / "slurm" / script)
+    nodes = len(hosts)
+    tasks = int(headers.get("ntasks-per-node", 1))
+    environ = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "FAKE_LOG": str(tmp_path / "calls.log"),
+               "DLSCALE_DRY_RUN": "1", "DLSCALE_ROOT": str(ROOT), "SLURM_JOB_ID": job_id, "SLURM_JOB_NAME": "t",
+               "SLURM_JOB_NODELIST": "nid[001000-001001]", "SLURM_JOB_NUM_NODES": str(nodes),
+               "SLURM_NTASKS": str(nodes * tasks), "SLURM_CPUS_PER_TASK": headers["cpus-per-task"], **(env or {})}
+    for name in ("MASTER_PORT", "MASTER_ADDR", "SRUN_CPUS_PER_TASK"):
+        environ.pop(name, None) if name not in (env or {}) else None
+    done = subprocess.run(["bash", str(ROOT / "slurm" / script), *args], cwd=tmp_path, env=environ,
+                          capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    settings = dict(line[5:].split("=", 1) for line in lines if line.startswith("env: "))
+    calls = (tmp_path / "calls.log").read_text() if (tmp_path / "calls.log").exists() else ""
+    command = shlex.join(shlex.split(lines[-1])) if lines else ""  # printf %q's escapes undone
+    return done, command, settings, calls
+
+
 @pytest.mark.parametrize("site, gpus_per_node", [("perlmutter", 4), ("frontier", 8), ("local", 0)])
 def test_each_site_renders_one_task_per_gpu_and_a_world_the_config_splits_over(site, gpus_per_node, tmp_path):
     script = ROOT / f"slurm/{site}/train.sbatch"
@@ -169,32 +213,66 @@ def test_each_site_renders_one_task_per_gpu_and_a_world_the_config_splits_over(s
     assert int(headers.get("gpus-per-node", 0)) == gpus_per_node
     if gpus_per_node:
         assert tasks == gpus_per_node  # one rank per GPU
-    # Render the launch for 2 nodes with stand-ins for the cluster's commands
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "scontrol").write_text("#!/bin/sh\necho nid001000\n")
-    (fake / "module").write_text("#!/bin/sh\necho \"module $*\" >> \"$FAKE_LOG\"\n")
-    for tool in fake.iterdir():
-        tool.chmod(0o755)
-    nodes = 2
-    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "FAKE_LOG": str(tmp_path / "calls.log"),
-           "DLSCALE_DRY_RUN": "1", "DLSCALE_ROOT": str(ROOT), "SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "t",
-           "SLURM_JOB_NODELIST": "nid[001000-001001]", "SLURM_JOB_NUM_NODES": str(nodes),
-           "SLURM_NTASKS": str(nodes * tasks), "SLURM_CPUS_PER_TASK": headers["cpus-per-task"]}
-    done = subprocess.run(["bash", str(script), "gpu", "epochs=1"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True)
+    done, command, settings, calls = _render(tmp_path, f"{site}/train.sbatch", "gpu", "epochs=1")
     assert done.returncode == 0, done.stderr
-    assert "master nid001000:29500" in done.stdout
-    command = done.stdout.strip().splitlines()[-1]
+    assert "master nid001000:10042" in done.stdout  # the first node; a port from the job id
     assert command.startswith("srun --kill-on-bad-exit=0") and "-m dlscale.train gpu epochs=1" in command
     assert "run_dir=runs/t-42 resume=true" in command
+    # srun (Slurm >= 22.05) does not inherit the allocation's CPUs per task: the line and the environment say it
+    assert f"--cpus-per-task={headers['cpus-per-task']}" in command.split(" -m ")[0]
+    assert settings["SRUN_CPUS_PER_TASK"] == headers["cpus-per-task"]
     if site == "frontier":
         assert "--gpu-bind=closest" in command
+        assert "module load rccl-net-plugin" in calls  # else RCCL talks TCP between nodes
+        assert settings["MIOPEN_CUSTOM_CACHE_DIR"] == settings["MIOPEN_USER_DB_PATH"]
+        assert settings["MIOPEN_USER_DB_PATH"].startswith(("/tmp", os.environ.get("TMPDIR", "/tmp")))
     if site == "perlmutter":
-        assert "module load pytorch" in (tmp_path / "calls.log").read_text()
-    world = nodes * tasks
+        assert "module load pytorch" in calls
+    world = len(("nid001000", "nid001001")) * tasks
     load_config("gpu").per_rank_batch(world)  # the gpu config's global batch splits evenly over the world
     assert "#SBATCH --signal=USR1@" in script.read_text() and "#SBATCH --requeue" in script.read_text()
+
+
+def test_the_master_is_the_first_of_a_long_node_list_and_each_job_has_its_own_port(tmp_path):
+    """`scontrol ... | head -n 1` under pipefail dies of SIGPIPE once the list outgrows the pipe's buffer."""
+    hosts = [f"nid{i:06d}" for i in range(50_000)]
+    done, _, settings, _ = _render(tmp_path, "local/train.sbatch", "tiny", hosts=hosts, job_id="1234567")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert settings["MASTER_ADDR"] == "nid000000"
+    (tmp_path / "other").mkdir()
+    _, _, other, _ = _render(tmp_path / "other", "local/train.sbatch", "tiny", job_id="1234568")
+    ports = {int(settings["MASTER_PORT"]), int(other["MASTER_PORT"])}
+    assert len(ports) == 2 and all(10000 <= p < 30000 for p in ports)  # unprivileged, below the ephemeral range
+
+
+def test_the_profile_job_makes_its_report_folder_and_leaves_cupti_to_nsys(tmp_path):
+    done, command, settings, _ = _render(tmp_path, "perlmutter/profile.sbatch", "gpu", "profile_steps=20,30")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "runs/t-42/nsys").is_dir()  # nsys does not create the folder of its --output
+    assert "--output=runs/t-42/nsys/rank_%q{SLURM_PROCID}" in command  # one report per rank
+    assert settings["DLSCALE_UNDER_NSYS"] == "1"
+
+
+@pytest.mark.parametrize("mode, expected", [
+    ("container", "podman-hpc run --rm --mpi --gpu --nccl"),  # --mpi: SLURM_* and the host network inside
+    ("shifter", "shifter --image=registry/dlscale:1 --module=gpu,nccl-plugin"),
+])
+def test_perlmutter_containers_see_their_rank(tmp_path, mode, expected):
+    done, command, _, _ = _render(tmp_path, "perlmutter/train.sbatch", "gpu",
+                                  env={"DLSCALE_ENV": mode, "DLSCALE_IMAGE": "registry/dlscale:1"})
+    assert done.returncode == 0, done.stderr
+    assert expected in command and command.index(expected.split()[0]) < command.index("-m dlscale.train")
+
+
+@pytest.mark.parametrize("site, variables", [("perlmutter", {"DLSCALE_ENV": "conda"}),
+                                             ("frontier", {"DLSCALE_CONDA_ENV": "dlscale"})])
+def test_conda_activation_survives_set_u(tmp_path, site, variables):
+    """conda's activate scripts read unset variables; under launch.sh's `set -u` that aborted the job."""
+    activate = '() { : "$CONDA_SOME_UNSET_VARIABLE"; echo "conda $*" >> "$FAKE_LOG"; }'
+    done, command, _, calls = _render(tmp_path, f"{site}/train.sbatch", "gpu",
+                                      env={**variables, "BASH_FUNC_conda%%": activate})
+    assert done.returncode == 0, done.stderr
+    assert "conda activate dlscale" in calls and "srun" in command
 
 
 def test_the_summit_lsf_script_asks_for_one_gpu_per_resource_set():

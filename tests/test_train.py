@@ -332,3 +332,35 @@ def test_cuda_random_state_is_this_devices_only(monkeypatch):
     assert torch.equal(restored[-1], states[2])
     set_rng_state({**saved, "cuda": list(states)})  # an older checkpoint: one state per GPU, take this device's
     assert torch.equal(restored[-1], states[0])
+
+
+def test_compile_wraps_the_compiled_module_in_ddp(monkeypatch):
+    """PyTorch's order: compile the plain module, then DDP around it (not compile around DDP)."""
+    import torch.distributed as dist
+    from dlscale.config import load_config
+    from dlscale.distributed import DistEnv
+    from dlscale.models import build_model
+    from dlscale.train import build_step_model
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        cfg = load_config("tiny", {"compile": True})
+        model = build_model(cfg, 1, 2)
+        step_model = build_step_model(model, DistEnv(world_size=2, backend="gloo"), cfg)  # "2 ranks": DDP wraps
+        assert isinstance(step_model, torch.nn.parallel.DistributedDataParallel)
+        assert isinstance(step_model.module, torch._dynamo.eval_frame.OptimizedModule)
+        assert step_model.module._orig_mod is model  # the plain module stays for checkpoints
+    finally:
+        dist.destroy_process_group()
+
+
+def test_cuda_graphs_are_recorded_only_when_captured(tiny):
+    """On a CPU nothing is captured, whatever was asked (on a GPU, inductor's skip counter decides)."""
+    result = train(tiny(compile=True, cuda_graphs=True, max_steps=3, norm="group"))
+    assert result.applied["compiled"] and not result.applied["cuda_graphs"] and not result.applied["ddp"]
+
+
+def test_sync_batchnorm_with_compile_is_refused(tiny):
+    from dlscale.config import ConfigError
+    with pytest.raises(ConfigError, match="sync_batchnorm=true cannot be combined with compile=true"):
+        tiny(sync_batchnorm=True, compile=True)
