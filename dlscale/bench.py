@@ -31,6 +31,7 @@ from torch import nn
 from .layerwise import LAMB, LARS
 from .models import CNNRegressor, count_parameters
 from .optim import param_groups
+from .tables import markdown_table
 
 #: The models the optimizer benchmark runs on: the lessons' default, and one of ~25 M parameters.
 BENCH_MODELS: dict[str, Callable[[], nn.Module]] = {
@@ -74,13 +75,15 @@ def optimizer_factories(weight_decay: float = 0.01) -> dict[str, Callable[[nn.Mo
     return factories
 
 
-def _time_steps(optimizer: torch.optim.Optimizer, steps: int, sync: Callable[[], None]) -> float:
-    sync()
-    start = time.perf_counter()
-    for _ in range(steps):
-        optimizer.step()
-    sync()
-    return (time.perf_counter() - start) / steps
+def _time_steps(optimizer: torch.optim.Optimizer, steps: int) -> float:
+    """Seconds per ``optimizer.step()``, by torch's benchmark timer (it synchronises CUDA and warms up).
+
+    The thread count is set explicitly, so every optimizer is timed with the same threads.
+    """
+    from torch.utils import benchmark
+
+    timer = benchmark.Timer("optimizer.step()", globals={"optimizer": optimizer}, num_threads=torch.get_num_threads())
+    return timer.timeit(steps).mean
 
 
 def bench_optimizers(models: Iterable[str] = ("lesson", "25M"), steps: int = 10, rounds: int = 5,
@@ -89,7 +92,6 @@ def bench_optimizers(models: Iterable[str] = ("lesson", "25M"), steps: int = 10,
 
     Returns rows ``{model, parameters, tensors, optimizer, ms_per_step, vs_adamw}``.
     """
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     rows = []
     for model_name in models:
         generator = torch.Generator().manual_seed(0)
@@ -100,12 +102,12 @@ def bench_optimizers(models: Iterable[str] = ("lesson", "25M"), steps: int = 10,
             for p in model.parameters():
                 p.grad = (torch.randn(p.shape, generator=generator) * 1e-2).to(device)
             optimizer = make(model)
-            _time_steps(optimizer, 2, sync)  # allocate state
+            _time_steps(optimizer, 2)  # allocate state
             contenders[name] = (model, optimizer)
         times: dict[str, list[float]] = {name: [] for name in contenders}
         for _ in range(rounds):
             for name, (_, optimizer) in contenders.items():
-                times[name].append(_time_steps(optimizer, steps, sync))
+                times[name].append(_time_steps(optimizer, steps))
         model = next(iter(contenders.values()))[0]
         adamw = statistics.median(times["AdamW (foreach)"])
         for name, values in times.items():
@@ -118,11 +120,9 @@ def bench_optimizers(models: Iterable[str] = ("lesson", "25M"), steps: int = 10,
 
 def format_rows(rows: list[dict]) -> str:
     """The benchmark as a Markdown table (what docs/benchmarks.md records)."""
-    lines = ["| model | optimizer | ms / step | × AdamW (foreach) |", "|---|---|---|---|"]
-    for row in rows:
-        model = f"{row['model']} ({row['parameters'] / 1e6:.2f} M params, {row['tensors']} tensors)"
-        lines.append(f"| {model} | {row['optimizer']} | {row['ms_per_step']:.2f} | {row['vs_adamw']:.2f} |")
-    return "\n".join(lines)
+    return markdown_table(["model", "optimizer", "ms / step", "× AdamW (foreach)"], [
+        (f"{row['model']} ({row['parameters'] / 1e6:.2f} M params, {row['tensors']} tensors)", row["optimizer"],
+         f"{row['ms_per_step']:.2f}", f"{row['vs_adamw']:.2f}") for row in rows])
 
 
 # -- the input pipeline alone ----------------------------------------------------------------------
@@ -228,14 +228,10 @@ def bench_ladder(cfg, steps: int = 60, out_dir: str | Path | None = None, progre
 
 def format_ladder(rows: list[dict]) -> str:
     """The ladder as a Markdown table."""
-    lines = ["| rung | samples/s | × baseline | × previous |", "|---|---|---|---|"]
-    for row in rows:
-        if "skipped" in row:
-            lines.append(f"| {row['rung']} | skipped: {row['skipped']} | | |")
-        else:
-            lines.append(f"| {row['rung']} | {row['samples_per_s']:,.0f} | {row['speedup']:.2f} | "
-                         f"{row['vs_previous']:.2f} |")
-    return "\n".join(lines)
+    return markdown_table(["rung", "samples/s", "× baseline", "× previous"], [
+        (row["rung"], f"skipped: {row['skipped']}", "", "") if "skipped" in row else
+        (row["rung"], f"{row['samples_per_s']:,.0f}", f"{row['speedup']:.2f}", f"{row['vs_previous']:.2f}")
+        for row in rows])
 
 
 # -- all-reduce bandwidth ----------------------------------------------------------------------------
@@ -278,8 +274,9 @@ def bench_allreduce(sizes: Iterable[int] = ALLREDUCE_SIZES, device: str = "auto"
     rows = []
     for size in sizes:
         tensor = torch.ones(size // 4, dtype=torch.float32, device=target)
-        # Three untimed calls also size the timed loop. Every rank must make the same number of
-        # calls (each one is a collective), so the count comes from the slowest rank's estimate.
+        # Timed by hand, not by torch.utils.benchmark: its adaptive repetition would let ranks make
+        # different numbers of calls, and each call is a collective. Three untimed calls size the
+        # timed loop, and the count comes from the slowest rank's estimate so that all agree.
         sync()
         start = time.perf_counter()
         for _ in range(3):
@@ -300,13 +297,12 @@ def bench_allreduce(sizes: Iterable[int] = ALLREDUCE_SIZES, device: str = "auto"
 
 
 def format_allreduce(rows: list[dict]) -> str:
-    lines = [f"all-reduce, {rows[0]['world_size']} ranks, {rows[0]['backend']}", "",
-             "| size | time (ms) | algbw (GB/s) | busbw (GB/s) |", "|---|---|---|---|"]
-    for row in rows:
-        size = row["bytes"]
-        label = f"{size / 2**20:g} MiB" if size >= 2 ** 20 else f"{size / 1024:g} KiB"
-        lines.append(f"| {label} | {row['ms']:.3f} | {row['algbw_gbs']:.3f} | {row['busbw_gbs']:.3f} |")
-    return "\n".join(lines)
+    def size(row: dict) -> str:
+        return f"{row['bytes'] / 2**20:g} MiB" if row["bytes"] >= 2 ** 20 else f"{row['bytes'] / 1024:g} KiB"
+
+    table = markdown_table(["size", "time (ms)", "algbw (GB/s)", "busbw (GB/s)"], [
+        (size(row), f"{row['ms']:.3f}", f"{row['algbw_gbs']:.3f}", f"{row['busbw_gbs']:.3f}") for row in rows])
+    return f"all-reduce, {rows[0]['world_size']} ranks, {rows[0]['backend']}\n\n{table}"
 
 
 def save_allreduce(rows: list[dict], out_dir: str | Path) -> Path:
@@ -322,12 +318,9 @@ def save_allreduce(rows: list[dict], out_dir: str | Path) -> Path:
 
 def torchrun_command(nproc: int, module_args: list[str]) -> list[str]:
     """Start ``python -m MODULE ARGS`` as ``nproc`` local ranks under torchrun (a free port each time)."""
-    import socket
+    from .distributed import free_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--master-port={port}",
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--master-port={free_port()}",
             "-m", *module_args]
 
 
@@ -388,8 +381,6 @@ def bench_scaling(cfg, procs: Iterable[int] = (1, 2), steps: int = 60, out_dir: 
 
 
 def format_scaling(rows: list[dict]) -> str:
-    lines = ["| scaling | processes | global batch | samples/s | speedup | efficiency |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['mode']} | {r['processes']} | {r['global_batch']} | {r['samples_per_s']:,.0f} | "
-                     f"{r['speedup']:.2f} | {100 * r['efficiency']:.0f}% |")
-    return "\n".join(lines)
+    return markdown_table(["scaling", "processes", "global batch", "samples/s", "speedup", "efficiency"], [
+        (r["mode"], r["processes"], r["global_batch"], f"{r['samples_per_s']:,.0f}", f"{r['speedup']:.2f}",
+         f"{100 * r['efficiency']:.0f}%") for r in rows])

@@ -122,3 +122,32 @@ def set_rng_state(state: dict[str, Any]) -> None:
                 return
             cuda = cuda[index]
         torch.cuda.set_rng_state(cuda)
+
+
+def training_state(step: int, steps_per_epoch: int, cfg: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                   scheduler: Any, scaler: torch.amp.GradScaler, noise: Any) -> dict[str, Any]:
+    """Everything a run needs to continue exactly from ``step``: what :func:`save_checkpoint` writes."""
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict(), "rng": rng_state(),
+            "position": {"step": step, "steps_per_epoch": steps_per_epoch, "global_batch_size": cfg.global_batch_size},
+            "config": cfg.to_dict(), "noise_scale": dict(noise.__dict__)}
+
+
+def restore_training(ckpt: dict[str, Any], path: Path, steps_per_epoch: int, cfg: Any, model: torch.nn.Module,
+                     optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler,
+                     noise: Any) -> int:
+    """Load a :func:`training_state` into the live objects and return its step (same batch and epoch length only)."""
+    saved = ckpt["position"]
+    if saved["steps_per_epoch"] != steps_per_epoch or saved["global_batch_size"] != cfg.global_batch_size:
+        raise CheckpointError(
+            f"checkpoint {path} was written with global_batch_size={saved['global_batch_size']} "
+            f"({saved['steps_per_epoch']} steps per epoch), but this run has global_batch_size="
+            f"{cfg.global_batch_size} ({steps_per_epoch} steps per epoch); resume with the same settings, "
+            f"or start afresh with resume=false")
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    scaler.load_state_dict(ckpt["scaler"])
+    set_rng_state(ckpt["rng"])
+    noise.__dict__.update(ckpt.get("noise_scale", {}))
+    return int(saved["step"])

@@ -75,7 +75,7 @@ def _data_check(args: argparse.Namespace) -> int:
 
 
 def _exercises(args: argparse.Namespace) -> int:
-    from .exercises import generate
+    from .lessons.exercises import generate
 
     changed = generate(args.solutions, args.exercises, check=args.check)
     if args.check:
@@ -148,7 +148,7 @@ def _bench_allreduce(args: argparse.Namespace) -> int:
 
 
 def _kmeans(args: argparse.Namespace) -> int:
-    from .kmeans_io import run
+    from .kmeans.files import run
 
     run(args)
     return 0
@@ -165,7 +165,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _bench_kmeans(args: argparse.Namespace) -> int:
-    from .kmeans_bench import bench_kmeans, format_kmeans
+    from .kmeans.bench import bench_kmeans, format_kmeans
 
     rows = bench_kmeans(n=args.n, d=args.d, k=args.k, iterations=args.iters, procs=[int(p) for p in
                         args.procs.split(",")] if args.procs else [], out_dir=args.out, rounds=args.rounds)

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import horovod_backend
-from .errors import DlscaleError
+from .errors import DlscaleError, import_optional
 
 #: Launchers in the order they are checked, with a variable each one always sets.
 LAUNCHER_MARKERS = (
@@ -139,11 +139,8 @@ def _tasks_on_first_node(value: str) -> int:
 def _mpi_master(environ: Mapping[str, str]) -> str:
     if environ.get("MASTER_ADDR"):
         return environ["MASTER_ADDR"]
-    try:
-        from mpi4py import MPI
-    except ImportError:
-        raise DistributedError("under mpirun, set MASTER_ADDR to the first host of the job, or install mpi4py "
-                               "(pip install 'dlscale[kmeans]') so that rank 0 can broadcast its address") from None
+    MPI = import_optional("mpi4py.MPI", "mpi", "under mpirun without MASTER_ADDR, broadcasting rank 0's address",
+                          DistributedError, "or set MASTER_ADDR to the first host of the job")
     return MPI.COMM_WORLD.bcast(socket.gethostname() if MPI.COMM_WORLD.Get_rank() == 0 else None, root=0)
 
 
@@ -240,7 +237,7 @@ def uses_horovod() -> bool:
     return _horovod is not None
 
 
-def _group_size() -> int:
+def group_size() -> int:
     """Ranks in the active group: Horovod's, torch.distributed's, or 1."""
     if _horovod is not None:
         return _horovod.size()
@@ -293,12 +290,19 @@ def print0(*args: Any, **kwargs: Any) -> None:
 
 def _all_reduce(tensor: torch.Tensor, op: str) -> torch.Tensor:
     """``op`` (``Sum`` or ``Max``) over ranks, in place, with Horovod or torch.distributed."""
-    if _group_size() > 1:
+    if group_size() > 1:
         if _horovod is not None:
             _horovod.allreduce_(tensor, op=getattr(_horovod, op))
         else:
             dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op.upper()))
     return tensor
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` now (for a master, a daemon or an engine to listen on)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 def collective_device() -> torch.device:
@@ -320,7 +324,7 @@ def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
 
 def all_reduce_mean(value: torch.Tensor | float) -> torch.Tensor | float:
     """The mean over ranks of a tensor (in place) or a number."""
-    size = _group_size()
+    size = group_size()
     if size == 1:
         return value
     if isinstance(value, torch.Tensor):
@@ -331,7 +335,7 @@ def all_reduce_mean(value: torch.Tensor | float) -> torch.Tensor | float:
 
 def all_reduce_max_flag(flag: bool, device: str | torch.device = "cpu") -> bool:
     """True on every rank if it is true on any rank (used for a stop signal that reached one rank)."""
-    if _group_size() == 1:
+    if group_size() == 1:
         return flag
     return bool(all_reduce_max(torch.tensor([1.0 if flag else 0.0], device=device)).item())
 

@@ -19,7 +19,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from .errors import DlscaleError
+from .errors import DlscaleError, import_optional
 
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                    "DLSCALE_LAUNCHER")
@@ -31,9 +31,9 @@ class EngineError(DlscaleError):
 
 def _host_and_port() -> tuple[str, int]:
     """Run on an engine: its hostname and a free TCP port there."""
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return socket.gethostname(), sock.getsockname()[1]
+    from dlscale.distributed import free_port  # (this runs on the engine, which imports it there)
+
+    return socket.gethostname(), free_port("")
 
 
 def _run_as_rank(environment: dict[str, str], function: Callable, args: tuple, kwargs: dict) -> Any:
@@ -71,10 +71,7 @@ def run_on_engines(function: Callable, n: int = 2, *args: Any, engines: str = "l
     controller listens on all interfaces so engines on compute nodes can reach it).
     ``cluster_options`` go to :class:`ipyparallel.Cluster` (e.g. Slurm's account and time).
     """
-    try:
-        import ipyparallel as ipp
-    except ImportError:
-        raise EngineError("notebook-driven ranks need ipyparallel: pip install 'dlscale[notebooks]'") from None
+    ipp = import_optional("ipyparallel", "notebooks", "notebook-driven ranks", EngineError)
     options = {"n": n, "engines": engines, "log_level": 40, **(cluster_options or {})}
     if engines == "slurm":
         options.setdefault("controller_ip", "*")

@@ -4,29 +4,36 @@ Each one carries a message that names the bad key, file or device and says what 
 so the CLI prints it alone, without a traceback.
 """
 
+import importlib
+from types import ModuleType
+
 
 class DlscaleError(Exception):
     """A problem the user can fix: a bad config, missing data, an unavailable device..."""
 
 
-def import_optional(module: str, error: type[DlscaleError], hint: str):
-    """``module`` imported, or ``error`` with ``hint`` (which extra to install) instead of an ImportError.
+def import_optional(module: str, extra: str, purpose: str, error: type[DlscaleError] = DlscaleError,
+                    alternative: str = "") -> ModuleType:
+    """``module`` imported, or ``error`` naming the extra that installs it, instead of an ImportError.
 
-    The package imports without its optional extras (horovod, daal4py, nvtx, wandb); the
-    modules that need one import it here, where it is used.
+    The package imports without its optional extras (horovod, daal4py, mpi4py, nvtx, wandb,
+    ipyparallel, scikit-learn); every module that needs one imports it here, where it is used,
+    so the message reads the same everywhere::
+
+        tracking=wandb needs wandb, which is not installed here: pip install 'dlscale[tracking]' (or set tracking=csv)
     """
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        raise error(f"{hint} ({err})") from None
+        instead = f" ({alternative})" if alternative else ""
+        raise error(f"{purpose} needs {module.split('.')[0]}, which is not installed here: "
+                    f"pip install 'dlscale[{extra}]'{instead} [{err}]") from None
 
 
 def importable(module: str) -> bool:
     """Whether ``module`` imports here (for optional paths, tests and benchmarks)."""
     try:
-        import_optional(module, DlscaleError, "")
-    except DlscaleError:
+        importlib.import_module(module)
+    except ImportError:
         return False
     return True

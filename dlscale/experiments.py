@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from .config import load_config
 from .noise_scale import noise_scale_of_rows
 from .plots import NotebookFigure
+from .tables import markdown_table
 from .tracking import NOISE_FILE, read_rows
 
 #: What each recipe changes, on top of the experiment's base settings.
@@ -128,22 +129,20 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     """Validation R² per recipe (rows) and batch (columns), with the baseline and its noise scale."""
     baseline = next(r for r in rows if r["recipe"] == "baseline")
     batches = sorted({r["batch"] for r in rows if r["recipe"] != "baseline"})
-    lines = [f"baseline: batch {baseline['batch']}, {baseline['steps']} steps, validation R² {baseline['val_r2']:.3f} "
-             f"(MSE {baseline['val_mse']:.4f}); measured noise scale B_simple ≈ {baseline['noise_scale']:.0f}", "",
-             "| recipe | " + " | ".join(f"batch {b} ({b // baseline['batch']}×)" for b in batches) + " |",
-             "|---|" + "---|" * len(batches)]
-    for recipe in dict.fromkeys(r["recipe"] for r in rows if r["recipe"] != "baseline"):
-        cells = []
-        for batch in batches:
-            row = next((r for r in rows if r["recipe"] == recipe and r["batch"] == batch), None)
-            if row is None:
-                cells.append("")
-            elif not math.isfinite(row["val_r2"]) or row["val_r2"] < -1:
-                cells.append("diverged")
-            else:
-                cells.append(f"R² {row['val_r2']:.3f}, MSE {row['val_mse']:.4f}")
-        lines.append(f"| {recipe} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    def cell(recipe: str, batch: int) -> str:
+        row = next((r for r in rows if r["recipe"] == recipe and r["batch"] == batch), None)
+        if row is None:
+            return ""
+        if not math.isfinite(row["val_r2"]) or row["val_r2"] < -1:
+            return "diverged"
+        return f"R² {row['val_r2']:.3f}, MSE {row['val_mse']:.4f}"
+
+    recipes = dict.fromkeys(r["recipe"] for r in rows if r["recipe"] != "baseline")
+    table = markdown_table(["recipe", *(f"batch {b} ({b // baseline['batch']}×)" for b in batches)],
+                           [(recipe, *(cell(recipe, b) for b in batches)) for recipe in recipes])
+    return (f"baseline: batch {baseline['batch']}, {baseline['steps']} steps, validation R² {baseline['val_r2']:.3f} "
+            f"(MSE {baseline['val_mse']:.4f}); measured noise scale B_simple ≈ {baseline['noise_scale']:.0f}\n\n"
+            f"{table}")
 
 
 def sweep_figure(rows: list[dict[str, Any]]) -> NotebookFigure:

@@ -40,8 +40,7 @@ class HorovodError(DlscaleError):
 
 def load() -> ModuleType:
     """``horovod.torch``, or a :class:`HorovodError` that says how to get it."""
-    return import_optional("horovod.torch", HorovodError,
-                           f"data_parallel=horovod needs Horovod, which is not importable here; {INSTALL_HINT}")
+    return import_optional("horovod.torch", "horovod", "data_parallel=horovod", HorovodError, INSTALL_HINT)
 
 
 def available() -> bool:

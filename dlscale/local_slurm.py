@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .distributed import free_port
 from .errors import DlscaleError
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
@@ -72,11 +73,6 @@ def _program(name: str) -> str:
     return shutil.which(name) or str(Path("/usr/sbin", name))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 class LocalSlurm:
     """Start, use and stop a one-node Slurm cluster in ``root`` (a new temporary folder by default)."""
@@ -104,8 +100,8 @@ class LocalSlurm:
             (self.root / folder).mkdir(parents=True, exist_ok=True)
         memory_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
         self.conf.write_text(_CONF.format(host=self.host, user=getpass.getuser(), root=self.root, cpus=self.cpus,
-                                          memory=max(1, memory_mib - 1024), ctld_port=_free_port(),
-                                          slurmd_port=_free_port()))
+                                          memory=max(1, memory_mib - 1024), ctld_port=free_port(),
+                                          slurmd_port=free_port()))
         key = self.root / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)

@@ -63,3 +63,10 @@ def build_model(cfg: TrainConfig, in_channels: int = 1, num_outputs: int = 2) ->
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable parameters."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def is_channels_last(model: nn.Module) -> bool:
+    """Whether the conv weights are in NHWC layout (a weight with one input channel is both, so it is skipped)."""
+    weights = [p for p in model.parameters() if p.ndim == 4 and p.shape[1] > 1]
+    return bool(weights) and all(p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
+                                 for p in weights)

@@ -144,3 +144,38 @@ def measure_noise_scale(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch
         model.zero_grad(set_to_none=True)
         model.train(was_training)
     return NoiseScale(estimator.b_simple, estimator.g2, estimator.trace, estimator.count)
+
+
+class NoiseScaleProbe:
+    """The training step's noise-scale measurement, every ``every`` optimizer steps (lesson 07).
+
+    Before the step it takes the squared gradient norm of a quarter of the batch (leaving the
+    model exactly as it was, batch-norm statistics included, so the run's trajectory does not
+    change); after the all-reduce it compares it with the norm of the global batch's gradient
+    and logs one row through ``log``.
+    """
+
+    def __init__(self, every: int, estimator: NoiseScaleEstimator, log: Callable[[dict], None]):
+        self.every, self.estimator, self.log = every, estimator, log
+        self._small: tuple[float, int] | None = None
+
+    def due(self, step: int) -> bool:
+        """Whether the step that follows ``step`` steps is measured."""
+        return step % self.every == 0
+
+    def measure_small_batch(self, model: torch.nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Tensor,
+                            autocast: Callable, scaler: torch.amp.GradScaler) -> None:
+        """‖gradient‖² of the mean loss over the first quarter of the batch (before the step's own pass)."""
+        small = len(x) // 4 or 1
+        with preserved_buffers(model):
+            with autocast():
+                loss = loss_fn(model(x[:small]), y[:small])
+            scaler.scale(loss).backward()
+        self._small = (float(grad_sq_norm(model.parameters())) / scaler.get_scale() ** 2, small)
+        model.zero_grad(set_to_none=True)
+
+    def measure_global_batch(self, model: torch.nn.Module, global_batch: int, step: int) -> None:
+        """Compare with the (unscaled, all-reduced) gradient of the global batch, and log the row of ``step``."""
+        small_sq, small = self._small
+        g2, trace = self.estimator.update(small_sq, small, float(grad_sq_norm(model.parameters())), global_batch)
+        self.log({"step": step, "g2": g2, "trace": trace, "b_simple": self.estimator.b_simple})

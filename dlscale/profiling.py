@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import importlib
 import io
 import json
 import os
@@ -35,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .errors import DlscaleError, import_optional
 from .throughput import ThroughputMeter
 
 __all__ = ["RANGES", "StepProfiler", "ThroughputMeter", "flops_per_sample", "mfu", "nsys_command",
@@ -65,8 +65,8 @@ def _nvtx():
     global _nvtx_module
     if _nvtx_module is None:
         try:
-            _nvtx_module = importlib.import_module("nvtx")
-        except ImportError:
+            _nvtx_module = import_optional("nvtx", "profiling", "NVTX ranges for Nsight Systems")
+        except DlscaleError:  # not an error: torch.cuda.nvtx on a GPU, no ranges on a CPU
             _nvtx_module = _TorchCudaNvtx() if torch.cuda.is_available() else False
     return _nvtx_module
 

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 from .errors import DlscaleError
+from .tables import markdown_table
 from .tracking import TRAIN_FILE, VAL_FILE, read_rows
 
 
@@ -79,15 +80,12 @@ def collect(paths: list[str | Path], target_r2: float = 0.9) -> list[dict]:
 
 
 def format_report(rows: list[dict], target_r2: float = 0.9) -> str:
-    lines = [f"| run | nodes | ranks | global batch | samples/s | efficiency | R² | time to R² {target_r2:g} |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        target = f"{r['time_to_target_s']:.1f} s" if r["time_to_target_s"] is not None else "not reached"
-        r2 = f"{r['r2']:.3f}" if r["r2"] is not None else ""
-        efficiency = f"{r['efficiency']:.0%}" if r["efficiency"] is not None else ""
-        lines.append(f"| {r['run']} | {r['nodes']} | {r['ranks']} | {r['global_batch_size']} | "
-                     f"{r['samples_per_s']:,.0f} | {efficiency} | {r2} | {target} |")
-    return "\n".join(lines)
+    return markdown_table(
+        ["run", "nodes", "ranks", "global batch", "samples/s", "efficiency", "R²", f"time to R² {target_r2:g}"],
+        [(r["run"], r["nodes"], r["ranks"], r["global_batch_size"], f"{r['samples_per_s']:,.0f}",
+          f"{r['efficiency']:.0%}" if r["efficiency"] is not None else "",
+          f"{r['r2']:.3f}" if r["r2"] is not None else "",
+          f"{r['time_to_target_s']:.1f} s" if r["time_to_target_s"] is not None else "not reached") for r in rows])
 
 
 def write_report(rows: list[dict], out_dir: str | Path) -> Path:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .config import TrainConfig
-from .errors import DlscaleError
+from .errors import DlscaleError, import_optional
 
 TRAIN_FILE = "metrics.csv"
 VAL_FILE = "validation.csv"
@@ -55,11 +55,7 @@ def _truncate(path: Path, last_step: int) -> None:
 
 
 def _start_wandb(cfg: TrainConfig, run_dir: Path):
-    try:
-        import wandb
-    except ImportError:
-        raise TrackingError("tracking=wandb needs the wandb package: pip install 'dlscale[tracking]' "
-                            "(or set tracking=csv)") from None
+    wandb = import_optional("wandb", "tracking", "tracking=wandb", TrackingError, "or set tracking=csv")
     mode = os.environ.get("WANDB_MODE", cfg.wandb_mode)
     return wandb.init(project=cfg.wandb_project, name=cfg.name, dir=str(run_dir), mode=mode,
                       config=cfg.to_dict(), reinit="finish_previous")

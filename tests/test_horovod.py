@@ -141,12 +141,12 @@ def test_bench_allreduce_times_horovod_on_two_local_ranks(in_tmp):
 
 @needs_horovod
 def test_the_horovod_exercise_check_rejects_a_loop_without_broadcast_or_sharding():
-    from dlscale import checks
+    from dlscale.lessons import checks
 
     def no_broadcast(steps, lr=0.1):
         import horovod.torch as hvd
         import torch
-        from dlscale.checks import regression_problem
+        from dlscale.lessons.checks import regression_problem
         hvd.init()
         x, y = regression_problem()
         x, y = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
@@ -162,7 +162,7 @@ def test_the_horovod_exercise_check_rejects_a_loop_without_broadcast_or_sharding
 
     def every_sample_everywhere(steps, lr=0.1):
         import horovod.torch as hvd
-        from dlscale.checks import _one_process_loop, regression_problem
+        from dlscale.lessons.checks import _one_process_loop, regression_problem
         hvd.init()
         return {"samples": len(regression_problem()[0]), "weight": _one_process_loop(steps, lr).weight.detach()}
 
@@ -173,7 +173,7 @@ def test_the_horovod_exercise_check_rejects_a_loop_without_broadcast_or_sharding
 
 
 def test_the_compression_check_rejects_fp32_bytes_and_absolute_errors():
-    from dlscale import checks
+    from dlscale.lessons import checks
 
     def fp32_bytes(grad):
         back = grad.half().float()

@@ -11,8 +11,9 @@ import torch
 from sklearn.cluster import KMeans as SklearnKMeans
 from sklearn.datasets import make_blobs, make_circles, make_moons
 
-from dlscale.kmeans import KMeans, KMeansError, _assign
-from dlscale.kmeans_init import kmeans_parallel, kmeans_plusplus
+from dlscale.kmeans import KMeans, KMeansError
+from dlscale.kmeans.estimator import _assign
+from dlscale.kmeans.initialization import kmeans_parallel, kmeans_plusplus
 
 from .conftest import run_cli
 
@@ -222,7 +223,7 @@ def test_cli_reads_one_npy_file_per_rank_and_reports_missing_files(in_tmp):
 
 
 def test_the_centre_update_check_rejects_a_mean_of_means_and_two_all_reduces():
-    from dlscale import checks
+    from dlscale.lessons import checks
 
     def mean_of_means(x_local, labels_local, k):
         import torch

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from dlscale import checks, horovod_backend
+from dlscale.lessons import checks, horovod_backend
 from dlscale.config import load_config
-from dlscale.exercises import ExerciseError, generate, strip_solutions
+from dlscale.lessons.exercises import ExerciseError, generate, strip_solutions
 
 from .conftest import ROOT
 from .notebooks import errors, execute, has_image

@@ -86,3 +86,11 @@ def test_the_torch_floor_covers_every_api_the_code_uses():
     floor = tuple(int(part) for part in re.match(r">=(\d+)\.(\d+)", bound).groups())
     newest = max(used, key=used.get)
     assert floor >= used[newest], f"torch{bound} is below {newest}, which needs torch {used[newest]}"
+
+
+def test_the_readme_layout_lists_exactly_what_is_in_the_package():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    listed = {line.split()[0].rstrip("/") for line in block.splitlines() if line.startswith("  ") and line.strip()}
+    present = {path.name for path in (ROOT / "dlscale").iterdir() if path.name not in ("__pycache__", "__init__.py")}
+    assert listed == present, f"README lists {sorted(listed - present)} that are not there, misses {sorted(present - listed)}"

@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -196,3 +196,24 @@ def target_names(data_dir: str | Path, num_targets: int) -> list[str]:
     if manifest and "target_names" in manifest:
         return list(manifest["target_names"])
     return [f"target_{i}" for i in range(num_targets)]
+
+
+def rank_loaders(cfg: TrainConfig, env: Any, device: torch.device) -> tuple[DataLoader, DataLoader, Path]:
+    """This rank's training and validation loaders, and the folder they read.
+
+    One rank generates the synthetic set while the others wait; with ``stage_dir`` the first
+    rank of each node copies the shards to node-local storage once.
+    """
+    from .. import distributed
+
+    if env.is_main:  # one rank generates the synthetic set; the others wait and then find it
+        prepare_data(cfg)
+    distributed.barrier()
+    data_root = prepare_data(cfg)
+    if cfg.stage_dir:  # one copy per node
+        if env.local_rank == 0:
+            stage_data(data_root, cfg.stage_dir, progress=cfg.progress and env.is_main)
+        distributed.barrier()
+        data_root = stage_data(data_root, cfg.stage_dir)
+    return (make_loader(cfg, env.rank, env.world_size, "train", device, data_root),
+            make_loader(cfg, env.rank, env.world_size, "val", device, data_root), data_root)

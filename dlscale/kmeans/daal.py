@@ -1,4 +1,7 @@
-"""The daal4py backend of :class:`dlscale.kmeans.KMeans`: Intel oneDAL's SPMD K-Means under MPI.
+"""The daal4py engine of :class:`dlscale.kmeans.KMeans`: Intel oneDAL's SPMD K-Means under MPI.
+
+:func:`fit_daal4py` takes the data and the settings and returns a :class:`DaalFit`; the
+estimator sets its own attributes from it (no module writes another's object).
 
 daal4py ships inside ``scikit-learn-intelex`` (``pip install 'dlscale[kmeans]'``, which also
 brings Intel MPI's ``mpirun`` from the ``impi-rt`` wheel). Launched by ``mpirun -n N`` or
@@ -20,16 +23,14 @@ from __future__ import annotations
 
 import atexit
 import time
+from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import distributed
-from .errors import import_optional, importable
-
-if TYPE_CHECKING:
-    from .kmeans import KMeans
+from .. import distributed
+from ..errors import import_optional, importable
+from .errors import KMeansError
 
 INIT_METHODS = {"k-means++": "plusPlusDense", "k-means||": "parallelPlusDense", "random": "randomDense"}
 _mpi_started = False
@@ -41,10 +42,8 @@ def available() -> bool:
 
 
 def load() -> ModuleType:
-    from .kmeans import KMeansError
-
-    return import_optional("daal4py", KMeansError, "backend='daal4py' needs daal4py, which ships in "
-                           "scikit-learn-intelex: pip install 'dlscale[kmeans]', or use backend='torch'")
+    """daal4py (it ships in scikit-learn-intelex), or a :class:`KMeansError` naming the extra."""
+    return import_optional("daal4py", "kmeans", "backend='daal4py'", KMeansError, "or use backend='torch'")
 
 
 def spmd_ranks() -> int:
@@ -62,38 +61,45 @@ def start_mpi(d4p: ModuleType) -> None:
         _mpi_started = True
 
 
-def fit_daal4py(estimator: KMeans, X: np.ndarray) -> None:
-    """Fit ``estimator`` on this rank's ``X`` with oneDAL and set its fitted attributes."""
-    from .kmeans import KMeansError
+@dataclass
+class DaalFit:
+    """What one oneDAL fit found: the estimator's fitted attributes, by their scikit-learn names."""
 
+    cluster_centers: np.ndarray
+    labels: np.ndarray
+    inertia: float
+    n_iter: int
+    timings: dict[str, float]
+
+
+def fit_daal4py(X: np.ndarray, n_clusters: int, init: str | np.ndarray, max_iter: int, tol: float,
+                random_state: int | None) -> DaalFit:
+    """Cluster this rank's ``X`` with oneDAL (SPMD over the job's MPI ranks when there are several)."""
     d4p = load()
     spmd = spmd_ranks() > 1
     if spmd:
         start_mpi(d4p)
     X = np.ascontiguousarray(X if X.dtype in (np.float32, np.float64) else X.astype(np.float64))
     fptype = "float" if X.dtype == np.float32 else "double"
-    k = estimator.n_clusters
+    k = n_clusters
     started = time.perf_counter()
-    if isinstance(estimator.init, str):
-        seed = estimator.random_state if estimator.random_state is not None else 0
-        init = d4p.kmeans_init(k, fptype=fptype, method=INIT_METHODS[estimator.init], distributed=spmd,
-                               engine=d4p.engines_mt19937(seed=seed))
-        centroids = init.compute(X).centroids
+    if isinstance(init, str):
+        seed = random_state if random_state is not None else 0
+        initializer = d4p.kmeans_init(k, fptype=fptype, method=INIT_METHODS[init], distributed=spmd,
+                                      engine=d4p.engines_mt19937(seed=seed))
+        centroids = initializer.compute(X).centroids
     else:
-        centroids = np.ascontiguousarray(np.asarray(estimator.init, dtype=X.dtype))
+        centroids = np.ascontiguousarray(np.asarray(init, dtype=X.dtype))
         if centroids.shape != (k, X.shape[1]):
             raise KMeansError(f"init has shape {centroids.shape}, expected ({k}, {X.shape[1]})")
     init_done = time.perf_counter()
-    result = d4p.kmeans(k, estimator.max_iter, fptype=fptype, accuracyThreshold=estimator.tol,
-                        distributed=spmd).compute(X, centroids)
+    result = d4p.kmeans(k, max_iter, fptype=fptype, accuracyThreshold=tol, distributed=spmd).compute(X, centroids)
     loop_done = time.perf_counter()
     labels = d4p.kmeans(k, 0, fptype=fptype, assignFlag=True).compute(X, result.centroids).assignments
     iterations = int(np.asarray(result.nIterations).ravel()[0])
-    estimator.cluster_centers_ = np.asarray(result.centroids, dtype=X.dtype)
-    estimator.labels_ = np.asarray(labels).ravel().astype(np.int64)
-    estimator.inertia_ = float(np.asarray(result.objectiveFunction).ravel()[0])
-    estimator.n_iter_ = iterations
-    estimator.n_features_in_ = X.shape[1]
-    estimator.timings_ = {"init": init_done - started, "iterations": loop_done - init_done,
-                          "per_iteration": (loop_done - init_done) / max(iterations, 1),
-                          "total": time.perf_counter() - started}
+    return DaalFit(cluster_centers=np.asarray(result.centroids, dtype=X.dtype),
+                   labels=np.asarray(labels).ravel().astype(np.int64),
+                   inertia=float(np.asarray(result.objectiveFunction).ravel()[0]), n_iter=iterations,
+                   timings={"init": init_done - started, "iterations": loop_done - init_done,
+                            "per_iteration": (loop_done - init_done) / max(iterations, 1),
+                            "total": time.perf_counter() - started})

@@ -10,7 +10,7 @@ and every rank ends with the same centres; otherwise it runs in one process. Two
   the atomics that make ``index_add_`` differ from run to run there), and one all-reduce of
   ``[sums, counts, labels changed]`` per iteration. CPU (gloo) or CUDA (NCCL).
 - ``backend="daal4py"``: Intel oneDAL's SPMD K-Means under ``mpirun``
-  (:mod:`dlscale.kmeans_daal`), from ``scikit-learn-intelex``.
+  (:mod:`dlscale.kmeans.daal`), from ``scikit-learn-intelex``.
 
 ``backend="auto"`` uses daal4py when the ranks were started by ``mpirun``/``srun`` without a
 torch process group (oneDAL's SPMD mode joins them), and torch everywhere else: on GPUs, in
@@ -32,19 +32,18 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import distributed
-from .errors import DlscaleError
-from .kmeans_init import kmeans_parallel, kmeans_plusplus, random_init
+from .. import distributed
+from ..devices import resolve_device
+from ..distributed import group_size
+from . import daal
+from .errors import KMeansError
+from .initialization import kmeans_parallel, kmeans_plusplus, random_init
 
 #: Bytes the distance block of one chunk may take when ``chunk_size`` is not given. On CPUs a
 #: block that stays in the L2 cache is 3-4x faster than a large one (measured in
 #: docs/benchmarks.md); on GPUs large blocks keep the device busy.
 CPU_CHUNK_BUDGET = 2 * 2**20
 GPU_CHUNK_BUDGET = 256 * 2**20
-
-
-class KMeansError(DlscaleError):
-    """A bad argument, or a backend that cannot run here; the message says what to do."""
 
 
 def _as_tensor(X: Any, device: torch.device) -> torch.Tensor:
@@ -62,20 +61,15 @@ def _as_tensor(X: Any, device: torch.device) -> torch.Tensor:
     return x.to(device).contiguous()
 
 
-def _process_group_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
 def resolve_backend(backend: str, device: torch.device) -> str:
     """``torch`` or ``daal4py`` for ``auto`` (see the module docstring)."""
     if backend not in ("auto", "torch", "daal4py"):
         raise KMeansError(f"backend must be auto, torch or daal4py; got {backend!r}")
     if backend != "auto":
         return backend
-    if device.type != "cpu" or _process_group_size() > 1:
+    if device.type != "cpu" or group_size() > 1:
         return "torch"
-    from .kmeans_daal import available, spmd_ranks
-    return "daal4py" if spmd_ranks() > 1 and available() else "torch"
+    return "daal4py" if daal.spmd_ranks() > 1 and daal.available() else "torch"
 
 
 def default_chunk_size(n_clusters: int, itemsize: int, device: torch.device | str = "cpu") -> int:
@@ -115,8 +109,11 @@ class KMeans:
         backend = resolve_backend(self.backend, device)
         self.backend_ = backend
         if backend == "daal4py":
-            from .kmeans_daal import fit_daal4py
-            fit_daal4py(self, np.asarray(X.cpu() if isinstance(X, torch.Tensor) else X))
+            found = daal.fit_daal4py(np.asarray(X.cpu() if isinstance(X, torch.Tensor) else X), self.n_clusters,
+                                     self.init, self.max_iter, self.tol, self.random_state)
+            self.cluster_centers_, self.labels_, self.inertia_ = found.cluster_centers, found.labels, found.inertia
+            self.n_iter_, self.timings_ = found.n_iter, found.timings
+            self.n_features_in_ = found.cluster_centers.shape[1]
             return self
         x = _as_tensor(X, device)
         if x.shape[0] == 0:
@@ -170,13 +167,7 @@ class KMeans:
             raise KMeansError(f"init must be 'k-means++', 'k-means||', 'random' or an array; got {self.init!r}")
 
     def _device(self) -> torch.device:
-        if self.device is None:
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        device = torch.device(self.device)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise KMeansError(f"device={self.device} was asked for, but this torch sees no CUDA GPU; "
-                              f"use device=None or 'cpu'")
-        return device
+        return resolve_device(self.device, KMeansError)
 
     def _chunk(self, x: torch.Tensor) -> int:
         return self.chunk_size or default_chunk_size(self.n_clusters, x.element_size(), x.device)
@@ -196,11 +187,11 @@ class KMeans:
         if n_total < k:
             raise KMeansError(f"n_clusters={k} is more than the {n_total} samples")
         seed = (self.random_state if self.random_state is not None else np.random.randint(2**31 - 1)) + attempt
-        seed = distributed.broadcast_object(seed) if _process_group_size() > 1 else seed
+        seed = distributed.broadcast_object(seed) if group_size() > 1 else seed
         generator = torch.Generator().manual_seed(int(seed))
         if self.init == "random":
             return random_init(x, k, generator)
-        if self.init == "k-means||" or _process_group_size() > 1:
+        if self.init == "k-means||" or group_size() > 1:
             return kmeans_parallel(x, k, generator, self._chunk(x), oversampling=self.oversampling,
                                    rounds=self.rounds)
         return kmeans_plusplus(x, k, generator, self.n_local_trials)
@@ -367,14 +358,14 @@ def _relocate_empty_clusters(x: torch.Tensor, centers: torch.Tensor, labels: tor
     values, rows = torch.topk(far, take)
     d = x.shape[1]
     # Each candidate travels as [distance, rank, row, label, features...], padded to n_empty rows.
-    rank = dist.get_rank() if _process_group_size() > 1 else 0
+    rank = dist.get_rank() if group_size() > 1 else 0
     offer = torch.full((n_empty, 4 + d), -math.inf, dtype=torch.float64, device=x.device)
     offer[:take, 0] = values
     offer[:take, 1] = rank
     offer[:take, 2] = rows.double()
     offer[:take, 3] = labels[rows].double()
     offer[:take, 4:] = x[rows].double()
-    if _process_group_size() > 1:
+    if group_size() > 1:
         gathered = [torch.empty_like(offer) for _ in range(dist.get_world_size())]
         dist.all_gather(gathered, offer)
         offer = torch.cat(gathered)

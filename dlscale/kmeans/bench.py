@@ -20,6 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import importable
+from ..tables import markdown_table
+
 
 def make_blobs(n: int, d: int, k: int, seed: int = 0) -> np.ndarray:
     """``n`` float32 samples around ``k`` random centres (unit noise, centres spread over ±5)."""
@@ -31,14 +34,16 @@ def make_blobs(n: int, d: int, k: int, seed: int = 0) -> np.ndarray:
 
 
 def _time_fit(fit) -> tuple[float, int]:
+    """Seconds and iterations of one fit. Timed by hand, once per round (round-robin over the engines):
+    a fit lasts seconds, and torch.utils.benchmark.Timer's warm-up runs would triple the benchmark."""
     started = time.perf_counter()
     iterations = fit()
     return time.perf_counter() - started, iterations
 
 
 def _engines(x: np.ndarray, init: np.ndarray, iterations: int) -> dict:
-    from .kmeans import KMeans, resolve_backend
-    from .kmeans_daal import available as daal_available
+    from .estimator import KMeans, resolve_backend
+    from .daal import available as daal_available
 
     k = len(init)
 
@@ -48,13 +53,11 @@ def _engines(x: np.ndarray, init: np.ndarray, iterations: int) -> dict:
         return fit
 
     engines = {}
-    try:
+    if importable("sklearn.cluster"):  # the kmeans extra; the comparison is left out without it
         from sklearn.cluster import KMeans as SklearnKMeans
 
         engines["scikit-learn"] = lambda: SklearnKMeans(k, init=init, n_init=1, max_iter=iterations, tol=0.0,
                                                         algorithm="lloyd").fit(x).n_iter_
-    except ImportError:
-        pass
     engines["dlscale torch (cpu)"] = ours("torch")
     if daal_available():
         engines["daal4py"] = ours("daal4py")
@@ -72,7 +75,7 @@ def _scaling_run(launcher: str, procs: int, data: Path, init: Path, k: int, iter
     if procs == 1:
         argv = [sys.executable, "-m", *command]
     elif launcher == "torchrun":
-        from .bench import torchrun_command
+        from ..bench import torchrun_command
         argv = torchrun_command(procs, command)
     else:
         bin_dir = Path(sys.executable).parent
@@ -87,7 +90,7 @@ def _scaling_run(launcher: str, procs: int, data: Path, init: Path, k: int, iter
 def _scaling(x: np.ndarray, init: np.ndarray, procs: list[int], iterations: int, out_dir: Path,
              seed: int) -> list[dict]:
     """Strong scaling (the same data over more ranks) and weak scaling (each rank keeps its share's size)."""
-    from .kmeans_daal import available as daal_available
+    from .daal import available as daal_available
 
     rows = []
     np.save(out_dir / "init.npy", init)
@@ -119,7 +122,7 @@ def bench_kmeans(n: int = 1_000_000, d: int = 32, k: int = 64, iterations: int =
 
     Each engine's figure is the median of ``rounds`` fits.
     """
-    from .plots import kmeans_timings
+    from ..plots import kmeans_timings
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -150,11 +153,8 @@ def bench_kmeans(n: int = 1_000_000, d: int = 32, k: int = 64, iterations: int =
 
 
 def format_kmeans(rows: list[dict]) -> str:
-    lines = ["| engine | scaling | processes | iterations | s per iteration | vs scikit-learn | efficiency |",
-             "|---|---|---|---|---|---|---|"]
-    for row in rows:
-        ratio = f"{row['ratio_to_sklearn']:.2f}×" if row.get("ratio_to_sklearn") else ""
-        efficiency = f"{row['efficiency']:.0%}" if row.get("efficiency") else ""
-        lines.append(f"| {row['engine']} | {row.get('mode', '')} | {row['processes']} | {row['iterations']} | "
-                     f"{row['seconds_per_iteration']:.3f} | {ratio} | {efficiency} |")
-    return "\n".join(lines)
+    return markdown_table(
+        ["engine", "scaling", "processes", "iterations", "s per iteration", "vs scikit-learn", "efficiency"],
+        [(row["engine"], row.get("mode", ""), row["processes"], row["iterations"], f"{row['seconds_per_iteration']:.3f}",
+          f"{row['ratio_to_sklearn']:.2f}×" if row.get("ratio_to_sklearn") else "",
+          f"{row['efficiency']:.0%}" if row.get("efficiency") else "") for row in rows])

@@ -20,13 +20,11 @@ import math
 import torch
 import torch.distributed as dist
 
-from .distributed import all_reduce_sum
+from ..distributed import all_reduce_sum, group_size
 
 
 def _world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    return (dist.get_rank() if group_size() > 1 else 0), group_size()
 
 
 def _shard_offsets(n_local: int, device: torch.device) -> tuple[int, int]:

@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from . import distributed
-from .errors import DlscaleError
+from .. import distributed
+from ..devices import resolve_device
+from ..errors import DlscaleError, import_optional
 
 
 class InputError(DlscaleError):
@@ -54,12 +55,9 @@ def rank_block(n: int, rank: int, world: int) -> slice:
 def load_sample_image(name: str = "sample") -> np.ndarray:
     """An RGB image as floats in [0, 1]: scikit-learn's ``china.jpg`` for ``sample``, else a file."""
     if name == "sample":
-        try:
-            from sklearn.datasets import load_sample_image as sklearn_image
-        except ImportError:
-            raise InputError("--image sample uses scikit-learn's bundled photo: pip install 'dlscale[kmeans]', "
-                             "or pass --image PATH") from None
-        image = sklearn_image("china.jpg")
+        datasets = import_optional("sklearn.datasets", "kmeans", "--image sample (scikit-learn's bundled photo)",
+                                   InputError, "or pass --image PATH")
+        image = datasets.load_sample_image("china.jpg")
     else:
         from matplotlib import image as mpimg
 
@@ -98,14 +96,13 @@ def initial_centers(init: str) -> str | np.ndarray:
 
 def run(args: Any) -> dict:
     """Fit as the CLI arguments say and write the outputs; returns the summary (on every rank)."""
-    from .kmeans import KMeans, resolve_backend
-    from .kmeans_daal import spmd_ranks
+    from .estimator import KMeans, resolve_backend
+    from .daal import spmd_ranks
 
-    import torch
 
     launcher = distributed.detect_launcher()
     backend = args.backend
-    device = torch.device(args.device) if args.device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(args.device or "auto", InputError)
     if backend == "auto":  # under MPI on CPUs daal4py joins the ranks itself; otherwise torch.distributed does
         backend = resolve_backend("auto", device)
     if backend == "torch":
@@ -149,7 +146,7 @@ def quantize(model: Any, picture: np.ndarray) -> np.ndarray:
 def _write_quantized(model: Any, picture: np.ndarray, out: Path) -> None:
     from matplotlib import image as mpimg
 
-    from .plots import quantized_images
+    from ..plots import quantized_images
 
     quantized = quantize(model, picture)
     mpimg.imsave(out / "quantized.png", quantized)

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from .config import TrainConfig, load_config
+from ..config import TrainConfig, load_config
 
 
 def _passed(exercise: str) -> None:
@@ -63,7 +63,7 @@ def check_throughput(throughput: Callable[[list[float], int, int], float]) -> No
 
 def check_warmup_cosine(warmup_cosine: Callable[[int, int, int, float], float]) -> None:
     """07.1: linear warmup from ``start_factor`` to 1 over ``warmup_steps``, then cosine to 0 at ``total_steps``."""
-    from .schedules import lr_factor
+    from ..schedules import lr_factor
 
     cases = [(t, 10, 110, 0.1) for t in (0, 1, 5, 9, 10, 11, 35, 60, 109, 110)] + [(t, 0, 50, 1.0) for t in (0, 25, 50)]
     for t, warmup, total, start in cases:
@@ -79,7 +79,7 @@ def check_warmup_cosine(warmup_cosine: Callable[[int, int, int, float], float]) 
 
 def check_lars_trust_ratio(lars_trust_ratio: Callable[[torch.Tensor, torch.Tensor, float, float], float]) -> None:
     """07.2: LARS's ratio η‖w‖ / (‖g‖ + wd‖w‖ + eps), and 1 when either norm is zero."""
-    from .layerwise import LARS
+    from ..layerwise import LARS
 
     generator = torch.Generator().manual_seed(3)
     cases = [(torch.randn(8, 4, generator=generator), torch.randn(8, 4, generator=generator) * 0.01, 1e-4, 1e-3),
@@ -115,7 +115,7 @@ def check_loader_choice(choose: Callable[[dict, float], tuple[int, bool]]) -> No
 
 
 def _amp_reference(make_model: Callable, steps: list, name: str) -> tuple[torch.nn.Module, float]:
-    from .precision import Precision
+    from ..precision import Precision
 
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -133,7 +133,7 @@ def _amp_reference(make_model: Callable, steps: list, name: str) -> tuple[torch.
 
 def check_amp_step(amp_step: Callable) -> None:
     """03.1: one mixed-precision step: autocast forward, scaled backward, scaler.step and scaler.update."""
-    from .precision import Precision
+    from ..precision import Precision
 
     def make_model():
         torch.manual_seed(0)
@@ -211,7 +211,7 @@ def check_shard_indices(shard_indices: Callable[[int, int, int, int, int], list[
 
 def _global_metric_on_rank(global_mse: Callable, local_sum: float, local_count: int) -> float:
     """Run on one engine: join the job's process group, call the learner's function, leave."""
-    from . import distributed
+    from .. import distributed
 
     distributed.init("cpu")
     try:
@@ -232,7 +232,7 @@ def check_global_mse(global_mse: Callable[[torch.Tensor, torch.Tensor], float]) 
 
 
 def _run_pair(global_mse: Callable, sums: list[float], counts: list[int]) -> list[float]:
-    from .engines import EngineError, run_on_engines
+    from ..engines import EngineError, run_on_engines
 
     try:
         return run_on_engines(_pair_member, 2, global_mse, sums, counts, timeout=120)
@@ -274,7 +274,7 @@ def _one_process_loop(steps: int, lr: float) -> torch.nn.Module:
 
 def check_horovod_loop(train_with_horovod: Callable[[int, float], dict]) -> None:
     """06.1: the loop on 2 Horovod ranks takes the steps one process takes on all the data."""
-    from .horovod_backend import run
+    from ..horovod_backend import run
 
     steps, lr = 10, 0.1
     results = run(train_with_horovod, 2, steps, lr)
@@ -326,7 +326,7 @@ def _centre_update_on_rank(update_centers: Callable) -> tuple[torch.Tensor, int]
 
     import torch.distributed as dist
 
-    from . import distributed
+    from .. import distributed
 
     x, labels, shards = _kmeans_shards()
     shard = shards[int(os.environ["RANK"])]
@@ -348,7 +348,7 @@ def _centre_update_on_rank(update_centers: Callable) -> tuple[torch.Tensor, int]
 
 def check_centre_update(update_centers: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]) -> None:
     """08.1: new centres from each rank's local sums and counts, with a single all-reduce."""
-    from .engines import EngineError, run_on_engines
+    from ..engines import EngineError, run_on_engines
 
     try:
         results = run_on_engines(_centre_update_on_rank, 2, update_centers, timeout=120)
