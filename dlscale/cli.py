@@ -99,7 +99,9 @@ def _bench_optim(args: argparse.Namespace) -> int:
         for ours, theirs in (("LAMB (dlscale)", "LAMB (timm)"), ("LARS (dlscale)", "LARS (timm)")):
             line = f"{model}: {ours} = {by_name[ours]['vs_adamw']:.2f}x AdamW (foreach)"
             if theirs in by_name:
-                line += f", {by_name[theirs]['ms_per_step'] / by_name[ours]['ms_per_step']:.2f}x faster than {theirs}"
+                ratio = by_name[theirs]["ms_per_step"] / by_name[ours]["ms_per_step"]
+                line += (f", {ratio:.2f}x faster than {theirs}" if ratio >= 1 else
+                         f", {1 / ratio:.2f}x slower than {theirs}")
             print(line)
     return 0
 

@@ -30,6 +30,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from .config import load_config
+from .schedules import scale_lr
+from .steplog import DivergedError
 from .noise_scale import noise_scale_of_rows
 from .plots import NotebookFigure
 from .tables import markdown_table
@@ -84,7 +86,14 @@ def _run(name: str, out_dir: Path, size: SweepSize, batch: int, recipe: dict[str
     }
     if recipe["optimizer"] == "lars":
         overrides["trust_coefficient"] = size.lars_trust
-    result = train_quietly(load_config(size.base_config, overrides))
+    cfg = load_config(size.base_config, overrides)
+    try:
+        result = train_quietly(cfg)
+    except DivergedError as err:
+        # A recipe that diverges is a finding of the sweep, not a failure of it: the table says "diverged".
+        return {"batch": batch, "steps": err.step, "optimizer": recipe["optimizer"],
+                "peak_lr": scale_lr(cfg.lr, cfg.base_batch, cfg.global_batch_size, cfg.lr_scaling),
+                "val_mse": math.nan, "val_r2": math.nan, "noise_scale": math.nan}
     rows = read_rows(result.run_dir / NOISE_FILE)
     return {"batch": batch, "steps": result.steps_done, "optimizer": recipe["optimizer"], "peak_lr": result.peak_lr,
             "val_mse": result.final.get("mse", math.nan), "val_r2": result.final.get("r2", math.nan),

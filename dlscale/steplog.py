@@ -23,6 +23,10 @@ LOG_BLOCK = 10
 class DivergedError(DlscaleError):
     """The loss or the weights became non-finite; the message names the step and what to try."""
 
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step  # the first step whose loss (or update) was not finite
+
 
 def check_finite(losses: list[float], first_step: int, lr: float) -> None:
     """Stop with one message if a logged loss is NaN or infinite (before anything is checkpointed)."""
@@ -33,7 +37,7 @@ def check_finite(losses: list[float], first_step: int, lr: float) -> None:
             f"was written from this point and the last good one is kept. Try a lower lr, a longer warmup "
             f"(warmup_steps), grad_clip=1.0 or precision=fp32, and check the data for NaN or inf values with "
             f"`dlscale data check DATA_DIR`; then continue from the last checkpoint with resume=true, or start "
-            f"afresh with resume=false")
+            f"afresh with resume=false", step=first_step + bad)
 
 
 class StepLog:

@@ -245,7 +245,7 @@ def _checkpoint(run: Run, lr: float) -> None:
         # a finite loss can still come before an exploding update
         raise DivergedError(f"the weights became non-finite by step {run.step} (lr {lr:.3g}); the checkpoint of "
                             f"this step was not written and the last good one is kept. Try a lower lr, a "
-                            f"longer warmup, grad_clip=1.0 or precision=fp32, then resume=true")
+                            f"longer warmup, grad_clip=1.0 or precision=fp32, then resume=true", step=run.step)
     if run.env.is_main:
         save_checkpoint(run.run_dir, run.step, training_state(
             run.step, run.steps_per_epoch, run.cfg, run.model, run.optimizer, run.scheduler, run.scaler, run.noise),
@@ -403,10 +403,12 @@ def _finish(run: Run, meter: ThroughputMeter, preempted: bool, started: float) -
 def train_quietly(cfg: TrainConfig) -> Result:
     """:func:`train` with its console lines saved to ``output.log`` in the run directory (for sweeps)."""
     output = io.StringIO()
-    with contextlib.redirect_stdout(output):
-        result = train(cfg)
-    (result.run_dir / "output.log").write_text(output.getvalue())
-    return result
+    try:
+        with contextlib.redirect_stdout(output):
+            return train(cfg)
+    finally:  # (also when the run stops with an error: the log says why)
+        cfg.resolved_run_dir.mkdir(parents=True, exist_ok=True)
+        (cfg.resolved_run_dir / "output.log").write_text(output.getvalue())
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from nbclient import NotebookClient
 
 
 def execute(path: Path, cwd: Path, parameters: dict | None = None, allow_errors: bool = False,
-            timeout: int = 600) -> nbformat.NotebookNode:
+            timeout: int = 1500) -> nbformat.NotebookNode:
     """Run every cell of ``path`` in a fresh kernel started in ``cwd`` and return the executed notebook.
 
     ``parameters`` are injected after the cell tagged ``parameters`` (papermill's convention).

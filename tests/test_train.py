@@ -303,6 +303,7 @@ def test_signal_checkpoints_and_exits_with_the_requeue_status(in_tmp, reference_
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a hang guard: about 1 min on 2 quiet cores, 8 min on a machine busy three times over
 def test_demo_config_reaches_the_promised_r2(in_tmp):
     """The README's demo, exactly as shipped, must reach R² >= 0.8 on held-out maps."""
     result = train("demo", progress=False, plot=False)
