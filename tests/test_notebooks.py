@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from dlscale.lessons import checks, horovod_backend
+from dlscale import horovod_backend
+from dlscale.lessons import checks
 from dlscale.config import load_config
 from dlscale.lessons.exercises import ExerciseError, generate, strip_solutions
 
