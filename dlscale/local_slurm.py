@@ -11,7 +11,9 @@ idle, and stops exactly the processes it started (by PID). Clients find it throu
 It needs Debian's (or your distribution's) ``slurmctld slurmd slurm-client munge`` packages
 (``make slurm-packages`` installs them as root) and runs the daemons as the current user:
 root in a container or CI, where it was checked; a non-root user can run them too, as
-``SlurmUser`` is set to that user.
+``SlurmUser`` is set to that user. Tasks are bound to their CPUs (``task/affinity``), as the
+sites bind them, so a job shows what ``--cpus-per-task`` really gives each task
+(``bash slurm/launch.sh local probe`` prints it).
 """
 
 from __future__ import annotations

@@ -71,6 +71,10 @@ case $job in
         mapfile -t command < <("$DLSCALE_PYTHON" -c 'import sys; from dlscale.profiling import nsys_command
 print("\n".join(nsys_command(sys.argv[2:], output=sys.argv[1] + "/nsys/rank_%q{SLURM_PROCID}",
                              python=sys.executable)))' "$run_dir" "$@" "run_dir=$run_dir")
+        if [[ ${#command[@]} -eq 0 ]]; then  # (a process substitution hides python's exit status)
+            echo "launch.sh: could not build the nsys command: is dlscale importable by $DLSCALE_PYTHON?" >&2
+            exit 2
+        fi
         ;;
     probe)  # one line per task: what it was given (CPUs, affinity, threads, GPUs); checks a site's binding
         command=("$DLSCALE_PYTHON" -m dlscale info --task)

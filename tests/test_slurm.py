@@ -111,7 +111,8 @@ def test_a_two_task_kmeans_job_equals_one_process(cluster, tmp_path):
 
 
 def test_a_preempted_job_checkpoints_requeues_and_ends_as_an_uninterrupted_one(cluster, tmp_path):
-    settings = [*TRAIN, "epochs=4", "run_dir=runs/preempted"]
+    # 12 epochs (384 steps) and the signal after 25 of them: it lands long before the end, however busy the machine
+    settings = [*TRAIN, "epochs=12", "run_dir=runs/preempted"]
     submitted = _sbatch(cluster, tmp_path, "local/train.sbatch", *settings, wait=False)
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip()
@@ -128,7 +129,7 @@ def test_a_preempted_job_checkpoints_requeues_and_ends_as_an_uninterrupted_one(c
     assert _wait_for_state(cluster, job, "COMPLETED") == 1
     output = (tmp_path / f"slurm-dlscale-train-{job}.out").read_text()
     assert "requeueing job" in output and "resuming from ckpt-" in output
-    reference = _sbatch(cluster, tmp_path, "local/train.sbatch", *TRAIN, "epochs=4", "run_dir=runs/straight")
+    reference = _sbatch(cluster, tmp_path, "local/train.sbatch", *TRAIN, "epochs=12", "run_dir=runs/straight")
     assert reference.returncode == 0, reference.stderr
     straight = [row["loss"] for row in read_rows(tmp_path / "runs/straight/metrics.csv")]
     assert [row["loss"] for row in read_rows(metrics)] == straight
@@ -245,12 +246,27 @@ def test_the_master_is_the_first_of_a_long_node_list_and_each_job_has_its_own_po
     assert len(ports) == 2 and all(10000 <= p < 30000 for p in ports)  # unprivileged, below the ephemeral range
 
 
+def _site_env(tmp_path, text):
+    """A DLSCALE_SITE_ENV file (the user's own settings, read after the site's)."""
+    path = tmp_path / "mine.env"
+    path.write_text(text)
+    return {"DLSCALE_SITE_ENV": str(path)}
+
+
 def test_the_profile_job_makes_its_report_folder_and_leaves_cupti_to_nsys(tmp_path):
-    done, command, settings, _ = _render(tmp_path, "perlmutter/profile.sbatch", "gpu", "profile_steps=20,30")
+    done, command, settings, _ = _render(tmp_path, "perlmutter/profile.sbatch", "gpu", "profile_steps=20,30",
+                                         env=_site_env(tmp_path, f"DLSCALE_PYTHON={sys.executable}\n"))
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "runs/t-42/nsys").is_dir()  # nsys does not create the folder of its --output
     assert "--output=runs/t-42/nsys/rank_%q{SLURM_PROCID}" in command  # one report per rank
     assert settings["DLSCALE_UNDER_NSYS"] == "1"
+
+
+def test_a_profile_job_that_cannot_build_its_command_says_so(tmp_path):
+    done, command, _, _ = _render(tmp_path, "perlmutter/profile.sbatch", "gpu",
+                                  env=_site_env(tmp_path, "DLSCALE_PYTHON=false\n"))
+    assert done.returncode == 2 and "could not build the nsys command" in done.stderr
+    assert not command.startswith("srun")  # never an srun with nothing to run
 
 
 @pytest.mark.parametrize("mode, expected", [
