@@ -3,7 +3,6 @@
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,7 +11,7 @@ import pytest
 import torch
 
 from dlscale.checkpoint import list_checkpoints
-from dlscale.distributed import DistEnv, DistributedError, detect, detect_launcher, expand_nodelist
+from dlscale.distributed import DistEnv, DistributedError, detect, detect_launcher, expand_nodelist, free_port
 from dlscale.tracking import read_rows
 
 from .conftest import SAME_STEPS_FP64
@@ -50,12 +49,6 @@ def test_a_slurm_allocation_alone_is_one_process_and_missing_variables_are_clear
 
 # -- real processes over gloo ----------------------------------------------------------------------
 
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 # float64, so that two ways of computing the same steps agree to rounding on any CPU (conftest).
 SETTINGS = ["tiny", "norm=group", "progress=false", "plot=false", "epochs=2", "checkpoint_every=16",
             "keep_checkpoints=10", "precision=fp64"]
@@ -68,7 +61,7 @@ def _single(cwd, *extra):
 
 def _torchrun(cwd, *extra, ranks=2):
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
-                           f"--master-port={_port()}", "-m", "dlscale.train", *SETTINGS, *extra],
+                           f"--master-port={free_port()}", "-m", "dlscale.train", *SETTINGS, *extra],
                           cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
@@ -116,7 +109,7 @@ def test_a_two_rank_run_resumes_exactly(in_tmp):
 
 def _torchrun_popen(cwd, *extra):
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                             f"--master-port={_port()}", "-m", "dlscale.train", *SETTINGS, *extra],
+                             f"--master-port={free_port()}", "-m", "dlscale.train", *SETTINGS, *extra],
                             cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -170,7 +163,7 @@ def test_two_ranks_killed_twice_resume_bit_for_bit(in_tmp):
 
 
 def test_a_dead_rank_stops_the_other_with_a_clear_message(in_tmp):
-    port = _port()
+    port = free_port()
     procs = []
     for rank in range(2):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
@@ -212,7 +205,7 @@ def test_a_normal_shutdown_waits_for_every_rank_and_a_failed_one_does_not(in_tmp
     # The test compares the order of two events on one clock, not durations, so load cannot sway it.
     (in_tmp / "leave.py").write_text(LEAVING)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                           f"--master-port={_port()}", "leave.py", mode], cwd=in_tmp, capture_output=True,
+                           f"--master-port={free_port()}", "leave.py", mode], cwd=in_tmp, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     left = float(done.stdout.split("rank 0 left at ")[1].split()[0])
@@ -293,7 +286,7 @@ def test_two_ranks_under_intel_mpi_equal_one_process(in_tmp):
     """mpirun from the impi-rt wheel; no MASTER_ADDR, so rank 0's host is broadcast with mpi4py."""
     bin_dir = os.path.dirname(sys.executable)
     env = {k: v for k, v in os.environ.items() if k != "MASTER_ADDR"}
-    env.update(PATH=f"{bin_dir}:{env.get('PATH', '')}", MASTER_PORT=str(_port()), OMP_NUM_THREADS="1")
+    env.update(PATH=f"{bin_dir}:{env.get('PATH', '')}", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
     one = _single(in_tmp, "run_dir=runs/one")
     assert one.returncode == 0, one.stderr
     two = subprocess.run([os.path.join(bin_dir, "mpirun"), "-n", "2", sys.executable, "-m", "dlscale.train", *SETTINGS,
