@@ -220,17 +220,24 @@ def bench_ladder(cfg, steps: int = 60, out_dir: str | Path | None = None, progre
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "ladder.json").write_text(json.dumps({"device": str(device), "steps": steps, "rows": rows},
                                                     indent=1, default=str) + "\n")
-    from .plots import bar_chart
-    bar_chart([r["rung"] for r in measured], [r["samples_per_s"] for r in measured],
-              "samples / s", f"optimization ladder on {device}").savefig(out_dir / "ladder.png", dpi=120)
+    ladder_chart(rows, f"optimization ladder on {device}").savefig(out_dir / "ladder.png", dpi=120)
     return rows
+
+
+def ladder_chart(rows: list[dict], title: str = "optimization ladder"):
+    """The measured rungs as bars at their median with the range of their rounds."""
+    from .plots import spread_chart
+    from .repeats import Spread
+
+    return spread_chart({r["rung"]: Spread(r["rates"]) for r in rows if "rates" in r}, "samples / s", title)
 
 
 def format_ladder(rows: list[dict]) -> str:
     """The ladder as a Markdown table."""
-    return markdown_table(["rung", "samples/s", "× baseline", "× previous"], [
-        (row["rung"], f"skipped: {row['skipped']}", "", "") if "skipped" in row else
-        (row["rung"], f"{row['samples_per_s']:,.0f}", f"{row['speedup']:.2f}", f"{row['vs_previous']:.2f}")
+    return markdown_table(["rung", "samples/s (median)", "rounds: lowest-highest", "× baseline", "× previous"], [
+        (row["rung"], f"skipped: {row['skipped']}", "", "", "") if "skipped" in row else
+        (row["rung"], f"{row['samples_per_s']:,.0f}", f"{min(row['rates']):,.0f}-{max(row['rates']):,.0f}",
+         f"{row['speedup']:.2f}", f"{row['vs_previous']:.2f}")
         for row in rows])
 
 
@@ -340,17 +347,23 @@ def horovodrun_command(nproc: int, module_args: list[str]) -> list[str]:
 # -- weak and strong scaling of the training ------------------------------------------------------------
 
 def bench_scaling(cfg, procs: Iterable[int] = (1, 2), steps: int = 60, out_dir: str | Path = "runs/scaling",
-                  progress: bool = True) -> list[dict]:
+                  progress: bool = True, threads: int | None = None) -> list[dict]:
     """Train at each process count, strong (same global batch) and weak (same per-rank batch), and compare.
 
     Each run is ``dlscale.train`` under torchrun on this machine; on a cluster the same
     comparison comes from the Slurm scripts. Efficiency is throughput over
-    ``processes × single-process throughput``.
+    ``processes × single-process throughput``. Every process of every run gets the same
+    ``threads`` (default: the CPUs shared by the largest run's processes), and each row
+    reports the threads its run's summary says it used.
     """
     import subprocess
 
     from tqdm.auto import tqdm
 
+    from .threads import fair_threads, per_process_env
+
+    procs = list(procs)
+    threads = threads or fair_threads(max(procs))
     out_dir = Path(out_dir)
     base = cfg.global_batch_size
     jobs = [(mode, n) for mode in ("strong", "weak") for n in procs]
@@ -362,13 +375,14 @@ def bench_scaling(cfg, procs: Iterable[int] = (1, 2), steps: int = 60, out_dir: 
                 f"global_batch_size={batch}", f"max_steps={steps}", "epochs=1000000", f"run_dir={run_dir}",
                 "checkpoint_every=0", "progress=false", "plot=false", "resume=false"]
         command = torchrun_command(n, args) if n > 1 else [sys.executable, "-m", *args]
-        done = subprocess.run(command, capture_output=True, text=True)
+        done = subprocess.run(command, capture_output=True, text=True, env=per_process_env(threads))
         if done.returncode != 0:
             # The cause is usually near the start (a rank's own error); torchrun's summary is at the end.
             raise RuntimeError(f"{mode} scaling run with {n} processes failed:\n{done.stderr[:3000]}\n...\n"
                                f"{done.stderr[-1500:]}")
         summary = json.loads((run_dir / "summary.json").read_text())
-        rows.append({"mode": mode, "processes": n, "global_batch": batch, "samples_per_s": summary["samples_per_s"]})
+        rows.append({"mode": mode, "processes": n, "global_batch": batch, "samples_per_s": summary["samples_per_s"],
+                     "threads_per_process": summary["threads"]["count"]})
     for row in rows:
         single = next(r for r in rows if r["mode"] == row["mode"] and r["processes"] == min(procs))
         row["speedup"] = row["samples_per_s"] / single["samples_per_s"]
@@ -381,6 +395,7 @@ def bench_scaling(cfg, procs: Iterable[int] = (1, 2), steps: int = 60, out_dir: 
 
 
 def format_scaling(rows: list[dict]) -> str:
-    return markdown_table(["scaling", "processes", "global batch", "samples/s", "speedup", "efficiency"], [
-        (r["mode"], r["processes"], r["global_batch"], f"{r['samples_per_s']:,.0f}", f"{r['speedup']:.2f}",
-         f"{100 * r['efficiency']:.0f}%") for r in rows])
+    return markdown_table(["scaling", "processes", "threads each", "global batch", "samples/s", "speedup",
+                           "efficiency"], [
+        (r["mode"], r["processes"], r.get("threads_per_process", "?"), r["global_batch"], f"{r['samples_per_s']:,.0f}",
+         f"{r['speedup']:.2f}", f"{100 * r['efficiency']:.0f}%") for r in rows])

@@ -60,6 +60,8 @@ class TrainConfig:
     persistent_workers: bool = _knob(True, "Keep worker processes alive between epochs (only with workers > 0).")
     stage_dir: str = _knob("", "Copy the data to this node-local folder before training and read it there "
                                "(e.g. $TMPDIR or /tmp; environment variables are expanded; '' = off).")
+    augment: bool = _knob(False, "Shift, mirror and rotate every training map at random, per sample in the loader "
+                                 "(real CPU work per sample, as decoding and augmenting are; lesson 02).")
     pin_memory: bool = _knob(True, "Page-locked host buffers for faster copies to the GPU (ignored on CPU).")
 
     # -- model ---------------------------------------------------------------
@@ -84,7 +86,7 @@ class TrainConfig:
     static_graph: bool = _knob(False, "DDP: the graph is the same every step (lets DDP skip some bookkeeping).")
 
     # -- optimisation --------------------------------------------------------
-    epochs: int = _knob(6, "Passes over the training set.")
+    epochs: int = _knob(8, "Passes over the training set.")
     max_steps: int = _knob(0, "Stop after this many optimizer steps (0 = run all epochs).")
     global_batch_size: int = _knob(64, "Samples per optimizer step over all ranks; the per-rank batch is derived.")
     grad_accumulation: int = _knob(1, "Micro-batches per optimizer step: each rank's batch is split into this many, "

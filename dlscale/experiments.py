@@ -102,8 +102,13 @@ def _run(name: str, out_dir: Path, size: SweepSize, batch: int, recipe: dict[str
 
 def large_batch_sweep(out_dir: str | Path = "runs/large_batch", size: str | SweepSize = "ci",
                       recipes: list[str] | None = None, multiples: tuple[int, ...] | None = None,
-                      progress: bool = True) -> list[dict[str, Any]]:
-    """Run the sweep; return its rows and write ``table.csv``, ``table.md`` and ``sweep.png`` in ``out_dir``."""
+                      progress: bool = True, tracking: str = "csv",
+                      wandb_project: str = "dlscale-sweep") -> list[dict[str, Any]]:
+    """Run the sweep; return its rows and write ``table.csv``, ``table.md`` and ``sweep.png`` in ``out_dir``.
+
+    With ``tracking="wandb"`` every run also logs to Weights & Biases (offline unless
+    ``WANDB_MODE`` says otherwise) in ``wandb_project``, one W&B run per sweep run, named as its folder.
+    """
     size = SIZES[size] if isinstance(size, str) else size
     out_dir = Path(out_dir)
     recipes = list(RECIPES) if recipes is None else recipes
@@ -117,6 +122,8 @@ def large_batch_sweep(out_dir: str | Path = "runs/large_batch", size: str | Swee
     for recipe_name, batch, recipe in tqdm(jobs, desc="large-batch sweep", unit="run", disable=not progress):
         slug = recipe_name.replace(" + ", "-").replace(" ", "-").lower()
         extra = {"noise_scale_every": 5} if recipe is None else {}
+        if tracking != "csv":
+            extra.update(tracking=tracking, wandb_project=wandb_project)
         row = _run(f"b{batch}-{slug}", out_dir, size, batch, recipe, extra)
         rows.append({"recipe": recipe_name, "multiple": batch // size.base_batch, **row})
     write_table(rows, out_dir)

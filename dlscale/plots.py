@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from .tracking import TRAIN_FILE, VAL_FILE, read_rows
 
@@ -89,13 +90,69 @@ def bar_chart(labels: list, values: list[float], ylabel: str, title: str = "", x
     return fig
 
 
-def map_gallery(maps, params, names: tuple[str, str] = ("log A", "n")) -> NotebookFigure:
-    """A row of maps, each titled with its two parameters (lesson 00's look at the data)."""
+def spread_chart(spreads: dict, ylabel: str, title: str = "", xlabel: str = "",
+                 log: bool | None = None) -> NotebookFigure:
+    """Bars at the median of each measurement with a line from its lowest to its highest round.
+
+    ``log=None`` picks a log scale when the medians differ by more than 20×.
+    """
+    labels = [textwrap.fill(str(label), 16) for label in spreads]
+    medians = [s.median for s in spreads.values()]
+    errors = [[m - s.low for m, s in zip(medians, spreads.values())],
+              [s.high - m for m, s in zip(medians, spreads.values())]]
+    fig = NotebookFigure(figsize=(1.2 * len(labels) + 3, 3.5), layout="constrained")
+    ax = fig.subplots()
+    bars = ax.bar(labels, medians, yerr=errors, capsize=4, color="tab:blue", ecolor="black")
+    ax.bar_label(bars, labels=[f"{v:,.0f}" if v >= 100 else f"{v:.3g}" for v in medians], padding=2,
+                 label_type="center", color="white", fontsize=8)
+    if log if log is not None else max(medians) > 20 * max(min(medians), 1e-12):
+        ax.set_yscale("log")
+    rounds = min(len(s.values) for s in spreads.values())
+    ax.set(xlabel=xlabel, ylabel=f"{ylabel} (median of {rounds})", title=title)
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+#: The phases the training loop marks in every step, and their colours on a timeline.
+PHASE_COLOURS = {"data": "tab:orange", "forward": "tab:blue", "backward": "tab:green", "optimizer": "tab:red"}
+
+
+def trace_timeline(trace_path: str | Path, title: str = "timeline of the profiled steps") -> NotebookFigure:
+    """The profiled steps as a timeline: the loop's phases on the CPU row and, on a GPU, its kernels.
+
+    Rendered from the ``trace.json`` that ``profile_steps`` writes (the file Perfetto opens), so
+    the notebook shows the same picture without leaving the page: gaps on the device row are
+    time the device waited.
+    """
+    import json
+
+    data = json.loads(Path(trace_path).read_text())
+    events = [e for e in (data["traceEvents"] if isinstance(data, dict) else data) if e.get("ph") == "X"]
+    phases = [e for e in events if e.get("cat") == "user_annotation" and e["name"] in PHASE_COLOURS]
+    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    start = min(e["ts"] for e in phases + kernels)
+    rows = [("CPU: the loop's phases", phases)] + ([("GPU: kernels and copies", kernels)] if kernels else [])
+    fig = NotebookFigure(figsize=(10, 1.2 + 0.8 * len(rows)), layout="constrained")
+    ax = fig.subplots()
+    for y, (_, items) in enumerate(rows):
+        colours = [PHASE_COLOURS.get(e["name"], "tab:purple") for e in items]
+        ax.broken_barh([((e["ts"] - start) / 1000, e["dur"] / 1000) for e in items], (y - 0.4, 0.8),
+                       facecolors=colours)
+    ax.set_yticks(range(len(rows)), [name for name, _ in rows])
+    ax.invert_yaxis()
+    ax.set(xlabel="ms since the first profiled step", title=title)
+    handles = [Patch(color=c, label=n) for n, c in PHASE_COLOURS.items()]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=len(handles), frameon=False)
+    return fig
+
+
+def map_gallery(maps, params, names: tuple[str, ...] = ("log A", "n", "s")) -> NotebookFigure:
+    """A row of maps, each titled with its parameters (lesson 00's look at the data)."""
     maps, params = np.asarray(maps), np.asarray(params)
-    fig = NotebookFigure(figsize=(2.2 * len(maps), 2.6), layout="constrained")
-    for ax, image, (first, second) in zip(np.atleast_1d(fig.subplots(1, len(maps))), maps, params):
+    fig = NotebookFigure(figsize=(2.2 * len(maps), 2.9), layout="constrained")
+    for ax, image, values in zip(np.atleast_1d(fig.subplots(1, len(maps))), maps, params):
         ax.imshow(image.squeeze(), cmap="magma")
-        ax.set_title(f"{names[0]} {first:.2f}\n{names[1]} {second:.2f}", fontsize=9)
+        ax.set_title("\n".join(f"{name} {value:.2f}" for name, value in zip(names, values)), fontsize=9)
         ax.axis("off")
     return fig
 

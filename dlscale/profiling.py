@@ -195,6 +195,16 @@ def summarize(profiler: torch.profiler.profile, steps: int, top: int = 12) -> di
     return {"steps": steps, "ranges": ranges, "top_operators": operators[:top]}
 
 
+def phase_times(summary: dict[str, Any], device: torch.device | str) -> tuple[dict[str, float], str]:
+    """Milliseconds per step of each loop phase, on the device that does the work, and which clock it is.
+
+    On a GPU the CPU time of a range is mostly kernel launches (the kernels run later, on the
+    device), so the device's own time is what a phase costs; on a CPU they are the same.
+    """
+    key = "device_ms_per_step" if torch.device(device).type == "cuda" else "cpu_ms_per_step"
+    return {row["name"]: row[key] for row in summary["ranges"]}, key.removesuffix("_ms_per_step")
+
+
 def read_summary(run_dir: str | Path) -> dict[str, Any]:
     """The ``profile_summary.json`` a run with ``profile_steps`` wrote."""
     return json.loads((Path(run_dir) / "profile_summary.json").read_text())

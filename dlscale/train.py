@@ -52,6 +52,7 @@ from .profiling import StepProfiler, flops_per_sample, mfu, nvtx_backend, nvtx_r
 from .schedules import scale_lr, warmup_schedule
 from .steplog import LOG_BLOCK, DivergedError, StepLog
 from .throughput import ThroughputMeter
+from .threads import ThreadChoice, apply_threads
 from .tracking import TRAIN_FILE, VAL_FILE, MetricsLogger, read_rows
 
 
@@ -81,6 +82,7 @@ class Run:
     step: int = 0
     first_step: int = 0            # where this process started (the resumed step, or 0)
     graph_skips: int = 0           # inductor's CUDA-graph skips before the first step
+    threads: ThreadChoice | None = None  # torch's CPU threads in this process, and why
     resumed_from: Path | None = None
     logger: MetricsLogger | None = None
     log: StepLog | None = None
@@ -257,6 +259,7 @@ def _checkpoint(run: Run, lr: float) -> None:
 def _setup(cfg: TrainConfig, env: distributed.DistEnv) -> Run:
     """Data, model, optimizer, schedule and precision; then resume or a fresh start, and the logs."""
     device = torch.device(env.device)
+    threads = apply_threads()  # before any kernel runs: from the CPUs this process was given
     seed_everything(cfg.seed)
     train_loader, val_loader, data_root = rank_loaders(cfg, env, device)
     dataset = train_loader.dataset
@@ -292,6 +295,7 @@ def _setup(cfg: TrainConfig, env: distributed.DistEnv) -> Run:
               steps_per_epoch=steps_per_epoch, total_steps=total_steps, peak_lr=peak_lr, flops=flops,
               noise=NoiseScaleEstimator(decay=0.9))
     run.graph_skips = cuda_graph_skips() if cfg.cuda_graphs else 0
+    run.threads = threads
     _resume_or_start_afresh(run)
     if env.is_main:
         cfg.save(run.run_dir / "config.yaml")
@@ -388,6 +392,7 @@ def _finish(run: Run, meter: ThroughputMeter, preempted: bool, started: float) -
                    "seconds": result.seconds, "device": str(device), "preempted": preempted, "peak_lr": run.peak_lr,
                    "flops_per_sample": run.flops, "mfu": utilisation,
                    "mfu_peak": {"precision": peak_name, "flops_per_s": peak}, "applied": applied,
+                   "threads": run.threads.to_dict(),
                    **({"noise_scale": run.noise.b_simple} if cfg.noise_scale_every else {}), **final}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         run.logger.summary(summary)

@@ -247,7 +247,12 @@ def test_weak_and_strong_scaling_runs_report_efficiency(tiny, in_tmp):
     for row in rows:
         assert row["samples_per_s"] > 0
         assert row["efficiency"] == pytest.approx(row["speedup"] / row["processes"])
-    assert (in_tmp / "scaling/scaling.png").is_file() and "| weak | 2 | 64 |" in format_scaling(rows)
+    # An efficiency above 100% cannot come from the single process having had other threads than
+    # each rank: every run's own summary reports the same per-process threads, those of the largest run.
+    from dlscale.threads import fair_threads
+    assert {row["threads_per_process"] for row in rows} == {fair_threads(2)}
+    assert (in_tmp / "scaling/scaling.png").is_file()
+    assert f"| weak | 2 | {fair_threads(2)} | 64 |" in format_scaling(rows)
 
 
 def test_rank_environments_group_engines_by_host():

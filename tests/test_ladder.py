@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from dlscale.bench import bench_ladder, bench_loader, format_ladder
 from dlscale.data import prepare_data, stage_data
@@ -52,3 +53,43 @@ def test_staging_copies_once_and_training_reads_the_copy(tiny, in_tmp, monkeypat
     monkeypatch.delenv("NODE_LOCAL")
     with pytest.raises(Exception, match="names an environment variable that is not set"):
         stage_data(source, "$NODE_LOCAL/stage")
+
+
+def test_a_packed_data_set_is_unpacked_once_to_node_local_storage_and_trained_on(tiny, in_tmp):
+    from dlscale.data import pack_data
+    source = prepare_data(tiny())
+    archive = pack_data(source, in_tmp / "shared/set.tar.gz")
+    assert archive.is_file() and not list(archive.parent.glob("*.part"))
+    staged = stage_data(archive, str(in_tmp / "local"))
+    assert staged == in_tmp / "local/set" and sorted(p.name for p in (staged / "train").iterdir()) == \
+        sorted(p.name for p in (source / "train").iterdir())
+    marker = (staged / "train/shard-00000-x.npy").stat().st_mtime_ns
+    assert stage_data(archive, str(in_tmp / "local")) == staged
+    assert (staged / "train/shard-00000-x.npy").stat().st_mtime_ns == marker  # unpacked once
+    result = train(tiny(data_dir=str(archive), stage_dir=str(in_tmp / "local"), max_steps=2))
+    assert result.applied["data_dir"] == str(staged)
+    (in_tmp / "notes.txt").write_text("not data")
+    with pytest.raises(Exception, match="is a file"):
+        stage_data(in_tmp / "notes.txt", str(in_tmp / "local"))
+
+
+def test_augmentation_changes_each_epoch_and_repeats_exactly(tiny, in_tmp):
+    """Per-sample augmentation: a new draw every epoch, the same draw for the same (seed, epoch, index)."""
+    from dlscale.data import make_loader
+    from dlscale.data.loader import ShardDataset
+    cfg = tiny(augment=True)
+    root = prepare_data(cfg)
+    plain, augmented = ShardDataset(root / "train"), ShardDataset(root / "train", augment_seed=0)
+    x, y = plain[7]
+    first, y_first = augmented[7]  # epoch 0
+    again, _ = augmented[7]
+    second, _ = augmented[len(plain) + 7]  # epoch 1
+    assert torch.equal(y_first, y) and torch.equal(first, again)
+    assert not torch.allclose(first, x) and not torch.allclose(first, second)
+    # the map's statistics survive: a shift, mirror and rotation keep its variance to a few per cent
+    assert float(first.var()) == pytest.approx(float(x.var()), rel=0.3)
+    loader = make_loader(cfg)
+    loader.sampler.set_position(1)
+    indices = list(loader.sampler)
+    assert min(indices) >= len(plain) and max(indices) < 2 * len(plain)  # the epoch travels with the index
+    assert make_loader(cfg, split="val").dataset.dataset.augment_seed is None  # validation is never augmented

@@ -23,15 +23,17 @@ def _needs(name: str) -> None:
 
 LESSONS = {
     "00_environment.ipynb": {"gallery_size": 3},
-    "01_single_device_baseline.ipynb": {"config": "tiny", "batch_sizes": [16, 64], "sweep_steps": 20},
-    "02_data_loading.ipynb": {"config": "tiny", "worker_counts": [0, 1], "loader_batches": 10, "train_steps": 20},
+    "01_single_device_baseline.ipynb": {"config": "tiny", "batch_sizes": [16, 64], "sweep_steps": 20,
+                                        "rounds": 2},
+    "02_data_loading.ipynb": {"config": "tiny", "worker_counts": [0, 1], "loader_batches": 10, "train_steps": 20,
+                              "rounds": 2},
     "03_mixed_precision.ipynb": {"epochs": 1},
-    "04_profiling.ipynb": {"config": "tiny", "profile_window": [3, 6], "ladder_steps": 8},
+    "04_profiling.ipynb": {"config": "tiny", "profile_window": [3, 6], "ladder_steps": 8, "ladder_rounds": 2},
     "05_data_parallel.ipynb": {"allreduce_max_kib": 256, "scaling_steps": 10},
     "06_horovod.ipynb": {"steps": 20, "allreduce_max_kib": 256},
     "08_distributed_kmeans.ipynb": {"colours": [4, 8], "bench_n": 20_000, "bench_iters": 3},
-    "09_scaling_out.ipynb": {"sizes": [1, 2], "steps": 20},
-    "07_large_batch.ipynb": {"sweep_recipes": ["no scaling", "linear + warmup", "LAMB + warmup"],
+    "09_scaling_out.ipynb": {"sizes": [1, 2], "steps": 20, "target_r2": 0.0},
+    "07_large_batch.ipynb": {"sweep_recipes": ["no scaling", "linear + warmup", "LARS + warmup"],
                              "sweep_multiples": [8, 32]},
 }
 SOLUTION_PARAMETERS = {"01_single_device_baseline.ipynb": {"config": "tiny"}, "02_data_loading.ipynb": {},

@@ -158,6 +158,19 @@ def test_a_sweep_submits_weak_and_strong_series_and_the_report_reads_them(cluste
     assert "| weak-n2 | 1 | 2 | 32 |" in report.stdout
 
 
+def test_waiting_for_jobs_fails_with_the_failed_jobs_own_output(cluster, tmp_path):
+    """What lesson 09's cells do: a job that dies (here: a bad config key) fails the wait, and says why."""
+    from dlscale.slurm_jobs import JobFailed, submit, wait_for_jobs
+    env = _env(cluster)
+    good = submit(ROOT / "slurm/local/train.sbatch", ["tiny", "max_steps=2", "progress=false", "plot=false",
+                                                        f"run_dir={tmp_path}/good"], [f"--chdir={tmp_path}"], env)
+    bad = submit(ROOT / "slurm/local/train.sbatch", ["tiny", "no_such_key=1"], [f"--chdir={tmp_path}"], env)
+    seen = []
+    with pytest.raises(JobFailed, match=rf"(?s)job {bad} .* ended FAILED.*no_such_key"):
+        wait_for_jobs([good, bad], env, timeout=300, watch=seen.append, poll=0.5)
+    assert wait_for_jobs([good], env, timeout=60)[good]["JobState"] == "COMPLETED"
+
+
 def test_report_says_where_it_looked_when_there_are_no_runs(tmp_path):
     done = run_cli("report", str(tmp_path), cwd=tmp_path)
     assert done.returncode == 2 and "no run directories" in done.stderr and "Traceback" not in done.stderr

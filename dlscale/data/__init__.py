@@ -5,12 +5,13 @@
 - :mod:`dlscale.data.loader` reads them for training (``make_loader``).
 """
 
-from .loader import ResumableDistributedSampler, ShardDataset, make_loader, prepare_data, stage_data, synthetic_dir
+from .loader import (ResumableDistributedSampler, ShardDataset, make_loader, pack_data, prepare_data, stage_data,
+                     synthetic_dir)
 from .shards import DataError, generate_dataset, non_finite_values, read_manifest, write_shards
 from .synthetic import TARGET_NAMES, FieldSpec, denormalize_targets, generate_fields, normalize_targets
 
 __all__ = [
     "DataError", "FieldSpec", "ResumableDistributedSampler", "ShardDataset", "TARGET_NAMES",
     "denormalize_targets", "generate_dataset", "generate_fields", "make_loader", "non_finite_values", "normalize_targets",
-    "prepare_data", "read_manifest", "stage_data", "synthetic_dir", "write_shards",
+    "pack_data", "prepare_data", "read_manifest", "stage_data", "synthetic_dir", "write_shards",
 ]

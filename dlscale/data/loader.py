@@ -19,19 +19,23 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from tqdm.auto import tqdm
 
 from ..config import TrainConfig
+from .augment import augment_map, sample_rng
 from .shards import MANIFEST, DataError, generate_dataset, read_manifest, read_shard_header
-from .synthetic import FieldSpec
+from .synthetic import DATA_VERSION, FieldSpec
 
 
 class ShardDataset(Dataset):
     """All shard pairs of one split folder, read lazily through memory maps.
 
     Opening checks every shard's header, so a bad file fails here, by name, and not
-    halfway through an epoch inside a worker.
+    halfway through an epoch inside a worker. With ``augment_seed`` every map is augmented
+    (:mod:`dlscale.data.augment`); the index then carries the epoch (``epoch * len + i``, as
+    :class:`ResumableDistributedSampler` yields with ``tag_epoch``), so workers need no state.
     """
 
-    def __init__(self, split_dir: str | Path):
+    def __init__(self, split_dir: str | Path, augment_seed: int | None = None):
         self.split_dir = Path(split_dir)
+        self.augment_seed = augment_seed
         if not self.split_dir.is_dir():
             raise DataError(f"data folder {self.split_dir} does not exist; generate it with "
                             f"`dlscale data generate --out {self.split_dir.parent}` or set data_dir")
@@ -70,10 +74,14 @@ class ShardDataset(Dataset):
         return self._open[index]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        epoch, index = divmod(index, len(self))
         shard = bisect.bisect_right(self.offsets, index) - 1
         x, y = self._shard(shard)
         row = index - self.offsets[shard]
-        return torch.from_numpy(np.array(x[row])), torch.from_numpy(np.array(y[row]))
+        x, y = torch.from_numpy(np.array(x[row])), torch.from_numpy(np.array(y[row]))
+        if self.augment_seed is not None:
+            x = augment_map(x, sample_rng(self.augment_seed, epoch, index))
+        return x, y
 
     def __getstate__(self) -> dict:
         # Memory maps do not travel to worker processes; each worker opens its own.
@@ -87,9 +95,10 @@ class ResumableDistributedSampler(DistributedSampler):
     already consumed resumes exactly where an interrupted run stopped.
     """
 
-    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int):
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int, tag_epoch: bool = False):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
         self.start_index = 0
+        self.tag_epoch = tag_epoch  # yield epoch * len(dataset) + index, for per-epoch augmentation
 
     def set_position(self, epoch: int, start_index: int = 0) -> None:
         """Start ``epoch`` at this rank's ``start_index``-th sample."""
@@ -97,7 +106,8 @@ class ResumableDistributedSampler(DistributedSampler):
         self.start_index = start_index
 
     def __iter__(self) -> Iterator[int]:
-        return iter(list(super().__iter__())[self.start_index:])
+        offset = self.epoch * len(self.dataset) if self.tag_epoch else 0
+        return iter([offset + index for index in list(super().__iter__())[self.start_index:]])
 
     def __len__(self) -> int:
         return self.num_samples - self.start_index
@@ -105,7 +115,7 @@ class ResumableDistributedSampler(DistributedSampler):
 
 def synthetic_dir(cfg: TrainConfig) -> Path:
     """Where the synthetic set for these settings lives: one folder per distinct set."""
-    return Path("data") / (f"mini-cosmoflow-s{cfg.image_size}-n{cfg.train_samples}-v{cfg.val_samples}"
+    return Path("data") / (f"mini-cosmoflow-{DATA_VERSION}-s{cfg.image_size}-n{cfg.train_samples}-v{cfg.val_samples}"
                            f"-noise{cfg.noise:g}-seed{cfg.seed}")
 
 
@@ -113,6 +123,8 @@ def prepare_data(cfg: TrainConfig, progress: bool | None = None) -> Path:
     """The data folder for ``cfg``: the user's ``data_dir``, or the synthetic set (made if missing)."""
     if cfg.data_dir:
         path = Path(cfg.data_dir)
+        if path.is_file() and _archive_name(path) and cfg.stage_dir:
+            return path  # a packed data set, unpacked to node-local storage by stage_data
         if not path.is_dir():
             raise DataError(f"data_dir {path} does not exist; generate it with "
                             f"`dlscale data generate --out {path}`, or leave data_dir empty for the synthetic set")
@@ -125,31 +137,72 @@ def prepare_data(cfg: TrainConfig, progress: bool | None = None) -> Path:
     return path
 
 
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+
+
+def pack_data(data_root: str | Path, archive: str | Path) -> Path:
+    """Pack a data folder into one compressed tar file (``.tar.gz``), the way data sets are kept on a shared
+    file system: one large file instead of many small ones, which a parallel file system serves far better."""
+    import tarfile
+
+    archive = Path(archive)
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    partial = archive.with_name(archive.name + ".part")
+    with tarfile.open(partial, "w:gz" if archive.name.endswith(("gz", "tgz")) else "w") as tar:
+        tar.add(data_root, arcname=_archive_name(archive) or Path(data_root).name)  # unpacks as the archive's name
+    os.replace(partial, archive)
+    return archive
+
+
+def _archive_name(path: Path) -> str | None:
+    return next((path.name[: -len(s)] for s in ARCHIVE_SUFFIXES if path.name.endswith(s)), None)
+
+
 def stage_data(data_root: str | Path, stage_dir: str, progress: bool = False) -> Path:
-    """Copy a data folder to node-local storage once, and return the copy to read from.
+    """Copy a data folder (or unpack a ``.tar``/``.tar.gz`` of one) to node-local storage once; return the copy.
 
     ``stage_dir`` may name environment variables (``$TMPDIR``, ``$SLURM_TMPDIR``). A copy whose
-    files already match the source in names and sizes is reused; otherwise the folder is
-    copied under a temporary name and renamed, so an interrupted copy is never read.
+    files already match the source in names and sizes is reused (an unpacked archive is reused
+    when its folder is complete); otherwise the data go to a temporary name that is then
+    renamed, so an interrupted copy is never read.
     """
     source = Path(data_root)
     target_root = Path(os.path.expandvars(os.path.expanduser(stage_dir)))
     if "$" in str(target_root):
         raise DataError(f"stage_dir {stage_dir!r} names an environment variable that is not set")
-    target = target_root / source.name
-    files = sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file())
-    if target.is_dir() and all((target / f).is_file() and (target / f).stat().st_size == (source / f).stat().st_size
-                               for f in files):
-        return target
+    archive_name = _archive_name(source) if source.is_file() else None
+    if source.is_file() and archive_name is None:
+        raise DataError(f"{source} is a file: stage a data folder or a {'/'.join(ARCHIVE_SUFFIXES)} of one")
+    target = target_root / (archive_name or source.name)
+    if archive_name is not None:
+        if (target / MANIFEST).is_file():
+            return target
+        files = []
+    else:
+        files = sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file())
+        if target.is_dir() and all((target / f).is_file() and
+                                   (target / f).stat().st_size == (source / f).stat().st_size for f in files):
+            return target
     target_root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{source.name}.", dir=target_root))
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target_root))
     try:
-        for name in tqdm(files, desc=f"staging to {target_root}", unit="file", disable=not progress):
-            (staging / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source / name, staging / name)
+        if archive_name is not None:
+            import tarfile
+
+            with tarfile.open(source) as tar:
+                tar.extractall(staging, filter="data")
+            unpacked = staging / archive_name
+            if not unpacked.is_dir():
+                raise DataError(f"{source} does not hold a folder named {archive_name}; pack it with pack_data")
+            staging_result = unpacked
+        else:
+            for name in tqdm(files, desc=f"staging to {target_root}", unit="file", disable=not progress):
+                (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source / name, staging / name)
+            staging_result = staging
         if target.exists():
             shutil.rmtree(target)
-        os.replace(staging, target)
+        os.replace(staging_result, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
@@ -174,7 +227,8 @@ def make_loader(cfg: TrainConfig, rank: int = 0, world_size: int = 1, split: str
     """
     device = torch.device(device)
     root = Path(data_dir) if data_dir is not None else prepare_data(cfg)
-    dataset = ShardDataset(root / split)
+    augment = cfg.augment and split == "train"
+    dataset = ShardDataset(root / split, augment_seed=cfg.seed if augment else None)
     batch = cfg.micro_batch(world_size) if split == "train" else cfg.per_rank_batch(world_size)
     workers = auto_workers(cfg, device)
     options = dict(num_workers=workers, pin_memory=cfg.pin_memory and device.type == "cuda")
@@ -184,7 +238,7 @@ def make_loader(cfg: TrainConfig, rank: int = 0, world_size: int = 1, split: str
         if len(dataset) // world_size < cfg.per_rank_batch(world_size):
             raise DataError(f"{root / split} has {len(dataset)} samples, fewer than one global batch "
                             f"({cfg.global_batch_size}); lower global_batch_size or add data")
-        sampler = ResumableDistributedSampler(dataset, world_size, rank, seed=cfg.seed)
+        sampler = ResumableDistributedSampler(dataset, world_size, rank, seed=cfg.seed, tag_epoch=augment)
         return DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=True, **options)
     return DataLoader(Subset(dataset, range(rank, len(dataset), world_size)), batch_size=batch,
                       shuffle=False, **options)

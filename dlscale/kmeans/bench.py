@@ -10,9 +10,6 @@ fit at each process count under ``torchrun`` (torch) and ``mpirun`` (daal4py).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -67,24 +64,12 @@ def _engines(x: np.ndarray, init: np.ndarray, iterations: int) -> dict:
     return engines
 
 
-def _scaling_run(launcher: str, procs: int, data: Path, init: Path, k: int, iterations: int, out: Path) -> dict:
-    backend = "torch" if launcher == "torchrun" else "daal4py"
-    command = ["dlscale", "kmeans", "--input", str(data), "--k", str(k), "--init", str(init), "--max-iter",
-               str(iterations), "--tol", "0", "--backend", backend, "--device", "cpu", "--out", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // procs))}
-    if procs == 1:
-        argv = [sys.executable, "-m", *command]
-    elif launcher == "torchrun":
-        from ..bench import torchrun_command
-        argv = torchrun_command(procs, command)
-    else:
-        bin_dir = Path(sys.executable).parent
-        env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
-        argv = [str(bin_dir / "mpirun"), "-n", str(procs), sys.executable, "-m", *command]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv[:6])} ... failed:\n{done.stderr[-2000:]}")
-    return json.loads((out / "summary.json").read_text())
+def _scaling_run(launcher: str, procs: int, data: Path, init: Path, k: int, iterations: int, out: Path,
+                 threads: int) -> dict:
+    from .launch import launch_kmeans
+
+    return launch_kmeans(data, k, out, procs, launcher, "torch" if launcher == "torchrun" else "daal4py", init,
+                         iterations, 0.0, threads)
 
 
 def _scaling(x: np.ndarray, init: np.ndarray, procs: list[int], iterations: int, out_dir: Path,
@@ -92,7 +77,10 @@ def _scaling(x: np.ndarray, init: np.ndarray, procs: list[int], iterations: int,
     """Strong scaling (the same data over more ranks) and weak scaling (each rank keeps its share's size)."""
     from .daal import available as daal_available
 
+    from ..threads import fair_threads
+
     rows = []
+    threads = fair_threads(max(procs))  # every run, the single process included, gets the same threads per rank
     np.save(out_dir / "init.npy", init)
     for mode in ("strong", "weak"):
         for count in procs:
@@ -101,9 +89,10 @@ def _scaling(x: np.ndarray, init: np.ndarray, procs: list[int], iterations: int,
             np.save(data, x if size == len(x) else make_blobs(size, x.shape[1], len(init), seed))
             for launcher in ["torchrun"] + (["mpirun"] if daal_available() else []):
                 summary = _scaling_run(launcher, count, data, out_dir / "init.npy", len(init), iterations,
-                                       out_dir / f"{launcher}-{mode}-{count}")
+                                       out_dir / f"{launcher}-{mode}-{count}", threads)
                 rows.append({"engine": f"{summary['backend']} via {launcher}", "kind": "scaling", "mode": mode,
-                             "processes": count, "samples": size, "seconds": summary["seconds"],
+                             "processes": count, "threads_per_process": summary["threads"]["count"],
+                             "samples": size, "seconds": summary["seconds"],
                              "iterations": summary["n_iter"],
                              "seconds_per_iteration": summary["seconds_per_iteration"],
                              "samples_per_s": size / summary["seconds_per_iteration"]})
@@ -140,7 +129,8 @@ def bench_kmeans(n: int = 1_000_000, d: int = 32, k: int = 64, iterations: int =
             timings[engine].append(_time_fit(fit))
     for engine, runs in timings.items():
         seconds, done = sorted(runs)[len(runs) // 2]  # the median round
-        rows.append({"engine": engine, "kind": "engine", "processes": 1, "seconds": seconds, "iterations": done,
+        rows.append({"engine": engine, "kind": "engine", "processes": 1, "threads_per_process": torch.get_num_threads(),
+                     "seconds": seconds, "iterations": done,
                      "seconds_per_iteration": seconds / max(done, 1), "rounds": rounds})
     reference = next((r["seconds_per_iteration"] for r in rows if r["engine"] == "scikit-learn"), None)
     for row in rows:
@@ -154,7 +144,9 @@ def bench_kmeans(n: int = 1_000_000, d: int = 32, k: int = 64, iterations: int =
 
 def format_kmeans(rows: list[dict]) -> str:
     return markdown_table(
-        ["engine", "scaling", "processes", "iterations", "s per iteration", "vs scikit-learn", "efficiency"],
-        [(row["engine"], row.get("mode", ""), row["processes"], row["iterations"], f"{row['seconds_per_iteration']:.3f}",
+        ["engine", "scaling", "processes", "threads each", "iterations", "s per iteration", "vs scikit-learn",
+         "efficiency"],
+        [(row["engine"], row.get("mode", ""), row["processes"], row["threads_per_process"], row["iterations"],
+          f"{row['seconds_per_iteration']:.3f}",
           f"{row['ratio_to_sklearn']:.2f}×" if row.get("ratio_to_sklearn") else "",
           f"{row['efficiency']:.0%}" if row.get("efficiency") else "") for row in rows])

@@ -97,9 +97,10 @@ def initial_centers(init: str) -> str | np.ndarray:
 def run(args: Any) -> dict:
     """Fit as the CLI arguments say and write the outputs; returns the summary (on every rank)."""
     from .estimator import KMeans, resolve_backend
+    from ..threads import apply_threads
     from .daal import spmd_ranks
 
-
+    threads = apply_threads()
     launcher = distributed.detect_launcher()
     backend = args.backend
     device = resolve_device(args.device or "auto", InputError)
@@ -123,7 +124,8 @@ def run(args: Any) -> dict:
     summary = {"backend": backend, "ranks": world, "launcher": launcher, "device": str(device),
                "n_samples_rank0": int(len(x)), "n_features": int(x.shape[1]), "n_clusters": args.k,
                "inertia": model.inertia_, "n_iter": model.n_iter_, "seconds": seconds,
-               "seconds_per_iteration": model.timings_["per_iteration"], "init_seconds": model.timings_["init"]}
+               "seconds_per_iteration": model.timings_["per_iteration"], "init_seconds": model.timings_["init"],
+               "threads": threads.to_dict()}
     if rank == 0:
         np.save(out / "centers.npy", model.cluster_centers_)
         if picture is not None:

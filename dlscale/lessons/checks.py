@@ -174,6 +174,17 @@ def check_annotated_loop(train_steps: Callable[[int], None]) -> None:
     missing = [name for name in ("data", "forward", "backward", "optimizer") if counts.get(name, 0) < 3]
     assert not missing, (f"ranges missing or not marked every step: {missing} (found {sorted(counts.get(n, 0) for n in missing)} "
                          f"calls); wrap each phase of each step in `with nvtx_range(name):`")
+    # A range must hold its phase's work, not just exist: `with nvtx_range("forward"): pass` would profile nothing.
+    events = list(profiler.events())
+    spans = {name: [(e.time_range.start, e.time_range.end) for e in events if e.name == name] for name in counts}
+    work = {"data": ("aten::randn", "aten::normal_", "aten::rand"), "forward": ("aten::linear", "aten::addmm", "aten::mm"),
+            "backward": ("Backward",), "optimizer": ("Optimizer.step", "aten::_foreach", "aten::add_")}
+    empty = [phase for phase, ops in work.items()
+             if not any(any(op in e.name for op in ops) and any(s <= e.time_range.start and e.time_range.end <= t
+                                                                  for s, t in spans.get(phase, []))
+                        for e in events if e.name != phase)]
+    assert not empty, (f"the range(s) {empty} hold none of their phase's work: put the batch creation, the model "
+                       f"call and the loss, loss.backward() and optimizer.step() inside their `with` blocks")
     _passed("04.1")
 
 
@@ -320,6 +331,11 @@ def _kmeans_shards() -> tuple[torch.Tensor, torch.Tensor, list[slice]]:
     return x, labels, [slice(0, 12), slice(12, 50)]
 
 
+def _previous_centres() -> torch.Tensor:
+    """The centres before the update: 4 of them, and no sample on any rank is labelled 3 (an empty cluster)."""
+    return torch.arange(16, dtype=torch.float64).reshape(4, 4)
+
+
 def _centre_update_on_rank(update_centers: Callable) -> tuple[torch.Tensor, int]:
     """Run on one engine: the learner's update on this rank's shard, and how many all-reduces it made."""
     import os
@@ -330,6 +346,7 @@ def _centre_update_on_rank(update_centers: Callable) -> tuple[torch.Tensor, int]
 
     x, labels, shards = _kmeans_shards()
     shard = shards[int(os.environ["RANK"])]
+    previous = _previous_centres()
     distributed.init("cpu")
     calls = []
     original = dist.all_reduce
@@ -340,14 +357,15 @@ def _centre_update_on_rank(update_centers: Callable) -> tuple[torch.Tensor, int]
 
     dist.all_reduce = counting
     try:
-        return update_centers(x[shard], labels[shard], 3), len(calls)
+        return update_centers(x[shard], labels[shard], previous), len(calls)
     finally:
         dist.all_reduce = original
         distributed.shutdown(drain=False)  # the engine lives on; a failed answer may have left a rank behind
 
 
-def check_centre_update(update_centers: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]) -> None:
-    """08.1: new centres from each rank's local sums and counts, with a single all-reduce."""
+def check_centre_update(update_centers: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    """08.1: new centres from each rank's local sums and counts, with a single all-reduce; an empty cluster
+    keeps its centre."""
     from ..engines import EngineError, run_on_engines
 
     try:
@@ -357,8 +375,14 @@ def check_centre_update(update_centers: Callable[[torch.Tensor, torch.Tensor, in
             raise NotImplementedError(str(err).split("NotImplementedError: ", 1)[1].split(";")[0]) from None
         raise
     x, labels, _ = _kmeans_shards()
-    expected = torch.stack([x[labels == c].mean(0) for c in range(3)])
+    expected = torch.cat([torch.stack([x[labels == c].mean(0) for c in range(3)]), _previous_centres()[3:]])
     for rank, (centres, calls) in enumerate(results):
+        assert not torch.isnan(centres).any(), (
+            f"rank {rank} returned NaN for cluster(s) {torch.isnan(centres).any(1).nonzero().flatten().tolist()}: "
+            f"no sample on any rank chose them, so their count is 0 and 0/0 is NaN; keep their previous centre")
+        assert torch.allclose(centres[3].double(), expected[3]), (
+            f"rank {rank} moved the empty cluster 3 to {centres[3].tolist()}: a cluster no sample chose keeps its "
+            f"previous centre")
         assert torch.allclose(centres.double(), expected, atol=1e-10), (
             f"rank {rank}'s centres differ from the means over all samples: all-reduce the per-cluster sums AND "
             f"the counts, then divide (the mean of the ranks' means is wrong when their shares differ)")

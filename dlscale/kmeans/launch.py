@@ -1,0 +1,53 @@
+"""Start ``dlscale kmeans`` as N ranks (torchrun or mpirun) from Python, and read its summary.
+
+Lesson 08 and ``dlscale bench kmeans`` launch the same command a Slurm job runs; this module
+builds the launcher's command line, gives every rank the same threads, and turns a failed
+job into one error that carries the job's own message.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Literal
+
+from ..errors import DlscaleError
+from ..threads import fair_threads, per_process_env
+
+
+class LaunchError(DlscaleError, RuntimeError):
+    """A launched K-Means job failed; the message ends with its error output."""
+
+
+def kmeans_command(launcher: Literal["torchrun", "mpirun", "none"], procs: int, args: list[str]) -> list[str]:
+    """The command line that starts ``python -m dlscale kmeans ARGS`` as ``procs`` ranks."""
+    module = ["dlscale", "kmeans", *args]
+    if launcher == "none" or procs == 1:
+        return [sys.executable, "-m", *module]
+    if launcher == "torchrun":
+        from ..bench import torchrun_command
+        return torchrun_command(procs, module)
+    if launcher == "mpirun":  # Intel MPI from PyPI installs mpirun beside the interpreter
+        return [str(Path(sys.executable).with_name("mpirun")), "-n", str(procs), sys.executable, "-m", *module]
+    raise ValueError(f"launcher {launcher!r}: use torchrun, mpirun or none")
+
+
+def launch_kmeans(input: str | Path, k: int, out: str | Path, procs: int = 2, launcher: str = "torchrun",
+                  backend: str = "torch", init: str | Path = "k-means++", max_iter: int = 300, tol: float = 1e-4,
+                  threads: int | None = None) -> dict:
+    """Run ``dlscale kmeans`` on ``procs`` ranks and return its ``summary.json``.
+
+    Each rank gets ``threads`` CPU threads (default: the machine's CPUs shared by the
+    ranks), which the summary reports as ``threads``.
+    """
+    args = ["--input", str(input), "--k", str(k), "--init", str(init), "--max-iter", str(max_iter), "--tol",
+            str(tol), "--backend", backend, "--device", "cpu", "--out", str(out)]
+    env = per_process_env(threads or fair_threads(procs))
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"  # mpirun's hydra finds its helpers there
+    argv = kmeans_command(launcher, procs, args)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise LaunchError(f"{' '.join(argv[:6])} ... exited with {done.returncode}:\n{done.stderr[-2000:]}")
+    return json.loads((Path(out) / "summary.json").read_text())

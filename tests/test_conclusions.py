@@ -1,0 +1,74 @@
+"""The conclusions the lessons print follow from the numbers they are given, and the helpers behind them."""
+
+import math
+
+import pytest
+import torch
+
+from dlscale.compare import largest_weight_difference
+from dlscale.lessons.conclusions import (compare_spreads, efficiency_conclusion, ladder_conclusions,
+                                         precision_conclusion, sweep_conclusions)
+from dlscale.repeats import Spread, clearly_faster, measure_rounds
+
+
+def test_spreads_are_compared_by_their_ranges_not_their_medians():
+    fast, slow, overlapping = Spread([110, 120, 130]), Spread([90, 95, 100]), Spread([95, 125, 140])
+    assert clearly_faster(fast, slow) and not clearly_faster(overlapping, slow)
+    assert "clearly faster" in compare_spreads("b", fast, "a", slow)
+    assert "clearly slower" in compare_spreads("a", slow, "b", fast)
+    assert "not distinguishable" in compare_spreads("c", overlapping, "a", slow)  # higher median, but overlap
+    assert str(Spread([1000, 3000, 2000])) == "2,000 (rounds 1,000-3,000)"
+
+
+def test_rounds_take_turns_and_keep_every_value():
+    calls = []
+    spreads = measure_rounds({"a": lambda: calls.append("a") or 1.0, "b": lambda: calls.append("b") or 2.0}, 3)
+    assert calls == ["a", "b"] * 3 and spreads["b"].values == [2.0] * 3
+
+
+def test_ladder_conclusions_name_each_rung_against_the_one_before():
+    rows = [{"rung": "fp32", "rates": [100, 102, 101]}, {"rung": "compile", "rates": [150, 155, 149]},
+            {"rung": "fused", "rates": [148, 160, 151]}, {"rung": "CUDA graphs", "skipped": "needs a GPU"}]
+    lines = ladder_conclusions(rows)
+    assert lines[0].startswith("compile: clearly faster than fp32")
+    assert lines[1].startswith("fused: not distinguishable from compile")
+    assert lines[2] == "CUDA graphs: skipped (needs a GPU)."
+
+
+def _sweep_row(recipe, multiple, r2, steps=10):
+    return {"recipe": recipe, "multiple": multiple, "batch": 16 * multiple, "val_r2": r2, "steps": steps}
+
+
+def test_sweep_conclusions_follow_the_table_including_divergence():
+    rows = [_sweep_row("baseline", 1, 0.80, 100), _sweep_row("sqrt", 32, 0.79), _sweep_row("linear + warmup", 32, 0.70),
+            _sweep_row("LARS + warmup", 32, math.nan), _sweep_row("sqrt", 8, 0.50), _sweep_row("linear + warmup", 8, 0.81)]
+    lines = sweep_conclusions(rows)
+    assert lines[1] == ("8× (batch 128): best linear + warmup (R² 0.810, 10 steps); within 0.02 of the baseline: "
+                        "linear + warmup.")
+    assert lines[2] == ("32× (batch 512): best sqrt (R² 0.790, 10 steps); within 0.02 of the baseline: sqrt; "
+                        "diverged: LARS + warmup.")
+
+
+def test_precision_conclusion_weighs_the_gap_against_seed_noise():
+    assert "no precision lost accuracy" in precision_conclusion({"fp32": 0.80, "bf16": 0.79, "fp16": 0.81}, 0.03)
+    verdict = precision_conclusion({"fp32": 0.80, "bf16": 0.70, "fp16": 0.81}, 0.03)
+    assert verdict.startswith("bf16 reached R² 0.700 against 0.810 for fp16")
+
+
+def test_efficiency_conclusion_flags_runs_with_different_threads():
+    rows = [{"mode": "strong", "processes": 1, "efficiency": 1.0, "threads_per_process": 1},
+            {"mode": "strong", "processes": 2, "efficiency": 0.6, "threads_per_process": 1}]
+    assert efficiency_conclusion(rows) == ["every process had 1 thread(s)", "strong scaling to 2 processes: 60% efficiency"]
+    rows[0]["threads_per_process"] = 2
+    assert efficiency_conclusion(rows)[0].startswith("warning: the runs had different threads per process")
+
+
+def test_largest_weight_difference_over_every_tensor():
+    a, b = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    b.load_state_dict(a.state_dict())
+    assert largest_weight_difference(a, b) == 0.0
+    with torch.no_grad():
+        b.bias[1] += 0.25
+    assert largest_weight_difference(a, b.state_dict()) == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="differ in their tensors"):
+        largest_weight_difference(a, torch.nn.Linear(3, 2, bias=False))

@@ -1,0 +1,43 @@
+"""The thread count each process gives torch, from the CPUs it was given."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from dlscale.threads import choose_threads, fair_threads, per_process_env
+
+
+@pytest.mark.parametrize("environ, cpus, expected", [
+    ({}, 8, (8, "affinity mask")),
+    ({"OMP_NUM_THREADS": "3"}, 8, (3, "OMP_NUM_THREADS")),
+    ({"OMP_NUM_THREADS": "3", "SLURM_CPUS_PER_TASK": "4"}, 8, (3, "OMP_NUM_THREADS")),  # explicit wins
+    ({"SLURM_CPUS_PER_TASK": "4"}, 8, (4, "SLURM_CPUS_PER_TASK")),
+    ({"SLURM_CPUS_PER_TASK": "16"}, 8, (8, "SLURM_CPUS_PER_TASK")),  # never more than the mask holds
+    ({"OMP_NUM_THREADS": "", "SLURM_CPUS_PER_TASK": "x"}, 2, (2, "affinity mask")),  # unusable values ignored
+    ({"OMP_NUM_THREADS": "0"}, 2, (2, "affinity mask")),
+])
+def test_thread_choice_follows_what_the_process_was_given(environ, cpus, expected):
+    choice = choose_threads(environ, cpus)
+    assert (choice.count, choice.source) == expected and choice.cpus == cpus
+
+
+def test_fair_threads_fit_the_largest_run_on_the_cpus():
+    assert [fair_threads(n, cpus=8) for n in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
+    assert per_process_env(2, {"PATH": "/bin"}) == {"PATH": "/bin", "OMP_NUM_THREADS": "2"}
+
+
+@pytest.mark.skipif(not shutil.which("taskset") or not hasattr(os, "sched_getaffinity"),
+                    reason="needs taskset (util-linux) and Linux affinity masks")
+def test_a_run_bound_to_one_cpu_uses_one_thread_and_says_so(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK")}
+    run_dir = tmp_path / "run"
+    done = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "dlscale", "train", "tiny", "max_steps=2",
+                           f"run_dir={run_dir}", "progress=false", "plot=false", "checkpoint_every=0"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    threads = json.loads((run_dir / "summary.json").read_text())["threads"]
+    assert threads == {"count": 1, "source": "affinity mask", "cpus": 1}
