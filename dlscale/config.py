@@ -86,7 +86,7 @@ class TrainConfig:
     static_graph: bool = _knob(False, "DDP: the graph is the same every step (lets DDP skip some bookkeeping).")
 
     # -- optimisation --------------------------------------------------------
-    epochs: int = _knob(8, "Passes over the training set.")
+    epochs: int = _knob(6, "Passes over the training set.")
     max_steps: int = _knob(0, "Stop after this many optimizer steps (0 = run all epochs).")
     global_batch_size: int = _knob(64, "Samples per optimizer step over all ranks; the per-rank batch is derived.")
     grad_accumulation: int = _knob(1, "Micro-batches per optimizer step: each rank's batch is split into this many, "

@@ -23,7 +23,7 @@ def test_generation_is_deterministic_per_seed():
 def test_maps_have_the_requested_power_spectrum(log_amp, index):
     """The measured P(k) of noiseless maps follows A·(k/k_pivot)^-n: slope -n, value A at the pivot."""
     spec = FieldSpec(image_size=64, log_amplitude_range=(log_amp, log_amp),
-                     spectral_index_range=(index, index), skewness_range=(0.0, 0.0), noise=0.0)
+                     spectral_index_range=(index, index), noise=0.0)
     maps, _ = generate_fields(200, spec, np.random.default_rng(0))
     power = (np.abs(np.fft.rfft2(maps[:, 0])) ** 2).mean(0) / 64 ** 2
     k = _wavenumbers(64)
@@ -32,19 +32,6 @@ def test_maps_have_the_requested_power_spectrum(log_amp, index):
     slope, intercept = np.polyfit(np.log(shells / spec.k_pivot), np.log(measured), 1)
     assert slope == pytest.approx(-index, abs=0.1)
     assert intercept == pytest.approx(log_amp, abs=0.1)
-
-
-def test_skewness_parameter_skews_the_maps_and_leaves_gaussian_maps_alone():
-    """The third parameter is only in the maps' higher moments: s = 0 is a Gaussian field, larger s skews it."""
-    def skewness_of(s: float) -> float:
-        spec = FieldSpec(image_size=32, skewness_range=(s, s), noise=0.0)
-        maps, params = generate_fields(100, spec, np.random.default_rng(0))
-        assert np.all(params[:, 2] == s)
-        centred = maps - maps.mean(axis=(2, 3), keepdims=True)
-        return float(((centred ** 3).mean(axis=(2, 3)) / (centred ** 2).mean(axis=(2, 3)) ** 1.5).mean())
-
-    gaussian, mild, strong = skewness_of(0.0), skewness_of(0.3), skewness_of(0.6)
-    assert abs(gaussian) < 0.1 < mild < strong
 
 
 def test_targets_normalise_to_unit_interval_and_back():
@@ -59,8 +46,7 @@ def test_dataset_round_trips_through_shards(in_tmp):
     manifest = generate_dataset("set", FieldSpec(image_size=16), 300, 70, shard_size=128, seed=3, progress=False)
     assert manifest["splits"]["train"]["shards"] == ["shard-00000-x.npy", "shard-00001-x.npy", "shard-00002-x.npy"]
     assert manifest["generation"]["samples_per_s"] > 0
-    assert json.loads((in_tmp / "set/manifest.json").read_text())["target_names"] == ["log_amplitude", "spectral_index",
-                                                                                      "skewness"]
+    assert json.loads((in_tmp / "set/manifest.json").read_text())["target_names"] == ["log_amplitude", "spectral_index"]
     train = ShardDataset("set/train")
     assert len(train) == 300 and train.input_shape == (1, 16, 16) and len(ShardDataset("set/val")) == 70
     # the first shard holds exactly what the generator draws for (seed, split 0, shard 0)

@@ -14,11 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: Changes whenever the generator draws different maps, so a cached set of an older kit is not reused.
-DATA_VERSION = "v2"
-
 #: Names of the regression targets, in column order.
-TARGET_NAMES = ("log_amplitude", "spectral_index", "skewness")
+TARGET_NAMES = ("log_amplitude", "spectral_index")
 
 
 @dataclass(frozen=True)
@@ -28,14 +25,13 @@ class FieldSpec:
     image_size: int = 32
     log_amplitude_range: tuple[float, float] = (-1.0, 1.0)
     spectral_index_range: tuple[float, float] = (1.0, 4.0)
-    skewness_range: tuple[float, float] = (0.0, 0.6)
     k_pivot: float = 4.0
     noise: float = 0.3
 
     @property
     def target_ranges(self) -> np.ndarray:
-        """(3, 2) array of [low, high] per target, used to normalise targets to [-1, 1]."""
-        return np.array([self.log_amplitude_range, self.spectral_index_range, self.skewness_range], dtype=np.float64)
+        """(2, 2) array of [low, high] per target, used to normalise targets to [-1, 1]."""
+        return np.array([self.log_amplitude_range, self.spectral_index_range], dtype=np.float64)
 
 
 def normalize_targets(params: np.ndarray, ranges: np.ndarray) -> np.ndarray:
@@ -61,7 +57,7 @@ def generate_fields(count: int, spec: FieldSpec, rng: np.random.Generator) -> tu
     """Draw ``count`` maps and their physical parameters.
 
     Returns ``(maps, params)``: maps of shape (count, 1, size, size) float32, params of
-    shape (count, 3) float64 holding (log A, n, s) per map.
+    shape (count, 2) float64 holding (log A, n) per map.
     """
     size = spec.image_size
     log_amp = rng.uniform(*spec.log_amplitude_range, size=count)
@@ -75,13 +71,7 @@ def generate_fields(count: int, spec: FieldSpec, rng: np.random.Generator) -> tu
     # Colouring unit white noise by sqrt(P(k)) gives a field whose variance is the mean of
     # P(k) over the Fourier grid: of order one for these ranges, with no extra scaling.
     maps = np.fft.irfft2(np.fft.rfft2(white) * amplitude, s=(size, size))
-    # Non-Gaussianity, as gravity makes the matter field skewed: a log-normal transform of
-    # strength s, (exp(s g) - 1) / s, which leaves g unchanged as s -> 0 and leaves the
-    # power spectrum nearly so: only the map's higher moments tell s.
-    skew = rng.uniform(*spec.skewness_range, size=count)[:, None, None]
-    safe = np.where(skew > 1e-6, skew, 1.0)
-    maps = np.where(skew > 1e-6, np.expm1(safe * maps) / safe, maps)
     if spec.noise > 0:
         maps += spec.noise * rng.standard_normal(maps.shape)
-    params = np.stack([log_amp, index, skew[:, 0, 0]], axis=1)
+    params = np.stack([log_amp, index], axis=1)
     return maps[:, None].astype(np.float32), params
