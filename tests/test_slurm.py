@@ -51,9 +51,9 @@ def _sbatch(cluster, cwd, script, *args, wait=True, flags=()):
 
 
 def _job_state(cluster, job):
-    shown = subprocess.run(["scontrol", "show", "job", job], env=_env(cluster), capture_output=True, text=True).stdout
-    fields = dict(re.findall(r"(\w+)=(\S+)", shown))
-    return fields.get("JobState"), int(fields.get("Restarts", 0))
+    from dlscale.slurm_jobs import job_info
+    fields = job_info(job, _env(cluster))
+    return fields.get("JobState"), int(fields.get("Restarts") or 0)
 
 
 def _wait_for_state(cluster, job, state, timeout=300):

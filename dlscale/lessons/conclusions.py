@@ -11,15 +11,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..repeats import Spread
+from ..repeats import Spread, clearly_faster
 
 
 def compare_spreads(name: str, spread: Spread, other: str, baseline: Spread) -> str:
     """One sentence: is ``spread`` clearly above, clearly below, or within the rounds of ``baseline``?"""
     ratio = spread.median / baseline.median
-    if spread.low > baseline.high:
+    if clearly_faster(spread, baseline):
         verdict = f"clearly faster than {other} ({ratio:.2f}×; every round beat every round of {other})"
-    elif spread.high < baseline.low:
+    elif clearly_faster(baseline, spread):
         verdict = f"clearly slower than {other} ({ratio:.2f}×; every round lost to every round of {other})"
     else:
         verdict = (f"not distinguishable from {other} on this machine ({ratio:.2f}×, but the rounds overlap: "
