@@ -146,7 +146,7 @@ def trace_timeline(trace_path: str | Path, title: str = "timeline of the profile
     return fig
 
 
-def map_gallery(maps, params, names: tuple[str, ...] = ("log A", "n")) -> NotebookFigure:
+def map_gallery(maps, params, names: tuple[str, ...] = ("log A", "n", "blur")) -> NotebookFigure:
     """A row of maps, each titled with its parameters (lesson 00's look at the data)."""
     maps, params = np.asarray(maps), np.asarray(params)
     fig = NotebookFigure(figsize=(2.2 * len(maps), 2.9), layout="constrained")

@@ -53,7 +53,7 @@ def test_data_generate_then_check_then_train_on_it(in_tmp):
                      done.stdout)
     assert len(list((in_tmp / "mydata/train").glob("*-x.npy"))) == 6
     done = run_cli("data", "check", "mydata", cwd=in_tmp)
-    assert "train: 512 maps of shape (1, 16, 16), 2 targets, 6 shards: ok" in done.stdout
+    assert "train: 512 maps of shape (1, 16, 16), 3 targets, 6 shards: ok" in done.stdout
     done = run_cli("train", "tiny", "data_dir=mydata", "max_steps=4", "progress=false", "plot=false", cwd=in_tmp)
     assert done.returncode == 0 and "from mydata" in done.stdout, done.stderr
 
@@ -96,5 +96,5 @@ def test_data_check_names_shards_with_nan_or_inf(in_tmp):
     assert done.returncode == 2, done.stdout
     assert "train: mydata/train/shard-00001-x.npy holds 1 NaN or infinite value(s)" in done.stdout
     assert "val: mydata/val/shard-00000-y.npy holds 1 NaN or infinite value(s)" in done.stdout
-    assert "train: 200 maps of shape (1, 8, 8), 2 targets, 2 shards: NOT ok" in done.stdout
+    assert "train: 200 maps of shape (1, 8, 8), 3 targets, 2 shards: NOT ok" in done.stdout
     assert "2 shard file(s) in mydata hold NaN or infinite values" in done.stderr

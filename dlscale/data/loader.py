@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from ..config import TrainConfig
 from .augment import augment_map, sample_rng
 from .shards import MANIFEST, DataError, generate_dataset, read_manifest, read_shard_header
-from .synthetic import FieldSpec
+from .synthetic import DATA_VERSION, FieldSpec
 
 
 class ShardDataset(Dataset):
@@ -115,7 +115,7 @@ class ResumableDistributedSampler(DistributedSampler):
 
 def synthetic_dir(cfg: TrainConfig) -> Path:
     """Where the synthetic set for these settings lives: one folder per distinct set."""
-    return Path("data") / (f"mini-cosmoflow-s{cfg.image_size}-n{cfg.train_samples}-v{cfg.val_samples}"
+    return Path("data") / (f"mini-cosmoflow-{DATA_VERSION}-s{cfg.image_size}-n{cfg.train_samples}-v{cfg.val_samples}"
                            f"-noise{cfg.noise:g}-seed{cfg.seed}")
 
 
