@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .config import TrainConfig
+from .data.synthetic import TARGET_NAMES
 
 
 def _norm(kind: str, channels: int) -> nn.Module:
@@ -35,7 +36,7 @@ def _conv_block(in_channels: int, out_channels: int, norm: str = "batch") -> nn.
 class CNNRegressor(nn.Module):
     """Maps of shape (N, in_channels, H, W) to (N, num_outputs) regression targets."""
 
-    def __init__(self, in_channels: int = 1, num_outputs: int = 2, width: int = 16, depth: int = 3,
+    def __init__(self, in_channels: int = 1, num_outputs: int = len(TARGET_NAMES), width: int = 16, depth: int = 3,
                  norm: str = "batch"):
         super().__init__()
         channels = [in_channels] + [width * 2 ** i for i in range(depth)]
@@ -52,7 +53,7 @@ class CNNRegressor(nn.Module):
         return self.head(self.features(x))
 
 
-def build_model(cfg: TrainConfig, in_channels: int = 1, num_outputs: int = 2) -> CNNRegressor:
+def build_model(cfg: TrainConfig, in_channels: int = 1, num_outputs: int = len(TARGET_NAMES)) -> CNNRegressor:
     """The model a config describes, in the memory format it asks for (still on the CPU)."""
     model = CNNRegressor(in_channels, num_outputs, width=cfg.width, depth=cfg.depth, norm=cfg.norm)
     if cfg.channels_last:

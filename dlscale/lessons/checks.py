@@ -18,16 +18,6 @@ def _passed(exercise: str) -> None:
     print(f"Exercise {exercise} passed ✓")
 
 
-def check_config_overrides(cfg: TrainConfig) -> None:
-    """01.1: the ``tiny`` config with name ``batch64``, a global batch of 64 and 3 epochs."""
-    assert isinstance(cfg, TrainConfig), f"expected a TrainConfig, got {type(cfg).__name__}: use load_config"
-    expected = load_config("tiny", {"name": "batch64", "global_batch_size": 64, "epochs": 3})
-    wrong = {k: (getattr(cfg, k), v) for k, v in expected.to_dict().items() if getattr(cfg, k) != v}
-    assert not wrong, "these keys differ from what was asked (yours, expected): " + ", ".join(
-        f"{k}={a!r} vs {b!r}" for k, (a, b) in wrong.items()) + ". Start from the 'tiny' config."
-    _passed("01.1")
-
-
 def _reference_r2(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     residual = ((target - pred) ** 2).sum(0)
     total = ((target - target.mean(0)) ** 2).sum(0)
@@ -35,7 +25,7 @@ def _reference_r2(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def check_r2_per_target(r2_per_target: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
-    """01.2: R² of each target column, ``1 - SS_res / SS_tot``, with SS_tot around the target mean."""
+    """01.1: R² of each target column, ``1 - SS_res / SS_tot``, with SS_tot around the target mean."""
     generator = torch.Generator().manual_seed(7)
     # targets with a non-zero mean and columns of different spread catch the usual slips
     target = torch.randn(200, 3, generator=generator, dtype=torch.float64) * torch.tensor([1.0, 3.0, 0.5]) + 2.0
@@ -46,6 +36,31 @@ def check_r2_per_target(r2_per_target: Callable[[torch.Tensor, torch.Tensor], to
     assert torch.allclose(answer, expected, atol=1e-6), (
         f"got {answer.tolist()}, expected {expected.tolist()}: R² = 1 - sum((y - pred)²) / sum((y - mean(y))²) "
         f"per column (sum over samples, dim 0)")
+    _passed("01.1")
+
+
+def _final_r2(config: str, **overrides: Any) -> float:
+    from ..train import train
+
+    return train(config, progress=False, plot=False, **overrides).final["r2"]
+
+
+def check_epochs_needed(config: str, epochs_needed: int, target: float) -> None:
+    """01.2: the fewest epochs for which a whole run of ``config`` ends at a validation R² of ``target`` or more.
+
+    Runs on a CPU are deterministic, so the check trains the learner's answer and the run one epoch
+    shorter, and expects the first to reach the target and the second not to."""
+    assert isinstance(epochs_needed, int) and epochs_needed >= 1, (
+        f"epochs_needed should be a whole number of epochs (at least 1), got {epochs_needed!r}")
+    reached = _final_r2(config, name=f"check01-e{epochs_needed}", epochs=epochs_needed)
+    assert reached >= target, (
+        f"a run of {epochs_needed} epochs ends at R² {reached:.3f}, below the target {target}: train for more epochs")
+    if epochs_needed > 1:
+        shorter = _final_r2(config, name=f"check01-e{epochs_needed - 1}", epochs=epochs_needed - 1)
+        assert shorter < target, (
+            f"a run of {epochs_needed - 1} epochs already ends at R² {shorter:.3f} >= {target}: find the fewest. "
+            f"Train whole runs of 1, 2, 3... epochs; the R² after epoch 2 of a longer run is not the answer, "
+            f"since the learning rate of a longer run has not decayed yet at that point")
     _passed("01.2")
 
 
@@ -61,19 +76,39 @@ def check_throughput(throughput: Callable[[list[float], int, int], float]) -> No
     _passed("01.3")
 
 
-def check_warmup_cosine(warmup_cosine: Callable[[int, int, int, float], float]) -> None:
-    """07.1: linear warmup from ``start_factor`` to 1 over ``warmup_steps``, then cosine to 0 at ``total_steps``."""
-    from ..schedules import lr_factor
+#: Exercise 07.1's fixed setting: the tiny model at 8x its batch (256 against 32), for 4 epochs.
+LARGE_BATCH_SETTING = {"train_samples": 4096, "global_batch_size": 256, "base_batch": 32, "epochs": 4}
 
-    cases = [(t, 10, 110, 0.1) for t in (0, 1, 5, 9, 10, 11, 35, 60, 109, 110)] + [(t, 0, 50, 1.0) for t in (0, 25, 50)]
-    for t, warmup, total, start in cases:
-        expected = lr_factor(warmup, total, "cosine", start if warmup else None)(t)
-        answer = warmup_cosine(t, warmup, total, start)
-        assert isinstance(answer, (int, float)), f"return a number, got {type(answer).__name__}"
-        assert abs(answer - expected) < 1e-9, (
-            f"at step {t} (warmup {warmup}, total {total}, start factor {start}) got {answer:.4f}, expected "
-            f"{expected:.4f}: warmup is start + (1 - start) * t / warmup, then 0.5 * (1 + cos(pi * progress)) "
-            f"with progress = (t - warmup) / (total - warmup)")
+
+def check_break_and_rescue(config: str, broken: dict[str, Any], rescued: dict[str, Any]) -> None:
+    """07.1: ``broken`` makes the large-batch run diverge (or end no better than predicting the mean),
+    ``rescued`` changes one of its settings, not the LR itself, and trains to a validation R² of 0.4 or more."""
+    from ..steplog import DivergedError
+
+    for label, overrides in (("broken", broken), ("rescued", rescued)):
+        assert isinstance(overrides, dict), f"{label} should be a dict of config overrides, got {type(overrides).__name__}"
+        fixed = sorted(set(overrides) & set(LARGE_BATCH_SETTING))
+        assert not fixed, f"{label} changes {fixed}: those are the experiment's fixed setting, keep them"
+    changed = sorted(k for k in set(broken) | set(rescued) if broken.get(k, "<unset>") != rescued.get(k, "<unset>"))
+    assert len(changed) == 1, (f"rescued differs from broken in {changed or 'nothing'}: change exactly one setting, "
+                               f"so that you learn which one matters")
+    assert changed != ["lr"], "lowering the LR is the obvious rescue: keep the LR and find another setting that saves it"
+
+    def outcome(name: str, overrides: dict[str, Any]) -> float:
+        try:
+            return _final_r2(config, name=name, **{**LARGE_BATCH_SETTING, **overrides})
+        except DivergedError:
+            return float("-inf")
+
+    first = outcome("check07-broken", broken)
+    assert first <= 0.0, (f"broken ends at R² {first:.3f}: it neither diverged nor failed to learn. Raise the LR with "
+                          f"linear scaling and no warmup until the loss becomes inf or NaN")
+    second = outcome("check07-rescued", rescued)
+    assert second >= 0.4, (
+        "rescued diverged too" if second == float("-inf") else
+        f"rescued ends at R² {second:.3f}: it no longer blows up, but it does not learn (0.4 or more is the goal). "
+        f"A change that only stops the loss from becoming inf is not a rescue; try another setting") + (
+        f" (you changed {changed[0]})")
     _passed("07.1")
 
 
@@ -188,15 +223,26 @@ def check_annotated_loop(train_steps: Callable[[int], None]) -> None:
     _passed("04.1")
 
 
-def check_slowest_phase(slowest: Callable[[list[dict]], str]) -> None:
-    """04.2: the range with the most time per step in a profile summary."""
-    rows = [{"name": "data", "cpu_ms_per_step": 9.0, "self_cpu_ms_per_step": 8.5},
-            {"name": "forward", "cpu_ms_per_step": 3.0, "self_cpu_ms_per_step": 0.1},
-            {"name": "backward", "cpu_ms_per_step": 6.0, "self_cpu_ms_per_step": 0.2},
-            {"name": "optimizer", "cpu_ms_per_step": 1.0, "self_cpu_ms_per_step": 0.9}]
-    assert slowest(rows) == "data", "compare cpu_ms_per_step (the range's whole time, children included)"
-    rows[0]["cpu_ms_per_step"] = 2.0
-    assert slowest(rows) == "backward", "compare cpu_ms_per_step (the range's whole time, children included)"
+def check_slowest_phase(slowest: Callable[[list[dict], str], str]) -> None:
+    """04.2: the phase that costs most per step on the device doing the work: its device time on a GPU
+    (where the CPU time of a range is mostly kernel launches), its whole CPU time on a CPU."""
+    cpu_rows = [{"name": "data", "cpu_ms_per_step": 2.0, "self_cpu_ms_per_step": 1.9, "device_ms_per_step": 0.0},
+                {"name": "forward", "cpu_ms_per_step": 3.0, "self_cpu_ms_per_step": 0.1, "device_ms_per_step": 0.0},
+                {"name": "backward", "cpu_ms_per_step": 6.0, "self_cpu_ms_per_step": 0.2, "device_ms_per_step": 0.0},
+                {"name": "optimizer", "cpu_ms_per_step": 1.0, "self_cpu_ms_per_step": 0.9, "device_ms_per_step": 0.0}]
+    answer = slowest(cpu_rows, "cpu")
+    assert answer == "backward", (
+        f"on a CPU you chose {answer!r}: the CPU does the work there, so compare each range's whole CPU time "
+        f"(cpu_ms_per_step, its children included; the self time leaves out the operators it called)")
+    # A GPU step: the optimizer launches many small kernels (CPU time), the backward pass runs the big ones.
+    gpu_rows = [{"name": "data", "cpu_ms_per_step": 0.4, "self_cpu_ms_per_step": 0.3, "device_ms_per_step": 0.2},
+                {"name": "forward", "cpu_ms_per_step": 1.5, "self_cpu_ms_per_step": 0.1, "device_ms_per_step": 3.1},
+                {"name": "backward", "cpu_ms_per_step": 1.2, "self_cpu_ms_per_step": 0.1, "device_ms_per_step": 6.4},
+                {"name": "optimizer", "cpu_ms_per_step": 4.8, "self_cpu_ms_per_step": 0.6, "device_ms_per_step": 0.9}]
+    answer = slowest(gpu_rows, "cuda:0")
+    assert answer == "backward", (
+        f"on a GPU you chose {answer!r}: the CPU time of a range there measures how long the CPU took to launch its "
+        f"kernels, which run later on the GPU. Which column says how long the GPU spent on each phase?")
     _passed("04.2")
 
 
@@ -389,3 +435,30 @@ def check_centre_update(update_centers: Callable[[torch.Tensor, torch.Tensor, to
         assert calls == 1, (f"rank {rank} made {calls} all-reduce calls: pack the sums and the counts into one "
                             f"tensor and all-reduce it once (one message per iteration, not two)")
     _passed("08.1")
+
+
+# -- lesson 09: scaling out -------------------------------------------------------------------------
+
+def check_time_to_solution(time_to_solution: Callable[[list[dict], float], str | None]) -> None:
+    """09.1: the run that first reaches the target R² soonest in wall-clock time, or None if none does."""
+    def run(label: str, seconds_per_epoch: float, r2: list[float]) -> dict:
+        return {"label": label, "seconds_per_epoch": seconds_per_epoch,
+                "history": [{"epoch": e, "r2": value} for e, value in enumerate(r2, 1)]}
+
+    scaling = [run("1 rank", 10.0, [0.2, 0.4, 0.55, 0.6, 0.62, 0.63]),   # reaches 0.5 at 30 s
+               run("4 ranks", 3.0, [0.1, 0.2, 0.3, 0.4, 0.45, 0.52]),    # at 18 s
+               run("8 ranks", 1.5, [0.05, 0.1, 0.2, 0.3, 0.35, 0.4])]    # never: its batch is too large
+    answer = time_to_solution(scaling, 0.5)
+    assert answer != "8 ranks", ("you chose the run with the most samples per second, which never reaches R² 0.5: "
+                                 "throughput is not time to solution")
+    assert answer == "4 ranks", (f"got {answer!r}, expected '4 ranks': the time to the first epoch whose R² reaches "
+                                 f"the target is that epoch times the seconds per epoch (30 s, 18 s, never)")
+    dipping = [run("small batch", 10.0, [0.3, 0.52, 0.45, 0.48]),   # reaches at 20 s, then dips below
+               run("large batch", 5.0, [0.1, 0.2, 0.3, 0.4, 0.51, 0.6])]  # reaches at 25 s
+    answer = time_to_solution(dipping, 0.5)
+    assert answer == "small batch", (
+        f"got {answer!r}, expected 'small batch': it first reached R² 0.5 after 20 s, even though its last epoch "
+        f"ended below; count the first epoch that reaches the target, not the final R²")
+    none = time_to_solution(scaling, 0.9)
+    assert none is None, f"no run reaches R² 0.9, so the answer is None (got {none!r})"
+    _passed("09.1")

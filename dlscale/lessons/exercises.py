@@ -12,6 +12,9 @@ that keeps the indentation and the hint::
     # TODO Exercise 01.2: compute R² per target
     raise NotImplementedError("Exercise 01.2: compute R² per target")
 
+A markdown cell tagged ``answer`` holds a model answer to a question the learner answers in words
+(what an experiment showed, and why); the exercise gets an empty answer cell in its place.
+
 Outputs and execution counts are stripped from what it writes. ``dlscale exercises``
 regenerates ``exercises/``; ``dlscale exercises --check`` fails if it is out of date.
 """
@@ -26,6 +29,10 @@ from ..errors import DlscaleError
 
 BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION(?:\s+(?P<hint>.*\S))?\s*$")
 END = re.compile(r"^\s*# END SOLUTION\s*$")
+
+
+#: What an answer cell of a solution becomes in the exercise.
+YOUR_ANSWER = "**Your answer** (double-click to write it): what did you see, and why?"
 
 
 class ExerciseError(DlscaleError):
@@ -64,6 +71,9 @@ def exercise_notebook(solution: dict, name: str = "notebook") -> dict:
     """The exercise version of a solution notebook (a parsed .ipynb mapping)."""
     notebook = json.loads(json.dumps(solution))
     for index, cell in enumerate(notebook["cells"]):
+        if "answer" in cell.get("metadata", {}).get("tags", []):
+            cell["source"] = [YOUR_ANSWER]
+            continue
         if cell["cell_type"] != "code":
             continue
         text = strip_solutions(_source(cell), f"{name}, cell {index}")
