@@ -226,19 +226,20 @@ def check_annotated_loop(train_steps: Callable[[int], None]) -> None:
 def check_slowest_phase(slowest: Callable[[list[dict], str], str]) -> None:
     """04.2: the phase that costs most per step on the device doing the work: its device time on a GPU
     (where the CPU time of a range is mostly kernel launches), its whole CPU time on a CPU."""
-    cpu_rows = [{"name": "data", "cpu_ms_per_step": 2.0, "self_cpu_ms_per_step": 1.9, "device_ms_per_step": 0.0},
-                {"name": "forward", "cpu_ms_per_step": 3.0, "self_cpu_ms_per_step": 0.1, "device_ms_per_step": 0.0},
-                {"name": "backward", "cpu_ms_per_step": 6.0, "self_cpu_ms_per_step": 0.2, "device_ms_per_step": 0.0},
-                {"name": "optimizer", "cpu_ms_per_step": 1.0, "self_cpu_ms_per_step": 0.9, "device_ms_per_step": 0.0}]
+    def profile(times: dict[str, tuple[float, float, float]]) -> list[dict]:
+        return [{"name": name, "cpu_ms_per_step": cpu, "self_cpu_ms_per_step": own, "device_ms_per_step": device}
+                for name, (cpu, own, device) in times.items()]
+
+    # (CPU time, self CPU time, device time) per step, in ms
+    cpu_rows = profile({"data": (2.0, 1.9, 0.0), "forward": (3.0, 0.1, 0.0), "backward": (6.0, 0.2, 0.0),
+                        "optimizer": (1.0, 0.9, 0.0)})
     answer = slowest(cpu_rows, "cpu")
     assert answer == "backward", (
         f"on a CPU you chose {answer!r}: the CPU does the work there, so compare each range's whole CPU time "
         f"(cpu_ms_per_step, its children included; the self time leaves out the operators it called)")
     # A GPU step: the optimizer launches many small kernels (CPU time), the backward pass runs the big ones.
-    gpu_rows = [{"name": "data", "cpu_ms_per_step": 0.4, "self_cpu_ms_per_step": 0.3, "device_ms_per_step": 0.2},
-                {"name": "forward", "cpu_ms_per_step": 1.5, "self_cpu_ms_per_step": 0.1, "device_ms_per_step": 3.1},
-                {"name": "backward", "cpu_ms_per_step": 1.2, "self_cpu_ms_per_step": 0.1, "device_ms_per_step": 6.4},
-                {"name": "optimizer", "cpu_ms_per_step": 4.8, "self_cpu_ms_per_step": 0.6, "device_ms_per_step": 0.9}]
+    gpu_rows = profile({"data": (0.4, 0.3, 0.2), "forward": (1.5, 0.1, 3.1), "backward": (1.2, 0.1, 6.4),
+                        "optimizer": (4.8, 0.6, 0.9)})
     answer = slowest(gpu_rows, "cuda:0")
     assert answer == "backward", (
         f"on a GPU you chose {answer!r}: the CPU time of a range there measures how long the CPU took to launch its "
