@@ -55,6 +55,8 @@ class TrainConfig:
     val_samples: int = _knob(1024, "Number of synthetic held-out maps.")
     shard_size: int = _knob(1024, "Maps per shard file when generating.")
     noise: float = _knob(0.3, "White-noise level added to the synthetic maps (higher = harder).")
+    threads: int = _knob(0, "torch threads of each training process (0 = from OMP_NUM_THREADS, Slurm's "
+                         "cpus-per-task or the CPUs the process may use, in that order).")
     num_workers: int = _knob(-1, "DataLoader worker processes per rank (-1 = auto: 0 on CPU, 4 on GPU).")
     prefetch_factor: int = _knob(2, "Batches each worker loads ahead (only with workers > 0).")
     persistent_workers: bool = _knob(True, "Keep worker processes alive between epochs (only with workers > 0).")

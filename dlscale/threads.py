@@ -49,10 +49,14 @@ def _positive_int(value: str | None) -> int | None:
     return number if number > 0 else None
 
 
-def choose_threads(environ: dict[str, str] | None = None, cpus: int | None = None) -> ThreadChoice:
-    """The thread count for a process with this environment and ``cpus`` CPUs in its mask."""
+def choose_threads(environ: dict[str, str] | None = None, cpus: int | None = None,
+                   requested: int = 0) -> ThreadChoice:
+    """The thread count for a process with this environment and ``cpus`` CPUs in its mask; a ``requested``
+    count (the config's ``threads``) wins over everything."""
     environ = os.environ if environ is None else environ
     cpus = affinity_cpus() if cpus is None else cpus
+    if requested > 0:
+        return ThreadChoice(requested, "config threads", cpus)
     explicit = _positive_int(environ.get("OMP_NUM_THREADS"))
     if explicit:
         return ThreadChoice(explicit, "OMP_NUM_THREADS", cpus)
@@ -62,9 +66,9 @@ def choose_threads(environ: dict[str, str] | None = None, cpus: int | None = Non
     return ThreadChoice(cpus, "affinity mask", cpus)
 
 
-def apply_threads(environ: dict[str, str] | None = None) -> ThreadChoice:
+def apply_threads(environ: dict[str, str] | None = None, requested: int = 0) -> ThreadChoice:
     """Set torch's intra-op thread count by :func:`choose_threads` and return the choice."""
-    choice = choose_threads(environ)
+    choice = choose_threads(environ, requested=requested)
     if torch.get_num_threads() != choice.count:
         torch.set_num_threads(choice.count)
     return choice

@@ -57,8 +57,19 @@ def _truncate(path: Path, last_step: int) -> None:
 def _start_wandb(cfg: TrainConfig, run_dir: Path):
     wandb = import_optional("wandb", "tracking", "tracking=wandb", TrackingError, "or set tracking=csv")
     mode = os.environ.get("WANDB_MODE", cfg.wandb_mode)
-    return wandb.init(project=cfg.wandb_project, name=cfg.name, dir=str(run_dir), mode=mode,
-                      config=cfg.to_dict(), reinit="finish_previous")
+    run = wandb.init(project=cfg.wandb_project, name=cfg.name, dir=str(run_dir), mode=mode,
+                     config=cfg.to_dict(), reinit="finish_previous")
+    # Step rows arrive in blocks of 10, after the noise-scale and validation rows of the same steps, and
+    # W&B drops a row whose step= is below one already logged. So every row carries the optimizer step
+    # as an ordinary value, and each series is plotted against it.
+    run.define_metric("step")
+    for prefix in WANDB_PREFIXES:
+        run.define_metric(f"{prefix}/*", step_metric="step")
+    return run
+
+
+#: The W&B series: step rows, validation rows, noise-scale rows (trust ratios stay in their CSV file).
+WANDB_PREFIXES = ("train", "val", "noise")
 
 
 class MetricsLogger:
@@ -93,7 +104,7 @@ class MetricsLogger:
         self._train.flush()
         if self._wandb is not None:
             for row in rows:
-                self._wandb.log({f"train/{k}": v for k, v in row.items() if k != "step"}, step=int(row["step"]))
+                self._log_wandb("train", row)
 
     def _append(self, name: str, columns: Sequence[str], row: dict[str, Any], prefix: str | None) -> None:
         """Append a row to one of the per-event CSV files (and to wandb under ``prefix/``, unless None)."""
@@ -107,7 +118,10 @@ class MetricsLogger:
                 writer.writeheader()
             writer.writerow(row)
         if self._wandb is not None and prefix is not None:
-            self._wandb.log({f"{prefix}/{k}": v for k, v in row.items() if k != "step"}, step=int(row["step"]))
+            self._log_wandb(prefix, row)
+
+    def _log_wandb(self, prefix: str, row: dict[str, Any]) -> None:
+        self._wandb.log({"step": int(row["step"]), **{f"{prefix}/{k}": v for k, v in row.items() if k != "step"}})
 
     def log_validation(self, row: dict[str, Any]) -> None:
         """Append one validation row (``epoch``, ``step`` and the metric columns)."""

@@ -259,7 +259,7 @@ def _checkpoint(run: Run, lr: float) -> None:
 def _setup(cfg: TrainConfig, env: distributed.DistEnv) -> Run:
     """Data, model, optimizer, schedule and precision; then resume or a fresh start, and the logs."""
     device = torch.device(env.device)
-    threads = apply_threads()  # before any kernel runs: from the CPUs this process was given
+    threads = apply_threads(requested=cfg.threads)  # before any kernel runs: from the CPUs this process was given
     seed_everything(cfg.seed)
     train_loader, val_loader, data_root = rank_loaders(cfg, env, device)
     dataset = train_loader.dataset

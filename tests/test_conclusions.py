@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from dlscale.compare import largest_weight_difference
-from dlscale.lessons.conclusions import (compare_spreads, efficiency_conclusion, ladder_conclusions,
+from dlscale.lessons.conclusions import (compare_spreads, convergence_conclusion, loader_conclusion,
+                                         efficiency_conclusion, ladder_conclusions,
                                          precision_conclusion, sweep_conclusions)
 from dlscale.repeats import Spread, clearly_faster, measure_rounds
 
@@ -24,6 +25,22 @@ def test_rounds_take_turns_and_keep_every_value():
     calls = []
     spreads = measure_rounds({"a": lambda: calls.append("a") or 1.0, "b": lambda: calls.append("b") or 2.0}, 3)
     assert calls == ["a", "b"] * 3 and spreads["b"].values == [2.0] * 3
+
+
+def test_the_loader_sentence_says_whether_one_worker_can_keep_up():
+    fast, slow = Spread([1600, 1650, 1700]), Spread([780, 800, 810])
+    assert "can be hidden" in loader_conclusion(fast, slow)
+    starved = loader_conclusion(slow, fast)
+    assert starved.startswith("Starved") and "about 3 workers" in starved  # ceil(1650 / 800)
+    assert "Too close to call" in loader_conclusion(Spread([800, 900]), Spread([850, 950]))
+
+
+def test_the_convergence_sentence_follows_the_curve():
+    text = convergence_conclusion([0.759, 0.816, 0.681, 0.897, 0.894, 0.921])
+    assert "from 0.759 after epoch 1 to 0.921 after epoch 6" in text
+    assert "largest gain came in epoch 4 (+0.216)" in text and "fell in epoch(s) 3, 5" in text
+    assert convergence_conclusion([0.3, 0.5, 0.55]).endswith("It rose in every epoch.")
+    assert "train longer" in convergence_conclusion([0.4])
 
 
 def test_ladder_conclusions_name_each_rung_against_the_one_before():

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from dlscale.tracking import TrackingError
+from dlscale.tracking import NOISE_FILE, TrackingError, read_rows
 from dlscale.train import train
 
 
@@ -38,13 +38,18 @@ def test_wandb_offline_run_records_the_metrics_and_never_the_key(tiny, monkeypat
     monkeypatch.setenv("WANDB_API_KEY", secret)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
-    result = train(tiny(tracking="wandb", epochs=1))
+    # the noise-scale rows come at steps 4, 8, ... before the step rows, which are written in blocks of 10
+    result = train(tiny(tracking="wandb", epochs=1, noise_scale_every=4))
     runs = list((result.run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1, "no offline run"
     history = wandb_history(runs[0])
-    assert [row["_step"] for row in history] == [row["step"] for row in result.steps]
-    assert [row["train/loss"] for row in history] == pytest.approx([row["loss"] for row in result.steps])
-    assert history[-1]["val/r2"] == pytest.approx(result.final["r2"])
+    steps = [row for row in history if "train/loss" in row]
+    assert [row["step"] for row in steps] == [row["step"] for row in result.steps]
+    assert [row["train/loss"] for row in steps] == pytest.approx([row["loss"] for row in result.steps])
+    noise = [row for row in history if "noise/b_simple" in row]
+    csv_noise = read_rows(result.run_dir / NOISE_FILE)
+    assert len(csv_noise) >= 4 and [row["step"] for row in noise] == [row["step"] for row in csv_noise]  # none dropped
+    assert [row for row in history if "val/r2" in row][-1]["val/r2"] == pytest.approx(result.final["r2"])
     for path in result.run_dir.rglob("*"):
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), f"API key written to {path}"

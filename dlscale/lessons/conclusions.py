@@ -27,6 +27,37 @@ def compare_spreads(name: str, spread: Spread, other: str, baseline: Spread) -> 
     return f"{name}: {verdict}."
 
 
+def loader_conclusion(supply: Spread, demand: Spread) -> str:
+    """Can the loader keep the model fed? ``supply``: the loader alone (one process, samples/s);
+    ``demand``: training on plain maps, what the model could take."""
+    if clearly_faster(supply, demand):
+        return (f"One process augments {supply.median:,.0f} samples/s, more than the model's {demand.median:,.0f}: "
+                f"moved into one worker, the augmentation can be hidden behind the training entirely. In the "
+                f"training process it cannot: there every step pays for it in full.")
+    if clearly_faster(demand, supply):
+        needed = math.ceil(demand.median / supply.median)
+        return (f"Starved: one process augments only {supply.median:,.0f} samples/s, and the model could take "
+                f"{demand.median:,.0f}. Even moved into a worker, one worker cannot keep up; it takes about "
+                f"{needed} workers, each with a core of its own.")
+    return (f"Too close to call on this machine: the loader's {supply.low:,.0f}-{supply.high:,.0f} samples/s and the "
+            f"model's {demand.low:,.0f}-{demand.high:,.0f} overlap, so one worker is just about enough.")
+
+
+def convergence_conclusion(r2: list[float]) -> str:
+    """What a run's validation R² by epoch shows: where it started and ended, its largest gain, any fall."""
+    if len(r2) < 2:
+        return f"One epoch only (R² {r2[0]:.3f}): train longer to see the curve." if r2 else "No validation yet."
+    gains = [later - earlier for earlier, later in zip(r2, r2[1:])]
+    best = max(range(len(gains)), key=gains.__getitem__)
+    text = (f"R² went from {r2[0]:.3f} after epoch 1 to {r2[-1]:.3f} after epoch {len(r2)}; the largest gain came "
+            f"in epoch {best + 2} ({gains[best]:+.3f}).")
+    falls = [epoch + 2 for epoch, gain in enumerate(gains) if gain < 0]
+    if falls:
+        return text + (f" It fell in epoch(s) {', '.join(map(str, falls))}: one validation point is noisy (and the LR "
+                       f"is at its highest early on), so judge the trend, not a single epoch.")
+    return text + " It rose in every epoch."
+
+
 def ladder_conclusions(rows: list[dict[str, Any]]) -> list[str]:
     """For each measured rung of ``bench_ladder(rounds > 1)``: did it help, hurt, or neither?"""
     measured = [r for r in rows if "rates" in r]
