@@ -7,7 +7,7 @@ import torch
 
 from dlscale.compare import largest_weight_difference
 from dlscale.lessons.conclusions import (compare_spreads, convergence_conclusion, loader_conclusion,
-                                         efficiency_conclusion, ladder_conclusions,
+                                         noise_scale_conclusions, efficiency_conclusion, ladder_conclusions,
                                          precision_conclusion, sweep_conclusions)
 from dlscale.repeats import Spread, clearly_faster, measure_rounds
 
@@ -25,6 +25,15 @@ def test_rounds_take_turns_and_keep_every_value():
     calls = []
     spreads = measure_rounds({"a": lambda: calls.append("a") or 1.0, "b": lambda: calls.append("b") or 2.0}, 3)
     assert calls == ["a", "b"] * 3 and spreads["b"].values == [2.0] * 3
+
+
+def test_the_noise_scale_sentences_place_each_batch_against_b_simple():
+    rows = [_sweep_row("baseline", 1, 0.744), _sweep_row("linear + warmup", 8, 0.733),
+            _sweep_row("no scaling", 8, 0.631), _sweep_row("LARS + warmup", 32, 0.625),
+            _sweep_row("linear + warmup", 32, float("nan"))]
+    lines = noise_scale_conclusions(rows, b_simple=288)
+    assert lines[0].startswith("batch 128 is 0.44× B_simple (below it): linear + warmup kept up")
+    assert lines[1].startswith("batch 512 is 1.8× B_simple (beyond it): no recipe kept up")
 
 
 def test_the_loader_sentence_says_whether_one_worker_can_keep_up():

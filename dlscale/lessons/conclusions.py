@@ -87,6 +87,22 @@ def sweep_conclusions(rows: list[dict[str, Any]], tolerance: float = 0.02) -> li
     return lines
 
 
+def noise_scale_conclusions(rows: list[dict[str, Any]], b_simple: float, tolerance: float = 0.02) -> list[str]:
+    """Per batch multiple of the sweep: the batch against the measured noise scale, and whether any recipe
+    kept up with the baseline there (McCandlish et al.: batches well beyond B_simple stop paying)."""
+    baseline = next(r for r in rows if r["recipe"] == "baseline")
+    lines = []
+    for multiple in sorted({r["multiple"] for r in rows if r["recipe"] != "baseline"}):
+        runs = [r for r in rows if r["multiple"] == multiple and r["recipe"] != "baseline"]
+        kept_up = [r["recipe"] for r in runs
+                   if math.isfinite(r["val_r2"]) and r["val_r2"] >= baseline["val_r2"] - tolerance]
+        where = "below" if runs[0]["batch"] < b_simple else "beyond"
+        lines.append(f"batch {runs[0]['batch']} is {runs[0]['batch'] / b_simple:.2g}× B_simple ({where} it): "
+                     + (f"{', '.join(kept_up)} kept up with the baseline." if kept_up else
+                        "no recipe kept up with the baseline."))
+    return lines
+
+
 def precision_conclusion(r2: dict[str, float], spread: float) -> str:
     """Do the precisions' validation R² differ by more than ``spread`` (run-to-run noise of fp32 seeds)?"""
     low, high = min(r2, key=r2.get), max(r2, key=r2.get)
