@@ -314,18 +314,21 @@ def peak_precision(device: torch.device | str, precision: str, convolutions: boo
 
 
 def flops_per_sample(model: nn.Module, input_shape: Sequence[int], loss_fn: Callable | None = None,
-                     targets: int = 2, batch: int = 2) -> float:
-    """FLOPs of one training step (forward and backward) per sample, counted by ``FlopCounterMode``."""
+                     targets: int | None = None, batch: int = 2) -> float:
+    """FLOPs of one training step (forward and backward) per sample, counted by ``FlopCounterMode``.
+
+    ``targets`` is the number of regression targets; by default, as many as the model outputs."""
     from torch.utils.flop_counter import FlopCounterMode
 
     first = next(model.parameters())
     # The count does not depend on values; no RNG draws.
     x = torch.zeros(batch, *input_shape, device=first.device, dtype=first.dtype)
-    y = torch.zeros(batch, targets, device=first.device, dtype=first.dtype)
     loss_fn = loss_fn or nn.functional.mse_loss
     state = {k: v.clone() for k, v in model.state_dict().items()}
     with FlopCounterMode(display=False) as counter:
-        loss_fn(model(x), y).backward()
+        out = model(x)
+        y = torch.zeros(batch, out.shape[1] if targets is None else targets, device=first.device, dtype=first.dtype)
+        loss_fn(out, y).backward()
     model.zero_grad(set_to_none=True)
     model.load_state_dict(state)  # batch-norm statistics moved during the count
     return counter.get_total_flops() / batch

@@ -28,8 +28,9 @@ def test_large_batch_sweep_writes_its_table_and_tells_the_story(in_tmp):
     assert 16 < noise_scale < 512
     # without scaling, the largest batch falls far behind
     assert r2[("no scaling", 128)] < baseline - 0.3
-    # near the noise scale (8x) a scaled recipe matches the baseline...
-    assert max(r2[(r, 8)] for r in RECIPES if r != "no scaling") > baseline - 0.01
+    # below the noise scale (8x) a scaled recipe keeps up with the baseline, to the tolerance lesson 07's
+    # conclusions use ("within 0.02 of the baseline")...
+    assert max(r2[(r, 8)] for r in RECIPES if r != "no scaling") > baseline - 0.02
     # ...at 32x warmup helps linear scaling, and the layer-wise optimizers hold up better than no scaling
     assert r2[("linear + warmup", 32)] > r2[("linear", 32)]
     assert min(r2[("LARS + warmup", 32)], r2[("LAMB + warmup", 32)]) > r2[("no scaling", 32)]

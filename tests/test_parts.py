@@ -8,6 +8,7 @@ import torch
 
 from dlscale.checkpoint import rng_state, set_rng_state
 from dlscale.config import load_config
+from dlscale.data import TARGET_NAMES
 from dlscale.models import CNNRegressor, build_model, count_parameters
 from dlscale.optim import build_optimizer, param_groups
 from dlscale.schedules import lr_factor, lr_trace, scale_lr, warmup_schedule
@@ -82,7 +83,7 @@ def test_model_shapes_and_channels_last_agree():
     cfg = load_config("tiny", ["width=4", "depth=2"])
     model = build_model(cfg).eval()
     x = torch.randn(5, 1, 16, 16)
-    assert model(x).shape == (5, 2)
+    assert model(x).shape == (5, len(TARGET_NAMES))  # log A, n and the blur
     nhwc = build_model(load_config("tiny", ["width=4", "depth=2", "channels_last=true"])).eval()
     nhwc.load_state_dict(model.state_dict())
     assert nhwc.features[0][0].weight.is_contiguous(memory_format=torch.channels_last)
