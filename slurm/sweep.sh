@@ -4,7 +4,7 @@
 #   slurm/sweep.sh SITE "1 2 4 8" PER_RANK_BATCH [ARGS...]
 #   dlscale report runs/sweep-...                    (the table and plot, when the jobs are done)
 #
-# SIZES are node counts (tasks on the one-node "local" site). Weak scaling keeps each rank's
+# SIZES are node counts (tasks on a one-node "local" cluster; nodes on a local cluster of several). Weak scaling keeps each rank's
 # batch (global batch = PER_RANK_BATCH x ranks); strong scaling keeps the first size's global
 # batch, so PER_RANK_BATCH must divide by the largest size over the first. Each run writes to
 # SWEEP/{weak,strong}-n<SIZE>; each job starts after the previous one ends (afterany), so
@@ -22,15 +22,19 @@ script=$root/slurm/$site/train.sbatch
 tasks_per_node=$(sed -n 's/^#SBATCH --ntasks-per-node=//p' "$script")
 sweep=${DLSCALE_SWEEP_DIR:-runs/sweep-$(date +%Y%m%d-%H%M%S)}
 read -r -a counts <<< "$sizes"
+by_tasks=0  # a one-node local cluster grows by tasks, every other cluster by nodes
+if [[ $site == local ]] && (( $(sinfo -h -N -o %N | sort -u | wc -l) <= 1 )); then
+    by_tasks=1
+fi
 ranks_of() {  # the ranks of a job of size $1
-    if [[ $site == local ]]; then echo "$1"; else echo $(( $1 * tasks_per_node )); fi
+    if (( by_tasks )); then echo "$1"; else echo $(( $1 * tasks_per_node )); fi
 }
 strong_batch=$(( per_rank * $(ranks_of "${counts[0]}") ))
 mkdir -p "$sweep"
 previous=""
 for n in "${counts[@]}"; do
     shape=("--nodes=$n")
-    [[ $site == local ]] && shape=(--nodes=1 "--ntasks-per-node=$n")
+    (( by_tasks )) && shape=(--nodes=1 "--ntasks-per-node=$n")
     ranks=$(ranks_of "$n")
     for mode in weak strong; do
         batch=$strong_batch

@@ -1,6 +1,7 @@
 """The lessons and the exercise contract, executed headless with small parameters."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,20 @@ def test_lesson_runs_top_to_bottom_and_shows_its_figures(name, tmp_path):
     notebook = execute(ROOT / "notebooks" / name, tmp_path, LESSONS[name])
     assert errors(notebook) == []
     assert any(has_image(cell) for cell in notebook.cells), f"{name} displayed no figure"
+    if name == "09_scaling_out.ipynb":
+        _assert_two_nodes_ran(notebook)
+
+
+def _assert_two_nodes_ran(notebook):
+    """Lesson 09's two-node section ran (where the machine allows it): 4 ranks on 2 hosts, 1 and 2 nodes reported."""
+    from dlscale.local_slurm import missing_programs, multi_node_unavailable
+
+    text = "\n".join(o.get("text", "") for cell in notebook.cells for o in cell.get("outputs", []))
+    if missing_programs() or multi_node_unavailable():
+        assert "skipped:" in text
+        return
+    assert "rank 3 on node2, local rank 1" in text and "on 2 node(s), 4 task(s), master node1:" in text
+    assert re.search(r"\| weak-n2 \| 2 \| 4 \|", text), "the report lacks the 2-node run"
 
 
 # -- the exercise contract ----------------------------------------------------------------------

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from dlscale.config import load_config
-from dlscale.local_slurm import LocalSlurm, missing_programs
+from dlscale.local_slurm import LocalSlurm, missing_programs, multi_node_unavailable
 from dlscale.tracking import read_rows
 
 from .conftest import ROOT, run_cli
@@ -37,6 +37,18 @@ def cluster(tmp_path_factory):
     yield slurm
     slurm.stop()
     assert all(process.poll() is not None for process in slurm.processes) or not slurm.processes
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """Two slurmds, each in its own UTS and mount namespace (hostnames node1 and node2)."""
+    if missing_programs():
+        pytest.skip(f"Slurm is not installed here ({', '.join(missing_programs())}): make slurm-packages")
+    if multi_node_unavailable():
+        pytest.skip(multi_node_unavailable())
+    slurm = LocalSlurm(tmp_path_factory.mktemp("slurm2"), nodes=2).start()
+    yield slurm
+    slurm.stop()
 
 
 def _env(cluster):
@@ -77,6 +89,46 @@ def test_a_two_task_training_job_runs_through_srun_and_only_rank0_writes(cluster
     assert [row["step"] for row in read_rows(run / "metrics.csv")] == list(range(1, 31))  # each step once
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["applied"]["launcher"] == "slurm"
+
+
+# float64, so that the two-node job and one process agree to rounding (as in test_distributed)
+FP64 = [*TRAIN, "epochs=2", "checkpoint_every=16", "keep_checkpoints=10", "precision=fp64"]
+
+
+def _final_weights(run_dir):
+    import torch
+
+    from dlscale.checkpoint import list_checkpoints
+    return torch.load(list_checkpoints(run_dir)[-1], weights_only=True)["model"]
+
+
+def test_a_two_node_job_has_four_ranks_on_two_hosts_and_equals_one_process(two_nodes, tmp_path):
+    from .conftest import SAME_STEPS_FP64
+
+    stage = two_nodes.node_local / "stage"
+    done = _sbatch(two_nodes, tmp_path, "local/train.sbatch", *FP64, "run_dir=runs/two-nodes", f"stage_dir={stage}",
+                   flags=("--nodes=2", "--ntasks-per-node=2"))
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip()
+    output = (tmp_path / f"slurm-dlscale-train-{job}.out").read_text()
+    assert "on 2 node(s), 4 task(s), master node1:" in output  # the first node of the job, by its name
+    assert "rank 0/4 (local 0/2) via slurm" in output
+    summary = json.loads((tmp_path / "runs/two-nodes/summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["nodes"] == 2
+    # each node staged the shards once, into its own node-local folder; the machine's own view stays empty
+    shards = len(list((tmp_path / "data").rglob("*.npy")))
+    for node in two_nodes.node_names:
+        copies = list((two_nodes.node_folder(node) / "stage").iterdir())
+        assert len(copies) == 1 and len(list(copies[0].rglob("*.npy"))) == shards, (node, copies)
+    assert not list(two_nodes.node_local.iterdir())
+    assert summary["applied"]["data_dir"].startswith(str(stage))  # and rank 0 read its node's copy
+    alone = subprocess.run([sys.executable, "-m", "dlscale.train", *FP64, "run_dir=runs/one"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr
+    expected, got = _final_weights(tmp_path / "runs/one"), _final_weights(tmp_path / "runs/two-nodes")
+    for key, value in expected.items():
+        if value.numel():
+            assert float((value - got[key]).abs().max()) < SAME_STEPS_FP64, key
 
 
 def test_each_task_of_a_job_gets_the_cpus_per_task_it_asked_for(cluster, tmp_path):
@@ -169,6 +221,22 @@ def test_waiting_for_jobs_fails_with_the_failed_jobs_own_output(cluster, tmp_pat
     with pytest.raises(JobFailed, match=rf"(?s)job {bad} .* ended FAILED.*no_such_key"):
         wait_for_jobs([good, bad], env, timeout=300, watch=seen.append, poll=0.5)
     assert wait_for_jobs([good], env, timeout=60)[good]["JobState"] == "COMPLETED"
+
+
+def test_a_sweep_over_one_and_two_nodes_reports_both(two_nodes, tmp_path):
+    env = {**_env(two_nodes), "DLSCALE_SWEEP_DIR": "runs/sweep"}
+    done = subprocess.run(["bash", str(ROOT / "slurm/sweep.sh"), "local", "1 2", "8", *TRAIN, "max_steps=20"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "size 2 (4 ranks, global batch 32)" in done.stdout  # two nodes of 2 tasks each
+    for job in re.findall(r"job (\d+)", done.stdout):
+        _wait_for_state(two_nodes, job, "COMPLETED")
+    report = run_cli("report", "runs/sweep", "--target-r2", "0.0", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    with open(tmp_path / "runs/sweep/report.csv", newline="") as handle:
+        rows = {row["run"]: row for row in csv.DictReader(handle)}
+    assert [(rows[r]["nodes"], rows[r]["ranks"]) for r in ("weak-n1", "weak-n2")] == [("1", "2"), ("2", "4")]
+    assert float(rows["weak-n1"]["efficiency"]) == pytest.approx(1.0) and float(rows["weak-n2"]["efficiency"]) > 0
 
 
 def test_report_says_where_it_looked_when_there_are_no_runs(tmp_path):
