@@ -31,6 +31,7 @@ import getpass
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -56,6 +57,7 @@ SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 ReturnToService=2
 JobRequeue=1
+SlurmdTimeout={slurmd_timeout}
 MinJobAge=600
 SlurmctldPort={ctld_port}
 StateSaveLocation={root}/state
@@ -108,6 +110,8 @@ class LocalSlurm:
         self.cpus = cpus or os.cpu_count() or 1
         self.host = socket.gethostname().split(".")[0]
         self.nodes = nodes
+        # How long a silent slurmd may be before its node is DOWN and its jobs end (Slurm's default is 300 s).
+        self.slurmd_timeout = 30
         self.processes: list[subprocess.Popen] = []
 
     @property
@@ -156,6 +160,7 @@ class LocalSlurm:
             (self.root / "hosts").write_text(f"127.0.0.1 localhost {self.host}\n" + "".join(
                 f"{_address(i)} {name}\n" for i, name in enumerate(self.node_names, 1)))
         self.conf.write_text(_CONF.format(controller=controller, user=getpass.getuser(), root=self.root,
+                                          slurmd_timeout=self.slurmd_timeout,
                                           ctld_port=free_port(), node_lines="\n".join(lines),
                                           node_names=",".join(self.node_names)))
         key = self.root / "munge.key"
@@ -205,6 +210,28 @@ class LocalSlurm:
         self.stop()
         raise SlurmError(f"the local Slurm cluster did not come up ({what} not ready within {timeout:.0f} s); "
                          f"logs:\n{logs}")
+
+    def kill_node(self, name: str) -> int:
+        """Kill every process of node ``name`` at once (its slurmd, step daemons and tasks), as a node that
+        loses power; return how many. Only for a cluster of several nodes, whose nodes have namespaces."""
+        if self.nodes == 1:
+            raise SlurmError("kill_node needs a cluster of several nodes (nodes > 1)")
+        daemon = next(p for p in self.processes if f"hostname {name} " in " ".join(map(str, p.args)))
+        namespace = os.readlink(f"/proc/{daemon.pid}/ns/uts")
+        victims = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and os.readlink(entry / "ns/uts") == namespace:
+                    victims.append(int(entry.name))
+            except OSError:
+                continue  # gone meanwhile
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        daemon.wait()
+        return len(victims)
 
     def stop(self) -> None:
         """Stop the daemons this object started, newest first, by PID."""
