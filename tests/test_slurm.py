@@ -68,6 +68,28 @@ def _job_state(cluster, job):
     return fields.get("JobState"), int(fields.get("Restarts") or 0)
 
 
+def _wait_for_rows(metrics, count, timeout=180):
+    deadline = time.time() + timeout
+    while time.time() < deadline and len(read_rows(metrics)) < count:
+        time.sleep(0.2)
+
+
+def _preempt_and_finish(cluster, tmp_path, settings, flags=()):
+    """Submit, send SIGUSR1 after 25 steps (what Slurm sends before the time limit, --signal=USR1@60), and wait
+    until the job has checkpointed, been requeued by launch.sh, and finished; returns the job id."""
+    submitted = _sbatch(cluster, tmp_path, "local/train.sbatch", *settings, wait=False, flags=flags)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip()
+    _wait_for_rows(tmp_path / "runs/preempted/metrics.csv", 25)
+    subprocess.run(["scancel", "--signal=USR1", job], env=_env(cluster), check=True)
+    assert _wait_for_state(cluster, job, "PENDING") == 1  # requeued by launch.sh after the checkpoint
+    # Slurm holds a requeued job back for 2 minutes (BeginTime); the administrator of this test cluster shortens
+    # that to 5 s (not 0: within the same second slurmd still refuses the revoked credential of the first run)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now+5"], env=_env(cluster), check=True)
+    assert _wait_for_state(cluster, job, "COMPLETED") == 1
+    return job
+
+
 def _wait_for_state(cluster, job, state, timeout=300):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -138,17 +160,8 @@ def test_a_preempted_two_node_job_resumes_on_both_nodes_as_an_uninterrupted_one(
 
     settings = [*TRAIN, "epochs=12", "precision=fp64", "run_dir=runs/preempted"]
     two_node_flags = ("--nodes=2", "--ntasks-per-node=2")
-    submitted = _sbatch(two_nodes, tmp_path, "local/train.sbatch", *settings, wait=False, flags=two_node_flags)
-    assert submitted.returncode == 0, submitted.stderr
-    job = submitted.stdout.strip()
+    job = _preempt_and_finish(two_nodes, tmp_path, settings, two_node_flags)
     metrics = tmp_path / "runs/preempted/metrics.csv"
-    deadline = time.time() + 180
-    while time.time() < deadline and len(read_rows(metrics)) < 25:
-        time.sleep(0.2)
-    subprocess.run(["scancel", "--signal=USR1", job], env=_env(two_nodes), check=True)
-    assert _wait_for_state(two_nodes, job, "PENDING") == 1
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now+5"], env=_env(two_nodes), check=True)
-    assert _wait_for_state(two_nodes, job, "COMPLETED") == 1
     output = (tmp_path / f"slurm-dlscale-train-{job}.out").read_text()
     assert output.count("on 2 node(s), 4 task(s), master node1:") == 2 and "resuming from ckpt-" in output
     reference = _sbatch(two_nodes, tmp_path, "local/train.sbatch", *settings[:-1], "run_dir=runs/straight",
@@ -190,10 +203,7 @@ def test_a_dead_node_ends_the_job_with_clear_messages_and_an_intact_checkpoint(t
                             flags=("--nodes=2", "--ntasks-per-node=2"))
         assert submitted.returncode == 0, submitted.stderr
         job = submitted.stdout.strip()
-        metrics = tmp_path / "runs/dead/metrics.csv"
-        deadline = time.time() + 180
-        while time.time() < deadline and len(read_rows(metrics)) < 20:
-            time.sleep(0.2)
+        _wait_for_rows(tmp_path / "runs/dead/metrics.csv", 20)
         assert cluster.kill_node("node2") >= 3  # its slurmd, its step daemon and its two ranks
         killed = time.time()
         while _job_state(cluster, job)[0] == "RUNNING" and time.time() - killed < 240:
@@ -246,20 +256,8 @@ def test_a_two_task_kmeans_job_equals_one_process(cluster, tmp_path):
 def test_a_preempted_job_checkpoints_requeues_and_ends_as_an_uninterrupted_one(cluster, tmp_path):
     # 12 epochs (384 steps) and the signal after 25 of them: it lands long before the end, however busy the machine
     settings = [*TRAIN, "epochs=12", "run_dir=runs/preempted"]
-    submitted = _sbatch(cluster, tmp_path, "local/train.sbatch", *settings, wait=False)
-    assert submitted.returncode == 0, submitted.stderr
-    job = submitted.stdout.strip()
+    job = _preempt_and_finish(cluster, tmp_path, settings)
     metrics = tmp_path / "runs/preempted/metrics.csv"
-    deadline = time.time() + 180
-    while time.time() < deadline and len(read_rows(metrics)) < 25:
-        time.sleep(0.2)
-    # What Slurm sends before the time limit (--signal=USR1@60), sent now to the job's steps
-    subprocess.run(["scancel", "--signal=USR1", job], env=_env(cluster), check=True)
-    assert _wait_for_state(cluster, job, "PENDING") == 1  # requeued by launch.sh after the checkpoint
-    # Slurm holds a requeued job back for 2 minutes (BeginTime); the administrator of this test cluster shortens
-    # that to 5 s (not 0: within the same second slurmd still refuses the revoked credential of the first run)
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now+5"], env=_env(cluster), check=True)
-    assert _wait_for_state(cluster, job, "COMPLETED") == 1
     output = (tmp_path / f"slurm-dlscale-train-{job}.out").read_text()
     assert "requeueing job" in output and "resuming from ckpt-" in output
     reference = _sbatch(cluster, tmp_path, "local/train.sbatch", *TRAIN, "epochs=12", "run_dir=runs/straight")
