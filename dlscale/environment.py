@@ -13,6 +13,7 @@ import torch
 
 from . import __version__
 from .distributed import detect_launcher
+from .threads import affinity_set
 
 #: Optional packages and the extra that installs each.
 OPTIONAL = {"nvtx": "profiling", "wandb": "tracking", "horovod": "horovod", "daal4py": "kmeans",
@@ -66,7 +67,7 @@ def task_line(environ: dict[str, str] | None = None) -> str:
     ``slurm/launch.sh SITE probe`` runs it in every task of a job, to check a site's binding.
     """
     environ = dict(os.environ) if environ is None else environ
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cpus = affinity_set()
     settings = " ".join(f"{name}={environ.get(name, '-')}" for name in
                         ("SLURM_CPUS_PER_TASK", "SRUN_CPUS_PER_TASK", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"))
     rank, size = environ.get("SLURM_PROCID", environ.get("RANK", "0")), environ.get("SLURM_NTASKS", "1")

@@ -78,15 +78,25 @@ def predictions_vs_truth(pred, target, names: list[str] | None = None) -> Notebo
     return fig
 
 
-def bar_chart(labels: list, values: list[float], ylabel: str, title: str = "", xlabel: str = "") -> NotebookFigure:
-    """Labelled bars with their values written on top (throughput comparisons and the like)."""
+def _bars(labels: list, values: list[float], **bar_options) -> tuple[NotebookFigure, object, object]:
+    """A figure sized for ``labels``, its axes, and blue bars with their values written on them."""
     fig = NotebookFigure(figsize=(1.2 * len(labels) + 3, 3.5), layout="constrained")
     ax = fig.subplots()
-    bars = ax.bar([textwrap.fill(str(label), 16) for label in labels], values, color="tab:blue")
-    ax.bar_label(bars, labels=[f"{v:,.0f}" if v >= 100 else f"{v:.3g}" for v in values], padding=2)
+    bars = ax.bar([textwrap.fill(str(label), 16) for label in labels], values, color="tab:blue", **bar_options)
+    ax.grid(axis="y", alpha=0.3)
+    return fig, ax, bars
+
+
+def _value_labels(values: list[float]) -> list[str]:
+    return [f"{v:,.0f}" if v >= 100 else f"{v:.3g}" for v in values]
+
+
+def bar_chart(labels: list, values: list[float], ylabel: str, title: str = "", xlabel: str = "") -> NotebookFigure:
+    """Labelled bars with their values written on top (throughput comparisons and the like)."""
+    fig, ax, bars = _bars(labels, values)
+    ax.bar_label(bars, labels=_value_labels(values), padding=2)
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.margins(y=0.15)
-    ax.grid(axis="y", alpha=0.3)
     return fig
 
 
@@ -96,20 +106,15 @@ def spread_chart(spreads: dict, ylabel: str, title: str = "", xlabel: str = "",
 
     ``log=None`` picks a log scale when the medians differ by more than 20×.
     """
-    labels = [textwrap.fill(str(label), 16) for label in spreads]
     medians = [s.median for s in spreads.values()]
     errors = [[m - s.low for m, s in zip(medians, spreads.values())],
               [s.high - m for m, s in zip(medians, spreads.values())]]
-    fig = NotebookFigure(figsize=(1.2 * len(labels) + 3, 3.5), layout="constrained")
-    ax = fig.subplots()
-    bars = ax.bar(labels, medians, yerr=errors, capsize=4, color="tab:blue", ecolor="black")
-    ax.bar_label(bars, labels=[f"{v:,.0f}" if v >= 100 else f"{v:.3g}" for v in medians], padding=2,
-                 label_type="center", color="white", fontsize=8)
+    fig, ax, bars = _bars(list(spreads), medians, yerr=errors, capsize=4, ecolor="black")
+    ax.bar_label(bars, labels=_value_labels(medians), padding=2, label_type="center", color="white", fontsize=8)
     if log if log is not None else max(medians) > 20 * max(min(medians), 1e-12):
         ax.set_yscale("log")
     rounds = min(len(s.values) for s in spreads.values())
     ax.set(xlabel=xlabel, ylabel=f"{ylabel} (median of {rounds})", title=title)
-    ax.grid(axis="y", alpha=0.3)
     return fig
 
 

@@ -6,9 +6,10 @@ shared node, or with several ranks on one node, that oversubscribes the cores: o
 So every training and K-Means process sets its thread count from what it was given, in
 this order:
 
-1. ``OMP_NUM_THREADS``, when the user (or torchrun, which sets 1) chose it;
-2. ``SLURM_CPUS_PER_TASK``, the CPUs Slurm gave each task (capped by the affinity mask);
-3. the process's affinity mask (``taskset``, srun's binding, a container's CPU set).
+1. the config's ``threads``, when a run asks for a count (lesson 02 trains on one thread);
+2. ``OMP_NUM_THREADS``, when the user (or torchrun, which sets 1) chose it;
+3. ``SLURM_CPUS_PER_TASK``, the CPUs Slurm gave each task (capped by the affinity mask);
+4. the process's affinity mask (``taskset``, srun's binding, a container's CPU set).
 
 The choice is recorded in ``summary.json`` (``threads``), so a comparison can show that both
 sides ran with the same CPUs per process.
@@ -27,18 +28,23 @@ class ThreadChoice:
     """The thread count a process uses and where it came from."""
 
     count: int
-    source: str  # "OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK" or "affinity mask"
+    source: str  # "config threads", "OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK" or "affinity mask"
     cpus: int  # CPUs in the process's affinity mask
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def affinity_cpus() -> int:
-    """CPUs this process may run on (its affinity mask; all cores where there is none)."""
+def affinity_set() -> list[int]:
+    """The CPUs this process may run on, by number (its affinity mask; all cores where there is none)."""
     if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def affinity_cpus() -> int:
+    """How many CPUs this process may run on."""
+    return len(affinity_set())
 
 
 def _positive_int(value: str | None) -> int | None:
