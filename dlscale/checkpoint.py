@@ -6,6 +6,12 @@ losses as one that was never interrupted (bit for bit on the CPU). Files are wri
 a temporary name and renamed into place, so a job killed mid-write leaves the previous
 checkpoint intact. They load with ``torch.load(weights_only=True)``: no pickled code runs.
 
+Runs whose parameters are split over ranks (FSDP, tensor parallelism) write a *folder* per
+checkpoint instead, every rank its shard, through ``torch.distributed.checkpoint``
+(:mod:`dlscale.sharded_checkpoint`); the folder too appears under its name only when whole.
+Both kinds are listed, kept and cleared here, and :func:`load_model` reads either into one
+process.
+
 Only a fresh start (``resume=false``) removes an earlier run's checkpoints
 (:func:`clear_checkpoints`); a resumed run keeps the one it resumed from until a newer one
 has been renamed into place, so a job that dies twice loses nothing.
@@ -16,6 +22,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,7 +32,7 @@ import torch
 
 from .errors import DlscaleError
 
-_NAME = re.compile(r"ckpt-(\d{8})\.pt$")
+_NAME = re.compile(r"^ckpt-(\d{8})(\.pt)?$")  # a file (one process wrote it) or a folder (sharded)
 
 
 class CheckpointError(DlscaleError):
@@ -37,9 +44,9 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Checkpoints of a run, oldest first (by step, not by file time)."""
+    """Checkpoints of a run, files and sharded folders, oldest first (by step, not by file time)."""
     folder = checkpoint_dir(run_dir)
-    found = [p for p in folder.glob("ckpt-*.pt") if _NAME.search(p.name)] if folder.is_dir() else []
+    found = [p for p in folder.glob("ckpt-*") if _NAME.search(p.name)] if folder.is_dir() else []
     return sorted(found, key=lambda p: int(_NAME.search(p.name).group(1)))
 
 
@@ -48,10 +55,18 @@ def clear_checkpoints(run_dir: str | Path) -> int:
     folder = checkpoint_dir(run_dir)
     if not folder.is_dir():
         return 0
-    doomed = [*list_checkpoints(run_dir), *folder.glob(".ckpt-*.pt.tmp")]
+    doomed = [*list_checkpoints(run_dir), *folder.glob(".ckpt-*.tmp")]
     for path in doomed:
-        path.unlink(missing_ok=True)
+        remove_checkpoint(path)
     return len(doomed)
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Delete one checkpoint, a file or a sharded folder."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
@@ -65,17 +80,27 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], keep:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
     for old in list_checkpoints(run_dir)[:-keep]:
-        old.unlink(missing_ok=True)
+        remove_checkpoint(old)
     return path
 
 
-def load_latest_checkpoint(run_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
+def load_latest_checkpoint(run_dir: str | Path, model: torch.nn.Module | None = None,
+                           optimizer: torch.optim.Optimizer | None = None) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint that loads, or None if the run has none.
 
     A newest file that fails to load (a disk filled up, a copy broke off) is reported
     and the one before it is used; if every file fails, a :class:`CheckpointError` says so.
+    A sharded folder is read straight into ``model`` and ``optimizer`` (each rank its part,
+    whatever the world size that wrote it) by every rank together; the dict returned then
+    holds the rest of the state.
     """
     paths = list_checkpoints(run_dir)
+    if paths and paths[-1].is_dir():
+        if model is None or optimizer is None:
+            raise CheckpointError(f"{paths[-1]} is a sharded checkpoint: load it with the model and optimizer, or "
+                                  f"with dlscale.checkpoint.load_model")
+        from .sharded_checkpoint import load_sharded_checkpoint  # (only runs that meet one need DCP)
+        return paths[-1], load_sharded_checkpoint(paths[-1], model, optimizer)
     failures = []
     for path in reversed(paths):
         try:
@@ -127,8 +152,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def training_state(step: int, steps_per_epoch: int, cfg: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                    scheduler: Any, scaler: torch.amp.GradScaler, noise: Any) -> dict[str, Any]:
     """Everything a run needs to continue exactly from ``step``: what :func:`save_checkpoint` writes."""
-    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "scaler": scaler.state_dict(), "rng": rng_state(),
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), **training_extras(
+        step, steps_per_epoch, cfg, scheduler, scaler, noise)}
+
+
+def training_extras(step: int, steps_per_epoch: int, cfg: Any, scheduler: Any, scaler: torch.amp.GradScaler,
+                    noise: Any) -> dict[str, Any]:
+    """The state beside the weights and the optimizer: schedule, scaler, random generators, position, config."""
+    return {"scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(),
             "position": {"step": step, "steps_per_epoch": steps_per_epoch, "global_batch_size": cfg.global_batch_size},
             "config": cfg.to_dict(), "noise_scale": dict(noise.__dict__)}
 
@@ -136,7 +167,10 @@ def training_state(step: int, steps_per_epoch: int, cfg: Any, model: torch.nn.Mo
 def restore_training(ckpt: dict[str, Any], path: Path, steps_per_epoch: int, cfg: Any, model: torch.nn.Module,
                      optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler,
                      noise: Any) -> int:
-    """Load a :func:`training_state` into the live objects and return its step (same batch and epoch length only)."""
+    """Load a :func:`training_state` into the live objects and return its step (same batch and epoch length only).
+
+    Without ``"model"`` (a sharded checkpoint) the weights and optimizer state were loaded already.
+    """
     saved = ckpt["position"]
     if saved["steps_per_epoch"] != steps_per_epoch or saved["global_batch_size"] != cfg.global_batch_size:
         raise CheckpointError(
@@ -144,10 +178,37 @@ def restore_training(ckpt: dict[str, Any], path: Path, steps_per_epoch: int, cfg
             f"({saved['steps_per_epoch']} steps per epoch), but this run has global_batch_size="
             f"{cfg.global_batch_size} ({steps_per_epoch} steps per epoch); resume with the same settings, "
             f"or start afresh with resume=false")
-    model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
+    if "model" in ckpt:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
     scheduler.load_state_dict(ckpt["scheduler"])
     scaler.load_state_dict(ckpt["scaler"])
     set_rng_state(ckpt["rng"])
     noise.__dict__.update(ckpt.get("noise_scale", {}))
     return int(saved["step"])
+
+
+def load_model(run_dir: str | Path, in_channels: int = 1, num_outputs: int | None = None) -> torch.nn.Module:
+    """The model of a run folder's newest checkpoint, whole, in this process (for evaluation or export).
+
+    Whatever wrote it: one process, DDP, Horovod, or FSDP and tensor parallelism on any
+    number of ranks (a sharded folder is gathered into the one model). The architecture
+    comes from the run's ``config.yaml``.
+    """
+    from .config import load_config
+    from .models import build_model
+
+    run_dir = Path(run_dir)
+    paths = list_checkpoints(run_dir)
+    if not paths:
+        raise CheckpointError(f"{checkpoint_dir(run_dir)} holds no checkpoint; train with checkpoints first")
+    cfg = load_config(str(run_dir / "config.yaml"), {"tensor_parallel": 1, "data_parallel": "auto"})
+    newest = paths[-1]
+    if newest.is_dir():
+        from .sharded_checkpoint import load_sharded_weights
+        return load_sharded_weights(newest, lambda outputs: build_model(cfg, in_channels, outputs), num_outputs)
+    state = torch.load(newest, map_location="cpu", weights_only=True)["model"]
+    head = [value for key, value in state.items() if key.endswith("weight")][-1]
+    model = build_model(cfg, in_channels, num_outputs or head.shape[0]).to(head.dtype)
+    model.load_state_dict(state)
+    return model

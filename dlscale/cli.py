@@ -1,4 +1,4 @@
-"""The ``dlscale`` command: train, data, bench, experiment, exercises, info.
+"""The ``dlscale`` command: train, data, bench, experiment, exercises, export, report, kmeans, info.
 
 Every subcommand calls the package; nothing here computes. Errors that a user can fix
 (a bad key, a missing file, no GPU) print one line and exit with status 2.
@@ -10,6 +10,7 @@ import argparse
 import faulthandler
 import sys
 import textwrap
+from pathlib import Path
 
 from .config import FIELDS, config_names, describe_field, load_config
 from .errors import DlscaleError
@@ -40,6 +41,20 @@ def _train(args: argparse.Namespace) -> int:
         config, overrides = None, [config, *overrides]
     result = train(load_config(config, overrides))
     return PREEMPTED_EXIT_CODE if result.preempted else 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    import torch
+
+    from .checkpoint import load_model
+    from .config import load_config
+
+    model = load_model(args.run_dir)
+    config = load_config(str(Path(args.run_dir) / "config.yaml")).to_dict()
+    torch.save({"model": model.state_dict(), "config": config}, args.out)
+    print(f"wrote the whole model of {args.run_dir} ({sum(p.numel() for p in model.parameters()):,} parameters, "
+          f"{config['model']}) to {args.out}; load it with torch.load(path, weights_only=True)")
+    return 0
 
 
 def _data_generate(args: argparse.Namespace) -> int:
@@ -176,6 +191,16 @@ def _bench_kmeans(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_memory(args: argparse.Namespace) -> int:
+    from .bench_memory import bench_memory, format_memory
+
+    rows = bench_memory(load_config(args.config, args.overrides), steps=args.steps, out_dir=args.out)
+    print(format_memory(rows))
+    print(f"memory.json in {args.out}/ (per rank: the largest rank's figures; peak = CUDA's allocator peak on a GPU, "
+          f"the process's peak resident set on a CPU)")
+    return 0
+
+
 def _bench_scaling(args: argparse.Namespace) -> int:
     from .bench import bench_scaling, format_scaling
 
@@ -297,6 +322,17 @@ def build_parser() -> argparse.ArgumentParser:
     scaling.add_argument("--out", default="runs/scaling")
     scaling.set_defaults(handler=_bench_scaling)
 
+    memory = bench_commands.add_parser(
+        "memory", help="bytes each rank holds under DDP, FSDP and tensor parallelism, and the step time",
+        description="Train a few steps of the same model as 1 process, DDP and FSDP on 2 and 4 ranks, FSDP with "
+                    "activation checkpointing, and FSDP x tensor parallel 2x2 (local processes under torchrun). "
+                    "Prints per rank the parameter, gradient and optimizer-state bytes counted from the tensors it "
+                    "holds, the peak memory and the step time, with the ratios to DDP on as many ranks.")
+    _config_arguments(memory, default="vit")
+    memory.add_argument("--steps", type=int, default=4)
+    memory.add_argument("--out", default="runs/memory")
+    memory.set_defaults(handler=_bench_memory)
+
     kmeans_bench = bench_commands.add_parser(
         "kmeans", help="K-Means: dlscale-torch, daal4py and scikit-learn side by side, and 1-vs-2-process scaling",
         description="Fit the same data from the same initial centres for a fixed number of Lloyd iterations with "
@@ -330,6 +366,15 @@ def build_parser() -> argparse.ArgumentParser:
     kmeans.add_argument("--chunk-size", type=int, default=None, help="rows scored at a time (default from memory)")
     kmeans.add_argument("--out", default="runs/kmeans")
     kmeans.set_defaults(handler=_kmeans)
+
+    export = commands.add_parser(
+        "export", help="a run's newest checkpoint as one whole model file (also from FSDP/tensor-parallel shards)",
+        description="Read the newest checkpoint of RUN_DIR, whatever wrote it (one process, DDP, Horovod, FSDP or "
+                    "tensor parallelism on any number of ranks), into one model in this process and save "
+                    "{'model': state_dict, 'config': ...} to OUT for evaluation elsewhere.")
+    export.add_argument("run_dir", metavar="RUN_DIR")
+    export.add_argument("out", metavar="OUT", nargs="?", default="model.pt")
+    export.set_defaults(handler=_export)
 
     report = commands.add_parser(
         "report", help="a scaling sweep's run directories as a table and a plot",

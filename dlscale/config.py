@@ -67,17 +67,28 @@ class TrainConfig:
     pin_memory: bool = _knob(True, "Page-locked host buffers for faster copies to the GPU (ignored on CPU).")
 
     # -- model ---------------------------------------------------------------
-    width: int = _knob(16, "Channels of the first conv block; doubled at each later block.")
-    depth: int = _knob(3, "Number of conv blocks (each halves the map size).")
+    model: Literal["cnn", "vit"] = _knob("cnn", "The regressor: a CNN, or a small vision transformer (vit; the "
+                                                "model lesson 10 shards with FSDP and tensor parallelism).")
+    width: int = _knob(16, "CNN: channels of the first conv block, doubled at each later block. "
+                           "ViT: the width of every token.")
+    depth: int = _knob(3, "CNN: number of conv blocks (each halves the map size). ViT: number of transformer blocks.")
+    heads: int = _knob(4, "ViT: attention heads per block (must divide width).")
+    patch_size: int = _knob(4, "ViT: side of the square patches that become tokens (must divide image_size).")
+    activation_checkpointing: bool = _knob(
+        False, "ViT: keep only each block's input and recompute its activations in the backward pass "
+               "(less memory, about one more forward pass of time).")
     channels_last: bool = _knob(False, "Use the NHWC memory format (faster convolutions on tensor-core GPUs).")
     norm: Literal["batch", "group"] = _knob(
         "batch", "Normalisation layers: batch norm, or group norm (independent of how the batch is split).")
     sync_batchnorm: bool = _knob(False, "With several GPUs, compute batch-norm statistics over all ranks (CUDA only).")
 
     # -- data parallel -------------------------------------------------------
-    data_parallel: Literal["auto", "ddp", "horovod"] = _knob(
-        "auto", "How gradients are averaged over ranks: PyTorch DDP, or Horovod's DistributedOptimizer "
-                "(auto = Horovod when launched by horovodrun, DDP otherwise).")
+    data_parallel: Literal["auto", "ddp", "horovod", "fsdp"] = _knob(
+        "auto", "How the ranks share the work of one batch: PyTorch DDP, Horovod's DistributedOptimizer, or FSDP "
+                "(parameters, gradients and optimizer state sharded over the ranks; auto = Horovod when launched by "
+                "horovodrun, FSDP with tensor_parallel on several data-parallel ranks, DDP otherwise).")
+    tensor_parallel: int = _knob(1, "ViT: split every block's attention heads and MLP over this many ranks "
+                                    "(consecutive ranks, so inside a node); the rest of the ranks are data-parallel.")
     horovod_fp16_compression: bool = _knob(False, "Horovod: send gradients as fp16 (half the bytes, "
                                                   "rounded gradients).")
     dist_backend: Literal["auto", "nccl", "gloo"] = _knob("auto", "Process-group backend: auto = NCCL on GPUs, gloo on CPUs.")
@@ -140,7 +151,8 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Check ranges and relations between fields; raise :class:`ConfigError` naming the key."""
-        positive = ["image_size", "train_samples", "val_samples", "shard_size", "width", "depth", "grad_accumulation",
+        positive = ["image_size", "train_samples", "val_samples", "shard_size", "width", "depth", "heads", "patch_size",
+                    "tensor_parallel", "grad_accumulation",
                     "epochs", "global_batch_size", "prefetch_factor", "keep_checkpoints"]
         for key in positive:
             if getattr(self, key) < 1:
@@ -174,12 +186,36 @@ class TrainConfig:
         size = self.image_size
         if size < 8 or size & (size - 1):
             raise ConfigError(f"config key 'image_size' must be a power of two >= 8, got {size}")
-        if 2 ** self.depth > size:
+        self._validate_model()
+        if self.model == "cnn" and 2 ** self.depth > size:
             raise ConfigError(f"config key 'depth'={self.depth} halves a {size}-pixel map below 1 pixel; "
                               f"use depth <= {size.bit_length() - 1}")
         dev = self.device
         if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
             raise ConfigError(f"config key 'device' must be one of auto, cpu, cuda, cuda:N; got '{dev}'")
+
+    def _validate_model(self) -> None:
+        """The transformer's shape, and the parallelisms only it supports."""
+        if self.model == "vit":
+            if self.width % self.heads:
+                raise ConfigError(f"config key 'heads'={self.heads} must divide width={self.width} (each head gets "
+                                  f"width/heads numbers)")
+            if self.image_size % self.patch_size:
+                raise ConfigError(f"config key 'patch_size'={self.patch_size} must divide image_size={self.image_size}")
+            if self.heads % self.tensor_parallel:
+                raise ConfigError(f"tensor_parallel={self.tensor_parallel} must divide heads={self.heads}: each rank "
+                                  f"computes whole heads")
+        elif self.tensor_parallel > 1 or self.activation_checkpointing:
+            key = "tensor_parallel" if self.tensor_parallel > 1 else "activation_checkpointing"
+            raise ConfigError(f"config key '{key}' needs model=vit: the CNN has no transformer blocks to split or "
+                              f"recompute")
+        if self.tensor_parallel > 1 and self.data_parallel in ("horovod", "ddp"):
+            raise ConfigError(f"tensor_parallel={self.tensor_parallel} needs data_parallel=fsdp or auto: DDP and "
+                              f"Horovod do not average gradients of sharded (DTensor) parameters")
+        if (self.data_parallel == "fsdp" or self.tensor_parallel > 1) and (self.noise_scale_every or self.compile):
+            key = "noise_scale_every" if self.noise_scale_every else "compile"
+            raise ConfigError(f"config key '{key}' is not supported with data_parallel=fsdp or tensor_parallel > 1 "
+                              f"in this kit; set {key}=0/false")
 
     # ------------------------------------------------------------------------
     @property

@@ -183,9 +183,12 @@ def detect(environ: Mapping[str, str] | None = None) -> DistEnv:
 
 
 def resolve_data_parallel(choice: str, launcher: str) -> str:
-    """``ddp`` or ``horovod``: ``auto`` means Horovod under horovodrun, DDP everywhere else."""
+    """``ddp``, ``fsdp`` or ``horovod``: ``auto`` means Horovod under horovodrun, DDP everywhere else."""
     if choice == "auto":
         return "horovod" if launcher == "horovodrun" else "ddp"
+    if choice == "fsdp" and launcher == "horovodrun":
+        raise DistributedError("data_parallel=fsdp needs torch.distributed, but this job was started by horovodrun, "
+                               "which sets up Horovod; launch FSDP with torchrun, srun or mpirun")
     if choice == "ddp" and launcher == "horovodrun":
         raise DistributedError("this job was started by horovodrun, which sets up Horovod, not torch.distributed; "
                                "use data_parallel=horovod (or auto), or launch DDP with torchrun, srun or mpirun")
@@ -350,6 +353,17 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """``obj`` of every rank, in rank order, on every rank (``[obj]`` in one process)."""
+    if _horovod is not None:
+        return _horovod.allgather_object(obj, name="dlscale.all_gather_object")
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def wrap_model(model: nn.Module, env: DistEnv, bucket_cap_mb: float = 25.0, gradient_as_bucket_view: bool = True,

@@ -32,11 +32,16 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from .dtensors import full_norms, is_sharded, local
 
-def _norms(tensors: list[Tensor]) -> Tensor:
-    """Per-tensor L2 norms as one tensor: float32 at least, float64 for float64 tensors."""
-    norms = torch.stack(torch._foreach_norm(tensors))
-    return norms if norms.dtype == torch.float64 else norms.float()
+
+def _norms(tensors: list[Tensor], layout: _Layout | None = None) -> Tensor:
+    """Per-tensor L2 norms as one tensor: float32 at least, float64 for float64 tensors.
+
+    Of the whole tensors, also where each rank holds a shard (FSDP, tensor parallelism):
+    ``layout.sharded`` then names the DTensors the local ``tensors`` belong to.
+    """
+    return full_norms(tensors, layout.sharded if layout is not None else None)
 
 
 def _trust_ratios(weight_norms: Tensor, step_norms: Tensor, adapt: Tensor, scale: float = 1.0,
@@ -57,12 +62,14 @@ class _Layout:
     decay_mask: Tensor
     chosen_index: Tensor  # ``chosen`` as a tensor on the parameters' device
     all_decay: bool
+    originals: list[Tensor]  # the parameters as the optimizer holds them (DTensors under FSDP/TP): state keys
+    sharded: list[Tensor] | None  # the same, when any of them is split over ranks; else None
 
 
 def _lars_ratios(params: list[Tensor], grads: list[Tensor], layout: _Layout, weight_decay: float,
                  trust_coefficient: float, eps: float) -> Tensor:
     """LARS's ``η‖w‖ / (‖g‖ + λ‖w‖ + eps)`` per tensor (λ only where the tensor decays), 1 where unusable."""
-    w_norm, g_norm = _norms(params), _norms(grads)
+    w_norm, g_norm = _norms(params, layout), _norms(grads, layout)
     decay_norm = weight_decay * w_norm if layout.all_decay else torch.where(layout.decay_mask, weight_decay * w_norm, 0.0)
     return _trust_ratios(w_norm, g_norm, layout.adapt, trust_coefficient, g_norm + decay_norm + eps)
 
@@ -74,10 +81,14 @@ class _LayerwiseMixin:
     trust_ratios: list[Tensor]
 
     def _split(self, group: dict) -> tuple[list[Tensor], list[Tensor], _Layout]:
-        """Parameters with gradients, their gradients, and the group's layout."""
-        params = [p for p in group["params"] if p.grad is not None]
-        grads = [p.grad for p in params]
-        key = (tuple(map(id, params)), bool(group["adapt"]), group["weight_decay"] != 0)
+        """Parameters with gradients, their gradients, and the group's layout.
+
+        Under FSDP or tensor parallelism the tensors returned are this rank's shards: the
+        arithmetic is element-wise, and only the norms need the other ranks (:func:`_norms`).
+        """
+        originals = [p for p in group["params"] if p.grad is not None]
+        params, grads = [local(p) for p in originals], [local(p.grad) for p in originals]
+        key = (tuple(map(id, originals)), bool(group["adapt"]), group["weight_decay"] != 0)
         layouts = self.__dict__.setdefault("_layouts", {})
         layout = layouts.get(key)
         if layout is None:
@@ -90,7 +101,8 @@ class _LayerwiseMixin:
             chosen = [i for i, d in enumerate(decay) if d]
             layout = _Layout(torch.tensor(adapt, dtype=torch.bool, device=device) if any(adapt) else None, decay,
                              chosen, torch.tensor(decay, device=device), torch.tensor(chosen, device=device,
-                                                                                      dtype=torch.long), all(decay))
+                                                                                      dtype=torch.long), all(decay),
+                             originals, originals if any(map(is_sharded, originals)) else None)
             if len(layouts) > 64:  # groups whose parameters keep changing: do not grow without bound
                 layouts.clear()
             layouts[key] = layout
@@ -104,14 +116,18 @@ class _LayerwiseMixin:
         with torch.enable_grad():
             return closure()
 
-    def _state(self, params: list[Tensor], key: str) -> list[Tensor]:
-        """The ``key`` state tensor of each parameter, created (zeros) only where missing."""
+    def _state(self, layout: _Layout, key: str) -> list[Tensor]:
+        """The ``key`` state tensor of each parameter (this rank's shard), created (zeros) only where missing.
+
+        The state is made like the parameter (a DTensor under FSDP/TP), so that sharded
+        checkpoints save and reshard it with the parameter.
+        """
         out = []
-        for p in params:
+        for p in layout.originals:
             state = self.state[p]
             if key not in state:
                 state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            out.append(state[key])
+            out.append(local(state[key]))
         return out
 
     def _keep(self, index: int, ratios: Tensor) -> None:
@@ -181,7 +197,7 @@ class LARS(_LayerwiseMixin, Optimizer):
                 self._keep(index, torch.ones(len(params), device=params[0].device))
                 steps = _with_decay(grads, params, layout.decay, wd) if layout.chosen else grads
                 if momentum:
-                    buffers = self._state(params, "momentum_buffer")
+                    buffers = self._state(layout, "momentum_buffer")
                     torch._foreach_mul_(buffers, momentum)
                     torch._foreach_add_(buffers, steps)
                     steps = buffers
@@ -197,7 +213,7 @@ class LARS(_LayerwiseMixin, Optimizer):
             # Everything in place (fresh full-size tensors cost more than the arithmetic):
             # d = r * (g + wd * w) goes straight into the momentum buffer.
             if momentum:
-                buffers = self._state(params, "momentum_buffer")
+                buffers = self._state(layout, "momentum_buffer")
                 torch._foreach_mul_(buffers, momentum)
                 torch._foreach_addcmul_(buffers, grads, list(ratios.unbind()))
                 if layout.all_decay:
@@ -267,7 +283,7 @@ class LAMB(_LayerwiseMixin, Optimizer):
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         if not grads:
             return None
-        total = torch.linalg.vector_norm(_norms(grads))
+        total = torch.linalg.vector_norm(full_norms(grads))
         return (self.max_grad_norm / (total + 1e-6)).clamp(max=1.0)
 
     @torch.no_grad()
@@ -282,7 +298,7 @@ class LAMB(_LayerwiseMixin, Optimizer):
                 grads = torch._foreach_mul(grads, clip.to(grads[0].dtype))
             group["step"] += 1
             beta1, beta2 = group["betas"]
-            exp_avg, exp_avg_sq = self._state(params, "exp_avg"), self._state(params, "exp_avg_sq")
+            exp_avg, exp_avg_sq = self._state(layout, "exp_avg"), self._state(layout, "exp_avg_sq")
             torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
             torch._foreach_mul_(exp_avg_sq, beta2)
             torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
@@ -302,7 +318,7 @@ class LAMB(_LayerwiseMixin, Optimizer):
                 self._keep(index, torch.ones(len(params), device=params[0].device))
                 torch._foreach_add_(params, q, alpha=-group["lr"] * root_c2 / c1)
                 continue
-            w_norm, q_norm = _norms(params), _norms(q)
+            w_norm, q_norm = _norms(params, layout), _norms(q, layout)
             usable = layout.adapt & (w_norm > 0) & (q_norm > 0)
             ratios = torch.where(usable, w_norm / q_norm.clamp_min(torch.finfo(torch.float32).tiny) * (c1 / root_c2),
                                  1.0)  # the paper's r = ‖w‖/‖u‖, 1 where unusable

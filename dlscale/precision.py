@@ -75,6 +75,7 @@ class Precision:
 
     name: str
     device_type: str
+    fsdp_casts: bool = False  # FSDP's mixed-precision policy casts the parameters: no autocast on top
 
     @property
     def dtype(self) -> torch.dtype:
@@ -116,7 +117,7 @@ class Precision:
 
     def autocast(self) -> ContextManager:
         """The context for the forward pass and loss (a no-op for fp32)."""
-        if self.name in ("fp32", "fp64"):
+        if self.name in ("fp32", "fp64") or self.fsdp_casts:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
 

@@ -18,6 +18,7 @@ layer-wise trust ratios) are small objects the step and the loop call explicitly
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import random
@@ -34,17 +35,20 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import distributed, horovod_backend
-from .checkpoint import clear_checkpoints, load_latest_checkpoint, restore_training, save_checkpoint, training_state
+from .checkpoint import (CheckpointError, clear_checkpoints, load_latest_checkpoint, restore_training, save_checkpoint,
+                         training_extras, training_state)
 from .config import ConfigError, TrainConfig, load_config
 from .data.loader import rank_loaders, target_names
 from .devices import DeviceError, resolve_device, to_device  # noqa: F401 - DeviceError is part of train's API
 from .distributed import DistributedError, all_reduce_max_flag
+from .dtensors import clip_grad_norm_, local
 from .errors import DlscaleError
 from .evaluation import evaluate, predict  # noqa: F401 - predict is part of train's API (lesson 01)
 from .models import build_model, count_parameters, is_channels_last
 from .noise_scale import NoiseScaleEstimator, NoiseScaleProbe
 from .optim import build_optimizer
-from .parallel import build_step_model, cuda_graph_skips
+from .memory import memory_row
+from .parallel import Layout, build_step_model, cuda_graph_skips, plan
 from .precision import Precision
 from .preemption import StopFlag
 from .result import Result
@@ -62,9 +66,10 @@ class Run:
 
     cfg: TrainConfig
     env: distributed.DistEnv
+    layout: Layout                 # how the ranks share the work (DDP, FSDP, tensor parallel)
     device: torch.device
-    model: nn.Module               # the plain module: checkpoints and evaluation
-    step_model: nn.Module          # what the step calls: compiled and/or DDP-wrapped
+    model: nn.Module               # for checkpoints and evaluation: plain, or itself sharded under FSDP/TP
+    step_model: nn.Module          # what the step calls: compiled and/or DDP-wrapped; the model under FSDP/TP
     loss_fn: nn.Module
     optimizer: torch.optim.Optimizer
     sync: Any                      # Horovod's optimizer to synchronize(), or None under DDP
@@ -137,9 +142,9 @@ def train_step(run: Run, batches: Iterator) -> tuple[torch.Tensor, int] | None:
         if cfg.grad_clip or measuring:
             run.scaler.unscale_(run.optimizer)
         if measuring:  # after DDP: the gradient of the global batch
-            run.noise_probe.measure_global_batch(run.model, len(x) * run.env.world_size, run.step + 1)
-        if cfg.grad_clip:
-            nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip)
+            run.noise_probe.measure_global_batch(run.model, len(x) * run.layout.data_ranks, run.step + 1)
+        if cfg.grad_clip:  # (the norm of the whole gradients, also where each rank holds a shard)
+            clip_grad_norm_(list(run.model.parameters()), cfg.grad_clip)
         with horovod_backend.skip_synchronize(run.sync):
             run.scaler.step(run.optimizer)
         run.scaler.update()
@@ -196,7 +201,7 @@ def _loop(run: Run) -> tuple[bool, ThroughputMeter]:
     with StopFlag() as stop, profiler:
         while run.step < run.total_steps and not preempted:
             epoch, epoch_step = divmod(run.step, run.steps_per_epoch)
-            run.train_loader.sampler.set_position(epoch, epoch_step * cfg.per_rank_batch(env.world_size))
+            run.train_loader.sampler.set_position(epoch, epoch_step * cfg.per_rank_batch(run.layout.data_ranks))
             batches = iter(run.train_loader)
             while True:
                 lr = run.optimizer.param_groups[0]["lr"]  # the LR this step uses
@@ -208,7 +213,7 @@ def _loop(run: Run) -> tuple[bool, ThroughputMeter]:
                 profiler.step(run.step)
                 run.log.add_trust_ratios(run.step, run.optimizer)
                 meter.step(samples)
-                run.log.add(run.step, epoch, loss, lr, meter.last_rate * env.world_size)
+                run.log.add(run.step, epoch, loss, lr, meter.last_rate * run.layout.data_ranks)
                 bar.update()
                 if run.log.full:
                     bar.set_postfix(loss=f"{run.log.flush():.4f}", lr=f"{lr:.2e}")
@@ -241,14 +246,24 @@ def _validate(run: Run, epoch: int, say: Any) -> None:
 
 
 def _checkpoint(run: Run, lr: float) -> None:
-    """Write the pending rows, then the checkpoint of this step (rank 0), never one with non-finite weights."""
+    """Write the pending rows, then the checkpoint of this step, never one with non-finite weights.
+
+    Rank 0 writes the whole state; under FSDP or tensor parallelism every rank writes its shards.
+    """
     run.log.flush()  # (stops the run first if a pending loss is not finite)
-    if not bool(torch.stack([torch.isfinite(p).all() for p in run.model.parameters()]).all()):
+    finite = bool(torch.stack([torch.isfinite(local(p)).all() for p in run.model.parameters()]).all())
+    if run.layout.sharded:  # each rank sees only its shards: all must be finite
+        finite = not all_reduce_max_flag(not finite, run.device)
+    if not finite:
         # a finite loss can still come before an exploding update
         raise DivergedError(f"the weights became non-finite by step {run.step} (lr {lr:.3g}); the checkpoint of "
                             f"this step was not written and the last good one is kept. Try a lower lr, a "
                             f"longer warmup, grad_clip=1.0 or precision=fp32, then resume=true", step=run.step)
-    if run.env.is_main:
+    if run.layout.sharded:
+        from .sharded_checkpoint import save_sharded_checkpoint
+        save_sharded_checkpoint(run.run_dir, run.step, run.model, run.optimizer, training_extras(
+            run.step, run.steps_per_epoch, run.cfg, run.scheduler, run.scaler, run.noise), keep=run.cfg.keep_checkpoints)
+    elif run.env.is_main:
         save_checkpoint(run.run_dir, run.step, training_state(
             run.step, run.steps_per_epoch, run.cfg, run.model, run.optimizer, run.scheduler, run.scaler, run.noise),
             keep=run.cfg.keep_checkpoints)
@@ -261,7 +276,13 @@ def _setup(cfg: TrainConfig, env: distributed.DistEnv) -> Run:
     device = torch.device(env.device)
     threads = apply_threads(requested=cfg.threads)  # before any kernel runs: from the CPUs this process was given
     seed_everything(cfg.seed)
-    train_loader, val_loader, data_root = rank_loaders(cfg, env, device)
+    layout = plan(cfg, env)
+    train_loader, val_loader, data_root = rank_loaders(cfg, env, device, layout.data_rank, layout.data_ranks)
+    if layout.sharded and cfg.val_samples % layout.data_ranks:
+        # (every rank must run as many forward passes: FSDP gathers each block from all of them)
+        raise ConfigError(f"val_samples={cfg.val_samples} must split evenly over the {layout.data_ranks} "
+                          f"data-parallel ranks with FSDP or tensor parallelism; choose a multiple of "
+                          f"{layout.data_ranks}")
     dataset = train_loader.dataset
     model = build_model(cfg, dataset.input_shape[0], dataset.num_targets)
     if cfg.sync_batchnorm:
@@ -269,10 +290,15 @@ def _setup(cfg: TrainConfig, env: distributed.DistEnv) -> Run:
             raise ConfigError("sync_batchnorm=true needs GPUs (torch's SyncBatchNorm is CUDA-only); on CPUs use norm=group")
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     policy = Precision.resolve(cfg.precision, device)
+    if layout.data_parallel == "fsdp" and policy.name == "bf16":
+        policy = dataclasses.replace(policy, fsdp_casts=True)
     model = model.to(device, policy.param_dtype)
     loss_fn = nn.MSELoss()
-    # Counted before Horovod hooks the gradients: its extra backward pass would set off an all-reduce.
+    # Counted before Horovod hooks the gradients (its extra backward pass would set off an all-reduce)
+    # and before FSDP or TP split the model.
     flops = flops_per_sample(model, dataset.input_shape, loss_fn, dataset.num_targets)
+    # Before the optimizer: FSDP and tensor parallelism replace the parameters by DTensors.
+    step_model = build_step_model(model, env, cfg, layout, policy)
     peak_lr = scale_lr(cfg.lr, cfg.base_batch, cfg.global_batch_size, cfg.lr_scaling)
     optimizer = build_optimizer(cfg, model, lr=peak_lr)
     # Under Horovod the optimizer all-reduces (``sync.synchronize()``); under DDP the model does and sync is None.
@@ -288,7 +314,7 @@ def _setup(cfg: TrainConfig, env: distributed.DistEnv) -> Run:
     if cfg.noise_scale_every and sync is not None:
         raise ConfigError("noise_scale_every works with DDP only: under Horovod its extra backward pass would set "
                           "off an all-reduce; launch with torchrun/srun/mpirun, or set noise_scale_every=0")
-    run = Run(cfg=cfg, env=env, device=device, model=model, step_model=build_step_model(model, env, cfg),
+    run = Run(cfg=cfg, env=env, layout=layout, device=device, model=model, step_model=step_model,
               loss_fn=loss_fn, optimizer=optimizer, sync=sync, scheduler=scheduler, policy=policy,
               scaler=policy.grad_scaler(),  # enabled only for fp16; otherwise its calls pass straight through
               train_loader=train_loader, val_loader=val_loader, names=target_names(data_root, dataset.num_targets),
@@ -309,7 +335,8 @@ def _setup(cfg: TrainConfig, env: distributed.DistEnv) -> Run:
     run.applied = _applied(run, data_root)
     if env.is_main:
         where = f"resuming from {run.resumed_from.name} at step {run.step}" if run.resumed_from else "starting afresh"
-        print(f"dlscale: {cfg.name} on {env.describe()}, {count_parameters(model):,} parameters, {len(dataset):,} maps "
+        split = f" ({layout.describe()})" if layout.sharded else ""
+        print(f"dlscale: {cfg.name} on {env.describe()}{split}, {count_parameters(model):,} parameters, {len(dataset):,} maps "
               f"{tuple(dataset.input_shape)} from {data_root}, {total_steps} steps of batch "
               f"{cfg.global_batch_size}, {cfg.optimizer} at peak lr {peak_lr:.3g}, {policy.name}"
               f"{', compiled' if cfg.compile else ''}; {where}; writing to {run.run_dir}", flush=True)
@@ -324,9 +351,13 @@ def _resume_or_start_afresh(run: Run) -> None:
     same point. Only a fresh start clears the checkpoints of an earlier run in this folder.
     """
     if run.cfg.resume:
-        found = load_latest_checkpoint(run.run_dir)
+        found = load_latest_checkpoint(run.run_dir, run.model, run.optimizer)
         if found:
             run.resumed_from, ckpt = found
+            if run.layout.sharded and "model" in ckpt:
+                raise CheckpointError(f"{run.resumed_from} was written by a run whose ranks each held the whole "
+                                      f"model; resume it without FSDP/tensor parallelism, or start afresh with "
+                                      f"resume=false")
             run.step = restore_training(ckpt, run.resumed_from, run.steps_per_epoch, run.cfg, run.model,
                                         run.optimizer, run.scheduler, run.scaler, run.noise)
             del ckpt
@@ -347,6 +378,9 @@ def _applied(run: Run, data_root: Path) -> dict[str, Any]:
         "compiled": run.cfg.compile, "cuda_graphs": False,  # known after the first steps (_finish)
         "world_size": run.env.world_size, "launcher": run.env.launcher, "backend": run.env.backend,
         "ddp": isinstance(run.step_model, nn.parallel.DistributedDataParallel), "horovod": run.sync is not None,
+        "fsdp": run.layout.data_parallel == "fsdp", "tensor_parallel": run.layout.tensor_parallel,
+        "data_parallel_ranks": run.layout.data_ranks, "model": run.cfg.model,
+        "activation_checkpointing": run.cfg.activation_checkpointing and run.cfg.model == "vit",
         "horovod_fp16_compression": run.sync is not None and run.cfg.horovod_fp16_compression,
         "optimizer": type(optimizer).__name__, "optimizer_foreach": bool(optimizer.defaults.get("foreach")),
         "optimizer_fused": bool(optimizer.defaults.get("fused")), "num_workers": loader.num_workers,
@@ -372,6 +406,8 @@ def _finish(run: Run, meter: ThroughputMeter, preempted: bool, started: float) -
     # statistics, for one), so whether they were applied is read back, not assumed.
     applied["cuda_graphs"] = (cfg.compile and cfg.cuda_graphs and device.type == "cuda"
                               and run.step > run.first_step and cuda_graph_skips() == run.graph_skips)
+    # What each rank holds (its shards under FSDP/TP) and its peak, for the memory table (dlscale bench memory).
+    memory = distributed.all_gather_object(memory_row(run.model, run.optimizer, device))
     # Rank 0 wrote the files; it hands their rows to the others (which may not share its file system).
     history, step_rows = distributed.broadcast_object(
         (read_rows(run_dir / VAL_FILE), read_rows(run_dir / TRAIN_FILE)) if env.is_main else None)
@@ -381,7 +417,7 @@ def _finish(run: Run, meter: ThroughputMeter, preempted: bool, started: float) -
     peak = peak_flops(device, peak_name)
     utilisation = mfu(meter.samples_per_s, run.flops, peak)  # per device
     result = Result(config=cfg, run_dir=run_dir, device=str(device), final=final, history=history,
-                    steps=step_rows, samples_per_s=meter.aggregate(env.world_size), steps_done=run.step,
+                    steps=step_rows, samples_per_s=meter.aggregate(run.layout.data_ranks), steps_done=run.step,
                     total_steps=run.total_steps, seconds=time.perf_counter() - started, preempted=preempted,
                     model=run.model, peak_lr=run.peak_lr, noise_scale=run.noise.b_simple, applied=applied,
                     mfu=utilisation)
@@ -392,7 +428,7 @@ def _finish(run: Run, meter: ThroughputMeter, preempted: bool, started: float) -
                    "seconds": result.seconds, "device": str(device), "preempted": preempted, "peak_lr": run.peak_lr,
                    "flops_per_sample": run.flops, "mfu": utilisation,
                    "mfu_peak": {"precision": peak_name, "flops_per_s": peak}, "applied": applied,
-                   "threads": run.threads.to_dict(),
+                   "threads": run.threads.to_dict(), "memory_per_rank": memory,
                    **({"noise_scale": run.noise.b_simple} if cfg.noise_scale_every else {}), **final}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         run.logger.summary(summary)

@@ -252,11 +252,14 @@ def target_names(data_dir: str | Path, num_targets: int) -> list[str]:
     return [f"target_{i}" for i in range(num_targets)]
 
 
-def rank_loaders(cfg: TrainConfig, env: Any, device: torch.device) -> tuple[DataLoader, DataLoader, Path]:
+def rank_loaders(cfg: TrainConfig, env: Any, device: torch.device, data_rank: int | None = None,
+                 data_ranks: int | None = None) -> tuple[DataLoader, DataLoader, Path]:
     """This rank's training and validation loaders, and the folder they read.
 
     One rank generates the synthetic set while the others wait; with ``stage_dir`` the first
-    rank of each node copies the shards to node-local storage once.
+    rank of each node copies the shards to node-local storage once. ``data_rank`` of
+    ``data_ranks`` (default: the rank and world size) picks the samples: the ranks of one
+    tensor-parallel group read the same ones.
     """
     from .. import distributed
 
@@ -269,5 +272,7 @@ def rank_loaders(cfg: TrainConfig, env: Any, device: torch.device) -> tuple[Data
             stage_data(data_root, cfg.stage_dir, progress=cfg.progress and env.is_main)
         distributed.barrier()
         data_root = stage_data(data_root, cfg.stage_dir)
-    return (make_loader(cfg, env.rank, env.world_size, "train", device, data_root),
-            make_loader(cfg, env.rank, env.world_size, "val", device, data_root), data_root)
+    rank = env.rank if data_rank is None else data_rank
+    ranks = env.world_size if data_ranks is None else data_ranks
+    return (make_loader(cfg, rank, ranks, "train", device, data_root),
+            make_loader(cfg, rank, ranks, "val", device, data_root), data_root)

@@ -1,4 +1,4 @@
-"""Small convolutional regressors for the mini-CosmoFlow maps.
+"""The convolutional regressor for the mini-CosmoFlow maps (``model=cnn``, the default).
 
 A stack of conv blocks (two 3x3 convolutions with batch norm and ReLU, then a 2x2
 max-pool), global average pooling and a two-layer head. Width and depth scale the
@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import TrainConfig
-from .data.synthetic import TARGET_NAMES
+from ..data.synthetic import TARGET_NAMES
 
 
 def _norm(kind: str, channels: int) -> nn.Module:
@@ -51,23 +50,3 @@ class CNNRegressor(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
-
-
-def build_model(cfg: TrainConfig, in_channels: int = 1, num_outputs: int = len(TARGET_NAMES)) -> CNNRegressor:
-    """The model a config describes, in the memory format it asks for (still on the CPU)."""
-    model = CNNRegressor(in_channels, num_outputs, width=cfg.width, depth=cfg.depth, norm=cfg.norm)
-    if cfg.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    return model
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Number of trainable parameters."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def is_channels_last(model: nn.Module) -> bool:
-    """Whether the conv weights are in NHWC layout (a weight with one input channel is both, so it is skipped)."""
-    weights = [p for p in model.parameters() if p.ndim == 4 and p.shape[1] > 1]
-    return bool(weights) and all(p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
-                                 for p in weights)

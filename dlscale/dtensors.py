@@ -1,0 +1,78 @@
+"""Tensors that FSDP or tensor parallelism split over ranks (DTensors): local views and whole-tensor norms.
+
+Under FSDP2 and DTensor tensor parallelism a parameter is a ``DTensor``: each rank holds a
+shard (``to_local()``), and the whole tensor exists only across ranks. Element-wise updates
+(an optimizer's arithmetic) work shard by shard. A norm does not: the norm of a shard is
+not the norm of the tensor, so a trust ratio (LARS, LAMB) or a clipping factor taken from
+local norms would differ on every rank and from one process. :func:`full_norms` adds the
+squared norms of the shards over the ranks that hold them, one all-reduce per mesh
+dimension the tensors are split along.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def _dtensor_type() -> type | None:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without distributed support has no DTensor
+        return None
+    return DTensor
+
+
+def is_sharded(tensor: Tensor) -> bool:
+    """Whether ``tensor`` is a DTensor (a parameter, gradient or state that FSDP or TP split over ranks)."""
+    dtensor = _dtensor_type()
+    return dtensor is not None and isinstance(tensor, dtensor)
+
+
+def local(tensor: Tensor) -> Tensor:
+    """This rank's part of ``tensor``: the shard of a DTensor (sharing its storage), else the tensor itself."""
+    return tensor.to_local() if is_sharded(tensor) else tensor
+
+
+def full_norms(tensors: list[Tensor], like: list[Tensor] | None = None) -> Tensor:
+    """The L2 norm of each *whole* tensor, as one tensor (float32 at least, float64 for float64 tensors).
+
+    ``tensors`` may be DTensors or local shards; ``like`` (same order) names the DTensors
+    the shards belong to when ``tensors`` are already local. Every rank of the mesh must call
+    this with the same list, as with any collective.
+    """
+    like = tensors if like is None else like
+    norms = torch.stack(torch._foreach_norm([local(t) for t in tensors]))
+    norms = norms if norms.dtype == torch.float64 else norms.float()
+    split: dict[tuple, tuple] = {}
+    for index, original in enumerate(like):
+        if is_sharded(original):
+            # (not is_shard(): FSDP over a tensor-parallel shard is a _StridedShard, which says False)
+            dims = tuple(d for d, placement in enumerate(original.placements) if not placement.is_replicate())
+            if dims:
+                key = (id(original.device_mesh), dims)
+                split.setdefault(key, (original.device_mesh, dims, []))[2].append(index)
+    for mesh, dims, indices in split.values():  # (same order on every rank: the parameters' order)
+        index = torch.tensor(indices, device=norms.device)
+        squares = norms.index_select(0, index) ** 2
+        for dim in dims:
+            torch.distributed.all_reduce(squares, group=mesh.get_group(dim))
+        norms = norms.index_copy(0, index, squares.sqrt())
+    return norms
+
+
+def clip_grad_norm_(parameters: list[nn.Parameter], max_norm: float) -> Tensor:
+    """Scale the gradients so that their global norm is at most ``max_norm``; return the norm before.
+
+    ``torch.nn.utils.clip_grad_norm_`` when no gradient is split; with DTensors it takes the
+    norm of the whole gradients (:func:`full_norms`), also when split and plain tensors mix
+    (tensor parallelism leaves norms and the head whole).
+    """
+    params = [p for p in parameters if p.grad is not None]
+    grads = [p.grad for p in params]
+    if not any(is_sharded(g) for g in grads):
+        return nn.utils.clip_grad_norm_(params, max_norm)
+    total = torch.linalg.vector_norm(full_norms(grads))
+    factor = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    torch._foreach_mul_([local(g) for g in grads], factor.to(local(grads[0]).dtype))
+    return total

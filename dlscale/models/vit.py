@@ -1,0 +1,90 @@
+"""A small vision transformer for the maps (``model=vit``): the model lesson 10 shards.
+
+The map is cut into ``patch_size`` × ``patch_size`` patches, each embedded as a token of
+``width`` numbers with a learned position; ``depth`` pre-norm blocks of self-attention and an
+MLP follow, then the mean token goes through a linear head. The layers are named as
+tensor parallelism addresses them (:func:`dlscale.parallel.apply_tensor_parallel`): the
+attention's ``wq``/``wk``/``wv`` and the MLP's ``w1`` split column-wise, ``wo`` and ``w2``
+row-wise. The attention reads its number of heads from the width of ``wq``'s output, so a
+rank that holds half of the columns computes half of the heads without knowing it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
+
+from ..data.synthetic import TARGET_NAMES
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with separate query, key, value and output projections."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.head_dim = width // heads
+        self.wq, self.wk, self.wv = (nn.Linear(width, width) for _ in range(3))
+        self.wo = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, _ = x.shape
+        # -1 heads: all of them in one process, this rank's share under tensor parallelism
+        q, k, v = (w(x).view(batch, tokens, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        out = F.scaled_dot_product_attention(q, k, v)
+        return self.wo(out.transpose(1, 2).reshape(batch, tokens, -1))
+
+
+class MLP(nn.Module):
+    """Two linear layers with a GELU, four times wider in the middle."""
+
+    def __init__(self, width: int, ratio: int = 4):
+        super().__init__()
+        self.w1 = nn.Linear(width, ratio * width)
+        self.w2 = nn.Linear(ratio * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.gelu(self.w1(x)))
+
+
+class Block(nn.Module):
+    """``x + attention(norm(x))``, then ``x + mlp(norm(x))``; optionally recomputed in the backward pass."""
+
+    def __init__(self, width: int, heads: int, activation_checkpointing: bool = False):
+        super().__init__()
+        self.attention_norm, self.attention = nn.LayerNorm(width), Attention(width, heads)
+        self.mlp_norm, self.mlp = nn.LayerNorm(width), MLP(width)
+        self.activation_checkpointing = activation_checkpointing
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.activation_checkpointing and torch.is_grad_enabled():
+            # Keep only the block's input; its activations are computed again during backward. Inside the
+            # block, so that FSDP's hooks on the block stay outside the recomputed region.
+            return checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+
+class ViTRegressor(nn.Module):
+    """Maps of shape (N, in_channels, H, W) to (N, num_outputs) regression targets, through a transformer."""
+
+    def __init__(self, in_channels: int = 1, num_outputs: int = len(TARGET_NAMES), image_size: int = 32,
+                 patch_size: int = 4, width: int = 64, depth: int = 2, heads: int = 4,
+                 activation_checkpointing: bool = False):
+        super().__init__()
+        self.heads = heads
+        self.patch = nn.Conv2d(in_channels, width, patch_size, stride=patch_size)
+        self.position = nn.Parameter(torch.randn(1, (image_size // patch_size) ** 2, width) * 0.02)
+        self.blocks = nn.ModuleList(Block(width, heads, activation_checkpointing) for _ in range(depth))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, num_outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.patch(x).flatten(2).transpose(1, 2) + self.position
+        for block in self.blocks:
+            tokens = block(tokens)
+        return self.head(self.norm(tokens).mean(dim=1))
