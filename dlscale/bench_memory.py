@@ -32,7 +32,7 @@ LAYOUTS: list[tuple[str, int, list[str]]] = [
 _BYTES = ("parameters", "gradients", "optimizer_state")
 
 
-def bench_memory(cfg, steps: int = 4, out_dir: str | Path = "runs/memory", layouts: list | None = None,
+def bench_memory(cfg, steps: int = 10, out_dir: str | Path = "runs/memory", layouts: list | None = None,
                  progress: bool = True, threads: int | None = None) -> list[dict[str, Any]]:
     """Train ``steps`` steps of ``cfg`` in each layout and return one row per layout (the largest rank's figures)."""
     from tqdm.auto import tqdm
@@ -40,6 +40,8 @@ def bench_memory(cfg, steps: int = 4, out_dir: str | Path = "runs/memory", layou
     from .bench import torchrun_command
     from .threads import fair_threads, per_process_env
 
+    if steps < 7:  # the throughput meter leaves out the first 5 steps (allocation, warm-up)
+        raise ValueError(f"bench memory needs steps >= 7 to time some steps after the warm-up; got {steps}")
     layouts = LAYOUTS if layouts is None else layouts
     threads = threads or fair_threads(max(n for _, n, _ in layouts))
     out_dir = Path(out_dir)

@@ -329,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "Prints per rank the parameter, gradient and optimizer-state bytes counted from the tensors it "
                     "holds, the peak memory and the step time, with the ratios to DDP on as many ranks.")
     _config_arguments(memory, default="vit")
-    memory.add_argument("--steps", type=int, default=4)
+    memory.add_argument("--steps", type=int, default=10, help="steps per layout (the first 5 are not timed)")
     memory.add_argument("--out", default="runs/memory")
     memory.set_defaults(handler=_bench_memory)
 

@@ -42,3 +42,46 @@ def peak_bytes(device: torch.device) -> int:
 def memory_row(model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> dict[str, int]:
     """:func:`tensor_bytes` and :func:`peak_bytes` as one row."""
     return {**tensor_bytes(model, optimizer), "peak": peak_bytes(device)}
+
+
+#: Bytes per parameter that training keeps, by optimizer: the weights, their gradients, the optimizer's state.
+OPTIMIZER_STATES = {"sgd": 1, "lars": 1, "adamw": 2, "lamb": 2}  # momentum; Adam's two moments
+
+
+def estimate_bytes(parameters: int, optimizer: str = "adamw", ranks: int = 1, sharded: bool = False,
+                   bytes_per_value: int = 4) -> dict[str, float]:
+    """What one rank holds for ``parameters`` parameters: weights, gradients and optimizer state, in bytes.
+
+    fp32 training keeps 4 bytes of each per value; Adam-type optimizers keep two values per
+    parameter (first and second moment), SGD with momentum one. ``sharded`` (FSDP, ZeRO-3)
+    divides all three by ``ranks``; DDP keeps all of them on every rank.
+    """
+    share = ranks if sharded else 1
+    weights = parameters * bytes_per_value / share
+    return {"parameters": weights, "gradients": weights,
+            "optimizer_state": OPTIMIZER_STATES[optimizer] * weights}
+
+
+def saved_activation_bytes(model: nn.Module, x: torch.Tensor) -> int:
+    """Bytes the forward pass of ``model`` on ``x`` keeps for the backward pass (the activations), counted exactly.
+
+    Every tensor autograd saves goes through ``saved_tensors_hooks``; parameters are not
+    counted (they are held anyway). With activation checkpointing a block saves only its input.
+    """
+    params = {p.data_ptr() for p in model.parameters()}
+    seen: set[tuple[int, int]] = set()
+    total = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        key = (tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
+        if tensor.data_ptr() not in params and key not in seen:  # (a storage saved twice is held once)
+            seen.add(key)
+            total += key[1]
+        return tensor
+
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(x).sum().backward()  # (the backward runs the recomputation, which saves again: counted once)
+    model.zero_grad(set_to_none=True)
+    return total

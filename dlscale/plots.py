@@ -270,3 +270,20 @@ def kmeans_timings(rows: list[dict]) -> NotebookFigure:
     ax.invert_yaxis()
     ax.set(xlabel="seconds per Lloyd iteration", title="K-Means: the same data, the same initial centres")
     return fig
+
+
+def memory_chart(rows: list[dict], title: str = "what each rank holds") -> NotebookFigure:
+    """Stacked bars per layout: parameter, gradient and optimizer-state MiB of the largest rank (``bench memory``)."""
+    labels = [r["layout"] for r in rows]
+    fig, ax, _ = _bars(labels, [0.0] * len(rows))
+    bottom = [0.0] * len(rows)
+    for key, colour in (("parameters", "tab:blue"), ("gradients", "tab:orange"), ("optimizer_state", "tab:green")):
+        values = [r[key] / 2 ** 20 for r in rows]
+        ax.bar([textwrap.fill(str(label), 16) for label in labels], values, bottom=bottom, color=colour,
+               label=key.replace("_", " "))
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.bar_label(ax.containers[-1], labels=[f"{b:.2f}" for b in bottom], padding=2)
+    ax.set(ylabel="MiB per rank", title=title)
+    ax.margins(y=0.15)
+    ax.legend()
+    return fig

@@ -34,20 +34,23 @@ LESSONS = {
     "06_horovod.ipynb": {"steps": 20, "allreduce_max_kib": 256},
     "08_distributed_kmeans.ipynb": {"colours": [4, 8], "bench_n": 20_000, "bench_iters": 3},
     "09_scaling_out.ipynb": {"sizes": [1, 2], "steps": 20, "target_r2": 0.0},
+    "10_sharded_and_model_parallel.ipynb": {"steps": 12, "memory_width": 32, "memory_steps": 7},
     "07_large_batch.ipynb": {"sweep_recipes": ["no scaling", "linear + warmup", "LARS + warmup"],
                              "sweep_multiples": [8, 32]},
 }
 SOLUTION_PARAMETERS = {"01_single_device_baseline.ipynb": {"config": "tiny"}, "02_data_loading.ipynb": {},
                        "03_mixed_precision.ipynb": {}, "04_profiling.ipynb": {}, "05_data_parallel.ipynb": {},
                        "06_horovod.ipynb": {}, "07_large_batch.ipynb": {},
-                       "08_distributed_kmeans.ipynb": {}, "09_scaling_out.ipynb": {"batches": [32, 128], "epochs": 2}}
+                       "08_distributed_kmeans.ipynb": {}, "09_scaling_out.ipynb": {"batches": [32, 128], "epochs": 2},
+                       "10_sharded_and_model_parallel.ipynb": {}}
 EXERCISES = {"01_single_device_baseline.ipynb": {"Exercise 01.1", "Exercise 01.2", "Exercise 01.3"},
              "02_data_loading.ipynb": {"Exercise 02.1"}, "03_mixed_precision.ipynb": {"Exercise 03.1"},
              "04_profiling.ipynb": {"Exercise 04.1", "Exercise 04.2"},
              "05_data_parallel.ipynb": {"Exercise 05.1", "Exercise 05.2"},
              "06_horovod.ipynb": {"Exercise 06.1", "Exercise 06.2"},
              "07_large_batch.ipynb": {"Exercise 07.1", "Exercise 07.2"},
-             "08_distributed_kmeans.ipynb": {"Exercise 08.1"}, "09_scaling_out.ipynb": {"Exercise 09.1"}}
+             "08_distributed_kmeans.ipynb": {"Exercise 08.1"}, "09_scaling_out.ipynb": {"Exercise 09.1"},
+             "10_sharded_and_model_parallel.ipynb": {"Exercise 10.1", "Exercise 10.2"}}
 
 
 def test_every_lesson_is_covered_and_committed_without_outputs():
@@ -276,3 +279,28 @@ def test_data_parallel_checks_reject_overlap_and_the_mean_of_means():
 
     with pytest.raises(AssertionError, match="mean of the ranks' means is wrong"):
         checks.check_global_mse(mean_of_means)
+
+
+def test_tensor_parallel_checks_reject_wrong_placements_and_a_missing_or_doubled_collective():
+    def rows_not_columns(w1, b1, w2, b2, mesh):  # w1 split by its inputs: a sum would be needed before the GELU
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+        return (distribute_tensor(w1, mesh, [Shard(1)]), distribute_tensor(b1, mesh, [Replicate()]),
+                distribute_tensor(w2, mesh, [Shard(1)]), distribute_tensor(b2, mesh, [Replicate()]))
+
+    with pytest.raises(AssertionError, match="column-wise w1 keeps whole rows"):
+        checks.check_shard_mlp(rows_not_columns)
+
+    def no_collective(x, w1, b1, w2, b2):
+        import torch
+        return torch.nn.functional.gelu(x @ w1.T + b1) @ w2.T + b2
+
+    def bias_on_every_rank(x, w1, b1, w2, b2):
+        import torch
+        import torch.distributed as dist
+        out = torch.nn.functional.gelu(x @ w1.T + b1) @ w2.T + b2
+        dist.all_reduce(out)
+        return out
+
+    for wrong in (no_collective, bias_on_every_rank):
+        with pytest.raises(AssertionError, match="all-reduce \\(SUM\\) it before adding b2"):
+            checks.check_mlp_forward(wrong)

@@ -456,3 +456,14 @@ def test_the_summit_lsf_script_asks_for_one_gpu_per_resource_set():
     subprocess.run(["bash", "-n", str(ROOT / "slurm/summit/train.lsf")], check=True)
     assert "decommissioned in November 2024" in text
     assert re.search(r"--rs_per_host 6 --tasks_per_rs 1 --gpu_per_rs 1", text)
+
+
+def test_the_site_scripts_pass_fsdp_and_tensor_parallel_through_unchanged(tmp_path):
+    """TP inside a Perlmutter node (4 GPUs), FSDP across nodes: only the overrides change, not the script."""
+    overrides = ("vit", "data_parallel=fsdp", "tensor_parallel=4")
+    done, command, _, _ = _render(tmp_path, "perlmutter/train.sbatch", *overrides)
+    assert done.returncode == 0, done.stderr
+    assert "-m dlscale.train vit data_parallel=fsdp tensor_parallel=4" in command
+    cfg = load_config("vit", list(overrides[1:]))
+    tasks_per_node = int(_headers(ROOT / "slurm/perlmutter/train.sbatch")["ntasks-per-node"])
+    assert tasks_per_node % cfg.tensor_parallel == 0  # a tensor-parallel group never spans two nodes

@@ -462,3 +462,97 @@ def check_time_to_solution(time_to_solution: Callable[[list[dict], float], str |
     none = time_to_solution(scaling, 0.9)
     assert none is None, f"no run reaches R² 0.9, so the answer is None (got {none!r})"
     _passed("09.1")
+
+
+# -- lesson 10: tensor parallelism by hand --------------------------------------------------------
+
+#: The shards of rank 0 of 2 in the column-then-row split of :func:`mlp_weights`'s MLP: w1, b1, w2, b2.
+_MLP_SHARDS = [(16, 8), (16,), (8, 16), (8,)]
+
+
+def mlp_weights(width: int = 8, hidden: int = 32, seed: int = 0) -> dict[str, torch.Tensor]:
+    """10.1 and 10.2's MLP ``y = w2 · gelu(w1 · x + b1) + b2`` and an input batch, the same on every rank."""
+    generator = torch.Generator().manual_seed(seed)
+    shapes = {"w1": (hidden, width), "b1": (hidden,), "w2": (width, hidden), "b2": (width,), "x": (5, width)}
+    return {name: torch.randn(*shape, generator=generator, dtype=torch.float64) for name, shape in shapes.items()}
+
+
+def mlp_reference(w: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The MLP in one process, unsharded."""
+    return torch.nn.functional.gelu(w["x"] @ w["w1"].T + w["b1"]) @ w["w2"].T + w["b2"]
+
+
+def _tensor_parallel_on_rank(shard_mlp: Callable | None, mlp_forward: Callable | None) -> dict[str, Any]:
+    """Run on one engine: a 1-D mesh over the job, the learner's sharding or forward, the result on this rank."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    from .. import distributed
+
+    distributed.init("cpu")
+    try:
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        w = mlp_weights()
+        if shard_mlp is not None:  # 10.1: the learner's placements, then the column-then-row forward
+            shards = shard_mlp(w["w1"], w["b1"], w["w2"], w["b2"], mesh)
+            if not all(isinstance(t, DTensor) for t in shards):
+                return {"error": "return four DTensors (distribute_tensor(tensor, mesh, [placement]))"}
+            w1, b1, w2, b2 = (t.to_local() for t in shards)
+            shapes = [tuple(t.shape) for t in (w1, b1, w2, b2)]
+            if shapes != _MLP_SHARDS:  # (the forward would fail on the shapes; the check explains them)
+                return {"shapes": shapes}
+            partial = torch.nn.functional.gelu(w["x"] @ w1.T + b1) @ w2.T
+            dist.all_reduce(partial)
+            return {"y": partial + b2, "shapes": shapes}
+        # 10.2: the check's own (right) shards, the learner's forward and collective
+        w1 = distribute_tensor(w["w1"], mesh, [Shard(0)]).to_local()
+        b1 = distribute_tensor(w["b1"], mesh, [Shard(0)]).to_local()
+        w2 = distribute_tensor(w["w2"], mesh, [Shard(1)]).to_local()
+        b2 = distribute_tensor(w["b2"], mesh, [Replicate()]).to_local()
+        return {"y": mlp_forward(w["x"], w1, b1, w2, b2)}
+    finally:
+        distributed.shutdown(drain=False)
+
+
+def _run_tensor_parallel(shard_mlp: Callable | None, mlp_forward: Callable | None) -> list[dict[str, Any]]:
+    from ..engines import EngineError, run_on_engines
+
+    try:
+        return run_on_engines(_tensor_parallel_on_rank, 2, shard_mlp, mlp_forward, timeout=120)
+    except EngineError as err:
+        if "NotImplementedError" in str(err):  # the learner's stub, raised on the engines: show it as such
+            raise NotImplementedError(str(err).split("NotImplementedError: ", 1)[1].split(";")[0]) from None
+        raise
+
+
+def check_shard_mlp(shard_mlp: Callable) -> None:
+    """10.1: placements that make the column-then-row MLP on 2 real ranks equal the unsharded one."""
+    answers = _run_tensor_parallel(shard_mlp, None)
+    if "error" in answers[0]:
+        raise AssertionError(answers[0]["error"])
+    expected = mlp_reference(mlp_weights())
+    shapes = answers[0]["shapes"]
+    assert shapes == _MLP_SHARDS, (
+        f"rank 0 holds shards of shapes {shapes}; column-wise w1 keeps whole rows (Shard(0): 16 of its 32 rows) "
+        f"and its bias with them (Shard(0)); row-wise w2 keeps the matching input columns (Shard(1)); b2 is added "
+        f"once after the sum, so every rank keeps all of it (Replicate())")
+    for rank, answer in enumerate(answers):
+        difference = float((answer["y"] - expected).abs().max())
+        assert difference < 1e-9, f"rank {rank}'s output differs from the unsharded MLP by {difference:.2e}"
+    _passed("10.1")
+
+
+def check_mlp_forward(mlp_forward: Callable) -> None:
+    """10.2: the forward pass on this rank's shards, with the one collective it needs, on 2 real ranks."""
+    answers = _run_tensor_parallel(None, mlp_forward)
+    expected = mlp_reference(mlp_weights())
+    for rank, answer in enumerate(answers):
+        y = answer["y"]
+        assert tuple(y.shape) == tuple(expected.shape), f"rank {rank} returned shape {tuple(y.shape)}, expected " \
+                                                        f"{tuple(expected.shape)}"
+        difference = float((y - expected).abs().max())
+        assert difference < 1e-9, (
+            f"rank {rank}'s output differs from the unsharded MLP by {difference:.2e}: each rank's w2 shard gives a "
+            f"partial sum; all-reduce (SUM) it before adding b2, and add b2 only once")
+    _passed("10.2")

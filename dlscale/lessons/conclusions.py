@@ -127,3 +127,15 @@ def efficiency_conclusion(rows: list[dict[str, Any]]) -> list[str]:
             lines.append(f"{row['mode']} scaling to {row['processes']} processes: {100 * row['efficiency']:.0f}% "
                          f"efficiency{note}")
     return lines
+
+
+def memory_conclusion(rows: list[dict[str, Any]]) -> list[str]:
+    """The memory table (``bench_memory``): what each sharded layout holds and costs against DDP on as many ranks."""
+    lines = []
+    for row in rows:
+        if row["layout"].startswith(("1 process", "DDP")):
+            continue
+        lines.append(f"{row['layout']}: each rank holds {row['held_vs_ddp']:.2f}x the parameters, gradients and "
+                     f"optimizer state of DDP on {row['processes']} ranks (1/{row['processes']} would be "
+                     f"{1 / row['processes']:.2f}), and a step takes {row['step_vs_ddp']:.2f}x as long")
+    return lines
