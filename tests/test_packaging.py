@@ -72,6 +72,7 @@ TORCH_APIS = {
     "torch.utils.flop_counter": (2, 1),
     "torch.compile": (2, 0),
     "torch.distributed.fsdp.fully_shard": (2, 6),
+    "torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard": (2, 6),  # how parallel.py imports it
     "torch.distributed.tensor": (2, 5),
     "torch.nn.attention": (2, 2),
 }

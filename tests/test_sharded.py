@@ -11,6 +11,8 @@ import torch
 from dlscale.checkpoint import checkpoint_dir, list_checkpoints, load_model
 from dlscale.config import ConfigError, load_config
 from dlscale.distributed import DistEnv, DistributedError, free_port, resolve_data_parallel
+from dlscale.memory import estimate_bytes, saved_activation_bytes
+from dlscale.models import build_model, count_parameters
 from dlscale.parallel import Layout, build_step_model, plan
 from dlscale.precision import Precision
 from dlscale.tracking import read_rows
@@ -82,6 +84,34 @@ def test_fsdp_times_tensor_parallel_with_lamb_and_clipping_equals_one_process(on
     assert val_2d["r2"] == pytest.approx(val_one["r2"], abs=1e-9)  # the two tensor-parallel ranks count once
 
 
+@pytest.mark.parametrize("optimizer", ["lars", "larc"])
+def test_layerwise_optimizers_on_tensor_parallel_shards_equal_one_process(in_tmp, optimizer):
+    """A trust ratio from the norm of a local shard would differ on each rank and from one process."""
+    done = _single(in_tmp, "run_dir=runs/one", f"optimizer={optimizer}", "lr=0.01", *FP64)
+    assert done.returncode == 0, done.stderr[-3000:]
+    _torchrun(in_tmp, "run_dir=runs/tp", "tensor_parallel=2", f"optimizer={optimizer}", "lr=0.01", *FP64)
+    assert _difference(in_tmp / "runs/one", in_tmp / "runs/tp") < SAME_STEPS_FP64
+
+
+def test_fsdp_with_lamb_equals_one_process(one_process):
+    _torchrun(one_process, "run_dir=runs/fsdp-lamb", "data_parallel=fsdp", "optimizer=lamb", "lr=0.01",
+              "grad_clip=0.5", *FP64)
+    assert _difference(one_process / "runs/one-lamb", one_process / "runs/fsdp-lamb") < SAME_STEPS_FP64
+
+
+def test_activation_checkpointing_computes_the_same_gradients_from_fewer_saved_bytes():
+    cfg = load_config("vit-tiny")
+    x, grads, saved = torch.randn(8, 1, 16, 16), [], []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = build_model(cfg.override({"activation_checkpointing": checkpointing}))
+        saved.append(saved_activation_bytes(model, x))
+        model(x).pow(2).sum().backward()
+        grads.append([p.grad for p in model.parameters()])
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(*grads))
+    assert saved[1] < saved[0] / 3  # each block keeps only its input
+
+
 def test_fsdp_holds_half_the_parameter_and_optimizer_bytes_of_ddp(in_tmp):
     _torchrun(in_tmp, "run_dir=runs/ddp", "max_steps=2")
     _torchrun(in_tmp, "run_dir=runs/fsdp", "max_steps=2", "data_parallel=fsdp")
@@ -91,6 +121,9 @@ def test_fsdp_holds_half_the_parameter_and_optimizer_bytes_of_ddp(in_tmp):
         per_rank[name] = [row["parameters"] + row["optimizer_state"] for row in rows]
     whole = per_rank["ddp"][0]
     assert per_rank["ddp"] == [whole, whole]  # every DDP rank holds everything
+    parameters = count_parameters(build_model(load_config("vit-tiny")))
+    predicted = estimate_bytes(parameters, "adamw")  # lesson 10's formula: 4 + 8 bytes per parameter here
+    assert whole == predicted["parameters"] + predicted["optimizer_state"]
     assert sum(per_rank["fsdp"]) == whole  # the shards add up to the model, nothing held twice
     assert all(0.45 < held / whole < 0.55 for held in per_rank["fsdp"])
 
