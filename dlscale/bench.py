@@ -344,6 +344,26 @@ def horovodrun_command(nproc: int, module_args: list[str]) -> list[str]:
     return [runner, "-np", str(nproc), "--gloo", "-H", f"localhost:{nproc}", sys.executable, "-m", *module_args]
 
 
+def run_training(cfg, processes: int, run_dir: Path, overrides: Iterable[str], threads: int, label: str) -> dict:
+    """Train ``cfg`` with ``overrides`` as ``processes`` local ranks (torchrun beyond one) into ``run_dir``.
+
+    Quiet, no checkpoints, never resumed; every process gets ``threads`` threads. Returns the
+    run's ``summary.json``; a failed run raises with the ranks' own error (``label`` names it).
+    """
+    import subprocess
+
+    from .threads import per_process_env
+
+    args = ["dlscale.train", *(f"{k}={v}" for k, v in cfg.to_dict().items() if k != "profile_steps"), *overrides,
+            f"run_dir={run_dir}", "checkpoint_every=0", "progress=false", "plot=false", "resume=false"]
+    command = torchrun_command(processes, args) if processes > 1 else [sys.executable, "-m", *args]
+    done = subprocess.run(command, capture_output=True, text=True, env=per_process_env(threads))
+    if done.returncode != 0:
+        # The cause is usually near the start (a rank's own error); torchrun's summary is at the end.
+        raise RuntimeError(f"{label} failed:\n{done.stderr[:3000]}\n...\n{done.stderr[-1500:]}")
+    return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
 # -- weak and strong scaling of the training ------------------------------------------------------------
 
 def bench_scaling(cfg, procs: Iterable[int] = (1, 2), steps: int = 60, out_dir: str | Path = "runs/scaling",
@@ -356,11 +376,9 @@ def bench_scaling(cfg, procs: Iterable[int] = (1, 2), steps: int = 60, out_dir: 
     ``threads`` (default: the CPUs shared by the largest run's processes), and each row
     reports the threads its run's summary says it used.
     """
-    import subprocess
-
     from tqdm.auto import tqdm
 
-    from .threads import fair_threads, per_process_env
+    from .threads import fair_threads
 
     procs = list(procs)
     threads = threads or fair_threads(max(procs))
@@ -370,17 +388,8 @@ def bench_scaling(cfg, procs: Iterable[int] = (1, 2), steps: int = 60, out_dir: 
     rows = []
     for mode, n in tqdm(jobs, desc="scaling", unit="run", disable=not progress):
         batch = base if mode == "strong" else base * n
-        run_dir = out_dir / f"{mode}-n{n}"
-        args = ["dlscale.train", *(f"{k}={v}" for k, v in cfg.to_dict().items() if k not in ("profile_steps",)),
-                f"global_batch_size={batch}", f"max_steps={steps}", "epochs=1000000", f"run_dir={run_dir}",
-                "checkpoint_every=0", "progress=false", "plot=false", "resume=false"]
-        command = torchrun_command(n, args) if n > 1 else [sys.executable, "-m", *args]
-        done = subprocess.run(command, capture_output=True, text=True, env=per_process_env(threads))
-        if done.returncode != 0:
-            # The cause is usually near the start (a rank's own error); torchrun's summary is at the end.
-            raise RuntimeError(f"{mode} scaling run with {n} processes failed:\n{done.stderr[:3000]}\n...\n"
-                               f"{done.stderr[-1500:]}")
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = run_training(cfg, n, out_dir / f"{mode}-n{n}", [f"global_batch_size={batch}", f"max_steps={steps}",
+                               "epochs=1000000"], threads, f"{mode} scaling run with {n} processes")
         rows.append({"mode": mode, "processes": n, "global_batch": batch, "samples_per_s": summary["samples_per_s"],
                      "threads_per_process": summary["threads"]["count"]})
     for row in rows:

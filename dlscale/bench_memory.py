@@ -11,8 +11,6 @@ the blocks' share, DDP copies everything everywhere. Lesson 10 reads this table.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +35,8 @@ def bench_memory(cfg, steps: int = 10, out_dir: str | Path = "runs/memory", layo
     """Train ``steps`` steps of ``cfg`` in each layout and return one row per layout (the largest rank's figures)."""
     from tqdm.auto import tqdm
 
-    from .bench import torchrun_command
-    from .threads import fair_threads, per_process_env
+    from .bench import run_training
+    from .threads import fair_threads
 
     if steps < 7:  # the throughput meter leaves out the first 5 steps (allocation, warm-up)
         raise ValueError(f"bench memory needs steps >= 7 to time some steps after the warm-up; got {steps}")
@@ -48,14 +46,8 @@ def bench_memory(cfg, steps: int = 10, out_dir: str | Path = "runs/memory", layo
     rows = []
     for name, processes, overrides in tqdm(layouts, desc="memory", unit="run", disable=not progress):
         run_dir = out_dir / name.replace(" ", "").replace("×", "x").replace("+", "-")
-        args = ["dlscale.train", *(f"{k}={v}" for k, v in cfg.to_dict().items() if k != "profile_steps"),
-                *overrides, f"max_steps={steps}", "epochs=1000000", f"run_dir={run_dir}", "checkpoint_every=0",
-                "progress=false", "plot=false", "resume=false", "val_samples=64"]
-        command = torchrun_command(processes, args) if processes > 1 else [sys.executable, "-m", *args]
-        done = subprocess.run(command, capture_output=True, text=True, env=per_process_env(threads))
-        if done.returncode != 0:
-            raise RuntimeError(f"memory run '{name}' failed:\n{done.stderr[:3000]}\n...\n{done.stderr[-1500:]}")
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = run_training(cfg, processes, run_dir, [*overrides, f"max_steps={steps}", "epochs=1000000",
+                                                         "val_samples=64"], threads, f"memory run '{name}'")
         ranks = summary["memory_per_rank"]
         row = {"layout": name, "processes": processes, **{key: max(r[key] for r in ranks) for key in _BYTES},
                "peak": max(r["peak"] for r in ranks),

@@ -75,13 +75,18 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], keep:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"ckpt-{step:08d}.pt"
     tmp = folder / f".{path.name}.tmp"
-    torch.save(state, tmp)
-    with open(tmp, "rb") as handle:  # on disk before the rename makes it visible
-        os.fsync(handle.fileno())
+    save_synced(state, tmp)  # on disk before the rename makes it visible
     os.replace(tmp, path)
     for old in list_checkpoints(run_dir)[:-keep]:
         remove_checkpoint(old)
     return path
+
+
+def save_synced(obj: Any, path: Path) -> None:
+    """``torch.save`` and fsync: the bytes are on disk when this returns."""
+    torch.save(obj, path)
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
 
 
 def load_latest_checkpoint(run_dir: str | Path, model: torch.nn.Module | None = None,
@@ -202,13 +207,13 @@ def load_model(run_dir: str | Path, in_channels: int = 1, num_outputs: int | Non
     paths = list_checkpoints(run_dir)
     if not paths:
         raise CheckpointError(f"{checkpoint_dir(run_dir)} holds no checkpoint; train with checkpoints first")
-    cfg = load_config(str(run_dir / "config.yaml"), {"tensor_parallel": 1, "data_parallel": "auto"})
+    cfg = load_config(str(run_dir / "config.yaml"))
     newest = paths[-1]
     if newest.is_dir():
         from .sharded_checkpoint import load_sharded_weights
         return load_sharded_weights(newest, lambda outputs: build_model(cfg, in_channels, outputs), num_outputs)
     state = torch.load(newest, map_location="cpu", weights_only=True)["model"]
-    head = [value for key, value in state.items() if key.endswith("weight")][-1]
+    head = [value for key, value in state.items() if key.endswith("bias")][-1]  # (the head's, as for a folder)
     model = build_model(cfg, in_channels, num_outputs or head.shape[0]).to(head.dtype)
     model.load_state_dict(state)
     return model

@@ -11,10 +11,13 @@ dimension the tensors are split along.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor, nn
 
 
+@functools.cache  # (asked for every parameter at every step)
 def _dtensor_type() -> type | None:
     try:
         from torch.distributed.tensor import DTensor
@@ -61,8 +64,17 @@ def full_norms(tensors: list[Tensor], like: list[Tensor] | None = None) -> Tenso
     return norms
 
 
-def clip_grad_norm_(parameters: list[nn.Parameter], max_norm: float) -> Tensor:
-    """Scale the gradients so that their global norm is at most ``max_norm``; return the norm before.
+def clip_factor(grads: list[Tensor], max_norm: float) -> Tensor:
+    """The factor (at most 1) that brings the global norm of ``grads`` (whole tensors) down to ``max_norm``.
+
+    torch's formula, ``max_norm / (norm + 1e-6)``; also LAMB's optional global clip.
+    """
+    total = torch.linalg.vector_norm(full_norms(grads))
+    return (max_norm / (total + 1e-6)).clamp(max=1.0)
+
+
+def clip_grad_norm_(parameters: list[nn.Parameter], max_norm: float) -> None:
+    """Scale the gradients in place so that their global norm is at most ``max_norm``.
 
     ``torch.nn.utils.clip_grad_norm_`` when no gradient is split; with DTensors it takes the
     norm of the whole gradients (:func:`full_norms`), also when split and plain tensors mix
@@ -71,8 +83,7 @@ def clip_grad_norm_(parameters: list[nn.Parameter], max_norm: float) -> Tensor:
     params = [p for p in parameters if p.grad is not None]
     grads = [p.grad for p in params]
     if not any(is_sharded(g) for g in grads):
-        return nn.utils.clip_grad_norm_(params, max_norm)
-    total = torch.linalg.vector_norm(full_norms(grads))
-    factor = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        nn.utils.clip_grad_norm_(params, max_norm)
+        return
+    factor = clip_factor(grads, max_norm)
     torch._foreach_mul_([local(g) for g in grads], factor.to(local(grads[0]).dtype))
-    return total

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from .dtensors import full_norms, is_sharded, local
+from .dtensors import clip_factor, full_norms, is_sharded, local
 
 
 def _norms(tensors: list[Tensor], layout: _Layout | None = None) -> Tensor:
@@ -283,8 +283,7 @@ class LAMB(_LayerwiseMixin, Optimizer):
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         if not grads:
             return None
-        total = torch.linalg.vector_norm(full_norms(grads))
-        return (self.max_grad_norm / (total + 1e-6)).clamp(max=1.0)
+        return clip_factor(grads, self.max_grad_norm)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:

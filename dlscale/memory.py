@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import resource
 import sys
+from typing import Any
 
 import torch
 from torch import nn
@@ -85,3 +86,26 @@ def saved_activation_bytes(model: nn.Module, x: torch.Tensor) -> int:
         model(x).sum().backward()  # (the backward runs the recomputation, which saves again: counted once)
     model.zero_grad(set_to_none=True)
     return total
+
+
+def checkpointing_trade(cfg: Any, batch: int = 32, repeats: int = 5) -> dict[bool, dict[str, float]]:
+    """Activation checkpointing off and on for ``cfg``'s model: bytes saved for backward, seconds per step.
+
+    Both models start from the same seed and see the same batch of random maps; the time is
+    the mean of ``repeats`` forward and backward passes (lesson 10).
+    """
+    import time
+
+    from .models import build_model
+
+    x = torch.randn(batch, 1, cfg.image_size, cfg.image_size)
+    trade = {}
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = build_model(cfg.override({"activation_checkpointing": checkpointing}))
+        saved = saved_activation_bytes(model, x)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            model(x).sum().backward()
+        trade[checkpointing] = {"saved_bytes": saved, "seconds": (time.perf_counter() - start) / repeats}
+    return trade

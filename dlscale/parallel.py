@@ -67,7 +67,7 @@ def plan(cfg: TrainConfig, env: distributed.DistEnv) -> Layout:
         kind = "fsdp"
     else:
         kind = "ddp"
-    if dp == 1 and kind == "ddp" or (kind == "fsdp" and env.world_size == 1):
+    if (kind == "ddp" and dp == 1) or (kind == "fsdp" and env.world_size == 1):
         kind = "none"  # one data-parallel rank: nothing to average or shard over
     # (with tensor parallelism FSDP stays on, also over one data-parallel rank: it makes every parameter a
     # DTensor of the one mesh, which the optimizers' multi-tensor kernels and gradient clipping need)
@@ -97,7 +97,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: Any) -> None:
         parallelize_module(block, tp_mesh, plan)
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: Any, policy: Precision, reshard_after_forward: bool = True) -> None:
+def apply_fsdp(model: nn.Module, dp_mesh: Any, bf16: bool = False, reshard_after_forward: bool = True) -> None:
     """Shard ``model`` over ``dp_mesh`` with FSDP2: each transformer block a unit, the rest at the root.
 
     A unit's parameters are gathered just before its forward (and backward) and freed after,
@@ -106,7 +106,6 @@ def apply_fsdp(model: nn.Module, dp_mesh: Any, policy: Precision, reshard_after_
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    bf16 = policy.name == "bf16"
     inner = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     # the model's output (the predictions) in float32, so that the loss is computed in float32
     outer = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
@@ -132,7 +131,7 @@ def build_step_model(model: nn.Module, env: distributed.DistEnv, cfg: TrainConfi
         if layout.tensor_parallel > 1:
             apply_tensor_parallel(model, layout.mesh["tp"])
         if layout.data_parallel == "fsdp":
-            apply_fsdp(model, layout.mesh["dp"], policy or Precision("fp32", torch.device(env.device).type))
+            apply_fsdp(model, layout.mesh["dp"], bf16=policy is not None and policy.name == "bf16")
         return model
     inner = torch.compile(model, mode="reduce-overhead" if cfg.cuda_graphs else None) if cfg.compile else model
     return distributed.wrap_model(inner, env, cfg.bucket_cap_mb, cfg.gradient_as_bucket_view, cfg.static_graph)

@@ -24,22 +24,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .checkpoint import checkpoint_dir, list_checkpoints, remove_checkpoint
+from .checkpoint import checkpoint_dir, list_checkpoints, remove_checkpoint, save_synced
+from .distributed import barrier
 
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
-def _save_synced(obj: Any, path: Path) -> None:
-    torch.save(obj, path)
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
 
 
 def save_sharded_checkpoint(run_dir: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -58,19 +48,19 @@ def save_sharded_checkpoint(run_dir: str | Path, step: int, model: nn.Module, op
     if rank == 0:
         remove_checkpoint(tmp)  # a half-written folder of an earlier, killed attempt at this step
         tmp.mkdir(parents=True)
-    _barrier()
+    barrier()
     model_state, optimizer_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
     rest = dict(extras)
-    _save_synced(rest.pop("rng"), tmp / f"rng-rank{rank:05d}.pt")
+    save_synced(rest.pop("rng"), tmp / f"rng-rank{rank:05d}.pt")
     if rank == 0:
-        _save_synced(rest, tmp / "training.pt")
-    _barrier()  # every rank's files are on disk
+        save_synced(rest, tmp / "training.pt")
+    barrier()  # every rank's files are on disk
     if rank == 0:
         os.replace(tmp, final)
         for old in list_checkpoints(run_dir)[:-keep]:
             remove_checkpoint(old)
-    _barrier()  # nobody goes on (or resumes) before the folder has its name
+    barrier()  # nobody goes on (or resumes) before the folder has its name
     return final
 
 

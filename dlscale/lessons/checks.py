@@ -11,8 +11,6 @@ from typing import Any, Callable
 
 import torch
 
-from ..config import TrainConfig, load_config
-
 
 def _passed(exercise: str) -> None:
     print(f"Exercise {exercise} passed ✓")
@@ -280,7 +278,7 @@ def _global_metric_on_rank(global_mse: Callable, local_sum: float, local_count: 
 def check_global_mse(global_mse: Callable[[torch.Tensor, torch.Tensor], float]) -> None:
     """05.2: the mean squared error over all ranks' samples, from each rank's sum and count (two real ranks)."""
     sums, counts = [3.0, 30.0], [10, 20]  # unequal shares: the mean of the ranks' means would be wrong
-    answers = _run_pair(global_mse, sums, counts)
+    answers = _on_two_engines(_pair_member, global_mse, sums, counts)
     expected = sum(sums) / sum(counts)
     assert all(abs(a - expected) < 1e-9 for a in answers), (
         f"ranks returned {answers}, expected {expected} on both: all-reduce the sums and the counts (SUM), then "
@@ -288,11 +286,12 @@ def check_global_mse(global_mse: Callable[[torch.Tensor, torch.Tensor], float]) 
     _passed("05.2")
 
 
-def _run_pair(global_mse: Callable, sums: list[float], counts: list[int]) -> list[float]:
+def _on_two_engines(function: Callable, *args: Any) -> list[Any]:
+    """``function(*args)`` on two engines as ranks 0 and 1; a learner's stub raised there is raised here as itself."""
     from ..engines import EngineError, run_on_engines
 
     try:
-        return run_on_engines(_pair_member, 2, global_mse, sums, counts, timeout=120)
+        return run_on_engines(function, 2, *args, timeout=120)
     except EngineError as err:
         if "NotImplementedError" in str(err):  # the learner's stub, raised on the engines: show it as such
             raise NotImplementedError(str(err).split("NotImplementedError: ", 1)[1].split(";")[0]) from None
@@ -515,20 +514,9 @@ def _tensor_parallel_on_rank(shard_mlp: Callable | None, mlp_forward: Callable |
         distributed.shutdown(drain=False)
 
 
-def _run_tensor_parallel(shard_mlp: Callable | None, mlp_forward: Callable | None) -> list[dict[str, Any]]:
-    from ..engines import EngineError, run_on_engines
-
-    try:
-        return run_on_engines(_tensor_parallel_on_rank, 2, shard_mlp, mlp_forward, timeout=120)
-    except EngineError as err:
-        if "NotImplementedError" in str(err):  # the learner's stub, raised on the engines: show it as such
-            raise NotImplementedError(str(err).split("NotImplementedError: ", 1)[1].split(";")[0]) from None
-        raise
-
-
 def check_shard_mlp(shard_mlp: Callable) -> None:
     """10.1: placements that make the column-then-row MLP on 2 real ranks equal the unsharded one."""
-    answers = _run_tensor_parallel(shard_mlp, None)
+    answers = _on_two_engines(_tensor_parallel_on_rank, shard_mlp, None)
     if "error" in answers[0]:
         raise AssertionError(answers[0]["error"])
     expected = mlp_reference(mlp_weights())
@@ -545,7 +533,7 @@ def check_shard_mlp(shard_mlp: Callable) -> None:
 
 def check_mlp_forward(mlp_forward: Callable) -> None:
     """10.2: the forward pass on this rank's shards, with the one collective it needs, on 2 real ranks."""
-    answers = _run_tensor_parallel(None, mlp_forward)
+    answers = _on_two_engines(_tensor_parallel_on_rank, None, mlp_forward)
     expected = mlp_reference(mlp_weights())
     for rank, answer in enumerate(answers):
         y = answer["y"]
