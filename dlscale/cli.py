@@ -357,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "data_{rank}.npy with one file per rank")
     source.add_argument("--image", help="'sample' (scikit-learn's photo) or an image file: quantize its colours")
     kmeans.add_argument("--k", type=int, default=8, help="clusters (colours for an image)")
+    kmeans.add_argument("--sample-weight", default=None, help="a .npy file of one weight per sample, split by rank "
+                                                             "like --input, or a pattern with {rank}")
     kmeans.add_argument("--backend", choices=("auto", "torch", "daal4py"), default="auto")
     kmeans.add_argument("--init", default="k-means++", help="k-means++, k-means||, random, or a .npy file of centres")
     kmeans.add_argument("--max-iter", type=int, default=300)

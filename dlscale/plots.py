@@ -261,11 +261,13 @@ def quantized_images(original, quantized: dict) -> NotebookFigure:
 
 
 def kmeans_timings(rows: list[dict]) -> NotebookFigure:
-    """Seconds per Lloyd iteration of each K-Means engine (``dlscale bench kmeans`` rows)."""
-    fig = NotebookFigure(figsize=(7, 3.8), layout="constrained")
+    """Seconds per Lloyd iteration of each K-Means engine, per phase (``dlscale bench kmeans`` rows)."""
+    fig = NotebookFigure(figsize=(7, 1.2 + 0.4 * len(rows)), layout="constrained")
     ax = fig.subplots()
-    labels = [r["engine"] for r in rows]
-    bars = ax.barh(labels, [r["seconds_per_iteration"] for r in rows], color="tab:blue")
+    labels = [f"{r['engine']}, {r['phase']}" if r.get("phase") else r["engine"] for r in rows]
+    phases = list(dict.fromkeys(r.get("phase") for r in rows))
+    colours = [("tab:blue", "tab:orange", "tab:green")[phases.index(r.get("phase")) % 3] for r in rows]
+    bars = ax.barh(labels, [r["seconds_per_iteration"] for r in rows], color=colours)
     ax.bar_label(bars, labels=[f"{r['seconds_per_iteration'] * 1e3:.0f} ms" for r in rows], padding=3)
     ax.invert_yaxis()
     ax.set(xlabel="seconds per Lloyd iteration", title="K-Means: the same data, the same initial centres")

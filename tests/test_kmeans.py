@@ -1,4 +1,5 @@
-"""Distributed K-Means: scikit-learn's semantics, chunking, empty clusters, init, ranks, daal4py, CLI."""
+"""Distributed K-Means: scikit-learn's semantics and estimator checks, weights, the bounds that skip rows,
+chunking, empty clusters, init, ranks, daal4py, CLI."""
 
 import json
 import os
@@ -11,9 +12,12 @@ import torch
 from sklearn.cluster import KMeans as SklearnKMeans
 from sklearn.datasets import make_blobs, make_circles, make_moons
 
+from sklearn.exceptions import NotFittedError
+
 from dlscale.kmeans import KMeans, KMeansError
-from dlscale.kmeans.estimator import _assign
-from dlscale.kmeans.initialization import kmeans_parallel, kmeans_plusplus
+from dlscale.kmeans.initialization import kmeans_parallel, kmeans_plusplus, random_init
+from dlscale.kmeans.lloyd import assign as _assign
+from dlscale.kmeans.lloyd import lloyd
 
 from .conftest import run_cli
 
@@ -96,14 +100,20 @@ def test_kmeans_parallel_init_is_about_as_good_as_kmeans_plusplus():
 
 def test_bad_arguments_get_clear_errors():
     x = np.random.default_rng(0).normal(size=(10, 2))
-    with pytest.raises(KMeansError, match="more than the 10 samples"):
+    with pytest.raises(KMeansError, match="n_samples=10 should be >= n_clusters=20"):
         KMeans(20, backend="torch", device="cpu").fit(x)
-    with pytest.raises(KMeansError, match="expected \\(3, 2\\)"):
+    with pytest.raises(KMeansError, match="number of features of the data 2"):
         KMeans(3, init=np.zeros((3, 5)), backend="torch", device="cpu").fit(x)
-    with pytest.raises(KMeansError, match="not fitted"):
+    with pytest.raises(NotFittedError, match="not fitted"):
         KMeans(3).predict(x)
-    with pytest.raises(KMeansError, match="2-D"):
+    with pytest.raises(ValueError, match="Expected 2D array"):
         KMeans(3, backend="torch", device="cpu").fit(np.zeros(10))
+    with pytest.raises(ValueError, match="n_clusters' parameter of KMeans must be an int in the range"):
+        KMeans(0).fit(x)
+    with pytest.raises(ValueError, match="Negative values in data passed to .sample_weight"):
+        KMeans(2, device="cpu").fit(x, sample_weight=-np.ones(10))
+    with pytest.raises(KMeansError, match="daal4py' takes no sample_weight"):
+        KMeans(2, backend="daal4py").fit(x, sample_weight=np.ones(10))
 
 
 def test_a_missing_daal4py_names_the_extra(monkeypatch):

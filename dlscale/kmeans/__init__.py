@@ -1,15 +1,28 @@
-"""Distributed K-Means: a scikit-learn-style estimator with a torch engine and a daal4py engine.
+"""Distributed K-Means: a scikit-learn estimator with a torch engine and a daal4py engine.
 
-- :mod:`~dlscale.kmeans.estimator`: :class:`KMeans` (Lloyd's algorithm, in one process or over a job's ranks);
+- :mod:`~dlscale.kmeans.estimator`: :class:`KMeans`, a scikit-learn estimator (needs the ``kmeans`` extra);
+- :mod:`~dlscale.kmeans.lloyd`: the torch engine (Lloyd's algorithm, in one process or over a job's ranks);
 - :mod:`~dlscale.kmeans.initialization`: k-means++, k-means|| and random initial centres, over ranks;
 - :mod:`~dlscale.kmeans.daal`: Intel oneDAL's SPMD K-Means (daal4py) under ``mpirun`` or ``srun``;
+- :mod:`~dlscale.kmeans.backend`: which of the two engines ``backend="auto"`` picks;
 - :mod:`~dlscale.kmeans.files`: ``dlscale kmeans``: inputs per rank, images, outputs;
 - :mod:`~dlscale.kmeans.bench`: ``dlscale bench kmeans``: the engines side by side, and their scaling.
 
-Lesson 08 teaches it.
+Lesson 08 teaches it. ``import dlscale.kmeans`` works without scikit-learn; asking for
+``KMeans`` then raises one :class:`KMeansError` naming the extra.
 """
 
+from typing import Any
+
+from .backend import resolve_backend
 from .errors import KMeansError
-from .estimator import KMeans, resolve_backend
 
 __all__ = ["KMeans", "KMeansError", "resolve_backend"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "KMeans":  # imported on first use: it is built on scikit-learn, an optional extra
+        from .estimator import KMeans
+
+        return KMeans
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

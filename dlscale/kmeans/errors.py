@@ -3,5 +3,9 @@
 from ..errors import DlscaleError
 
 
-class KMeansError(DlscaleError):
-    """A bad argument, or a backend that cannot run here; the message says what to do."""
+class KMeansError(DlscaleError, ValueError):
+    """A bad argument, or a backend that cannot run here; the message says what to do.
+
+    It is also a ``ValueError``, the error scikit-learn's own estimators raise for bad input,
+    so code (and ``check_estimator``) written against scikit-learn catches it.
+    """

@@ -24,6 +24,7 @@ import numpy as np
 from .. import distributed
 from ..devices import resolve_device
 from ..errors import DlscaleError, import_optional
+from .errors import KMeansError
 
 
 class InputError(DlscaleError):
@@ -87,6 +88,22 @@ def load_input(inputs: list[str], image: str | None, rank: int, world: int) -> t
     return np.array(data[rank_block(len(data), rank, world)]), None
 
 
+def load_weights(pattern: str | None, rank: int, world: int, n_rows: int) -> np.ndarray | None:
+    """``--sample-weight``: one weight per row of this rank, from a .npy file split like ``--input`` or a {rank} pattern."""
+    if pattern is None:
+        return None
+    path = Path(pattern.format(rank=rank)) if "{rank}" in pattern else Path(pattern)
+    if not path.is_file():
+        raise InputError(f"no such weights file: {path}")
+    weights = np.load(path, mmap_mode="r")
+    if "{rank}" not in pattern:
+        weights = weights[rank_block(len(weights), rank, world)]
+    if weights.shape != (n_rows,):
+        raise InputError(f"{path} holds weights of shape {weights.shape}, but this rank has {n_rows} samples: "
+                         "give one weight per sample, in the order of --input")
+    return np.array(weights, dtype=np.float64)
+
+
 def initial_centers(init: str) -> str | np.ndarray:
     """``--init``: a method name, or a ``.npy`` file of starting centres."""
     if init.endswith(".npy"):
@@ -96,7 +113,8 @@ def initial_centers(init: str) -> str | np.ndarray:
 
 def run(args: Any) -> dict:
     """Fit as the CLI arguments say and write the outputs; returns the summary (on every rank)."""
-    from .estimator import KMeans, resolve_backend
+    from .backend import resolve_backend
+    from .estimator import KMeans
     from ..threads import apply_threads
     from .daal import spmd_ranks
 
@@ -116,7 +134,10 @@ def run(args: Any) -> dict:
     model = KMeans(args.k, init=initial_centers(args.init), max_iter=args.max_iter, tol=args.tol, backend=backend,
                    device=args.device, chunk_size=args.chunk_size, random_state=args.seed)
     started = time.perf_counter()
-    model.fit(x)
+    try:
+        model.fit(x, sample_weight=load_weights(args.sample_weight, rank, world, len(x)))
+    except ValueError as err:  # scikit-learn's checks (a bad --k, NaN in the data): one line, no traceback
+        raise KMeansError(str(err)) from None
     seconds = time.perf_counter() - started
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -7,10 +7,12 @@
   distributed form: a few rounds in which every rank samples its own points with probability
   ``ℓ·D(x)²/φ`` (φ the global cost), then a weighted k-means++ over the few hundred gathered
   candidates, computed identically on every rank.
-- :func:`random_init` picks k distinct samples uniformly from the whole data set.
+- :func:`random_init` picks k distinct samples from the whole data set (uniformly, or ∝ weight).
 
 With several ranks every function takes this rank's shard and returns the same centres on
-every rank; the ``generator`` must be seeded identically everywhere.
+every rank; the ``generator`` must be seeded identically everywhere. Every function takes
+optional sample weights (float64, one per local row), which scale each row's chance as in
+scikit-learn's weighted k-means++.
 """
 
 from __future__ import annotations
@@ -45,11 +47,29 @@ def _rows_by_global_index(x: torch.Tensor, indices: torch.Tensor) -> torch.Tenso
     return all_reduce_sum(out).to(x.dtype)
 
 
-def random_init(x: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
-    """``k`` distinct samples drawn uniformly from all ranks' data."""
-    _, total = _shard_offsets(x.shape[0], x.device)
-    chosen = torch.randperm(total, generator=generator)[:k].to(x.device)
-    return _rows_by_global_index(x, chosen)
+def random_init(x: torch.Tensor, k: int, generator: torch.Generator,
+                weights: torch.Tensor | None = None) -> torch.Tensor:
+    """``k`` distinct samples drawn from all ranks' data: uniformly, or with probability ∝ weight.
+
+    The weighted draw is without replacement, as scikit-learn's ``choice(p=w / w.sum())``:
+    every row gets the key ``log(u) / w`` (Efraimidis & Spirakis 2006) and the k largest keys
+    over all ranks win, so each rank sends only its own k best.
+    """
+    if weights is None:
+        _, total = _shard_offsets(x.shape[0], x.device)
+        chosen = torch.randperm(total, generator=generator)[:k].to(x.device)
+        return _rows_by_global_index(x, chosen)
+    local = _rank_generator(generator)
+    keys = torch.rand(x.shape[0], generator=local, dtype=torch.float64).to(x.device).log_() / weights
+    best = torch.topk(keys, min(k, x.shape[0]))
+    offers = _gather_rows(torch.cat([best.values[:, None], x[best.indices].double()], 1))
+    return offers[torch.topk(offers[:, 0], k).indices, 1:].to(x.dtype)
+
+
+def _rank_generator(generator: torch.Generator) -> torch.Generator:
+    """This rank's own stream, derived from the shared one (every rank draws the same seed from it)."""
+    rank, _ = _world()
+    return torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=generator)) + rank)
 
 
 def _closest_sq(x: torch.Tensor, centers: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -79,16 +99,22 @@ def kmeans_plusplus(x: torch.Tensor, k: int, generator: torch.Generator, n_local
         block = torch.addmm(x_sq.expand(len(rows), n), rows, x.T, alpha=-2)
         return block.add_((rows * rows).sum(1)[:, None]).clamp_(min=0)
 
-    first = int(torch.multinomial(weights.cpu(), 1, generator=generator))
+    cumulative = torch.cumsum(weights, 0)
+
+    def draw(cumulative: torch.Tensor, count: int, total: float) -> torch.Tensor:
+        """Rows drawn with probability ∝ their share of ``cumulative`` (no 2^24 limit, unlike multinomial)."""
+        draws = torch.rand(count, generator=generator, dtype=torch.float64).to(x.device) * total
+        return torch.searchsorted(cumulative, draws).clamp_(max=n - 1)
+
+    first = int(draw(cumulative, 1, float(cumulative[-1]))[0])
     centers = [x[first]]
     closest = sq_distances(x[first][None])[0]
     potential = float((closest * weights).sum())
     for _ in range(1, k):
         if potential <= 0:  # fewer distinct points than k: repeat one rather than divide by zero
-            centers.append(x[int(torch.randint(n, (1,), generator=generator))])
+            centers.append(x[int(draw(cumulative, 1, float(cumulative[-1]))[0])])
             continue
-        draws = torch.rand(trials, generator=generator, dtype=torch.float64).to(x.device) * potential
-        candidates = torch.searchsorted(torch.cumsum(closest * weights, 0), draws).clamp_(max=n - 1)
+        candidates = draw(torch.cumsum(closest * weights, 0), trials, potential)
         trial_closest = torch.minimum(closest[None], sq_distances(x[candidates]))
         trial_potential = (trial_closest * weights).sum(1)
         best = int(torch.argmin(trial_potential))
@@ -98,19 +124,24 @@ def kmeans_plusplus(x: torch.Tensor, k: int, generator: torch.Generator, n_local
 
 
 def kmeans_parallel(x: torch.Tensor, k: int, generator: torch.Generator, chunk: int,
-                    oversampling: float | None = None, rounds: int = 5) -> torch.Tensor:
-    """k-means|| over all ranks' shards: ``rounds`` of oversampling (ℓ = 2k by default), then weighted k-means++."""
-    rank, world = _world()
+                    oversampling: float | None = None, rounds: int = 5,
+                    weights: torch.Tensor | None = None) -> torch.Tensor:
+    """k-means|| over all ranks' shards: ``rounds`` of oversampling (ℓ = 2k by default), then weighted k-means++.
+
+    With sample weights a row's chance is ∝ its weight × D(x)², as in weighted k-means++, and
+    each candidate is weighted by the total weight of the rows closest to it.
+    """
     ell = oversampling or 2.0 * k
-    candidates = random_init(x, 1, generator)
+    candidates = random_init(x, 1, generator, weights)
     closest = _closest_sq(x, candidates, chunk)
     # Each rank samples its own points with its own stream, derived from the shared seed.
-    local = torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=generator)) + rank)
+    local = _rank_generator(generator)
     for _ in range(rounds):
-        cost = float(all_reduce_sum(closest.sum().reshape(1))[0])
+        potential = closest if weights is None else closest * weights
+        cost = float(all_reduce_sum(potential.sum().reshape(1))[0])
         if cost <= 0:
             break
-        keep = torch.rand(x.shape[0], generator=local, dtype=torch.float64).to(x.device) < ell * closest / cost
+        keep = torch.rand(x.shape[0], generator=local, dtype=torch.float64).to(x.device) < ell * potential / cost
         new = _gather_rows(x[keep])
         if len(new) == 0:
             continue
@@ -119,10 +150,10 @@ def kmeans_parallel(x: torch.Tensor, k: int, generator: torch.Generator, chunk: 
     # Weight each candidate by the points closest to it, then reduce the candidates to k.
     labels = torch.cat([torch.addmm((candidates * candidates).sum(1), x[s:s + chunk], candidates.T, alpha=-2)
                         .argmin(1) for s in range(0, x.shape[0], chunk)])
-    weights = all_reduce_sum(torch.bincount(labels, minlength=len(candidates)).double())
+    candidate_weights = all_reduce_sum(torch.bincount(labels, weights=weights, minlength=len(candidates)).double())
     if len(candidates) <= k:  # too few distinct candidates: top up with random samples
-        return torch.cat([candidates, random_init(x, k - len(candidates), generator)])
-    return kmeans_plusplus(candidates, k, generator, weights=weights)
+        return torch.cat([candidates, random_init(x, k - len(candidates), generator, weights)])
+    return kmeans_plusplus(candidates, k, generator, weights=candidate_weights)
 
 
 def _gather_rows(rows: torch.Tensor) -> torch.Tensor:
