@@ -67,7 +67,9 @@ def test_sample_weight_matches_scikit_learn_from_the_same_initial_centres(dtype)
     weights[rng.choice(len(x), 300, replace=False)] = 0.0  # zero weights count for nothing
     init = x[rng.choice(len(x), 9, replace=False)]
     reference = SklearnKMeans(9, init=init, n_init=1, algorithm="lloyd").fit(x, sample_weight=weights)
+    untouched = x.copy()
     ours = KMeans(9, init=init, backend="torch", device="cpu").fit(x, sample_weight=weights)
+    assert np.array_equal(x, untouched)  # the caller's data is never changed
     assert ours.n_iter_ == reference.n_iter_
     assert np.array_equal(ours.labels_, reference.labels_)
     tolerance = 1e-10 if dtype == np.float64 else 1e-4
