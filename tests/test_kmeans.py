@@ -15,9 +15,8 @@ from sklearn.datasets import make_blobs, make_circles, make_moons
 from sklearn.exceptions import NotFittedError
 
 from dlscale.kmeans import KMeans, KMeansError
-from dlscale.kmeans.initialization import kmeans_parallel, kmeans_plusplus, random_init
-from dlscale.kmeans.lloyd import assign as _assign
-from dlscale.kmeans.lloyd import lloyd
+from dlscale.kmeans.initialization import kmeans_parallel, kmeans_plusplus
+from dlscale.kmeans.scoring import assign as _assign
 
 from .conftest import run_cli
 

@@ -20,8 +20,8 @@ from sklearn.preprocessing import StandardScaler
 
 from dlscale.kmeans import KMeans, KMeansError
 from dlscale.kmeans.initialization import kmeans_parallel, kmeans_plusplus, random_init
-from dlscale.kmeans.lloyd import assign as _assign
 from dlscale.kmeans.lloyd import lloyd
+from dlscale.kmeans.scoring import assign as _assign
 
 from .conftest import run_cli
 

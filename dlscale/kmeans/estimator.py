@@ -27,7 +27,8 @@ from . import daal
 from .backend import BACKENDS, resolve_backend
 from .errors import KMeansError
 from .initialization import kmeans_parallel, kmeans_plusplus, random_init
-from .lloyd import LloydFit, assign, default_chunk_size, global_mean, lloyd, mean_variance
+from .lloyd import LloydFit, default_chunk_size, global_mean, lloyd, mean_variance
+from .scoring import assign
 
 import_optional("sklearn", "kmeans", "dlscale.kmeans.KMeans", KMeansError)
 
