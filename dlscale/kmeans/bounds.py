@@ -74,21 +74,18 @@ class Bounds:
         """
         new64 = new.double()
         shift = ((new64 - old.double()) ** 2).sum(1).sqrt_().mul_(1 + 1e-9)
-        k = len(shift)
-        if k > 1:
-            top = torch.topk(shift, 2)
-            other = torch.full_like(shift, float(top.values[0]))
-            other[top.indices[0]] = top.values[1]
-            gap = torch.cdist(new64, new64).fill_diagonal_(math.inf).amin(1)
+        maybe = torch.zeros(len(labels), dtype=torch.bool, device=labels.device)
+        if len(shift) == 1:  # one cluster: no row can change
+            return maybe
+        top = torch.topk(shift, 2)
+        other = torch.full_like(shift, float(top.values[0]))
+        other[top.indices[0]] = top.values[1]
+        gap = torch.cdist(new64, new64).fill_diagonal_(math.inf).amin(1)
         c_max = float((new64 ** 2).sum(1).max())
-        maybe = torch.empty(len(labels), dtype=torch.bool, device=labels.device)
         for start in range(0, len(labels), self.STEP):
             rows = slice(start, start + self.STEP)
             mine, upper, lower = labels[rows], self.upper[rows], self.lower[rows]
             upper += shift.index_select(0, mine)
-            if k == 1:
-                maybe[rows] = False
-                continue
             lower -= other.index_select(0, mine)
             floor = gap.index_select(0, mine).sub_(upper)
             torch.maximum(floor, lower, out=floor).clamp_(min=0).square_()
@@ -111,12 +108,11 @@ def _nearest_two(xc: torch.Tensor, old: torch.Tensor | None, centers: torch.Tens
     block = torch.addmm(c_sq, xc, centers.T, alpha=-2, out=out[:rows])
     if old is None:  # the first pass: the centres will move too far for its bounds to skip anything
         return argmin_rows(block), None, None
-    else:
-        best = block.amin(1)
-        moved = torch.nonzero(block.gather(1, old[:, None]).squeeze(1) > best).squeeze(1)
-        nearest = old.clone()
-        if len(moved):
-            nearest[moved] = argmin_rows(block.index_select(0, moved))
+    best = block.amin(1)
+    moved = torch.nonzero(block.gather(1, old[:, None]).squeeze(1) > best).squeeze(1)
+    nearest = old.clone()
+    if len(moved):
+        nearest[moved] = argmin_rows(block.index_select(0, moved))
     if k == 1:
         return nearest, best, torch.full_like(best, math.inf)
     # index_fill_ on the flat block: several times faster than scatter_ on CPUs
@@ -134,7 +130,8 @@ def rescore(x: torch.Tensor, maybe: torch.Tensor | None, centers: torch.Tensor, 
     """Full distances for the rows ``maybe`` marks (all, on the first pass, when None): update labels and bounds
     (the first pass sets no bounds).
 
-    Returns the rows whose label changed, with their old and new labels.
+    Returns the rows whose label changed, with their old and new labels (none on the first pass,
+    where every row gets its first label).
     """
     n = x.shape[0]
     if maybe is None or int(maybe.sum()) > DENSE_SHARE * n:

@@ -1,6 +1,6 @@
 """The daal4py engine of :class:`dlscale.kmeans.KMeans`: Intel oneDAL's SPMD K-Means under MPI.
 
-:func:`fit_daal4py` takes the data and the settings and returns a :class:`DaalFit`; the
+:func:`fit_daal4py` takes the data and the settings and returns a :class:`~dlscale.kmeans.result.KMeansFit`; the
 estimator sets its own attributes from it (no module writes another's object).
 
 daal4py ships inside ``scikit-learn-intelex`` (``pip install 'dlscale[kmeans]'``, which also
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import atexit
 import time
-from dataclasses import dataclass
 from types import ModuleType
 
 import numpy as np
@@ -31,6 +30,7 @@ import numpy as np
 from .. import distributed
 from ..errors import import_optional, importable
 from .errors import KMeansError
+from .result import KMeansFit, timings
 
 INIT_METHODS = {"k-means++": "plusPlusDense", "k-means||": "parallelPlusDense", "random": "randomDense"}
 _mpi_started = False
@@ -61,20 +61,12 @@ def start_mpi(d4p: ModuleType) -> None:
         _mpi_started = True
 
 
-@dataclass
-class DaalFit:
-    """What one oneDAL fit found: the estimator's fitted attributes, by their scikit-learn names."""
-
-    cluster_centers: np.ndarray
-    labels: np.ndarray
-    inertia: float
-    n_iter: int
-    timings: dict[str, float]
-
-
 def fit_daal4py(X: np.ndarray, n_clusters: int, init: str | np.ndarray, max_iter: int, tol: float,
-                random_state: int | None) -> DaalFit:
-    """Cluster this rank's ``X`` with oneDAL (SPMD over the job's MPI ranks when there are several)."""
+                random_state: int | None) -> KMeansFit:
+    """Cluster this rank's ``X`` with oneDAL (SPMD over the job's MPI ranks when there are several).
+
+    An array ``init`` comes checked by the estimator (shape, and the data's dtype).
+    """
     d4p = load()
     spmd = spmd_ranks() > 1
     if spmd:
@@ -89,17 +81,14 @@ def fit_daal4py(X: np.ndarray, n_clusters: int, init: str | np.ndarray, max_iter
                                       engine=d4p.engines_mt19937(seed=seed))
         centroids = initializer.compute(X).centroids
     else:
-        centroids = np.ascontiguousarray(np.asarray(init, dtype=X.dtype))
-        if centroids.shape != (k, X.shape[1]):
-            raise KMeansError(f"init has shape {centroids.shape}, expected ({k}, {X.shape[1]})")
+        centroids = np.ascontiguousarray(init, dtype=X.dtype)
     init_done = time.perf_counter()
     result = d4p.kmeans(k, max_iter, fptype=fptype, accuracyThreshold=tol, distributed=spmd).compute(X, centroids)
     loop_done = time.perf_counter()
     labels = d4p.kmeans(k, 0, fptype=fptype, assignFlag=True).compute(X, result.centroids).assignments
     iterations = int(np.asarray(result.nIterations).ravel()[0])
-    return DaalFit(cluster_centers=np.asarray(result.centroids, dtype=X.dtype),
-                   labels=np.asarray(labels).ravel().astype(np.int64),
-                   inertia=float(np.asarray(result.objectiveFunction).ravel()[0]), n_iter=iterations,
-                   timings={"init": init_done - started, "iterations": loop_done - init_done,
-                            "per_iteration": (loop_done - init_done) / max(iterations, 1),
-                            "total": time.perf_counter() - started})
+    return KMeansFit(cluster_centers=np.asarray(result.centroids, dtype=X.dtype),
+                     labels=np.asarray(labels).ravel().astype(np.int64),
+                     inertia=float(np.asarray(result.objectiveFunction).ravel()[0]), n_iter=iterations,
+                     timings=timings(init_done - started, loop_done - init_done, iterations,
+                                     total=time.perf_counter() - started))

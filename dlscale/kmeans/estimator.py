@@ -27,7 +27,8 @@ from . import daal
 from .backend import BACKENDS, resolve_backend
 from .errors import KMeansError
 from .initialization import kmeans_parallel, kmeans_plusplus, random_init
-from .lloyd import LloydFit, default_chunk_size, global_mean, lloyd, mean_variance
+from .lloyd import default_chunk_size, global_mean, lloyd, mean_variance
+from .result import KMeansFit, timings
 from .scoring import assign
 
 import_optional("sklearn", "kmeans", "dlscale.kmeans.KMeans", KMeansError)
@@ -216,14 +217,12 @@ default="k-means++"
                               "clusters or give more samples")
         if group_size() > 1 and len(x) == 0:
             raise KMeansError("this rank's shard is empty: give every rank at least one sample")
-        runs = self._n_runs()
-        seeds = self._seeds(runs)
+        init, seeds = self._checked_init(x), self._seeds(self._n_runs())
         if self.backend_ == "daal4py":
-            best = self._fit_daal4py(x, weights, seeds)
+            best = self._fit_daal4py(x, init, seeds)
         else:
-            best = self._fit_torch(x, weights, seeds, n_total)
-        self.cluster_centers_ = best.centers.cpu().numpy()
-        self.labels_ = best.labels.cpu().numpy()
+            best = self._fit_torch(x, weights, init, seeds, n_total)
+        self.cluster_centers_, self.labels_ = best.cluster_centers, best.labels
         self.inertia_, self.n_iter_, self.timings_ = best.inertia, best.n_iter, best.timings
         self._n_features_out = self.n_clusters
         distinct = int(np.count_nonzero(np.bincount(self.labels_, minlength=self.n_clusters)))
@@ -285,7 +284,7 @@ default="k-means++"
         """float64 weights on ``x``'s device, or None when all are 1."""
         if sample_weight is None:
             return None
-        if isinstance(X, torch.Tensor):
+        if isinstance(X, torch.Tensor):  # scikit-learn's check only needs the number of rows from X
             X = np.empty((len(x), 0))
         weights = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True,
                                        allow_all_zero_weights=group_size() > 1)
@@ -315,61 +314,56 @@ default="k-means++"
         seeds = [int(rng.randint(np.iinfo(np.int32).max)) for _ in range(runs)]
         return distributed.broadcast_object(seeds) if group_size() > 1 else seeds
 
-    def _initial_centers(self, x: torch.Tensor, weights: torch.Tensor | None, seed: int) -> torch.Tensor:
+    def _checked_init(self, x: torch.Tensor) -> str | np.ndarray:
+        """``init`` as given, or as an array of the data's dtype whose shape fits ``n_clusters`` and ``x``."""
+        if isinstance(self.init, str):
+            return self.init
+        centers = check_array(self.init, dtype=np.float32 if x.dtype == torch.float32 else np.float64, copy=True)
+        if centers.shape[0] != self.n_clusters:
+            raise KMeansError(f"The shape of the initial centers {centers.shape} does not match the number "
+                              f"of clusters {self.n_clusters}.")
+        if centers.shape[1] != x.shape[1]:
+            raise KMeansError(f"The shape of the initial centers {centers.shape} does not match the number "
+                              f"of features of the data {x.shape[1]}.")
+        return centers
+
+    def _initial_centers(self, x: torch.Tensor, weights: torch.Tensor | None, init: str | np.ndarray, seed: int,
+                         mean: torch.Tensor) -> torch.Tensor:
+        """Starting centres for the mean-centred rows ``x`` (an explicit ``init`` is centred the same way)."""
         k = self.n_clusters
-        if not isinstance(self.init, str):
-            centers = check_array(self.init, dtype=np.float32 if x.dtype == torch.float32 else np.float64, copy=True)
-            if centers.shape[0] != k:
-                raise KMeansError(f"The shape of the initial centers {centers.shape} does not match the number "
-                                  f"of clusters {k}.")
-            if centers.shape[1] != x.shape[1]:
-                raise KMeansError(f"The shape of the initial centers {centers.shape} does not match the number "
-                                  f"of features of the data {x.shape[1]}.")
-            return torch.from_numpy(centers).to(device=x.device, dtype=x.dtype)
+        if not isinstance(init, str):
+            return torch.from_numpy(init).to(device=x.device, dtype=x.dtype) - mean
         generator = torch.Generator().manual_seed(seed)
-        if self.init == "random":
+        if init == "random":
             return random_init(x, k, generator, weights)
-        if self.init == "k-means||" or group_size() > 1:
+        if init == "k-means||" or group_size() > 1:
             return kmeans_parallel(x, k, generator, self._chunk(x), oversampling=self.oversampling,
                                    rounds=self.rounds, weights=weights)
         return kmeans_plusplus(x, k, generator, self.n_local_trials, weights)
 
-    def _fit_torch(self, x: torch.Tensor, weights: torch.Tensor | None, seeds: list[int], n_total: int) -> _Fit:
+    def _fit_torch(self, x: torch.Tensor, weights: torch.Tensor | None, init: str | np.ndarray, seeds: list[int],
+                   n_total: int) -> KMeansFit:
         chunk = self._chunk(x)
-        threshold = self.tol * mean_variance(x, n_total, chunk) if self.tol > 0 else 0.0
+        mean = global_mean(x, n_total)
+        threshold = self.tol * mean_variance(x, mean, n_total, chunk) if self.tol > 0 else 0.0
         # As scikit-learn: subtract the mean, so that ‖x‖² − 2·x·c + ‖c‖² loses fewer digits.
-        mean = global_mean(x, n_total).to(x.dtype)
+        mean = mean.to(x.dtype)
         x = x - mean
         best = None
         for seed in seeds:
             started = time.perf_counter()
-            centers = self._initial_centers(x, weights, seed) - (0 if isinstance(self.init, str) else mean)
+            centers = self._initial_centers(x, weights, init, seed, mean)
             init_seconds = time.perf_counter() - started
             run = lloyd(x, weights, centers, self.max_iter, threshold, chunk)
             if best is None or run.inertia < best.inertia:
-                best = _Fit.of(run, init_seconds)
-        best.centers = best.centers + mean
+                best = KMeansFit((run.centers + mean).cpu().numpy(), run.labels.cpu().numpy(), run.inertia,
+                                 run.n_iter, timings(init_seconds, run.seconds, run.n_iter))
         return best
 
-    def _fit_daal4py(self, x: torch.Tensor, weights: torch.Tensor | None, seeds: list[int]) -> _Fit:
+    def _fit_daal4py(self, x: torch.Tensor, init: str | np.ndarray, seeds: list[int]) -> KMeansFit:
         best = None
         for seed in seeds:
-            found = daal.fit_daal4py(x.cpu().numpy(), self.n_clusters, self.init, self.max_iter, self.tol, seed)
+            found = daal.fit_daal4py(x.cpu().numpy(), self.n_clusters, init, self.max_iter, self.tol, seed)
             if best is None or found.inertia < best.inertia:
-                best = _Fit(torch.from_numpy(found.cluster_centers), torch.from_numpy(found.labels), found.inertia,
-                            found.n_iter, found.timings)
+                best = found
         return best
-
-
-class _Fit:
-    """The kept run: the estimator's fitted attributes, and its timings."""
-
-    def __init__(self, centers: torch.Tensor, labels: torch.Tensor, inertia: float, n_iter: int,
-                 timings: dict[str, float]):
-        self.centers, self.labels, self.inertia, self.n_iter, self.timings = centers, labels, inertia, n_iter, timings
-
-    @classmethod
-    def of(cls, run: LloydFit, init_seconds: float) -> _Fit:
-        return cls(run.centers, run.labels, run.inertia, run.n_iter,
-                   {"init": init_seconds, "iterations": run.seconds, "per_iteration": run.seconds / max(run.n_iter, 1),
-                    "total": init_seconds + run.seconds})

@@ -53,6 +53,16 @@ def rank_block(n: int, rank: int, world: int) -> slice:
     return slice(rank * n // world, (rank + 1) * n // world)
 
 
+def _rank_part(pattern: str, rank: int, world: int, read) -> tuple[np.ndarray, Path]:
+    """This rank's rows: its own file for a pattern with {rank}, else its block of the one file.
+
+    ``np.array`` copies out of the read-only memory map, so only this rank's block is read into memory.
+    """
+    path = Path(pattern.format(rank=rank)) if "{rank}" in pattern else Path(pattern)
+    data = read(path)
+    return np.array(data if "{rank}" in pattern else data[rank_block(len(data), rank, world)]), path
+
+
 def load_sample_image(name: str = "sample") -> np.ndarray:
     """An RGB image as floats in [0, 1]: scikit-learn's ``china.jpg`` for ``sample``, else a file."""
     if name == "sample":
@@ -80,28 +90,24 @@ def load_input(inputs: list[str], image: str | None, rank: int, world: int) -> t
         return np.ascontiguousarray(pixels[rank_block(len(pixels), rank, world)]), picture
     if len(inputs) != 1:
         raise InputError("give one --input: a file (split by rank) or a pattern with {rank}, or --image")
-    pattern = inputs[0]
-    # np.array copies out of the read-only memory map: this rank's block only is read into memory
-    if "{rank}" in pattern:
-        return np.array(_read_array(Path(pattern.format(rank=rank)))), None
-    data = _read_array(Path(pattern))
-    return np.array(data[rank_block(len(data), rank, world)]), None
+    return _rank_part(inputs[0], rank, world, _read_array)[0], None
 
 
 def load_weights(pattern: str | None, rank: int, world: int, n_rows: int) -> np.ndarray | None:
     """``--sample-weight``: one weight per row of this rank, from a .npy file split like ``--input`` or a {rank} pattern."""
     if pattern is None:
         return None
-    path = Path(pattern.format(rank=rank)) if "{rank}" in pattern else Path(pattern)
-    if not path.is_file():
-        raise InputError(f"no such weights file: {path}")
-    weights = np.load(path, mmap_mode="r")
-    if "{rank}" not in pattern:
-        weights = weights[rank_block(len(weights), rank, world)]
+
+    def read(path: Path) -> np.ndarray:
+        if not path.is_file():
+            raise InputError(f"no such weights file: {path}")
+        return np.load(path, mmap_mode="r")
+
+    weights, path = _rank_part(pattern, rank, world, read)
     if weights.shape != (n_rows,):
         raise InputError(f"{path} holds weights of shape {weights.shape}, but this rank has {n_rows} samples: "
                          "give one weight per sample, in the order of --input")
-    return np.array(weights, dtype=np.float64)
+    return weights.astype(np.float64, copy=False)
 
 
 def initial_centers(init: str) -> str | np.ndarray:

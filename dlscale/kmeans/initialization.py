@@ -99,20 +99,20 @@ def kmeans_plusplus(x: torch.Tensor, k: int, generator: torch.Generator, n_local
         block = torch.addmm(x_sq.expand(len(rows), n), rows, x.T, alpha=-2)
         return block.add_((rows * rows).sum(1)[:, None]).clamp_(min=0)
 
-    cumulative = torch.cumsum(weights, 0)
+    weight_sums = torch.cumsum(weights, 0)
 
     def draw(cumulative: torch.Tensor, count: int, total: float) -> torch.Tensor:
         """Rows drawn with probability ∝ their share of ``cumulative`` (no 2^24 limit, unlike multinomial)."""
         draws = torch.rand(count, generator=generator, dtype=torch.float64).to(x.device) * total
         return torch.searchsorted(cumulative, draws).clamp_(max=n - 1)
 
-    first = int(draw(cumulative, 1, float(cumulative[-1]))[0])
+    first = int(draw(weight_sums, 1, float(weight_sums[-1]))[0])
     centers = [x[first]]
     closest = sq_distances(x[first][None])[0]
     potential = float((closest * weights).sum())
     for _ in range(1, k):
         if potential <= 0:  # fewer distinct points than k: repeat one rather than divide by zero
-            centers.append(x[int(draw(cumulative, 1, float(cumulative[-1]))[0])])
+            centers.append(x[int(draw(weight_sums, 1, float(weight_sums[-1]))[0])])
             continue
         candidates = draw(torch.cumsum(closest * weights, 0), trials, potential)
         trial_closest = torch.minimum(closest[None], sq_distances(x[candidates]))

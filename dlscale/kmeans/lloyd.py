@@ -75,13 +75,15 @@ def global_mean(x: torch.Tensor, n_total: int, step: int = 2**16) -> torch.Tenso
 
     By cache-sized steps: ``x.sum(0, dtype=torch.float64)`` on a float32 tensor is 6× slower here.
     """
-    partial = sum(x[start:start + step].double().sum(0) for start in range(0, x.shape[0], step))
-    return distributed.all_reduce_sum(partial if x.shape[0] else x.new_zeros(x.shape[1], dtype=torch.float64)) / n_total
+    total = x.new_zeros(x.shape[1], dtype=torch.float64)
+    for start in range(0, x.shape[0], step):
+        total += x[start:start + step].double().sum(0)
+    return distributed.all_reduce_sum(total) / n_total
 
 
-def mean_variance(x: torch.Tensor, n_total: int, chunk: int) -> float:
-    """Mean over features of the variance of the whole data set (unweighted, as scikit-learn's ``tol``)."""
-    mean = global_mean(x, n_total)
+def mean_variance(x: torch.Tensor, mean: torch.Tensor, n_total: int, chunk: int) -> float:
+    """Mean over features of the variance of the whole data set about its ``mean`` (float64, unweighted, as
+    scikit-learn's ``tol``)."""
     squares = torch.zeros_like(mean)
     for start in range(0, x.shape[0], chunk):
         squares += ((x[start:start + chunk].double() - mean) ** 2).sum(0)
@@ -168,13 +170,14 @@ def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, 
         if shift <= threshold:
             break
     passes = iterations
-    if not strict:  # the last pass's labels belong to the previous centres: assign once more
-        passes += 1
-        if on_cpu:
+    if strict or on_cpu:
+        if not strict:  # the last pass's labels belong to the previous centres: assign once more
+            passes += 1
             changed_rows(x, centers, previous, labels, bounds, chunk)
-        else:
-            labels, _ = assign(x, centers, chunk)
-    inertia = inertia_of(x, centers, labels, chunk, weights)
+        inertia = inertia_of(x, centers, labels, chunk, weights)
+    else:  # on GPUs a full assignment gives the labels and the inertia in one pass
+        passes += 1
+        labels, inertia = assign(x, centers, chunk, weights)
     inertia = float(distributed.all_reduce_sum(torch.tensor([inertia], dtype=torch.float64, device=x.device))[0])
     scored = bounds.scored if on_cpu else passes * x.shape[0]
     return LloydFit(centers, labels, inertia, iterations, time.perf_counter() - started, scored)
