@@ -6,6 +6,7 @@
 - :mod:`~dlscale.kmeans.initialization`: k-means++, k-means|| and random initial centres, over ranks;
 - :mod:`~dlscale.kmeans.daal`: Intel oneDAL's SPMD K-Means (daal4py) under ``mpirun`` or ``srun``;
 - :mod:`~dlscale.kmeans.backend`: which of the two engines ``backend="auto"`` picks;
+- :mod:`~dlscale.kmeans.result`: what a fit found, whichever engine ran it;
 - :mod:`~dlscale.kmeans.files`: ``dlscale kmeans``: inputs per rank, images, outputs;
 - :mod:`~dlscale.kmeans.bench`: ``dlscale bench kmeans``: the engines side by side, and their scaling.
 
