@@ -6,6 +6,8 @@
 #   make horovod    build Horovod for this environment's torch (scripts/build_horovod.sh, minutes)
 #   make slurm-packages   Slurm, munge and shellcheck from Debian's packages (as root), for the
 #                   one-node cluster of lesson 09 and the tests of slurm/
+#   make browser-packages Chromium and its chromedriver from Debian's packages (as root), for the
+#                   tests that run the lessons in JupyterLab in a real browser
 #   make lab        JupyterLab on the lessons
 #   make kernel     register this environment as a Jupyter kernel (e.g. on NERSC's JupyterHub)
 #   make exercises  regenerate exercises/ from solutions/
@@ -25,7 +27,7 @@ PYTEST_ARGS ?=
 HOROVOD     ?= yes
 BIN         := $(VENV)/bin
 
-.PHONY: setup setup-dev horovod slurm-packages demo test lab kernel exercises clean
+.PHONY: setup setup-dev horovod slurm-packages browser-packages demo test lab kernel exercises clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -53,6 +55,11 @@ slurm-packages:
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SLURM_PACKAGES) || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SLURM_PACKAGES))
 
+BROWSER_PACKAGES := chromium chromium-driver
+browser-packages:
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BROWSER_PACKAGES) || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BROWSER_PACKAGES))
+
 setup: $(VENV)/.installed
 
 setup-dev: $(VENV)/.installed-dev
@@ -63,8 +70,9 @@ demo: setup
 	$(BIN)/dlscale train demo
 
 # As root on Debian or Ubuntu (CI, a container), make test also installs Slurm, munge and
-# shellcheck for the tests of slurm/; elsewhere those tests skip and say how to install them.
-SYSTEM_PACKAGES ?= $(shell [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null && echo slurm-packages)
+# shellcheck for the tests of slurm/, and Chromium for the browser tests; elsewhere those tests
+# skip and say how to install them.
+SYSTEM_PACKAGES ?= $(shell [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null && echo slurm-packages browser-packages)
 
 test: setup-dev $(if $(filter yes,$(HOROVOD)),horovod) $(SYSTEM_PACKAGES)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -1,0 +1,205 @@
+"""JupyterLab driven by a real headless Chromium, the way an attendee runs a lesson.
+
+:class:`Lab` starts one JupyterLab on localhost (token, its own config, data and settings
+folders) and one Chromium through Selenium and Debian's chromedriver. :meth:`Lab.run_all`
+opens a notebook, checks the kernel, clicks Run → Run All Cells, waits for every cell, saves,
+and returns a :class:`Page`: what the browser shows and what the saved notebook holds.
+:func:`problems` lists what an attendee would see go wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from dlscale.distributed import free_port
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+#: JupyterLab settings for the test: every cell in the page (not only the visible ones), no news pop-up.
+SETTINGS = {
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false"},
+}
+
+
+def missing() -> str | None:
+    """Why the browser tests cannot run here, or None."""
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed: pip install -e '.[dev]'"
+    if not (CHROMIUM and CHROMEDRIVER):
+        return "Chromium or chromedriver is missing: make browser-packages (as root on Debian/Ubuntu)"
+    return None
+
+
+@dataclass
+class Page:
+    """One notebook after Run All: the saved file, the browser's view, and a screenshot."""
+
+    notebook: nbformat.NotebookNode
+    kernel_label: str
+    rendered_images: int
+    broken_images: int
+    progress_widgets: int
+    widget_errors: int
+    screenshot: Path
+    texts: list[str] = field(default_factory=list)
+
+    def outputs(self, mime: str) -> int:
+        return sum(mime in output.get("data", {}) for cell in self.notebook.cells for output in cell.get("outputs", []))
+
+    def errors(self) -> list[str]:
+        return [f"cell {index}: {output['ename']}: {output['evalue']}" for index, cell in enumerate(self.notebook.cells)
+                for output in cell.get("outputs", []) if output.get("output_type") == "error"]
+
+    def last_output_text(self) -> str:
+        code = [cell for cell in self.notebook.cells if cell.cell_type == "code"]
+        return "".join(output.get("text", "") for output in code[-1].get("outputs", []))
+
+
+def problems(page: Page, last_output: str | None, figure_last: bool, bar_expected: bool) -> list[str]:
+    """What an attendee would see go wrong: error cells, figures not drawn, widgets broken, a wrong ending."""
+    found = page.errors()
+    saved_images = page.outputs("image/png")
+    if page.rendered_images < saved_images or page.broken_images:
+        found.append(f"{saved_images} figures were made but {page.rendered_images - page.broken_images} are shown")
+    if page.widget_errors:
+        found.append(f"{page.widget_errors} widget(s) show 'Error displaying widget'")
+    bars = page.outputs("application/vnd.jupyter.widget-view+json")
+    if bars and page.progress_widgets < 1 or bar_expected and not bars:
+        found.append(f"{bars} widget outputs, {page.progress_widgets} progress bars drawn")
+    code = [cell for cell in page.notebook.cells if cell.cell_type == "code"]
+    last_outputs = code[-1].get("outputs", [])
+    if figure_last and not any("image/png" in output.get("data", {}) for output in last_outputs):
+        found.append("the last cell shows no figure")
+    if last_output and not re.search(last_output, page.last_output_text()):
+        found.append(f"the last cell's text does not match {last_output!r}: {page.last_output_text()[-500:]!r}")
+    return found
+
+
+class Lab:
+    """One JupyterLab server and one headless Chromium, shared by the browser tests."""
+
+    def __init__(self, work: Path, data_dir: Path):
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+
+        self.work, self.port, self.token = work, free_port(), secrets.token_hex(16)
+        settings = work.parent / "lab-settings"
+        for name, values in SETTINGS.items():
+            path = settings / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(values))
+        env = {**os.environ, "JUPYTER_DATA_DIR": str(data_dir), "JUPYTER_RUNTIME_DIR": str(work.parent / "runtime"),
+               "JUPYTER_CONFIG_DIR": str(work.parent / "config"), "JUPYTERLAB_SETTINGS_DIR": str(settings)}
+        self.log = (work.parent / "jupyterlab.log").open("w")
+        self.server = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
+             f"--port={self.port}", f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={work}",
+             "--ServerApp.port_retries=0"],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self._wait_for_server()
+        options = webdriver.ChromeOptions()
+        options.binary_location = CHROMIUM
+        for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+            options.add_argument(argument)
+        self.driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+    def _wait_for_server(self, seconds: float = 90) -> None:
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            assert self.server.poll() is None, (self.work.parent / "jupyterlab.log").read_text()[-2000:]
+            try:
+                with urllib.request.urlopen(f"{self.url('api/status')}", timeout=5):
+                    return
+            except OSError:
+                time.sleep(0.5)
+        raise AssertionError(f"JupyterLab did not answer within {seconds:.0f} s")
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{path}?token={self.token}"
+
+    def shutdown_kernels(self) -> None:
+        """End every session, so the next lesson does not share the CPUs with the last one's kernel."""
+        with urllib.request.urlopen(self.url("api/sessions"), timeout=10) as response:
+            sessions = json.load(response)
+        for session in sessions:
+            request = urllib.request.Request(self.url(f"api/sessions/{session['id']}"), method="DELETE")
+            urllib.request.urlopen(request, timeout=30).close()
+
+    def close(self) -> None:
+        self.driver.quit()
+        os.killpg(self.server.pid, signal.SIGTERM)
+        self.server.wait(timeout=30)
+        self.log.close()
+
+    def _wait(self, condition, seconds: float, what: str):
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            value = condition()
+            if value:
+                return value
+            time.sleep(0.5)
+        raise AssertionError(f"timed out after {seconds:.0f} s waiting for {what}")
+
+    def _menu(self, menu: str, command: str) -> None:
+        from selenium.webdriver.common.by import By
+
+        self.driver.find_element(By.XPATH, f"//div[contains(@class, 'lm-MenuBar-itemLabel') and text()='{menu}']").click()
+        self._wait(lambda: self.driver.find_elements(By.CSS_SELECTOR, f"li.lm-Menu-item[data-command='{command}']"),
+                   10, f"the menu item {command}")[0].click()
+
+    def run_all(self, name: str, kernel: str, screenshot: Path, seconds: float = 900) -> Page:
+        """Open ``name``, check its kernel is ``kernel``, Run All Cells, wait, save; what the page shows."""
+        from selenium.webdriver.common.by import By
+
+        driver = self.driver
+        self.shutdown_kernels()
+        driver.get(self.url(f"lab/tree/{name}"))
+        # Earlier notebooks stay open in hidden tabs: look only at the one in front.
+        panel = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+
+        def kernel_ready() -> str | None:
+            labels = driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-Toolbar-kernelName")
+            idle = driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-Notebook-ExecutionIndicator[data-status='idle']")
+            return labels[0].text if labels and labels[0].text.startswith(kernel) and idle else None
+
+        label = self._wait(kernel_ready, 120, f"the {kernel} kernel to start")
+        self._menu("Run", "runmenu:run-all")
+
+        def finished() -> bool:
+            prompts = [p.text.strip() for p in driver.find_elements(By.CSS_SELECTOR,
+                                                                    f"{panel} .jp-CodeCell .jp-InputArea-prompt")]
+            idle = driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-Notebook-ExecutionIndicator[data-status='idle']")
+            return bool(prompts) and all(re.fullmatch(r"\[\d+\]:", p) for p in prompts) and bool(idle)
+
+        self._wait(finished, seconds, f"every cell of {name} to run")
+        self._menu("File", "docmanager:save")
+        path = self.work / name
+        self._wait(lambda: not driver.find_elements(By.CSS_SELECTOR, ".jp-mod-current.jp-mod-dirty"), 30,
+                   f"{name} to be saved")
+        images = driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-OutputArea-output img")
+        broken = sum(not driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", img)
+                     for img in images)
+        page_text = driver.find_element(By.CSS_SELECTOR, f"{panel} .jp-Notebook").text
+        driver.save_screenshot(str(screenshot))
+        return Page(notebook=nbformat.read(path, as_version=4), kernel_label=label, rendered_images=len(images),
+                    broken_images=broken,
+                    progress_widgets=len(driver.find_elements(By.CSS_SELECTOR,
+                                                              f"{panel} .jp-OutputArea-output .widget-progress")),
+                    widget_errors=page_text.count("Error displaying widget"), screenshot=screenshot)

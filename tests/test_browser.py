@@ -1,0 +1,104 @@
+"""The lessons as attendees see them: `make kernel`, then JupyterLab in a real headless Chromium.
+
+One JupyterLab and one browser serve every test (module fixture). Each lesson is copied with
+its CI parameters and the kernel the README tells attendees to pick, run with Run → Run All
+Cells, saved, and checked: no error cell, every figure drawn as an image, tqdm bars drawn as
+widgets (not text, not "Error displaying widget"), and the last cell showing what the lesson
+says. Screenshots of each end state are kept in the test's temporary folder.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import papermill
+import pytest
+
+from .browser import Lab, missing, problems
+from .conftest import ROOT
+from .test_notebooks import LESSONS
+
+pytestmark = pytest.mark.notebook
+
+#: The kernel `make kernel` installs and the README tells attendees to choose.
+KERNEL = "dlscale"
+
+#: Per lesson: the regex the last cell's text must match (None: it shows a figure), and whether a
+#: tqdm bar must be drawn. Parameters are the headless tests' small ones.
+BROWSER_LESSONS = {
+    "00_environment.ipynb": (None, False),
+    "01_single_device_baseline.ipynb": (r"global batch\s+\d+: .* samples/s", True),
+    "03_mixed_precision.ipynb": (r"fp16: R² -?[\d.]+", False),
+    "05_data_parallel.ipynb": (r"efficiency", False),
+    "08_distributed_kmeans.ipynb": (None, False),
+}
+
+
+@pytest.fixture(scope="module")
+def kernel_dir(tmp_path_factory):
+    """`make kernel` into a fresh Jupyter data folder, as an attendee on a JupyterHub runs it."""
+    data = tmp_path_factory.mktemp("jupyter-data")
+    env = {**os.environ, "JUPYTER_DATA_DIR": str(data)}
+    done = subprocess.run(["make", "-C", str(ROOT), "kernel", f"VENV={sys.prefix}"], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return data
+
+
+def test_make_kernel_installs_the_kernel_the_readme_names(kernel_dir):
+    env = {**os.environ, "JUPYTER_DATA_DIR": str(kernel_dir)}
+    listed = subprocess.run([sys.executable, "-m", "jupyter", "kernelspec", "list", "--json"], capture_output=True,
+                            text=True, env=env, timeout=120)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    spec = json.loads(listed.stdout)["kernelspecs"][KERNEL]
+    assert Path(spec["resource_dir"]).parent.parent == kernel_dir  # installed where Jupyter looks for the user
+    assert spec["spec"]["display_name"] == f"dlscale ({sys.prefix})"  # "dlscale", and which environment
+    assert Path(spec["spec"]["argv"][0]).resolve() == Path(sys.executable).resolve()
+    assert f"choose the **{KERNEL}** kernel" in (ROOT / "README.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def lab(kernel_dir, tmp_path_factory):
+    reason = missing()
+    if reason:
+        pytest.skip(reason)
+    work = tmp_path_factory.mktemp("lab") / "work"
+    work.mkdir()
+    lab = Lab(work, kernel_dir)
+    yield lab
+    lab.close()
+
+
+def _prepare(lab: Lab, name: str, parameters: dict, extra_cell: str | None = None, as_name: str | None = None) -> str:
+    """The lesson with its parameters injected and the dlscale kernel chosen, in the lab's folder."""
+    notebook = papermill.execute_notebook(str(ROOT / "notebooks" / name), None, parameters=parameters,
+                                          prepare_only=True, kernel_name=KERNEL, progress_bar=False)
+    notebook.metadata["kernelspec"] = {"name": KERNEL, "display_name": KERNEL, "language": "python"}
+    if extra_cell:
+        import nbformat
+
+        notebook.cells.append(nbformat.v4.new_code_cell(extra_cell))
+    path = lab.work / (as_name or name)
+    path.write_text(json.dumps(notebook, indent=1))
+    return path.name
+
+
+@pytest.mark.parametrize("name", sorted(BROWSER_LESSONS))
+def test_a_lesson_runs_all_in_the_browser(lab, name, tmp_path):
+    last_output, bar_expected = BROWSER_LESSONS[name]
+    page = lab.run_all(_prepare(lab, name, LESSONS[name]), KERNEL, tmp_path / f"{name}.png")
+    assert page.kernel_label.startswith("dlscale (")  # the kernel the README names, shown to the attendee
+    assert problems(page, last_output, figure_last=last_output is None, bar_expected=bar_expected) == []
+    assert page.outputs("image/png") >= 1  # every one of these lessons draws something
+    assert page.screenshot.stat().st_size > 20_000
+
+
+def test_a_broken_cell_fails_the_check(lab, tmp_path):
+    page = lab.run_all(_prepare(lab, "00_environment.ipynb", LESSONS["00_environment.ipynb"],
+                                extra_cell="raise RuntimeError('deliberately broken')", as_name="00_broken.ipynb"),
+                       KERNEL, tmp_path / "broken.png")
+    found = problems(page, None, figure_last=True, bar_expected=False)
+    assert any("RuntimeError: deliberately broken" in problem for problem in found)
+    assert any("no figure" in problem for problem in found)  # the broken cell is now the last one
