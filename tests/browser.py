@@ -79,9 +79,10 @@ def problems(page: Page, last_output: str | None, figure_last: bool, bar_expecte
     if page.rendered_images < saved_images or page.broken_images:
         found.append(f"{saved_images} figures were made but {page.rendered_images - page.broken_images} are shown")
     if page.widget_errors:
-        found.append(f"{page.widget_errors} widget(s) show 'Error displaying widget'")
+        found.append(f"{page.widget_errors} widget(s) show 'Error displaying widget' or stay at 'Loading widget...'")
+    # Every widget the lessons show is a tqdm bar: each must be drawn as one, not left as text.
     bars = page.outputs("application/vnd.jupyter.widget-view+json")
-    if bars and page.progress_widgets < 1 or bar_expected and not bars:
+    if page.progress_widgets != bars or bar_expected and not bars:
         found.append(f"{bars} widget outputs, {page.progress_widgets} progress bars drawn")
     code = [cell for cell in page.notebook.cells if cell.cell_type == "code"]
     last_outputs = code[-1].get("outputs", [])
@@ -100,6 +101,7 @@ class Lab:
         from selenium.webdriver.chrome.service import Service
 
         self.work, self.port, self.token = work, free_port(), secrets.token_hex(16)
+        self.opened = 0
         settings = work.parent / "lab-settings"
         for name, values in SETTINGS.items():
             path = settings / name
@@ -170,36 +172,55 @@ class Lab:
 
         driver = self.driver
         self.shutdown_kernels()
-        driver.get(self.url(f"lab/tree/{name}"))
-        # Earlier notebooks stay open in hidden tabs: look only at the one in front.
+        # A workspace of its own: only this notebook is open, so Run All cannot reach an earlier tab.
+        self.opened += 1
+        driver.get(self.url(f"lab/workspaces/run-{self.opened}/tree/{name}"))
         panel = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+
+        def prompts() -> list[str]:
+            return [p.text.strip() for p in driver.find_elements(By.CSS_SELECTOR,
+                                                                 f"{panel} .jp-CodeCell .jp-InputArea-prompt")]
+
+        def idle() -> bool:
+            return bool(driver.find_elements(
+                By.CSS_SELECTOR, f"{panel} .jp-Notebook-ExecutionIndicator[data-status='idle']"))
 
         def kernel_ready() -> str | None:
             labels = driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-Toolbar-kernelName")
-            idle = driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-Notebook-ExecutionIndicator[data-status='idle']")
-            return labels[0].text if labels and labels[0].text.startswith(kernel) and idle else None
+            return labels[0].text if labels and labels[0].text.startswith(kernel) and idle() else None
 
         label = self._wait(kernel_ready, 120, f"the {kernel} kernel to start")
         self._menu("Run", "runmenu:run-all")
+        self._wait(lambda: any(p != "[ ]:" for p in prompts()), 30, f"Run All to start on {name}")
 
         def finished() -> bool:
-            prompts = [p.text.strip() for p in driver.find_elements(By.CSS_SELECTOR,
-                                                                    f"{panel} .jp-CodeCell .jp-InputArea-prompt")]
-            idle = driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-Notebook-ExecutionIndicator[data-status='idle']")
-            return bool(prompts) and all(re.fullmatch(r"\[\d+\]:", p) for p in prompts) and bool(idle)
+            # Done when nothing is queued or running: after an error cell the kernel drops the queue
+            # and the cells below go back to "[ ]:", so waiting for every cell to have a number would hang.
+            return "[*]:" not in prompts() and idle()
 
-        self._wait(finished, seconds, f"every cell of {name} to run")
+        self._wait(finished, seconds, f"the cells of {name} to finish")
         self._menu("File", "docmanager:save")
-        path = self.work / name
         self._wait(lambda: not driver.find_elements(By.CSS_SELECTOR, ".jp-mod-current.jp-mod-dirty"), 30,
                    f"{name} to be saved")
+
+        def notebook_text() -> str:
+            return driver.find_element(By.CSS_SELECTOR, f"{panel} .jp-Notebook").text
+
         images = driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-OutputArea-output img")
-        broken = sum(not driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", img)
-                     for img in images)
-        page_text = driver.find_element(By.CSS_SELECTOR, f"{panel} .jp-Notebook").text
+
+        def drawn() -> bool:  # a widget or an image whose data has just arrived may still be drawing
+            return "Loading widget..." not in notebook_text() and all(
+                driver.execute_script("return arguments[0].complete", img) for img in images)
+
+        try:
+            self._wait(drawn, 30, "the widgets and figures to be drawn")
+        except AssertionError:
+            pass  # what is still not drawn is counted below
+        broken = sum(not driver.execute_script("return arguments[0].naturalWidth > 0", img) for img in images)
+        text = notebook_text()
+        bars = driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-OutputArea-output .jupyter-widgets.widget-hprogress")
         driver.save_screenshot(str(screenshot))
-        return Page(notebook=nbformat.read(path, as_version=4), kernel_label=label, rendered_images=len(images),
-                    broken_images=broken,
-                    progress_widgets=len(driver.find_elements(By.CSS_SELECTOR,
-                                                              f"{panel} .jp-OutputArea-output .widget-progress")),
-                    widget_errors=page_text.count("Error displaying widget"), screenshot=screenshot)
+        return Page(notebook=nbformat.read(self.work / name, as_version=4), kernel_label=label,
+                    rendered_images=len(images), broken_images=broken, progress_widgets=len(bars),
+                    widget_errors=text.count("Error displaying widget") + text.count("Loading widget..."),
+                    screenshot=screenshot)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
 import papermill
 import pytest
 
@@ -71,15 +72,12 @@ def lab(kernel_dir, tmp_path_factory):
     lab.close()
 
 
-def _prepare(lab: Lab, name: str, parameters: dict, extra_cell: str | None = None, as_name: str | None = None) -> str:
+def _prepare(lab: Lab, name: str, parameters: dict, extra_cells: tuple[str, ...] = (), as_name: str | None = None) -> str:
     """The lesson with its parameters injected and the dlscale kernel chosen, in the lab's folder."""
     notebook = papermill.execute_notebook(str(ROOT / "notebooks" / name), None, parameters=parameters,
                                           prepare_only=True, kernel_name=KERNEL, progress_bar=False)
     notebook.metadata["kernelspec"] = {"name": KERNEL, "display_name": KERNEL, "language": "python"}
-    if extra_cell:
-        import nbformat
-
-        notebook.cells.append(nbformat.v4.new_code_cell(extra_cell))
+    notebook.cells += [nbformat.v4.new_code_cell(source) for source in extra_cells]
     path = lab.work / (as_name or name)
     path.write_text(json.dumps(notebook, indent=1))
     return path.name
@@ -95,10 +93,23 @@ def test_a_lesson_runs_all_in_the_browser(lab, name, tmp_path):
     assert page.screenshot.stat().st_size > 20_000
 
 
-def test_a_broken_cell_fails_the_check(lab, tmp_path):
-    page = lab.run_all(_prepare(lab, "00_environment.ipynb", LESSONS["00_environment.ipynb"],
-                                extra_cell="raise RuntimeError('deliberately broken')", as_name="00_broken.ipynb"),
-                       KERNEL, tmp_path / "broken.png")
-    found = problems(page, None, figure_last=True, bar_expected=False)
-    assert any("RuntimeError: deliberately broken" in problem for problem in found)
-    assert any("no figure" in problem for problem in found)  # the broken cell is now the last one
+#: What goes wrong at a workshop, made on purpose: a widget the page cannot draw (its model is
+#: unknown, as when the frontend and kernel ipywidgets disagree), a figure that is not drawn, an error.
+BROKEN_CELLS = (
+    "from IPython.display import display\n"
+    "display({'application/vnd.jupyter.widget-view+json': {'model_id': 'gone', 'version_major': 2,"
+    " 'version_minor': 0}}, raw=True)",
+    "display({'image/png': 'bm90IGEgcG5n'}, raw=True)",
+    "raise RuntimeError('deliberately broken')",
+    "print('never reached')",
+)
+
+
+def test_a_broken_lesson_fails_the_check(lab, tmp_path):
+    page = lab.run_all(_prepare(lab, "00_environment.ipynb", LESSONS["00_environment.ipynb"], BROKEN_CELLS,
+                                as_name="00_broken.ipynb"), KERNEL, tmp_path / "broken.png")
+    found = problems(page, "never reached", figure_last=False, bar_expected=False)
+    assert any("RuntimeError: deliberately broken" in problem for problem in found), found
+    assert any("'Error displaying widget'" in problem for problem in found), found
+    assert any("are shown" in problem for problem in found), found  # the undrawable figure
+    assert any("last cell's text" in problem for problem in found), found  # Run All stopped at the error
