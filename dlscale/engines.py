@@ -14,6 +14,7 @@ afterwards, also when a rank fails (the error names the rank). Lesson 05 uses it
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Callable
@@ -23,6 +24,17 @@ from .errors import DlscaleError, import_optional
 
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                    "DLSCALE_LAUNCHER")
+
+
+class _NoCleanupRace(logging.Filter):
+    """Drop ipyparallel's "Failed to remove <engine log>" errors.
+
+    When a cluster stops, two of ipyparallel's threads may both delete an engine's log file; the
+    second finds it gone and logs an ERROR into the notebook although nothing went wrong.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Failed to remove")
 
 
 class EngineError(DlscaleError):
@@ -76,6 +88,7 @@ def run_on_engines(function: Callable, n: int = 2, *args: Any, engines: str = "l
     if engines == "slurm":
         options.setdefault("controller_ip", "*")
     cluster = ipp.Cluster(**options)
+    cluster.log.addFilter(_NoCleanupRace())
     try:
         client = cluster.start_and_connect_sync(n=n)
         ids = sorted(client.ids)[:n]

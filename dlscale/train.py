@@ -441,8 +441,13 @@ def _finish(run: Run, meter: ThroughputMeter, preempted: bool, started: float) -
     return result
 
 
-def train_quietly(cfg: TrainConfig) -> Result:
-    """:func:`train` with its console lines saved to ``output.log`` in the run directory (for sweeps)."""
+def train_quietly(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
+    """:func:`train` with its console lines kept in ``output.log`` in the run directory, not printed.
+
+    For sweeps and repeated runs, in a notebook or a benchmark: the progress bar (if on) still
+    shows, and each run's lines stay readable in its own folder.
+    """
+    cfg = _as_config(cfg, overrides)
     output = io.StringIO()
     try:
         with contextlib.redirect_stdout(output):

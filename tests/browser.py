@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
@@ -57,8 +57,8 @@ class Page:
     broken_images: int
     progress_widgets: int
     widget_errors: int
+    rendered_tables: int
     screenshot: Path
-    texts: list[str] = field(default_factory=list)
 
     def outputs(self, mime: str) -> int:
         return sum(mime in output.get("data", {}) for cell in self.notebook.cells for output in cell.get("outputs", []))
@@ -78,6 +78,10 @@ def problems(page: Page, last_output: str | None, figure_last: bool, bar_expecte
     saved_images = page.outputs("image/png")
     if page.rendered_images < saved_images or page.broken_images:
         found.append(f"{saved_images} figures were made but {page.rendered_images - page.broken_images} are shown")
+    tables = sum("|---" in output.get("data", {}).get("text/markdown", "") for cell in page.notebook.cells
+                 for output in cell.get("outputs", []))
+    if page.rendered_tables < tables:
+        found.append(f"{tables} Markdown tables were shown but {page.rendered_tables} are drawn as tables")
     if page.widget_errors:
         found.append(f"{page.widget_errors} widget(s) show 'Error displaying widget' or stay at 'Loading widget...'")
     # Every widget the lessons show is a tqdm bar: each must be drawn as one, not left as text.
@@ -93,42 +97,40 @@ def problems(page: Page, last_output: str | None, figure_last: bool, bar_expecte
     return found
 
 
-class Lab:
-    """One JupyterLab server and one headless Chromium, shared by the browser tests."""
+class LabServer:
+    """JupyterLab on 127.0.0.1 with a token, serving ``root``; its config, runtime, settings and log in ``folder``."""
 
-    def __init__(self, work: Path, data_dir: Path):
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-
-        self.work, self.port, self.token = work, free_port(), secrets.token_hex(16)
-        self.opened = 0
-        settings = work.parent / "lab-settings"
+    def __init__(self, root: Path, folder: Path, data_dir: Path | None = None):
+        self.port, self.token = free_port(), secrets.token_hex(16)
+        settings = folder / "lab-settings"
         for name, values in SETTINGS.items():
             path = settings / name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(values))
-        env = {**os.environ, "JUPYTER_DATA_DIR": str(data_dir), "JUPYTER_RUNTIME_DIR": str(work.parent / "runtime"),
-               "JUPYTER_CONFIG_DIR": str(work.parent / "config"), "JUPYTERLAB_SETTINGS_DIR": str(settings)}
-        self.log = (work.parent / "jupyterlab.log").open("w")
-        self.server = subprocess.Popen(
+        env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(folder / "runtime"), "JUPYTER_CONFIG_DIR": str(folder / "config"),
+               "JUPYTERLAB_SETTINGS_DIR": str(settings)}
+        if data_dir:
+            env["JUPYTER_DATA_DIR"] = str(data_dir)
+        self.log_path = folder / "jupyterlab.log"
+        self.log = self.log_path.open("w")
+        self.process = subprocess.Popen(
             [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
-             f"--port={self.port}", f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={work}",
+             f"--port={self.port}", f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}",
              "--ServerApp.port_retries=0"],
             stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self._wait_for_server()
-        options = webdriver.ChromeOptions()
-        options.binary_location = CHROMIUM
-        for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
-            options.add_argument(argument)
-        self.driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+        try:
+            self._wait_until_up()
+        except AssertionError:
+            self.close()
+            raise
 
-    def _wait_for_server(self, seconds: float = 90) -> None:
+    def _wait_until_up(self, seconds: float = 90) -> None:
         deadline = time.time() + seconds
         while time.time() < deadline:
-            assert self.server.poll() is None, (self.work.parent / "jupyterlab.log").read_text()[-2000:]
+            assert self.process.poll() is None, self.log_path.read_text()[-2000:]
             try:
-                with urllib.request.urlopen(f"{self.url('api/status')}", timeout=5):
-                    return
+                self.get("api/status")
+                return
             except OSError:
                 time.sleep(0.5)
         raise AssertionError(f"JupyterLab did not answer within {seconds:.0f} s")
@@ -136,19 +138,47 @@ class Lab:
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}/{path}?token={self.token}"
 
-    def shutdown_kernels(self) -> None:
-        """End every session, so the next lesson does not share the CPUs with the last one's kernel."""
-        with urllib.request.urlopen(self.url("api/sessions"), timeout=10) as response:
-            sessions = json.load(response)
-        for session in sessions:
-            request = urllib.request.Request(self.url(f"api/sessions/{session['id']}"), method="DELETE")
-            urllib.request.urlopen(request, timeout=30).close()
+    def get(self, path: str, method: str = "GET"):
+        """The REST API's JSON answer (None when it has no body)."""
+        with urllib.request.urlopen(urllib.request.Request(self.url(path), method=method), timeout=30) as response:
+            body = response.read()
+        return json.loads(body) if body else None
 
     def close(self) -> None:
-        self.driver.quit()
-        os.killpg(self.server.pid, signal.SIGTERM)
-        self.server.wait(timeout=30)
+        os.killpg(self.process.pid, signal.SIGTERM)
+        self.process.wait(timeout=30)
         self.log.close()
+
+
+class Lab:
+    """One JupyterLab server and one headless Chromium, shared by the browser tests."""
+
+    def __init__(self, work: Path, data_dir: Path):
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+
+        self.work, self.opened = work, 0
+        self.server = LabServer(work, work.parent, data_dir)
+        options = webdriver.ChromeOptions()
+        options.binary_location = CHROMIUM
+        for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1400"):
+            options.add_argument(argument)
+        try:
+            self.driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+        except Exception:
+            self.server.close()
+            raise
+
+    def shutdown_kernels(self) -> None:
+        """End every session, so the next lesson does not share the CPUs with the last one's kernel."""
+        for session in self.server.get("api/sessions"):
+            self.server.get(f"api/sessions/{session['id']}", method="DELETE")
+
+    def close(self) -> None:
+        try:
+            self.driver.quit()
+        finally:
+            self.server.close()
 
     def _wait(self, condition, seconds: float, what: str):
         deadline = time.time() + seconds
@@ -174,7 +204,7 @@ class Lab:
         self.shutdown_kernels()
         # A workspace of its own: only this notebook is open, so Run All cannot reach an earlier tab.
         self.opened += 1
-        driver.get(self.url(f"lab/workspaces/run-{self.opened}/tree/{name}"))
+        driver.get(self.server.url(f"lab/workspaces/run-{self.opened}/tree/{name}"))
         panel = ".jp-NotebookPanel:not(.lm-mod-hidden)"
 
         def prompts() -> list[str]:
@@ -219,8 +249,11 @@ class Lab:
         broken = sum(not driver.execute_script("return arguments[0].naturalWidth > 0", img) for img in images)
         text = notebook_text()
         bars = driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-OutputArea-output .jupyter-widgets.widget-hprogress")
+        last_cell = driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-CodeCell")[-1]
+        driver.execute_script("arguments[0].scrollIntoView({block: 'end'})", last_cell)  # the end state in view
         driver.save_screenshot(str(screenshot))
         return Page(notebook=nbformat.read(self.work / name, as_version=4), kernel_label=label,
                     rendered_images=len(images), broken_images=broken, progress_widgets=len(bars),
                     widget_errors=text.count("Error displaying widget") + text.count("Loading widget..."),
+                    rendered_tables=len(driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-OutputArea-output table")),
                     screenshot=screenshot)

@@ -1,6 +1,7 @@
 """Data-parallel training: launcher detection, 2 ranks equal 1, a dead rank stops the job, resume."""
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -285,6 +286,20 @@ def test_ipyparallel_engines_run_one_job_and_return_every_rank(in_tmp):
     while engines_alive() and time.time() < deadline:
         time.sleep(0.2)
     assert engines_alive() == [], "engines left running"
+
+
+def test_engine_log_cleanup_race_stays_out_of_the_notebook(caplog):
+    """ipyparallel's harmless "Failed to remove" error is dropped; its other errors still show."""
+    import ipyparallel as ipp
+
+    from dlscale.engines import _NoCleanupRace
+
+    cluster = ipp.Cluster(n=1, log_level=40)
+    cluster.log.addFilter(_NoCleanupRace())
+    with caplog.at_level(logging.ERROR, logger=cluster.log.name):
+        cluster.log.error("Failed to remove /root/.ipython/profile_default/log/ipengine-1.log: [Errno 2] gone")
+        cluster.log.error("Engine set failed to start")
+    assert [r.getMessage() for r in caplog.records] == ["Engine set failed to start"]
 
 
 def test_two_ranks_under_intel_mpi_equal_one_process(in_tmp):
