@@ -181,9 +181,14 @@ class Lab:
             self.server.close()
 
     def _wait(self, condition, seconds: float, what: str):
+        from selenium.common.exceptions import StaleElementReferenceException
+
         deadline = time.time() + seconds
         while time.time() < deadline:
-            value = condition()
+            try:
+                value = condition()
+            except StaleElementReferenceException:  # JupyterLab redrew the element while we read it
+                value = None
             if value:
                 return value
             time.sleep(0.5)
@@ -194,7 +199,7 @@ class Lab:
 
         self.driver.find_element(By.XPATH, f"//div[contains(@class, 'lm-MenuBar-itemLabel') and text()='{menu}']").click()
         self._wait(lambda: self.driver.find_elements(By.CSS_SELECTOR, f"li.lm-Menu-item[data-command='{command}']"),
-                   10, f"the menu item {command}")[0].click()
+                   30, f"the menu item {command}")[0].click()
 
     def run_all(self, name: str, kernel: str, screenshot: Path, seconds: float = 900) -> Page:
         """Open ``name``, check its kernel is ``kernel``, Run All Cells, wait, save; what the page shows."""
@@ -219,9 +224,9 @@ class Lab:
             labels = driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-Toolbar-kernelName")
             return labels[0].text if labels and labels[0].text.startswith(kernel) and idle() else None
 
-        label = self._wait(kernel_ready, 120, f"the {kernel} kernel to start")
+        label = self._wait(kernel_ready, 300, f"the {kernel} kernel to start")
         self._menu("Run", "runmenu:run-all")
-        self._wait(lambda: any(p != "[ ]:" for p in prompts()), 30, f"Run All to start on {name}")
+        self._wait(lambda: any(p != "[ ]:" for p in prompts()), 60, f"Run All to start on {name}")
 
         def finished() -> bool:
             # Done when nothing is queued or running: after an error cell the kernel drops the queue

@@ -86,6 +86,8 @@ def _prepare(lab: Lab, name: str, parameters: dict, extra_cells: tuple[str, ...]
     return path.name
 
 
+# A hang guard, not a speed target (lesson 08 takes about a minute on 2 quiet cores).
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("name", sorted(BROWSER_LESSONS))
 def test_a_lesson_runs_all_in_the_browser(lab, name, tmp_path):
     last_output, figure_last, bar_expected = BROWSER_LESSONS[name]
