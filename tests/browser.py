@@ -241,24 +241,27 @@ class Lab:
         def notebook_text() -> str:
             return driver.find_element(By.CSS_SELECTOR, f"{panel} .jp-Notebook").text
 
-        images = driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-OutputArea-output img")
+        def images() -> list[list[bool]]:  # [loaded, has pixels] per output image, read in one step
+            return driver.execute_script(
+                "return Array.from(document.querySelectorAll(arguments[0])).map(i => [i.complete, i.naturalWidth > 0])",
+                f"{panel} .jp-OutputArea-output img")
 
         def drawn() -> bool:  # a widget or an image whose data has just arrived may still be drawing
-            return "Loading widget..." not in notebook_text() and all(
-                driver.execute_script("return arguments[0].complete", img) for img in images)
+            return "Loading widget..." not in notebook_text() and all(loaded for loaded, _ in images())
 
         try:
             self._wait(drawn, 30, "the widgets and figures to be drawn")
         except AssertionError:
             pass  # what is still not drawn is counted below
-        broken = sum(not driver.execute_script("return arguments[0].naturalWidth > 0", img) for img in images)
+        shown = images()
+        broken = sum(not pixels for _, pixels in shown)
         text = notebook_text()
         bars = driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-OutputArea-output .jupyter-widgets.widget-hprogress")
         last_cell = driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-CodeCell")[-1]
         driver.execute_script("arguments[0].scrollIntoView({block: 'end'})", last_cell)  # the end state in view
         driver.save_screenshot(str(screenshot))
         return Page(notebook=nbformat.read(self.work / name, as_version=4), kernel_label=label,
-                    rendered_images=len(images), broken_images=broken, progress_widgets=len(bars),
+                    rendered_images=len(shown), broken_images=broken, progress_widgets=len(bars),
                     widget_errors=text.count("Error displaying widget") + text.count("Loading widget..."),
                     rendered_tables=len(driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-OutputArea-output table")),
                     screenshot=screenshot)
