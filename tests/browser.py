@@ -1,10 +1,11 @@
 """JupyterLab driven by a real headless Chromium, the way an attendee runs a lesson.
 
-:class:`Lab` starts one JupyterLab on localhost (token, its own config, data and settings
-folders) and one Chromium through Selenium and Debian's chromedriver. :meth:`Lab.run_all`
-opens a notebook, checks the kernel, clicks Run → Run All Cells, waits for every cell, saves,
-and returns a :class:`Page`: what the browser shows and what the saved notebook holds.
-:func:`problems` lists what an attendee would see go wrong.
+:class:`LabServer` starts JupyterLab on localhost (a token; its own config, runtime and settings
+folders). :class:`Lab` adds one Chromium through Selenium and Debian's chromedriver;
+:meth:`Lab.run_all` opens a notebook in a workspace of its own, checks the kernel, clicks
+Run → Run All Cells, waits until nothing is queued or running, saves, and returns a
+:class:`Page`: what the browser shows and what the saved notebook holds. :func:`problems` lists
+what an attendee would see go wrong.
 """
 
 from __future__ import annotations
