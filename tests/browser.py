@@ -202,8 +202,28 @@ class Lab:
         self._wait(lambda: self.driver.find_elements(By.CSS_SELECTOR, f"li.lm-Menu-item[data-command='{command}']"),
                    30, f"the menu item {command}")[0].click()
 
+    def _kernel_idle(self, name: str) -> bool:
+        """The server has a session for ``name`` whose kernel is idle."""
+        return any(session["path"] == name and session["kernel"]["execution_state"] == "idle"
+                   for session in self.server.get("api/sessions"))
+
+    def _choose_kernel(self, panel: str, kernel: str) -> None:
+        """Click the notebook's kernel name and pick the kernel whose display name starts with ``kernel``."""
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.select import Select
+
+        driver = self.driver
+        driver.find_element(By.CSS_SELECTOR, f"{panel} .jp-Toolbar-kernelName").click()
+        menu = Select(self._wait(lambda: driver.find_elements(By.CSS_SELECTOR, ".jp-Dialog select"), 30,
+                                 "the Select Kernel dialog")[0])
+        offered = [option.text for option in menu.options]
+        chosen = [text for text in offered if text.startswith(kernel)]
+        assert chosen, f"JupyterLab offers no {kernel!r} kernel, only {offered}: run `make kernel`"
+        menu.select_by_visible_text(chosen[0])
+        driver.find_element(By.CSS_SELECTOR, ".jp-Dialog .jp-Dialog-button.jp-mod-accept").click()
+
     def run_all(self, name: str, kernel: str, screenshot: Path, seconds: float = 900) -> Page:
-        """Open ``name``, check its kernel is ``kernel``, Run All Cells, wait, save; what the page shows."""
+        """Open ``name``, pick the kernel ``kernel`` names, Run All Cells, wait, save; what the page shows."""
         from selenium.webdriver.common.by import By
 
         driver = self.driver
@@ -221,11 +241,15 @@ class Lab:
             return bool(driver.find_elements(
                 By.CSS_SELECTOR, f"{panel} .jp-Notebook-ExecutionIndicator[data-status='idle']"))
 
-        def kernel_ready() -> str | None:
+        def kernel_ready(prefix: str) -> str | None:
             labels = driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-Toolbar-kernelName")
-            return labels[0].text if labels and labels[0].text.startswith(kernel) and idle() else None
+            return labels[0].text if labels and labels[0].text.startswith(prefix) and idle() else None
 
-        label = self._wait(kernel_ready, 300, f"the {kernel} kernel to start")
+        # The lesson opens on the kernel it was saved with; then the attendee picks the README's one.
+        self._wait(lambda: kernel_ready("") not in (None, "", "No Kernel") and self._kernel_idle(name), 300,
+                   f"{name}'s saved kernel to start")
+        self._choose_kernel(panel, kernel)
+        label = self._wait(lambda: kernel_ready(kernel), 300, f"the {kernel} kernel to start")
         self._menu("Run", "runmenu:run-all")
         self._wait(lambda: any(p != "[ ]:" for p in prompts()), 60, f"Run All to start on {name}")
 

@@ -1,9 +1,10 @@
 """The lessons as attendees see them: `make kernel`, then JupyterLab in a real headless Chromium.
 
 One JupyterLab and one browser serve every test (module fixture). Each lesson is copied with
-its CI parameters and the kernel the README tells attendees to pick, run with Run → Run All
-Cells, saved, and checked: no error cell, every figure drawn as an image, tqdm bars drawn as
-widgets (not text, not "Error displaying widget"), and the last cell showing what the lesson
+its CI parameters, opened, switched to the kernel the README tells attendees to pick (in
+JupyterLab's Select Kernel dialog), run with Run → Run All Cells, saved, and checked: no error
+cell, every figure drawn as an image, tqdm bars drawn as widgets (not text, not "Error
+displaying widget"), result tables drawn as tables, and the last cell showing what the lesson
 says. Screenshots of each end state are kept in the test's temporary folder.
 """
 
@@ -23,7 +24,8 @@ from .test_notebooks import LESSONS
 
 pytestmark = pytest.mark.notebook
 
-#: The kernel `make kernel` installs and the README tells attendees to choose.
+#: The kernel `make kernel` installs and the README tells attendees to choose; the browser picks
+#: it by its display name, "dlscale (<environment>)".
 KERNEL = "dlscale"
 
 #: Per lesson, its end state: a regex the last code cell's text must match (or None), whether that
@@ -76,10 +78,9 @@ def lab(kernel_dir, tmp_path_factory):
 
 
 def _prepare(lab: Lab, name: str, parameters: dict, extra_cells: tuple[str, ...] = (), as_name: str | None = None) -> str:
-    """The lesson with its parameters injected and the dlscale kernel chosen, in the lab's folder."""
+    """The lesson with its parameters injected, in the lab's folder; it keeps the kernel it was committed with."""
     notebook = papermill.execute_notebook(str(ROOT / "notebooks" / name), None, parameters=parameters,
-                                          prepare_only=True, kernel_name=KERNEL, progress_bar=False)
-    notebook.metadata["kernelspec"] = {"name": KERNEL, "display_name": KERNEL, "language": "python"}
+                                          prepare_only=True, progress_bar=False)
     notebook.cells += [nbformat.v4.new_code_cell(source) for source in extra_cells]
     path = lab.work / (as_name or name)
     path.write_text(json.dumps(notebook, indent=1))
@@ -118,3 +119,9 @@ def test_a_broken_lesson_fails_the_check(lab, tmp_path):
     assert any("'Error displaying widget'" in problem for problem in found), found
     assert any("are shown" in problem for problem in found), found  # the undrawable figure
     assert any("last cell's text" in problem for problem in found), found  # Run All stopped at the error
+
+
+def test_a_kernel_jupyterlab_does_not_offer_is_named(lab, tmp_path):
+    name = _prepare(lab, "00_environment.ipynb", LESSONS["00_environment.ipynb"], as_name="00_no_kernel.ipynb")
+    with pytest.raises(AssertionError, match=r"JupyterLab offers no 'dlscale-gpu' kernel, only \[.*'dlscale \("):
+        lab.run_all(name, "dlscale-gpu", tmp_path / "no_kernel.png")
