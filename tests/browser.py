@@ -27,6 +27,8 @@ import nbformat
 
 from dlscale.distributed import free_port
 
+from .notebooks import errors, has_image
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 
@@ -35,6 +37,10 @@ SETTINGS = {
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false"},
 }
+
+
+#: The notebook in front: earlier notebooks may stay open in hidden tabs.
+PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
 
 
 def missing() -> str | None:
@@ -64,18 +70,16 @@ class Page:
     def outputs(self, mime: str) -> int:
         return sum(mime in output.get("data", {}) for cell in self.notebook.cells for output in cell.get("outputs", []))
 
-    def errors(self) -> list[str]:
-        return [f"cell {index}: {output['ename']}: {output['evalue']}" for index, cell in enumerate(self.notebook.cells)
-                for output in cell.get("outputs", []) if output.get("output_type") == "error"]
+    def last_code_cell(self) -> nbformat.NotebookNode:
+        return [cell for cell in self.notebook.cells if cell.cell_type == "code"][-1]
 
     def last_output_text(self) -> str:
-        code = [cell for cell in self.notebook.cells if cell.cell_type == "code"]
-        return "".join(output.get("text", "") for output in code[-1].get("outputs", []))
+        return "".join(output.get("text", "") for output in self.last_code_cell().get("outputs", []))
 
 
 def problems(page: Page, last_output: str | None, figure_last: bool, bar_expected: bool) -> list[str]:
     """What an attendee would see go wrong: error cells, figures not drawn, widgets broken, a wrong ending."""
-    found = page.errors()
+    found = [f"cell {index}: {name}: {message}" for index, name, message in errors(page.notebook)]
     saved_images = page.outputs("image/png")
     if page.rendered_images < saved_images or page.broken_images:
         found.append(f"{saved_images} figures were made but {page.rendered_images - page.broken_images} are shown")
@@ -89,9 +93,7 @@ def problems(page: Page, last_output: str | None, figure_last: bool, bar_expecte
     bars = page.outputs("application/vnd.jupyter.widget-view+json")
     if page.progress_widgets != bars or bar_expected and not bars:
         found.append(f"{bars} widget outputs, {page.progress_widgets} progress bars drawn")
-    code = [cell for cell in page.notebook.cells if cell.cell_type == "code"]
-    last_outputs = code[-1].get("outputs", [])
-    if figure_last and not any("image/png" in output.get("data", {}) for output in last_outputs):
+    if figure_last and not has_image(page.last_code_cell()):
         found.append("the last cell shows no figure")
     if last_output and not re.search(last_output, page.last_output_text()):
         found.append(f"the last cell's text does not match {last_output!r}: {page.last_output_text()[-500:]!r}")
@@ -202,18 +204,34 @@ class Lab:
         self._wait(lambda: self.driver.find_elements(By.CSS_SELECTOR, f"li.lm-Menu-item[data-command='{command}']"),
                    30, f"the menu item {command}")[0].click()
 
+    def _find(self, selector: str) -> list:
+        """Elements of the notebook in front."""
+        from selenium.webdriver.common.by import By
+
+        return self.driver.find_elements(By.CSS_SELECTOR, f"{PANEL} {selector}")
+
+    def _prompts(self) -> list[str]:
+        return [prompt.text.strip() for prompt in self._find(".jp-CodeCell .jp-InputArea-prompt")]
+
+    def _idle(self) -> bool:
+        return bool(self._find(".jp-Notebook-ExecutionIndicator[data-status='idle']"))
+
+    def _kernel_label(self) -> str:
+        labels = self._find(".jp-Toolbar-kernelName")
+        return labels[0].text if labels else ""
+
     def _kernel_idle(self, name: str) -> bool:
         """The server has a session for ``name`` whose kernel is idle."""
         return any(session["path"] == name and session["kernel"]["execution_state"] == "idle"
                    for session in self.server.get("api/sessions"))
 
-    def _choose_kernel(self, panel: str, kernel: str) -> None:
+    def _choose_kernel(self, kernel: str) -> None:
         """Click the notebook's kernel name and pick the kernel whose display name starts with ``kernel``."""
         from selenium.webdriver.common.by import By
         from selenium.webdriver.support.select import Select
 
         driver = self.driver
-        driver.find_element(By.CSS_SELECTOR, f"{panel} .jp-Toolbar-kernelName").click()
+        self._find(".jp-Toolbar-kernelName")[0].click()
         menu = Select(self._wait(lambda: driver.find_elements(By.CSS_SELECTOR, ".jp-Dialog select"), 30,
                                  "the Select Kernel dialog")[0])
         offered = [option.text for option in menu.options]
@@ -222,54 +240,42 @@ class Lab:
         menu.select_by_visible_text(chosen[0])
         driver.find_element(By.CSS_SELECTOR, ".jp-Dialog .jp-Dialog-button.jp-mod-accept").click()
 
-    def run_all(self, name: str, kernel: str, screenshot: Path, seconds: float = 900) -> Page:
-        """Open ``name``, pick the kernel ``kernel`` names, Run All Cells, wait, save; what the page shows."""
+    def _open_on_kernel(self, name: str, kernel: str) -> str:
+        """Open ``name`` in a workspace of its own and switch it to ``kernel``; the kernel label shown."""
+        # Only this notebook is open in the workspace, so Run All cannot reach an earlier tab.
+        self.opened += 1
+        self.driver.get(self.server.url(f"lab/workspaces/run-{self.opened}/tree/{name}"))
+        # The lesson opens on the kernel it was saved with; then the attendee picks the README's one.
+        self._wait(lambda: self._kernel_label() not in ("", "No Kernel") and self._idle() and self._kernel_idle(name),
+                   300, f"{name}'s saved kernel to start")
+        self._choose_kernel(kernel)
+        return self._wait(lambda: self._kernel_label().startswith(kernel) and self._idle() and self._kernel_label(),
+                          300, f"the {kernel} kernel to start")
+
+    def _run_every_cell(self, name: str, seconds: float) -> None:
+        """Run → Run All Cells, then wait until nothing is queued or running, and save."""
         from selenium.webdriver.common.by import By
 
-        driver = self.driver
-        self.shutdown_kernels()
-        # A workspace of its own: only this notebook is open, so Run All cannot reach an earlier tab.
-        self.opened += 1
-        driver.get(self.server.url(f"lab/workspaces/run-{self.opened}/tree/{name}"))
-        panel = ".jp-NotebookPanel:not(.lm-mod-hidden)"
-
-        def prompts() -> list[str]:
-            return [p.text.strip() for p in driver.find_elements(By.CSS_SELECTOR,
-                                                                 f"{panel} .jp-CodeCell .jp-InputArea-prompt")]
-
-        def idle() -> bool:
-            return bool(driver.find_elements(
-                By.CSS_SELECTOR, f"{panel} .jp-Notebook-ExecutionIndicator[data-status='idle']"))
-
-        def kernel_ready(prefix: str) -> str | None:
-            labels = driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-Toolbar-kernelName")
-            return labels[0].text if labels and labels[0].text.startswith(prefix) and idle() else None
-
-        # The lesson opens on the kernel it was saved with; then the attendee picks the README's one.
-        self._wait(lambda: kernel_ready("") not in (None, "", "No Kernel") and self._kernel_idle(name), 300,
-                   f"{name}'s saved kernel to start")
-        self._choose_kernel(panel, kernel)
-        label = self._wait(lambda: kernel_ready(kernel), 300, f"the {kernel} kernel to start")
         self._menu("Run", "runmenu:run-all")
-        self._wait(lambda: any(p != "[ ]:" for p in prompts()), 60, f"Run All to start on {name}")
-
-        def finished() -> bool:
-            # Done when nothing is queued or running: after an error cell the kernel drops the queue
-            # and the cells below go back to "[ ]:", so waiting for every cell to have a number would hang.
-            return "[*]:" not in prompts() and idle()
-
-        self._wait(finished, seconds, f"the cells of {name} to finish")
+        self._wait(lambda: any(p != "[ ]:" for p in self._prompts()), 60, f"Run All to start on {name}")
+        # After an error cell the kernel drops the queue and the cells below go back to "[ ]:", so
+        # waiting for every cell to have a number would hang.
+        self._wait(lambda: "[*]:" not in self._prompts() and self._idle(), seconds, f"the cells of {name} to finish")
         self._menu("File", "docmanager:save")
-        self._wait(lambda: not driver.find_elements(By.CSS_SELECTOR, ".jp-mod-current.jp-mod-dirty"), 30,
+        self._wait(lambda: not self.driver.find_elements(By.CSS_SELECTOR, ".jp-mod-current.jp-mod-dirty"), 30,
                    f"{name} to be saved")
 
+    def _read_page(self, name: str, label: str, screenshot: Path) -> Page:
+        """What the page shows once its widgets and figures are drawn, with a screenshot of the last cell."""
+        driver = self.driver
+
         def notebook_text() -> str:
-            return driver.find_element(By.CSS_SELECTOR, f"{panel} .jp-Notebook").text
+            return self._find(".jp-Notebook")[0].text
 
         def images() -> list[list[bool]]:  # [loaded, has pixels] per output image, read in one step
             return driver.execute_script(
                 "return Array.from(document.querySelectorAll(arguments[0])).map(i => [i.complete, i.naturalWidth > 0])",
-                f"{panel} .jp-OutputArea-output img")
+                f"{PANEL} .jp-OutputArea-output img")
 
         def drawn() -> bool:  # a widget or an image whose data has just arrived may still be drawing
             return "Loading widget..." not in notebook_text() and all(loaded for loaded, _ in images())
@@ -278,15 +284,18 @@ class Lab:
             self._wait(drawn, 30, "the widgets and figures to be drawn")
         except AssertionError:
             pass  # what is still not drawn is counted below
-        shown = images()
-        broken = sum(not pixels for _, pixels in shown)
-        text = notebook_text()
-        bars = driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-OutputArea-output .jupyter-widgets.widget-hprogress")
-        last_cell = driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-CodeCell")[-1]
-        driver.execute_script("arguments[0].scrollIntoView({block: 'end'})", last_cell)  # the end state in view
+        shown, text = images(), notebook_text()
+        driver.execute_script("arguments[0].scrollIntoView({block: 'end'})", self._find(".jp-CodeCell")[-1])
         driver.save_screenshot(str(screenshot))
         return Page(notebook=nbformat.read(self.work / name, as_version=4), kernel_label=label,
-                    rendered_images=len(shown), broken_images=broken, progress_widgets=len(bars),
+                    rendered_images=len(shown), broken_images=sum(not pixels for _, pixels in shown),
+                    progress_widgets=len(self._find(".jp-OutputArea-output .jupyter-widgets.widget-hprogress")),
                     widget_errors=text.count("Error displaying widget") + text.count("Loading widget..."),
-                    rendered_tables=len(driver.find_elements(By.CSS_SELECTOR, f"{panel} .jp-OutputArea-output table")),
-                    screenshot=screenshot)
+                    rendered_tables=len(self._find(".jp-OutputArea-output table")), screenshot=screenshot)
+
+    def run_all(self, name: str, kernel: str, screenshot: Path, seconds: float = 900) -> Page:
+        """Open ``name``, pick the kernel ``kernel`` names, Run All Cells, wait, save; what the page shows."""
+        self.shutdown_kernels()
+        label = self._open_on_kernel(name, kernel)
+        self._run_every_cell(name, seconds)
+        return self._read_page(name, label, screenshot)

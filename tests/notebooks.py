@@ -9,6 +9,12 @@ import papermill
 from nbclient import NotebookClient
 
 
+def with_parameters(path: Path, parameters: dict | None = None, kernel_name: str | None = None) -> nbformat.NotebookNode:
+    """``path`` with ``parameters`` injected after the cell tagged ``parameters`` (papermill's convention)."""
+    return papermill.execute_notebook(str(path), None, parameters=parameters or {}, prepare_only=True,
+                                      kernel_name=kernel_name, progress_bar=False)
+
+
 def execute(path: Path, cwd: Path, parameters: dict | None = None, allow_errors: bool = False,
             timeout: int = 1500) -> nbformat.NotebookNode:
     """Run every cell of ``path`` in a fresh kernel started in ``cwd`` and return the executed notebook.
@@ -18,8 +24,7 @@ def execute(path: Path, cwd: Path, parameters: dict | None = None, allow_errors:
     """
     # papermill only injects the parameters here (prepare_only); nbclient executes, so that
     # allow_errors can record every failing cell instead of stopping at the first one
-    notebook = papermill.execute_notebook(str(path), None, parameters=parameters or {}, prepare_only=True,
-                                          kernel_name="python3", progress_bar=False)
+    notebook = with_parameters(path, parameters, kernel_name="python3")
     client = NotebookClient(notebook, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
                             resources={"metadata": {"path": str(cwd)}})
     client.execute()

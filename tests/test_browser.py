@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 
 import nbformat
-import papermill
 import pytest
 
 from .browser import Lab, missing, problems
 from .conftest import ROOT
+from .notebooks import with_parameters
 from .test_notebooks import LESSONS
 
 pytestmark = pytest.mark.notebook
@@ -79,8 +79,7 @@ def lab(kernel_dir, tmp_path_factory):
 
 def _prepare(lab: Lab, name: str, parameters: dict, extra_cells: tuple[str, ...] = (), as_name: str | None = None) -> str:
     """The lesson with its parameters injected, in the lab's folder; it keeps the kernel it was committed with."""
-    notebook = papermill.execute_notebook(str(ROOT / "notebooks" / name), None, parameters=parameters,
-                                          prepare_only=True, progress_bar=False)
+    notebook = with_parameters(ROOT / "notebooks" / name, parameters)
     notebook.cells += [nbformat.v4.new_code_cell(source) for source in extra_cells]
     path = lab.work / (as_name or name)
     path.write_text(json.dumps(notebook, indent=1))

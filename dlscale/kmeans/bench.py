@@ -116,6 +116,25 @@ def _scaling(x: np.ndarray, init: np.ndarray, procs: list[int], iterations: int,
     return rows
 
 
+def _phase_rows(phase: str, engines: dict, rounds: int) -> list[dict]:
+    """Each engine's median round of one phase, and its time per iteration against scikit-learn's."""
+    # Rounds go round-robin over the engines, so a slow spell of this shared machine hits all of them.
+    timings: dict[str, list[tuple[float, int]]] = {engine: [] for engine in engines}
+    for _ in range(rounds):
+        for engine, fit in engines.items():
+            timings[engine].append(_time_fit(fit))
+    rows = []
+    for engine, runs in timings.items():
+        seconds, done = sorted(runs)[len(runs) // 2]  # the median round
+        rows.append({"engine": engine, "kind": "engine", "phase": phase, "processes": 1,
+                     "threads_per_process": torch.get_num_threads(), "seconds": seconds, "iterations": done,
+                     "seconds_per_iteration": seconds / max(done, 1), "rounds": rounds})
+    reference = next((r["seconds_per_iteration"] for r in rows if r["engine"] == "scikit-learn"), None)
+    for row in rows:
+        row["ratio_to_sklearn"] = row["seconds_per_iteration"] / reference if reference else None
+    return rows
+
+
 def bench_kmeans(n: int = 1_000_000, d: int = 32, k: int = 64, iterations: int = 10, procs: list[int] | None = None,
                  out_dir: str | Path = "runs/bench_kmeans", seed: int = 0, rounds: int = 3) -> list[dict]:
     """Rows ``{engine, seconds_per_iteration, iterations, ratio_to_sklearn, ...}``; also writes JSON and a plot.
@@ -133,23 +152,7 @@ def bench_kmeans(n: int = 1_000_000, d: int = 32, k: int = 64, iterations: int =
     for fit_small in _engines(x[:10 * k], init, 1).values():  # first-call costs (library loading) out of the timing
         fit_small()
     for phase, max_iter, tol in PHASES:
-        engines = _engines(x, init, max_iter or iterations, tol)
-        # Rounds go round-robin over the engines, so a slow spell of this shared machine hits all of them.
-        timings: dict[str, list[tuple[float, int]]] = {engine: [] for engine in engines}
-        for _ in range(rounds):
-            for engine, fit in engines.items():
-                timings[engine].append(_time_fit(fit))
-        phase_rows = []
-        for engine, runs in timings.items():
-            seconds, done = sorted(runs)[len(runs) // 2]  # the median round
-            phase_rows.append({"engine": engine, "kind": "engine", "phase": phase, "processes": 1,
-                               "threads_per_process": torch.get_num_threads(), "seconds": seconds,
-                               "iterations": done, "seconds_per_iteration": seconds / max(done, 1),
-                               "rounds": rounds})
-        reference = next((r["seconds_per_iteration"] for r in phase_rows if r["engine"] == "scikit-learn"), None)
-        for row in phase_rows:
-            row["ratio_to_sklearn"] = row["seconds_per_iteration"] / reference if reference else None
-        rows += phase_rows
+        rows += _phase_rows(phase, _engines(x, init, max_iter or iterations, tol), rounds)
     if procs:
         rows += _scaling(x, init, procs, iterations, out_dir, seed)
     (out_dir / "kmeans.json").write_text(json.dumps({"n": n, "d": d, "k": k, "rows": rows}, indent=1) + "\n")

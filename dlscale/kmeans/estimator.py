@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 import warnings
 from numbers import Integral, Real
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -218,10 +219,9 @@ default="k-means++"
         if group_size() > 1 and len(x) == 0:
             raise KMeansError("this rank's shard is empty: give every rank at least one sample")
         init, seeds = self._checked_init(x), self._seeds(self._n_runs())
-        if self.backend_ == "daal4py":
-            best = self._fit_daal4py(x, init, seeds)
-        else:
-            best = self._fit_torch(x, weights, init, seeds, n_total)
+        runs = (self._runs_daal4py(x, init, seeds) if self.backend_ == "daal4py" else
+                self._runs_torch(x, weights, init, seeds, n_total))
+        best = min(runs, key=lambda run: run.inertia)  # the first of equals, as scikit-learn keeps
         self.cluster_centers_, self.labels_ = best.cluster_centers, best.labels
         self.inertia_, self.n_iter_, self.timings_ = best.inertia, best.n_iter, best.timings
         self._n_features_out = self.n_clusters
@@ -301,7 +301,7 @@ default="k-means++"
     def _n_runs(self) -> int:
         explicit = not isinstance(self.init, str)
         if self.n_init == "auto":
-            return 10 if isinstance(self.init, str) and self.init == "random" else 1
+            return 10 if not explicit and self.init == "random" else 1
         if explicit and self.n_init != 1:
             warnings.warn(f"Explicit initial center position passed: performing only one init in KMeans instead "
                           f"of n_init={self.n_init}.", RuntimeWarning, stacklevel=3)
@@ -341,29 +341,24 @@ default="k-means++"
                                    rounds=self.rounds, weights=weights)
         return kmeans_plusplus(x, k, generator, self.n_local_trials, weights)
 
-    def _fit_torch(self, x: torch.Tensor, weights: torch.Tensor | None, init: str | np.ndarray, seeds: list[int],
-                   n_total: int) -> KMeansFit:
+    def _runs_torch(self, x: torch.Tensor, weights: torch.Tensor | None, init: str | np.ndarray, seeds: list[int],
+                    n_total: int) -> Iterator[KMeansFit]:
+        """One torch fit per seed."""
         chunk = self._chunk(x)
         mean = global_mean(x, n_total)
         threshold = self.tol * mean_variance(x, mean, n_total, chunk) if self.tol > 0 else 0.0
         # As scikit-learn: subtract the mean, so that ‖x‖² − 2·x·c + ‖c‖² loses fewer digits.
         mean = mean.to(x.dtype)
         x = x - mean
-        best = None
         for seed in seeds:
             started = time.perf_counter()
             centers = self._initial_centers(x, weights, init, seed, mean)
             init_seconds = time.perf_counter() - started
             run = lloyd(x, weights, centers, self.max_iter, threshold, chunk)
-            if best is None or run.inertia < best.inertia:
-                best = KMeansFit((run.centers + mean).cpu().numpy(), run.labels.cpu().numpy(), run.inertia,
-                                 run.n_iter, timings(init_seconds, run.seconds, run.n_iter))
-        return best
+            yield KMeansFit((run.centers + mean).cpu().numpy(), run.labels.cpu().numpy(), run.inertia, run.n_iter,
+                            timings(init_seconds, run.seconds, run.n_iter))
 
-    def _fit_daal4py(self, x: torch.Tensor, init: str | np.ndarray, seeds: list[int]) -> KMeansFit:
-        best = None
+    def _runs_daal4py(self, x: torch.Tensor, init: str | np.ndarray, seeds: list[int]) -> Iterator[KMeansFit]:
+        """One oneDAL fit per seed."""
         for seed in seeds:
-            found = daal.fit_daal4py(x.cpu().numpy(), self.n_clusters, init, self.max_iter, self.tol, seed)
-            if best is None or found.inertia < best.inertia:
-                best = found
-        return best
+            yield daal.fit_daal4py(x.cpu().numpy(), self.n_clusters, init, self.max_iter, self.tol, seed)

@@ -137,15 +137,15 @@ def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, 
     """
     started = time.perf_counter()
     k, d = centers.shape
-    on_cpu = x.device.type == "cpu" if skip_rows is None else skip_rows
+    use_bounds = x.device.type == "cpu" if skip_rows is None else skip_rows
     labels = torch.full((x.shape[0],), -1, dtype=torch.int64, device=x.device)
     local = _ClusterSums(k, d, x.device)
-    bounds = Bounds(x) if on_cpu else None
+    bounds = Bounds(x) if use_bounds else None
     strict = False
     iterations = 0
     previous = centers
     for iterations in range(1, max_iter + 1):
-        if not on_cpu:
+        if not use_bounds:
             changed = _one_hot_pass(x, weights, centers, labels, chunk, local)
         elif iterations == 1:
             rescore(x, None, centers, bounds, chunk, labels)
@@ -170,7 +170,7 @@ def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, 
         if shift <= threshold:
             break
     passes = iterations
-    if strict or on_cpu:
+    if strict or use_bounds:
         if not strict:  # the last pass's labels belong to the previous centres: assign once more
             passes += 1
             changed_rows(x, centers, previous, labels, bounds, chunk)
@@ -179,7 +179,7 @@ def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, 
         passes += 1
         labels, inertia = assign(x, centers, chunk, weights)
     inertia = float(distributed.all_reduce_sum(torch.tensor([inertia], dtype=torch.float64, device=x.device))[0])
-    scored = bounds.scored if on_cpu else passes * x.shape[0]
+    scored = bounds.scored if use_bounds else passes * x.shape[0]
     return LloydFit(centers, labels, inertia, iterations, time.perf_counter() - started, scored)
 
 

@@ -11,15 +11,15 @@ import numpy as np
 import torch
 
 
-def argmin_rows(block: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def argmin_rows(block: torch.Tensor) -> torch.Tensor:
     """The column of each row's smallest value (the first one on ties, as scikit-learn).
 
     On CPUs numpy's SIMD argmin is about twice as fast as torch's for rows of a few dozen
     values (docs/benchmarks.md).
     """
     if block.device.type != "cpu":
-        return torch.argmin(block, dim=1, out=out) if out is not None else block.argmin(dim=1)
-    out = torch.empty(block.shape[0], dtype=torch.int64) if out is None else out
+        return block.argmin(dim=1)
+    out = torch.empty(block.shape[0], dtype=torch.int64)
     np.argmin(block.numpy(), axis=1, out=out.numpy())
     return out
 
