@@ -11,9 +11,10 @@ import faulthandler
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
-from .config import FIELDS, config_names, describe_field, load_config
-from .errors import DlscaleError
+from dlscale.config import FIELDS, config_names, describe_field, load_config
+from dlscale.errors import DlscaleError
 
 TRAIN_EPILOG = """\
 CONFIG is a shipped config ({names}) or a YAML file; without one the defaults apply.
@@ -33,8 +34,8 @@ keys:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .preemption import PREEMPTED_EXIT_CODE
-    from .train import train
+    from dlscale.training.loop import train
+    from dlscale.training.preemption import PREEMPTED_EXIT_CODE
 
     config, overrides = args.config, list(args.overrides)
     if config is not None and "=" in config:  # `dlscale train epochs=2`: no config named, only overrides
@@ -46,8 +47,8 @@ def _train(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     import torch
 
-    from .checkpoint import load_model
-    from .config import load_config
+    from dlscale.checkpoint import load_model
+    from dlscale.config import load_config
 
     model = load_model(args.run_dir)
     config = load_config(str(Path(args.run_dir) / "config.yaml")).to_dict()
@@ -58,7 +59,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _data_generate(args: argparse.Namespace) -> int:
-    from .data import FieldSpec, generate_dataset
+    from dlscale.data import FieldSpec, generate_dataset
 
     cfg = load_config(args.config, args.overrides)
     manifest = generate_dataset(args.out, FieldSpec(image_size=cfg.image_size, noise=cfg.noise), cfg.train_samples,
@@ -71,7 +72,7 @@ def _data_generate(args: argparse.Namespace) -> int:
 
 
 def _data_check(args: argparse.Namespace) -> int:
-    from .data import DataError, ShardDataset, non_finite_values
+    from dlscale.data import DataError, ShardDataset, non_finite_values
 
     bad = []
     for split in ("train", "val"):
@@ -90,7 +91,7 @@ def _data_check(args: argparse.Namespace) -> int:
 
 
 def _exercises(args: argparse.Namespace) -> int:
-    from .lessons.exercises import generate
+    from dlscale.lessons.exercises import generate
 
     changed = generate(args.solutions, args.exercises, check=args.check)
     if args.check:
@@ -102,27 +103,19 @@ def _exercises(args: argparse.Namespace) -> int:
 
 
 def _bench_optim(args: argparse.Namespace) -> int:
-    from .bench import bench_optimizers, format_rows, timm_optimizers
+    from dlscale.bench.optimizers import bench_optimizers, comparison_lines, format_rows, timm_optimizers
 
     if timm_optimizers() is None:
         print("timm is not installed: comparing with torch's optimizers only "
               "(pip install --no-deps timm adds timm's Lamb and Lars)")
     rows = bench_optimizers(args.models.split(","), steps=args.steps, rounds=args.rounds, device=args.device)
     print(format_rows(rows))
-    for model in dict.fromkeys(r["model"] for r in rows):
-        by_name = {r["optimizer"]: r for r in rows if r["model"] == model}
-        for ours, theirs in (("LAMB (dlscale)", "LAMB (timm)"), ("LARS (dlscale)", "LARS (timm)")):
-            line = f"{model}: {ours} = {by_name[ours]['vs_adamw']:.2f}x AdamW (foreach)"
-            if theirs in by_name:
-                ratio = by_name[theirs]["ms_per_step"] / by_name[ours]["ms_per_step"]
-                line += (f", {ratio:.2f}x faster than {theirs}" if ratio >= 1 else
-                         f", {1 / ratio:.2f}x slower than {theirs}")
-            print(line)
+    print("\n".join(comparison_lines(rows)))
     return 0
 
 
 def _bench_ladder(args: argparse.Namespace) -> int:
-    from .bench import bench_ladder, format_ladder
+    from dlscale.bench.ladder import bench_ladder, format_ladder
 
     rows = bench_ladder(load_config(args.config, args.overrides), steps=args.steps, out_dir=args.out,
                         rounds=args.rounds)
@@ -132,7 +125,7 @@ def _bench_ladder(args: argparse.Namespace) -> int:
 
 
 def _bench_loader(args: argparse.Namespace) -> int:
-    from .bench import bench_loader
+    from dlscale.bench.loader import bench_loader
 
     report = bench_loader(load_config(args.config, args.overrides), batches=args.batches)
     print(f"input pipeline alone: {report['samples_per_s']:,.0f} samples/s over {report['batches']} batches of "
@@ -143,9 +136,9 @@ def _bench_loader(args: argparse.Namespace) -> int:
 def _bench_allreduce(args: argparse.Namespace) -> int:
     import subprocess
 
-    from . import distributed
-    from .bench import (ALLREDUCE_SIZES, bench_allreduce, format_allreduce, horovodrun_command, save_allreduce,
-                        torchrun_command)
+    from dlscale import distributed
+    from dlscale.bench.allreduce import ALLREDUCE_SIZES, bench_allreduce, format_allreduce, save_allreduce
+    from dlscale.cluster.launch import horovodrun_command, torchrun_command
 
     if distributed.detect_launcher() == "single":
         if args.nproc < 2:
@@ -165,14 +158,14 @@ def _bench_allreduce(args: argparse.Namespace) -> int:
 
 
 def _kmeans(args: argparse.Namespace) -> int:
-    from .kmeans.files import run
+    from dlscale.kmeans.command import run
 
     run(args)
     return 0
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report import collect, format_report, write_report
+    from dlscale.reporting.report import collect, format_report, write_report
 
     rows = collect(args.paths, target_r2=args.target_r2)
     print(format_report(rows, args.target_r2))
@@ -182,7 +175,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _bench_kmeans(args: argparse.Namespace) -> int:
-    from .kmeans.bench import bench_kmeans, format_kmeans
+    from dlscale.bench.kmeans import bench_kmeans, format_kmeans
 
     rows = bench_kmeans(n=args.n, d=args.d, k=args.k, iterations=args.iters, procs=[int(p) for p in
                         args.procs.split(",")] if args.procs else [], out_dir=args.out, rounds=args.rounds)
@@ -192,7 +185,7 @@ def _bench_kmeans(args: argparse.Namespace) -> int:
 
 
 def _bench_memory(args: argparse.Namespace) -> int:
-    from .bench_memory import bench_memory, format_memory
+    from dlscale.bench.memory import bench_memory, format_memory
 
     rows = bench_memory(load_config(args.config, args.overrides), steps=args.steps, out_dir=args.out)
     print(format_memory(rows))
@@ -202,7 +195,7 @@ def _bench_memory(args: argparse.Namespace) -> int:
 
 
 def _bench_scaling(args: argparse.Namespace) -> int:
-    from .bench import bench_scaling, format_scaling
+    from dlscale.bench.scaling import bench_scaling, format_scaling
 
     procs = [int(n) for n in args.procs.split(",")]
     rows = bench_scaling(load_config(args.config, args.overrides), procs=procs, steps=args.steps, out_dir=args.out)
@@ -212,7 +205,7 @@ def _bench_scaling(args: argparse.Namespace) -> int:
 
 
 def _experiment_large_batch(args: argparse.Namespace) -> int:
-    from .experiments import format_table, large_batch_sweep
+    from dlscale.bench.large_batch import format_table, large_batch_sweep
 
     rows = large_batch_sweep(args.out, size=args.size, recipes=args.recipes.split(",") if args.recipes else None)
     print(format_table(rows))
@@ -221,7 +214,7 @@ def _experiment_large_batch(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from .environment import report, task_line
+    from dlscale.cluster.environment import report, task_line
 
     print(task_line() if args.task else report(), flush=True)
     return 0
@@ -234,11 +227,9 @@ def _config_arguments(parser: argparse.ArgumentParser, default: str | None = "de
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dlscale", description="Deep learning at scale: train, data, exercises.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def _add_train(commands: Any) -> None:
+    from dlscale.training.preemption import PREEMPTED_EXIT_CODE
 
-    from .preemption import PREEMPTED_EXIT_CODE
     keys = "\n".join(textwrap.fill(describe_field(k), 100, initial_indent="  ", subsequent_indent="      ")
                      for k in FIELDS)
     train = commands.add_parser(
@@ -249,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     _config_arguments(train, default=None)
     train.set_defaults(handler=_train)
 
+
+def _add_data(commands: Any) -> None:
     data = commands.add_parser("data", help="generate or check a data folder")
     data_commands = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     generate = data_commands.add_parser(
@@ -265,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("data_dir")
     check.set_defaults(handler=_data_check)
 
+
+def _add_exercises(commands: Any) -> None:
     exercises = commands.add_parser("exercises", help="generate exercises/ from solutions/",
                                     description="Replace each '# BEGIN SOLUTION ... # END SOLUTION' fence in "
                                                 "solutions/*.ipynb by a stub and write exercises/.")
@@ -273,8 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
     exercises.add_argument("--exercises", default="exercises")
     exercises.set_defaults(handler=_exercises)
 
-    bench = commands.add_parser("bench", help="benchmarks that print ratios measured side by side")
-    bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
+
+def _add_bench_optim(bench_commands: Any) -> None:
     optim = bench_commands.add_parser("optim", help="optimizer step time: LAMB, LARS, AdamW, SGD (and timm's)",
                                       description="Time optimizer.step() of each optimizer in turns, on the lesson "
                                                   "model and a ~25 M parameter model, and print ratios to AdamW.")
@@ -284,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     optim.add_argument("--device", default="cpu", help="cpu or cuda")
     optim.set_defaults(handler=_bench_optim)
 
+
+def _add_bench_ladder(bench_commands: Any) -> None:
     ladder = bench_commands.add_parser(
         "ladder", help="the optimization ladder: each rung adds one speed-up, all measured in one run",
         description="fp32 baseline -> loader workers and pinned memory -> channels_last -> mixed precision -> "
@@ -294,11 +291,16 @@ def build_parser() -> argparse.ArgumentParser:
     ladder.add_argument("--rounds", type=int, default=1, help="train every rung this many times, in turns (median)")
     ladder.add_argument("--out", default="runs/ladder")
     ladder.set_defaults(handler=_bench_ladder)
+
+
+def _add_bench_loader(bench_commands: Any) -> None:
     loader = bench_commands.add_parser("loader", help="samples/s of the input pipeline alone (no model)")
     _config_arguments(loader)
     loader.add_argument("--batches", type=int, default=50)
     loader.set_defaults(handler=_bench_loader)
 
+
+def _add_bench_allreduce(bench_commands: Any) -> None:
     allreduce = bench_commands.add_parser(
         "allreduce", help="all-reduce time and bus bandwidth, 4 KiB to 256 MiB",
         description="Time the all-reduce over message sizes on the active backend (torch.distributed with gloo "
@@ -312,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="time Horovod's all-reduce (local ranks start under horovodrun --gloo)")
     allreduce.add_argument("--out", default="runs/allreduce")
     allreduce.set_defaults(handler=_bench_allreduce)
+
+
+def _add_bench_scaling(bench_commands: Any) -> None:
     scaling = bench_commands.add_parser(
         "scaling", help="weak and strong scaling of the training over local processes",
         description="Train at each process count under torchrun: strong scaling keeps the global batch, weak "
@@ -322,6 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     scaling.add_argument("--out", default="runs/scaling")
     scaling.set_defaults(handler=_bench_scaling)
 
+
+def _add_bench_memory(bench_commands: Any) -> None:
     memory = bench_commands.add_parser(
         "memory", help="bytes each rank holds under DDP, FSDP and tensor parallelism, and the step time",
         description="Train a few steps of the same model as 1 process, DDP and FSDP on 2 and 4 ranks, FSDP with "
@@ -333,6 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
     memory.add_argument("--out", default="runs/memory")
     memory.set_defaults(handler=_bench_memory)
 
+
+def _add_bench_kmeans(bench_commands: Any) -> None:
     kmeans_bench = bench_commands.add_parser(
         "kmeans", help="K-Means: dlscale-torch, daal4py and scikit-learn side by side, and 1-vs-2-process scaling",
         description="Fit the same data from the same initial centres for a fixed number of Lloyd iterations with "
@@ -347,6 +356,16 @@ def build_parser() -> argparse.ArgumentParser:
     kmeans_bench.add_argument("--out", default="runs/bench_kmeans")
     kmeans_bench.set_defaults(handler=_bench_kmeans)
 
+
+def _add_bench(commands: Any) -> None:
+    bench = commands.add_parser("bench", help="benchmarks that print ratios measured side by side")
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
+    for add in (_add_bench_optim, _add_bench_ladder, _add_bench_loader, _add_bench_allreduce, _add_bench_scaling,
+                _add_bench_memory, _add_bench_kmeans):
+        add(bench_commands)
+
+
+def _add_kmeans(commands: Any) -> None:
     kmeans = commands.add_parser(
         "kmeans", help="distributed K-Means on .npy/.csv files or an image (colour quantization)",
         description="Cluster each rank's data with dlscale.kmeans.KMeans and write centers.npy, the labels, "
@@ -369,6 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     kmeans.add_argument("--out", default="runs/kmeans")
     kmeans.set_defaults(handler=_kmeans)
 
+
+def _add_export(commands: Any) -> None:
     export = commands.add_parser(
         "export", help="a run's newest checkpoint as one whole model file (also from FSDP/tensor-parallel shards)",
         description="Read the newest checkpoint of RUN_DIR, whatever wrote it (one process, DDP, Horovod, FSDP or "
@@ -378,6 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("out", metavar="OUT", nargs="?", default="model.pt")
     export.set_defaults(handler=_export)
 
+
+def _add_report(commands: Any) -> None:
     report = commands.add_parser(
         "report", help="a scaling sweep's run directories as a table and a plot",
         description="Collect run directories (any folder with a summary.json, searched below each PATH) into a "
@@ -388,6 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", default=None, help="folder for report.csv and report.png (default: the first PATH)")
     report.set_defaults(handler=_report)
 
+
+def _add_experiment(commands: Any) -> None:
     experiment = commands.add_parser("experiment", help="multi-run experiments (lesson 07's large-batch sweep)")
     experiment_commands = experiment.add_subparsers(dest="experiment_command", required=True, metavar="EXPERIMENT")
     sweep = experiment_commands.add_parser(
@@ -400,10 +425,21 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--recipes", default=None, help="comma-separated subset of the recipes")
     sweep.set_defaults(handler=_experiment_large_batch)
 
+
+def _add_info(commands: Any) -> None:
     info = commands.add_parser("info", help="show hardware, versions, site and launcher (lesson 00)")
     info.add_argument("--task", action="store_true",
                       help="one line: this task's rank, host, CPUs and binding settings (launch.sh SITE probe)")
     info.set_defaults(handler=_info)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``dlscale`` parser: one builder per subcommand."""
+    parser = argparse.ArgumentParser(prog="dlscale", description="Deep learning at scale: train, data, exercises.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_train, _add_data, _add_exercises, _add_bench, _add_kmeans, _add_export, _add_report,
+                _add_experiment, _add_info):
+        add(commands)
     return parser
 
 

@@ -20,7 +20,7 @@ import pytest
 from .browser import Lab, missing, problems
 from .conftest import ROOT
 from .notebooks import with_parameters
-from .test_notebooks import LESSONS
+from .test_notebooks import IN_THE_BROWSER, LESSONS
 
 pytestmark = pytest.mark.notebook
 
@@ -88,6 +88,10 @@ def _prepare(lab: Lab, name: str, parameters: dict, extra_cells: tuple[str, ...]
 
 # A hang guard, not a speed target (lesson 08 takes about a minute on 2 quiet cores).
 @pytest.mark.timeout(1800)
+def test_the_lessons_run_here_are_the_ones_the_headless_tests_leave_to_the_browser():
+    assert set(BROWSER_LESSONS) == IN_THE_BROWSER
+
+
 @pytest.mark.parametrize("name", sorted(BROWSER_LESSONS))
 def test_a_lesson_runs_all_in_the_browser(lab, name, tmp_path):
     last_output, figure_last, bar_expected = BROWSER_LESSONS[name]

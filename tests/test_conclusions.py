@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-from dlscale.compare import largest_weight_difference
+from dlscale.metrics.weight_difference import largest_weight_difference
 from dlscale.lessons.conclusions import (compare_spreads, convergence_conclusion, loader_conclusion,
                                          noise_scale_conclusions, efficiency_conclusion, ladder_conclusions,
                                          precision_conclusion, sweep_conclusions)
-from dlscale.repeats import Spread, clearly_faster, measure_rounds
+from dlscale.bench.repeats import Spread, clearly_faster, measure_rounds
 
 
 def test_spreads_are_compared_by_their_ranges_not_their_medians():

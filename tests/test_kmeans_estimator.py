@@ -204,7 +204,7 @@ def test_rows_near_a_tie_are_rescored_not_skipped():
 
 
 def test_two_gloo_ranks_with_weights_equal_one_process(in_tmp):
-    from dlscale.bench import torchrun_command
+    from dlscale.cluster.launch import torchrun_command
 
     x, _ = _blobs(4000, 5, 6, seed=8)
     weights = np.random.default_rng(1).uniform(0, 2, len(x))

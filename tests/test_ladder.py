@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from dlscale.bench import bench_ladder, bench_loader, format_ladder
+from dlscale.bench.ladder import bench_ladder, format_ladder
+from dlscale.bench.loader import bench_loader
 from dlscale.data import prepare_data, stage_data
 from dlscale.train import train
 

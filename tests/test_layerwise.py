@@ -1,4 +1,4 @@
-"""LARS, LARC and LAMB against plain per-tensor implementations of the papers' equations."""
+"""LARS (and LARC, its clip mode) and LAMB against plain per-tensor implementations of the papers' equations."""
 
 import copy
 import math
@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from dlscale.layerwise import LAMB, LARC, LARS
-from dlscale.optim import param_groups
+from dlscale.optim.layerwise import LAMB, LARS
+from dlscale.optim.factory import param_groups
 
 
 def small_model(dtype=torch.float64):
@@ -107,8 +107,10 @@ def test_lamb_matches_the_paper():
 
 @pytest.mark.parametrize("clip", [True, False])
 def test_larc_matches_apex_around_sgd(clip):
+    """apex's LARC around SGD (the reference) is LARS with trust_clip (clip mode), or LARS itself (scale mode)."""
     model, ref = run_pair(
-        lambda m: LARC(torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3), clip=clip),
+        lambda m: LARS(m.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3, trust_coefficient=0.02,
+                       trust_clip=clip),
         lambda ps, st, t: ref_larc_sgd(ps, st, 0.05, 0.9, 1e-3, 0.02, 1e-8, clip))
     assert_same_weights(model, ref)
 
@@ -124,7 +126,7 @@ def test_param_groups_give_the_same_result_as_per_tensor_exclusion():
 
 @pytest.mark.parametrize("make", [
     lambda ps: LARS(ps, lr=1.0), lambda ps: LAMB(ps, lr=0.01),
-    lambda ps: LARC(torch.optim.SGD(ps, lr=0.1)),
+    lambda ps: LARS(ps, lr=0.1, trust_coefficient=0.02, trust_clip=True),
 ])
 def test_zero_initialised_layer_trains_and_zero_gradient_is_harmless(make):
     layer = nn.Linear(4, 3)
@@ -187,7 +189,7 @@ def test_gradscaler_unscales_first_and_a_skipped_step_changes_nothing(name):
             return LARS(model.parameters(), lr=1.0, weight_decay=1e-4)
         if name == "lamb":
             return LAMB(model.parameters(), lr=0.01)
-        return LARC(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+        return LARS(model.parameters(), lr=0.1, momentum=0.9, trust_coefficient=0.02, trust_clip=True)
 
     plain_model, scaled_model = small_model(torch.float32), small_model(torch.float32)
     plain, scaled = make(plain_model), make(scaled_model)
@@ -221,7 +223,7 @@ def test_state_dict_round_trip_continues_identically(name):
             return LARS(param_groups(model, 1e-4), lr=1.0)
         if name == "lamb":
             return LAMB(param_groups(model, 0.01), lr=0.01)
-        return LARC(torch.optim.AdamW(param_groups(model, 0.01), lr=1e-3))
+        return LARS(param_groups(model, 1e-4), lr=0.1, trust_coefficient=0.02, trust_clip=True)
 
     data = batches(20)
     model = small_model()
@@ -247,7 +249,7 @@ def test_state_dict_round_trip_continues_identically(name):
 # -- the same as timm's, with equivalent settings ------------------------------------------------
 
 def test_lamb_matches_timm():
-    from dlscale.bench import timm_optimizers
+    from dlscale.bench.optimizers import timm_optimizers
     timm = timm_optimizers()
     assert timm is not None, "timm is a test dependency (make test installs it)"
     model, other = small_model(), small_model()
@@ -261,7 +263,7 @@ def test_lamb_matches_timm():
 
 
 def test_lars_matches_timm():
-    from dlscale.bench import timm_optimizers
+    from dlscale.bench.optimizers import timm_optimizers
     timm = timm_optimizers()
     assert timm is not None, "timm is a test dependency (make test installs it)"
     model, other = small_model(), small_model()

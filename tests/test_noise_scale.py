@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from dlscale.noise_scale import NoiseScaleEstimator, estimate_terms, grad_sq_norm, measure_noise_scale
+from dlscale.metrics.noise_scale import NoiseScaleEstimator, estimate_terms, grad_sq_norm, measure_noise_scale
 
 
 class Point(nn.Module):

@@ -39,7 +39,7 @@ def test_environment_yml_names_the_same_dependencies_as_pyproject():
 
 
 def test_extras_cover_every_optional_import():
-    from dlscale.environment import OPTIONAL
+    from dlscale.cluster.environment import OPTIONAL
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     for module, extra in OPTIONAL.items():
         assert extra in extras, f"{module} points at a missing extra {extra}"
@@ -62,7 +62,7 @@ def test_readme_quick_start_is_two_commands_and_ci_runs_the_test_one():
 
 def test_shipped_configs_travel_with_the_package():
     package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert "configs/*.yaml" in package_data["dlscale"]
+    assert "configs/*.yaml" in package_data["dlscale.config"]
 
 
 #: torch APIs the package may use, with the first release that has them. A new use of a newer API
@@ -92,6 +92,7 @@ def test_the_torch_floor_covers_every_api_the_code_uses():
 def test_the_readme_layout_lists_exactly_what_is_in_the_package():
     readme = (ROOT / "README.md").read_text()
     block = readme.split("## Layout", 1)[1].split("```", 2)[1]
-    listed = {line.split()[0].rstrip("/") for line in block.splitlines() if line.startswith("  ") and line.strip()}
+    listed = {line.split()[0].rstrip("/") for line in block.splitlines()
+              if line.startswith("  ") and not line.startswith("   ")}  # (deeper lines continue an entry)
     present = {path.name for path in (ROOT / "dlscale").iterdir() if path.name not in ("__pycache__", "__init__.py")}
     assert listed == present, f"README lists {sorted(listed - present)} that are not there, misses {sorted(present - listed)}"

@@ -10,9 +10,9 @@ from dlscale.checkpoint import rng_state, set_rng_state
 from dlscale.config import load_config
 from dlscale.data import TARGET_NAMES
 from dlscale.models import CNNRegressor, build_model, count_parameters
-from dlscale.optim import build_optimizer, param_groups
-from dlscale.schedules import lr_factor, lr_trace, scale_lr, warmup_schedule
-from dlscale.throughput import ThroughputMeter
+from dlscale.optim.factory import build_optimizer, param_groups
+from dlscale.optim.schedules import lr_factor, lr_trace, scale_lr, warmup_schedule
+from dlscale.metrics.throughput import ThroughputMeter
 
 
 def test_scale_lr_rules_and_errors():
@@ -93,7 +93,7 @@ def test_model_shapes_and_channels_last_agree():
 
 def test_throughput_meter_skips_warmup_and_pauses(monkeypatch):
     clock = iter([0.0, 5.0, 6.0, 7.0, 100.0, 101.0])  # a slow first step, then 1 s steps, a pause
-    monkeypatch.setattr("dlscale.throughput.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("dlscale.metrics.throughput.time.perf_counter", lambda: next(clock))
     meter = ThroughputMeter(warmup_steps=2)
     for _ in range(4):
         meter.step(10)

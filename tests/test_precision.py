@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from dlscale import precision as precision_module
+from dlscale.runtime import precision as precision_module
 from dlscale.models import CNNRegressor
-from dlscale.precision import Precision, PrecisionError, gradient_underflow
+from dlscale.runtime.precision import Precision, PrecisionError, gradient_underflow
 from dlscale.train import train
 
 

@@ -22,9 +22,9 @@ def _profiled_names(function):
 def test_nvtx_range_is_a_context_manager_and_a_decorator(monkeypatch, nvtx_installed):
     import nvtx  # the profiling extra is a test dependency: the real package, no-op without a profiler
     if not nvtx_installed:
-        monkeypatch.setattr(profiling, "_nvtx_module", False)  # as if it were missing
+        monkeypatch.setattr(profiling.nvtx, "_nvtx_module", False)  # as if it were missing
     else:
-        monkeypatch.setattr(profiling, "_nvtx_module", nvtx)
+        monkeypatch.setattr(profiling.nvtx, "_nvtx_module", nvtx)
 
     @nvtx_range("decorated_work")
     def work():
@@ -163,7 +163,7 @@ def test_without_the_nvtx_package_ranges_go_through_torch_cuda_nvtx(monkeypatch)
     import sys
     pushed = []
     monkeypatch.setitem(sys.modules, "nvtx", None)  # import nvtx now fails
-    monkeypatch.setattr(profiling, "_nvtx_module", None)
+    monkeypatch.setattr(profiling.nvtx, "_nvtx_module", None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: pushed.append(("push", name)))
     monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: pushed.append(("pop",)))

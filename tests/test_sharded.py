@@ -1,6 +1,7 @@
 """Beyond data parallel: FSDP and tensor parallelism of the ViT equal one process; sharded checkpoints; bad combinations."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -11,11 +12,11 @@ import torch
 from dlscale.checkpoint import checkpoint_dir, list_checkpoints, load_model
 from dlscale.config import ConfigError, load_config
 from dlscale.distributed import DistEnv, DistributedError, free_port, resolve_data_parallel
-from dlscale.memory import estimate_bytes, saved_activation_bytes
+from dlscale.metrics.memory import estimate_bytes, saved_activation_bytes
 from dlscale.models import build_model, count_parameters
-from dlscale.parallel import Layout, build_step_model, plan
-from dlscale.precision import Precision
-from dlscale.tracking import read_rows
+from dlscale.distributed.parallelize import ParallelPlan, build_step_model, plan_parallelism
+from dlscale.runtime.precision import Precision
+from dlscale.metrics.tracking import read_rows
 
 from .conftest import SAME_STEPS_FP64
 
@@ -99,6 +100,32 @@ def test_fsdp_with_lamb_equals_one_process(one_process):
     assert _difference(one_process / "runs/one-lamb", one_process / "runs/fsdp-lamb") < SAME_STEPS_FP64
 
 
+COUNT_REDUCE_SCATTERS = """
+import json, os, sys
+import torch.distributed as dist
+from dlscale.train import train
+
+calls = []
+original = dist.reduce_scatter_single  # what FSDP2's gradient reduction calls, once per unit per backward
+dist.reduce_scatter_single = lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs)
+result = train("vit-tiny", progress=False, plot=False, max_steps=2, checkpoint_every=0, data_parallel="fsdp",
+               grad_accumulation=4, run_dir="runs/acc")
+if os.environ["RANK"] == "0":  # one rank prints, so two ranks' lines cannot interleave (train ended the group)
+    print("COUNTED " + json.dumps({"reduce_scatters": len(calls), "units": len(result.model.blocks) + 1}), flush=True)
+"""
+
+
+def test_fsdp_with_accumulation_reduce_scatters_only_on_the_last_micro_batch(in_tmp):
+    """Four micro-batches per step, yet one reduce-scatter per FSDP unit per step: the inner ones stay local."""
+    (in_tmp / "count.py").write_text(COUNT_REDUCE_SCATTERS)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                           f"--master-port={free_port()}", "count.py"], cwd=in_tmp, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    counted = json.loads(re.search(r"^COUNTED (\{.*?\})$", done.stdout, re.MULTILINE).group(1))
+    assert counted["reduce_scatters"] == 2 * counted["units"]  # (without the skip: 4 times as many)
+
+
 def test_activation_checkpointing_computes_the_same_gradients_from_fewer_saved_bytes():
     cfg = load_config("vit-tiny")
     x, grads, saved = torch.randn(8, 1, 16, 16), [], []
@@ -178,7 +205,7 @@ def test_bad_combinations_are_one_clear_config_error(overrides, message):
 def test_tensor_parallel_must_divide_the_ranks_and_fsdp_cannot_run_under_horovod():
     cfg = load_config("vit-tiny", {"tensor_parallel": 2})
     with pytest.raises(ConfigError, match="tensor_parallel=2 does not divide the 3 ranks"):
-        plan(cfg, DistEnv(0, 0, 3, 3, "torchrun", "127.0.0.1", 29500))
+        plan_parallelism(cfg, DistEnv(0, 0, 3, 3, "torchrun", "127.0.0.1", 29500))
     with pytest.raises(DistributedError, match="data_parallel=fsdp needs torch.distributed"):
         resolve_data_parallel("fsdp", "horovodrun")
 
@@ -186,4 +213,4 @@ def test_tensor_parallel_must_divide_the_ranks_and_fsdp_cannot_run_under_horovod
 def test_fp16_with_sharded_parameters_says_what_to_use():
     cfg = load_config("vit-tiny", {"data_parallel": "fsdp"})
     with pytest.raises(ConfigError, match="use precision=bf16 or fp32"):
-        build_step_model(torch.nn.Linear(2, 2), None, cfg, Layout("fsdp", 1, 0, 2), Precision("fp16", "cuda"))
+        build_step_model(torch.nn.Linear(2, 2), None, cfg, ParallelPlan("fsdp", 1, 0, 2), Precision("fp16", "cuda"))

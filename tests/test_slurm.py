@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from dlscale.config import load_config
-from dlscale.local_slurm import LocalSlurm, missing_programs, multi_node_unavailable
-from dlscale.tracking import read_rows
+from dlscale.cluster.local_slurm import LocalSlurm, missing_programs, multi_node_unavailable
+from dlscale.metrics.tracking import read_rows
 
 from .conftest import ROOT, run_cli
 
@@ -57,13 +57,28 @@ def _env(cluster):
 
 
 def _sbatch(cluster, cwd, script, *args, wait=True, flags=()):
-    command = ["sbatch", "--parsable", f"--chdir={cwd}", *flags, *(["--wait"] if wait else []),
-               str(ROOT / "slurm" / script), *args]
-    return subprocess.run(command, env=_env(cluster), capture_output=True, text=True, timeout=600)
+    """``sbatch --parsable``; with ``wait``, return once the job has ended, with returncode 0 only if it COMPLETED.
+
+    The wait polls every half second: ``sbatch --wait`` backs off to a poll every 10 s, seconds lost per job.
+    """
+    command = ["sbatch", "--parsable", f"--chdir={cwd}", *flags, str(ROOT / "slurm" / script), *args]
+    done = subprocess.run(command, env=_env(cluster), capture_output=True, text=True, timeout=600)
+    if wait and done.returncode == 0:
+        _wait_for_job(cluster, done)
+    return done
+
+
+def _wait_for_job(cluster, done):
+    """Wait for the job ``done`` (sbatch's CompletedProcess) submitted; a job that failed sets its returncode."""
+    from dlscale.cluster.slurm_jobs import JobFailed, wait_for_jobs
+    try:
+        wait_for_jobs([done.stdout.strip()], _env(cluster), timeout=600, poll=0.5)
+    except JobFailed as err:
+        done.returncode, done.stderr = 1, str(err)
 
 
 def _job_state(cluster, job):
-    from dlscale.slurm_jobs import job_info
+    from dlscale.cluster.slurm_jobs import job_info
     fields = job_info(job, _env(cluster))
     return fields.get("JobState"), int(fields.get("Restarts") or 0)
 
@@ -114,7 +129,7 @@ def test_a_two_task_training_job_runs_through_srun_and_only_rank0_writes(cluster
 
 
 # float64, so that the two-node job and one process agree to rounding (as in test_distributed)
-FP64 = [*TRAIN, "epochs=2", "checkpoint_every=16", "keep_checkpoints=10", "precision=fp64"]
+FP64 = [*TRAIN, "checkpoint_every=16", "keep_checkpoints=10", "precision=fp64"]
 
 
 def _final_weights(run_dir):
@@ -124,18 +139,22 @@ def _final_weights(run_dir):
     return torch.load(list_checkpoints(run_dir)[-1], weights_only=True)["model"]
 
 
-def test_a_two_node_job_has_four_ranks_on_two_hosts_and_equals_one_process(two_nodes, tmp_path):
+def test_a_preempted_two_node_job_has_four_ranks_on_two_hosts_and_equals_one_process(two_nodes, tmp_path):
+    """Four ranks on two hosts, signalled, checkpointed, requeued and resumed on both nodes, end where one process
+    ends: float64, compared to rounding, as in test_distributed (with 4 ranks the order in which DDP sums a gradient
+    element can change when a resumed job rebuilds its buckets)."""
     from .conftest import SAME_STEPS_FP64
 
+    # 12 epochs (384 steps) and the signal after 25 of them: it lands long before the end, however fast the machine
+    settings = [*FP64, "epochs=12"]
     stage = two_nodes.node_local / "stage"
-    done = _sbatch(two_nodes, tmp_path, "local/train.sbatch", *FP64, "run_dir=runs/two-nodes", f"stage_dir={stage}",
-                   flags=("--nodes=2", "--ntasks-per-node=2"))
-    assert done.returncode == 0, done.stderr
-    job = done.stdout.strip()
+    job = _preempt_and_finish(two_nodes, tmp_path, [*settings, "run_dir=runs/preempted", f"stage_dir={stage}"],
+                              ("--nodes=2", "--ntasks-per-node=2"))
     output = (tmp_path / f"slurm-dlscale-train-{job}.out").read_text()
-    assert "on 2 node(s), 4 task(s), master node1:" in output  # the first node of the job, by its name
+    assert output.count("on 2 node(s), 4 task(s), master node1:") == 2  # the first node of the job, by its name
     assert "rank 0/4 (local 0/2) via slurm" in output
-    summary = json.loads((tmp_path / "runs/two-nodes/summary.json").read_text())
+    assert "requeueing job" in output and "resuming from ckpt-" in output
+    summary = json.loads((tmp_path / "runs/preempted/summary.json").read_text())
     assert summary["world_size"] == 4 and summary["nodes"] == 2
     # each node staged the shards once, into its own node-local folder; the machine's own view stays empty
     shards = len(list((tmp_path / "data").rglob("*.npy")))
@@ -144,33 +163,16 @@ def test_a_two_node_job_has_four_ranks_on_two_hosts_and_equals_one_process(two_n
         assert len(copies) == 1 and len(list(copies[0].rglob("*.npy"))) == shards, (node, copies)
     assert not list(two_nodes.node_local.iterdir())
     assert summary["applied"]["data_dir"].startswith(str(stage))  # and rank 0 read its node's copy
-    alone = subprocess.run([sys.executable, "-m", "dlscale.train", *FP64, "run_dir=runs/one"], cwd=tmp_path,
+
+    alone = subprocess.run([sys.executable, "-m", "dlscale.train", *settings, "run_dir=runs/one"], cwd=tmp_path,
                            capture_output=True, text=True, timeout=300)
     assert alone.returncode == 0, alone.stderr
-    expected, got = _final_weights(tmp_path / "runs/one"), _final_weights(tmp_path / "runs/two-nodes")
+    resumed, one = read_rows(tmp_path / "runs/preempted/metrics.csv"), read_rows(tmp_path / "runs/one/metrics.csv")
+    assert [row["step"] for row in resumed] == [row["step"] for row in one] == list(range(1, 385))  # each step once
+    expected, got = _final_weights(tmp_path / "runs/one"), _final_weights(tmp_path / "runs/preempted")
     for key, value in expected.items():
         if value.numel():
             assert float((value - got[key]).abs().max()) < SAME_STEPS_FP64, key
-
-
-def test_a_preempted_two_node_job_resumes_on_both_nodes_as_an_uninterrupted_one(two_nodes, tmp_path):
-    # With 4 ranks the order in which DDP sums a gradient element can change when a resumed job rebuilds its
-    # buckets (with 2 ranks a sum of two is exact either way): float64, compared to rounding, as in conftest.
-    from .conftest import SAME_STEPS_FP64
-
-    settings = [*TRAIN, "epochs=12", "precision=fp64", "run_dir=runs/preempted"]
-    two_node_flags = ("--nodes=2", "--ntasks-per-node=2")
-    job = _preempt_and_finish(two_nodes, tmp_path, settings, two_node_flags)
-    metrics = tmp_path / "runs/preempted/metrics.csv"
-    output = (tmp_path / f"slurm-dlscale-train-{job}.out").read_text()
-    assert output.count("on 2 node(s), 4 task(s), master node1:") == 2 and "resuming from ckpt-" in output
-    reference = _sbatch(two_nodes, tmp_path, "local/train.sbatch", *settings[:-1], "run_dir=runs/straight",
-                        flags=two_node_flags)
-    assert reference.returncode == 0, reference.stderr
-    straight = [row["loss"] for row in read_rows(tmp_path / "runs/straight/metrics.csv")]
-    resumed = [row["loss"] for row in read_rows(metrics)]
-    assert len(resumed) == len(straight) == 384
-    assert max(abs(a - b) for a, b in zip(resumed, straight)) < SAME_STEPS_FP64
 
 
 def test_kmeans_across_two_nodes_equals_one_process(two_nodes, tmp_path):
@@ -188,6 +190,7 @@ def test_kmeans_across_two_nodes_equals_one_process(two_nodes, tmp_path):
     assert summary["ranks"] == 2 and summary["launcher"] == "slurm"
     alone = KMeans(4, init=x[:4], backend="torch", device="cpu").fit(x)
     np.testing.assert_allclose(np.load(tmp_path / "km/centers.npy"), alone.cluster_centers_, rtol=1e-9)
+    assert summary["inertia"] == pytest.approx(alone.inertia_, rel=1e-9)
 
 
 def test_a_dead_node_ends_the_job_with_clear_messages_and_an_intact_checkpoint(tmp_path):
@@ -198,12 +201,13 @@ def test_a_dead_node_ends_the_job_with_clear_messages_and_an_intact_checkpoint(t
     if missing_programs() or multi_node_unavailable():
         pytest.skip(multi_node_unavailable() or "Slurm is not installed here: make slurm-packages")
     with LocalSlurm(tmp_path / "slurm", nodes=2) as cluster:  # its own: this test kills a node
-        settings = [*TRAIN, "epochs=50", "dist_timeout_s=30", "checkpoint_every=10", "run_dir=runs/dead"]
+        run = tmp_path / "runs/dead"  # a path no other test's processes name (pgrep below)
+        settings = [*TRAIN, "epochs=50", "dist_timeout_s=30", "checkpoint_every=10", f"run_dir={run}"]
         submitted = _sbatch(cluster, tmp_path, "local/train.sbatch", *settings, wait=False,
                             flags=("--nodes=2", "--ntasks-per-node=2"))
         assert submitted.returncode == 0, submitted.stderr
         job = submitted.stdout.strip()
-        _wait_for_rows(tmp_path / "runs/dead/metrics.csv", 20)
+        _wait_for_rows(run / "metrics.csv", 20)
         assert cluster.kill_node("node2") >= 3  # its slurmd, its step daemon and its two ranks
         killed = time.time()
         while _job_state(cluster, job)[0] == "RUNNING" and time.time() - killed < 240:
@@ -214,56 +218,26 @@ def test_a_dead_node_ends_the_job_with_clear_messages_and_an_intact_checkpoint(t
         assert output.count("Another rank probably died or was killed; resume with resume=true") == 2
         assert "Node failure on node2" in output and "Traceback" not in output
         def ranks_left():  # the ranks themselves (the batch step's bash and srun take a moment to be reaped)
-            listing = subprocess.run(["pgrep", "-af", "run_dir=runs/dead"], capture_output=True, text=True).stdout
+            listing = subprocess.run(["pgrep", "-af", f"run_dir={run}"], capture_output=True, text=True).stdout
             return [line for line in listing.splitlines() if "-m dlscale.train" in line and " srun " not in line]
 
         assert ranks_left() == []
-        last = torch.load(list_checkpoints(tmp_path / "runs/dead")[-1], weights_only=True)
+        last = torch.load(list_checkpoints(run)[-1], weights_only=True)
         assert last["position"]["step"] >= 10 and last["model"]  # a whole checkpoint, loadable
 
 
 def test_each_task_of_a_job_gets_the_cpus_per_task_it_asked_for(cluster, tmp_path):
     """launch.sh's probe job prints what each task was given; the cluster binds tasks (task/affinity)."""
-    done = subprocess.run(["sbatch", "--parsable", "--wait", f"--chdir={tmp_path}", "--ntasks=2", "--cpus-per-task=1",
+    done = subprocess.run(["sbatch", "--parsable", f"--chdir={tmp_path}", "--ntasks=2", "--cpus-per-task=1",
                            "--output=probe-%j.out", f"--wrap=bash {ROOT}/slurm/launch.sh local probe"],
                           env=_env(cluster), capture_output=True, text=True, timeout=600)
+    _wait_for_job(cluster, done)
     assert done.returncode == 0, done.stderr
     output = (tmp_path / f"probe-{done.stdout.strip()}.out").read_text()
     tasks = dict(re.findall(r"^task (\d+)/2 on \S+: 1 cpu\(s\) \[(\d+)\].*SRUN_CPUS_PER_TASK=1 ", output, re.M))
     assert sorted(tasks) == ["0", "1"], output
     assert len(set(tasks.values())) == 2  # each task on its own core
     assert "OMP_NUM_THREADS=1" in output
-
-
-def test_a_two_task_kmeans_job_equals_one_process(cluster, tmp_path):
-    from sklearn.datasets import make_blobs
-
-    from dlscale.kmeans import KMeans
-
-    x, _ = make_blobs(4000, n_features=3, centers=4, random_state=7)
-    np.save(tmp_path / "data.npy", x)
-    np.save(tmp_path / "init.npy", x[:4])
-    done = _sbatch(cluster, tmp_path, "local/kmeans.sbatch", "--input", "data.npy", "--k", "4", "--init", "init.npy",
-                   "--backend", "torch", "--device", "cpu", "--out", "km")
-    assert done.returncode == 0, done.stderr
-    summary = json.loads((tmp_path / "km/summary.json").read_text())
-    assert summary["ranks"] == 2 and summary["launcher"] == "slurm"
-    alone = KMeans(4, init=x[:4], backend="torch", device="cpu").fit(x)
-    np.testing.assert_allclose(np.load(tmp_path / "km/centers.npy"), alone.cluster_centers_, rtol=1e-9)
-    assert summary["inertia"] == pytest.approx(alone.inertia_, rel=1e-9)
-
-
-def test_a_preempted_job_checkpoints_requeues_and_ends_as_an_uninterrupted_one(cluster, tmp_path):
-    # 12 epochs (384 steps) and the signal after 25 of them: it lands long before the end, however busy the machine
-    settings = [*TRAIN, "epochs=12", "run_dir=runs/preempted"]
-    job = _preempt_and_finish(cluster, tmp_path, settings)
-    metrics = tmp_path / "runs/preempted/metrics.csv"
-    output = (tmp_path / f"slurm-dlscale-train-{job}.out").read_text()
-    assert "requeueing job" in output and "resuming from ckpt-" in output
-    reference = _sbatch(cluster, tmp_path, "local/train.sbatch", *TRAIN, "epochs=12", "run_dir=runs/straight")
-    assert reference.returncode == 0, reference.stderr
-    straight = [row["loss"] for row in read_rows(tmp_path / "runs/straight/metrics.csv")]
-    assert [row["loss"] for row in read_rows(metrics)] == straight
 
 
 def test_a_sweep_submits_weak_and_strong_series_and_the_report_reads_them(cluster, tmp_path):
@@ -291,7 +265,7 @@ def test_a_sweep_submits_weak_and_strong_series_and_the_report_reads_them(cluste
 
 def test_waiting_for_jobs_fails_with_the_failed_jobs_own_output(cluster, tmp_path):
     """What lesson 09's cells do: a job that dies (here: a bad config key) fails the wait, and says why."""
-    from dlscale.slurm_jobs import JobFailed, submit, wait_for_jobs
+    from dlscale.cluster.slurm_jobs import JobFailed, submit, wait_for_jobs
     env = _env(cluster)
     good = submit(ROOT / "slurm/local/train.sbatch", ["tiny", "max_steps=2", "progress=false", "plot=false",
                                                         f"run_dir={tmp_path}/good"], [f"--chdir={tmp_path}"], env)
@@ -300,22 +274,6 @@ def test_waiting_for_jobs_fails_with_the_failed_jobs_own_output(cluster, tmp_pat
     with pytest.raises(JobFailed, match=rf"(?s)job {bad} .* ended FAILED.*no_such_key"):
         wait_for_jobs([good, bad], env, timeout=300, watch=seen.append, poll=0.5)
     assert wait_for_jobs([good], env, timeout=60)[good]["JobState"] == "COMPLETED"
-
-
-def test_a_sweep_over_one_and_two_nodes_reports_both(two_nodes, tmp_path):
-    env = {**_env(two_nodes), "DLSCALE_SWEEP_DIR": "runs/sweep"}
-    done = subprocess.run(["bash", str(ROOT / "slurm/sweep.sh"), "local", "1 2", "8", *TRAIN, "max_steps=20"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "size 2 (4 ranks, global batch 32)" in done.stdout  # two nodes of 2 tasks each
-    for job in re.findall(r"job (\d+)", done.stdout):
-        _wait_for_state(two_nodes, job, "COMPLETED")
-    report = run_cli("report", "runs/sweep", "--target-r2", "0.0", cwd=tmp_path)
-    assert report.returncode == 0, report.stderr
-    with open(tmp_path / "runs/sweep/report.csv", newline="") as handle:
-        rows = {row["run"]: row for row in csv.DictReader(handle)}
-    assert [(rows[r]["nodes"], rows[r]["ranks"]) for r in ("weak-n1", "weak-n2")] == [("1", "2"), ("2", "4")]
-    assert float(rows["weak-n1"]["efficiency"]) == pytest.approx(1.0) and float(rows["weak-n2"]["efficiency"]) > 0
 
 
 def test_report_says_where_it_looked_when_there_are_no_runs(tmp_path):

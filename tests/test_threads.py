@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dlscale.threads import choose_threads, fair_threads, per_process_env
+from dlscale.runtime.threads import choose_threads, fair_threads, per_process_env
 
 
 @pytest.mark.parametrize("environ, cpus, expected", [

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from dlscale.tracking import NOISE_FILE, TrackingError, read_rows
+from dlscale.metrics.tracking import NOISE_FILE, TrackingError, read_rows
 from dlscale.train import train
 
 

@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from dlscale.checkpoint import CheckpointError, checkpoint_dir, list_checkpoints
-from dlscale.preemption import PREEMPTED_EXIT_CODE
-from dlscale.noise_scale import noise_scale_of_rows
-from dlscale.tracking import read_rows
-from dlscale.train import DeviceError, DivergedError, resolve_device, train
+from dlscale.training.preemption import PREEMPTED_EXIT_CODE
+from dlscale.metrics.noise_scale import noise_scale_of_rows
+from dlscale.metrics.tracking import read_rows
+from dlscale.runtime.devices import DeviceError, resolve_device
+from dlscale.metrics.steplog import DivergedError
+from dlscale.train import train
 
 
 def losses(result):
@@ -341,7 +343,7 @@ def test_compile_wraps_the_compiled_module_in_ddp(monkeypatch):
     from dlscale.config import load_config
     from dlscale.distributed import DistEnv
     from dlscale.models import build_model
-    from dlscale.train import build_step_model
+    from dlscale.distributed.parallelize import build_step_model
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

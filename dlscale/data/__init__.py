@@ -5,10 +5,10 @@
 - :mod:`dlscale.data.loader` reads them for training (``make_loader``).
 """
 
-from .loader import (ResumableDistributedSampler, ShardDataset, make_loader, pack_data, prepare_data, stage_data,
+from dlscale.data.loader import (ResumableDistributedSampler, ShardDataset, make_loader, pack_data, prepare_data, stage_data,
                      synthetic_dir)
-from .shards import DataError, generate_dataset, non_finite_values, read_manifest, write_shards
-from .synthetic import TARGET_NAMES, FieldSpec, denormalize_targets, generate_fields, normalize_targets
+from dlscale.data.shards import DataError, generate_dataset, non_finite_values, read_manifest, write_shards
+from dlscale.data.synthetic import TARGET_NAMES, FieldSpec, denormalize_targets, generate_fields, normalize_targets
 
 __all__ = [
     "DataError", "FieldSpec", "ResumableDistributedSampler", "ShardDataset", "TARGET_NAMES",

@@ -18,10 +18,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from tqdm.auto import tqdm
 
-from ..config import TrainConfig
-from .augment import augment_map, sample_rng
-from .shards import MANIFEST, DataError, generate_dataset, read_manifest, read_shard_header
-from .synthetic import DATA_VERSION, FieldSpec
+from dlscale.config import TrainConfig
+from dlscale.data.augment import augment_map, sample_rng
+from dlscale.data.shards import MANIFEST, DataError, generate_dataset, read_manifest, read_shard_header
+from dlscale.data.synthetic import DATA_VERSION, FieldSpec
 
 
 class ShardDataset(Dataset):
@@ -261,7 +261,7 @@ def rank_loaders(cfg: TrainConfig, env: Any, device: torch.device, data_rank: in
     ``data_ranks`` (default: the rank and world size) picks the samples: the ranks of one
     tensor-parallel group read the same ones.
     """
-    from .. import distributed
+    from dlscale import distributed
 
     if env.is_main:  # one rank generates the synthetic set; the others wait and then find it
         prepare_data(cfg)

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..errors import DlscaleError
-from .synthetic import TARGET_NAMES, FieldSpec, generate_fields, normalize_targets
+from dlscale.errors import DlscaleError
+from dlscale.data.synthetic import TARGET_NAMES, FieldSpec, generate_fields, normalize_targets
 
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")

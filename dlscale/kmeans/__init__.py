@@ -7,8 +7,8 @@
 - :mod:`~dlscale.kmeans.daal`: Intel oneDAL's SPMD K-Means (daal4py) under ``mpirun`` or ``srun``;
 - :mod:`~dlscale.kmeans.backend`: which of the two engines ``backend="auto"`` picks;
 - :mod:`~dlscale.kmeans.result`: what a fit found, whichever engine ran it;
-- :mod:`~dlscale.kmeans.files`: ``dlscale kmeans``: inputs per rank, images, outputs;
-- :mod:`~dlscale.kmeans.bench`: ``dlscale bench kmeans``: the engines side by side, and their scaling.
+- :mod:`~dlscale.kmeans.command`: ``dlscale kmeans``: inputs per rank, images, outputs;
+- :mod:`~dlscale.bench.kmeans`: ``dlscale bench kmeans``: the engines side by side, and their scaling.
 
 Lesson 08 teaches it. ``import dlscale.kmeans`` works without scikit-learn; asking for
 ``KMeans`` then raises one :class:`KMeansError` naming the extra.
@@ -16,15 +16,15 @@ Lesson 08 teaches it. ``import dlscale.kmeans`` works without scikit-learn; aski
 
 from typing import Any
 
-from .backend import resolve_backend
-from .errors import KMeansError
+from dlscale.kmeans.backend import resolve_backend
+from dlscale.kmeans.errors import KMeansError
 
 __all__ = ["KMeans", "KMeansError", "resolve_backend"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "KMeans":  # imported on first use: it is built on scikit-learn, an optional extra
-        from .estimator import KMeans
+        from dlscale.kmeans.estimator import KMeans
 
         return KMeans
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

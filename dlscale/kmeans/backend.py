@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..distributed import group_size
-from . import daal
-from .errors import KMeansError
+from dlscale.distributed import group_size
+from dlscale.kmeans import daal
+from dlscale.kmeans.errors import KMeansError
 
 BACKENDS = ("auto", "torch", "daal4py")
 

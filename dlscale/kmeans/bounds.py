@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from .scoring import argmin_rows
+from dlscale.kmeans.scoring import argmin_rows
 
 
 def _slack_scale(centers: torch.Tensor) -> float:

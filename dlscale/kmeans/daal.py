@@ -27,10 +27,10 @@ from types import ModuleType
 
 import numpy as np
 
-from .. import distributed
-from ..errors import import_optional, importable
-from .errors import KMeansError
-from .result import KMeansFit, timings
+from dlscale import distributed
+from dlscale.errors import import_optional, importable
+from dlscale.kmeans.errors import KMeansError
+from dlscale.kmeans.result import KMeansFit, timings
 
 INIT_METHODS = {"k-means++": "plusPlusDense", "k-means||": "parallelPlusDense", "random": "randomDense"}
 _mpi_started = False

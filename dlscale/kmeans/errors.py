@@ -1,6 +1,6 @@
 """The one error the K-Means package raises on purpose (a bad argument, or an engine that cannot run here)."""
 
-from ..errors import DlscaleError
+from dlscale.errors import DlscaleError
 
 
 class KMeansError(DlscaleError, ValueError):

@@ -20,17 +20,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import distributed
-from ..devices import resolve_device
-from ..distributed import group_size
-from ..errors import import_optional
-from . import daal
-from .backend import BACKENDS, resolve_backend
-from .errors import KMeansError
-from .initialization import kmeans_parallel, kmeans_plusplus, random_init
-from .lloyd import default_chunk_size, global_mean, lloyd, mean_variance
-from .result import KMeansFit, timings
-from .scoring import assign
+from dlscale import distributed
+from dlscale.runtime.devices import resolve_device
+from dlscale.distributed import group_size
+from dlscale.errors import import_optional
+from dlscale.kmeans import daal
+from dlscale.kmeans.backend import BACKENDS, resolve_backend
+from dlscale.kmeans.errors import KMeansError
+from dlscale.kmeans.initialization import kmeans_parallel, kmeans_plusplus, random_init
+from dlscale.kmeans.lloyd import default_chunk_size, global_mean, lloyd, mean_variance
+from dlscale.kmeans.result import KMeansFit, timings
+from dlscale.kmeans.scoring import assign
 
 import_optional("sklearn", "kmeans", "dlscale.kmeans.KMeans", KMeansError)
 

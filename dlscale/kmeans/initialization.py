@@ -20,13 +20,12 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 
-from ..distributed import all_reduce_sum, group_size
+from dlscale.distributed import all_gather, all_reduce_sum, group_size, rank
 
 
 def _world() -> tuple[int, int]:
-    return (dist.get_rank() if group_size() > 1 else 0), group_size()
+    return rank(), group_size()
 
 
 def _shard_offsets(n_local: int, device: torch.device) -> tuple[int, int]:
@@ -166,6 +165,4 @@ def _gather_rows(rows: torch.Tensor) -> torch.Tensor:
     counts = all_reduce_sum(counts).tolist()
     padded = torch.zeros(max(counts), rows.shape[1], dtype=rows.dtype, device=rows.device)
     padded[:len(rows)] = rows
-    gathered = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(gathered, padded)
-    return torch.cat([block[:count] for block, count in zip(gathered, counts)])
+    return torch.cat([block[:count] for block, count in zip(all_gather(padded), counts)])

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from ..errors import DlscaleError
-from ..threads import fair_threads, per_process_env
+from dlscale.errors import DlscaleError
+from dlscale.runtime.threads import fair_threads, per_process_env
 
 
 class LaunchError(DlscaleError, RuntimeError):
@@ -27,7 +27,7 @@ def kmeans_command(launcher: Literal["torchrun", "mpirun", "none"], procs: int, 
     if launcher == "none" or procs == 1:
         return [sys.executable, "-m", *module]
     if launcher == "torchrun":
-        from ..bench import torchrun_command
+        from dlscale.cluster.launch import torchrun_command
         return torchrun_command(procs, module)
     if launcher == "mpirun":  # Intel MPI from PyPI installs mpirun beside the interpreter
         return [str(Path(sys.executable).with_name("mpirun")), "-n", str(procs), sys.executable, "-m", *module]

@@ -35,12 +35,10 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
-from .. import distributed
-from ..distributed import group_size
-from .bounds import Bounds, changed_rows, rescore
-from .scoring import argmin_rows, assign, inertia_of
+from dlscale import distributed
+from dlscale.kmeans.bounds import Bounds, changed_rows, rescore
+from dlscale.kmeans.scoring import argmin_rows, assign, inertia_of
 
 #: Bytes the distance block of one chunk may take when ``chunk_size`` is not given. On CPUs a
 #: block that stays in the L2 cache is 3-4x faster than a large one (measured in
@@ -220,7 +218,7 @@ def _relocate_empty_clusters(x: torch.Tensor, weights: torch.Tensor | None, cent
     values, rows = torch.topk(far, take)
     d = x.shape[1]
     # Each candidate travels as [distance, rank, row, label, weight, features...], padded to n_empty rows.
-    rank = dist.get_rank() if group_size() > 1 else 0
+    rank = distributed.rank()
     offer = torch.full((n_empty, 5 + d), -math.inf, dtype=torch.float64, device=x.device)
     offer[:take, 0] = values
     offer[:take, 1] = rank
@@ -228,10 +226,7 @@ def _relocate_empty_clusters(x: torch.Tensor, weights: torch.Tensor | None, cent
     offer[:take, 3] = labels[rows].double()
     offer[:take, 4] = 1.0 if weights is None else weights[rows]
     offer[:take, 5:] = x[rows].double()
-    if group_size() > 1:
-        gathered = [torch.empty_like(offer) for _ in range(dist.get_world_size())]
-        dist.all_gather(gathered, offer)
-        offer = torch.cat(gathered)
+    offer = torch.cat(distributed.all_gather(offer))
     order = sorted(range(len(offer)), key=lambda i: (-float(offer[i, 0]), float(offer[i, 1]), float(offer[i, 2])))
     for cluster, index in zip(empty.tolist(), order[:n_empty]):
         candidate = offer[index]

@@ -38,7 +38,7 @@ def check_r2_per_target(r2_per_target: Callable[[torch.Tensor, torch.Tensor], to
 
 
 def _final_r2(config: str, **overrides: Any) -> float:
-    from ..train import train
+    from dlscale.training.loop import train
 
     return train(config, progress=False, plot=False, **overrides).final["r2"]
 
@@ -81,7 +81,7 @@ LARGE_BATCH_SETTING = {"train_samples": 4096, "global_batch_size": 256, "base_ba
 def check_break_and_rescue(config: str, broken: dict[str, Any], rescued: dict[str, Any]) -> None:
     """07.1: ``broken`` makes the large-batch run diverge (or end no better than predicting the mean),
     ``rescued`` changes one of its settings, not the LR itself, and trains to a validation R² of 0.4 or more."""
-    from ..steplog import DivergedError
+    from dlscale.metrics.steplog import DivergedError
 
     for label, overrides in (("broken", broken), ("rescued", rescued)):
         assert isinstance(overrides, dict), f"{label} should be a dict of config overrides, got {type(overrides).__name__}"
@@ -112,7 +112,7 @@ def check_break_and_rescue(config: str, broken: dict[str, Any], rescued: dict[st
 
 def check_lars_trust_ratio(lars_trust_ratio: Callable[[torch.Tensor, torch.Tensor, float, float], float]) -> None:
     """07.2: LARS's ratio η‖w‖ / (‖g‖ + wd‖w‖ + eps), and 1 when either norm is zero."""
-    from ..layerwise import LARS
+    from dlscale.optim.layerwise import LARS
 
     generator = torch.Generator().manual_seed(3)
     cases = [(torch.randn(8, 4, generator=generator), torch.randn(8, 4, generator=generator) * 0.01, 1e-4, 1e-3),
@@ -148,7 +148,7 @@ def check_loader_choice(choose: Callable[[dict, float], tuple[int, bool]]) -> No
 
 
 def _amp_reference(make_model: Callable, steps: list, name: str) -> tuple[torch.nn.Module, float]:
-    from ..precision import Precision
+    from dlscale.runtime.precision import Precision
 
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -166,7 +166,7 @@ def _amp_reference(make_model: Callable, steps: list, name: str) -> tuple[torch.
 
 def check_amp_step(amp_step: Callable) -> None:
     """03.1: one mixed-precision step: autocast forward, scaled backward, scaler.step and scaler.update."""
-    from ..precision import Precision
+    from dlscale.runtime.precision import Precision
 
     def make_model():
         torch.manual_seed(0)
@@ -266,7 +266,7 @@ def check_shard_indices(shard_indices: Callable[[int, int, int, int, int], list[
 
 def _global_metric_on_rank(global_mse: Callable, local_sum: float, local_count: int) -> float:
     """Run on one engine: join the job's process group, call the learner's function, leave."""
-    from .. import distributed
+    from dlscale import distributed
 
     distributed.init("cpu")
     try:
@@ -288,7 +288,7 @@ def check_global_mse(global_mse: Callable[[torch.Tensor, torch.Tensor], float]) 
 
 def _on_two_engines(function: Callable, *args: Any) -> list[Any]:
     """``function(*args)`` on two engines as ranks 0 and 1; a learner's stub raised there is raised here as itself."""
-    from ..engines import EngineError, run_on_engines
+    from dlscale.cluster.notebook_engines import EngineError, run_on_engines
 
     try:
         return run_on_engines(function, 2, *args, timeout=120)
@@ -330,7 +330,7 @@ def _one_process_loop(steps: int, lr: float) -> torch.nn.Module:
 
 def check_horovod_loop(train_with_horovod: Callable[[int, float], dict]) -> None:
     """06.1: the loop on 2 Horovod ranks takes the steps one process takes on all the data."""
-    from ..horovod_backend import run
+    from dlscale.distributed.horovod_backend import run
 
     steps, lr = 10, 0.1
     results = run(train_with_horovod, 2, steps, lr)
@@ -387,7 +387,7 @@ def _centre_update_on_rank(update_centers: Callable) -> tuple[torch.Tensor, int]
 
     import torch.distributed as dist
 
-    from .. import distributed
+    from dlscale import distributed
 
     x, labels, shards = _kmeans_shards()
     shard = shards[int(os.environ["RANK"])]
@@ -411,7 +411,7 @@ def _centre_update_on_rank(update_centers: Callable) -> tuple[torch.Tensor, int]
 def check_centre_update(update_centers: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
     """08.1: new centres from each rank's local sums and counts, with a single all-reduce; an empty cluster
     keeps its centre."""
-    from ..engines import EngineError, run_on_engines
+    from dlscale.cluster.notebook_engines import EngineError, run_on_engines
 
     try:
         results = run_on_engines(_centre_update_on_rank, 2, update_centers, timeout=120)
@@ -487,7 +487,7 @@ def _tensor_parallel_on_rank(shard_mlp: Callable | None, mlp_forward: Callable |
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-    from .. import distributed
+    from dlscale import distributed
 
     distributed.init("cpu")
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..repeats import Spread, clearly_faster
+from dlscale.bench.repeats import Spread, clearly_faster
 
 
 def compare_spreads(name: str, spread: Spread, other: str, baseline: Spread) -> str:

@@ -25,7 +25,7 @@ import json
 import re
 from pathlib import Path
 
-from ..errors import DlscaleError
+from dlscale.errors import DlscaleError
 
 BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION(?:\s+(?P<hint>.*\S))?\s*$")
 END = re.compile(r"^\s*# END SOLUTION\s*$")

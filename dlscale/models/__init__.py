@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import TrainConfig
-from ..data.synthetic import TARGET_NAMES
-from .cnn import CNNRegressor
-from .vit import ViTRegressor
+from dlscale.config import TrainConfig
+from dlscale.data.synthetic import TARGET_NAMES
+from dlscale.models.cnn import CNNRegressor
+from dlscale.models.vit import ViTRegressor
 
 __all__ = ["CNNRegressor", "ViTRegressor", "build_model", "count_parameters", "is_channels_last"]
 

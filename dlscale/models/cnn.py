@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..data.synthetic import TARGET_NAMES
+from dlscale.data.synthetic import TARGET_NAMES
 
 
 def _norm(kind: str, channels: int) -> nn.Module:

@@ -3,7 +3,7 @@
 The map is cut into ``patch_size`` × ``patch_size`` patches, each embedded as a token of
 ``width`` numbers with a learned position; ``depth`` pre-norm blocks of self-attention and an
 MLP follow, then the mean token goes through a linear head. The layers are named as
-tensor parallelism addresses them (:func:`dlscale.parallel.apply_tensor_parallel`): the
+tensor parallelism addresses them (:func:`dlscale.distributed.parallelize.apply_tensor_parallel`): the
 attention's ``wq``/``wk``/``wv`` and the MLP's ``w1`` split column-wise, ``wo`` and ``w2``
 row-wise. The attention reads its number of heads from the width of ``wq``'s output, so a
 rank that holds half of the columns computes half of the heads without knowing it.
@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..data.synthetic import TARGET_NAMES
+from dlscale.data.synthetic import TARGET_NAMES
 
 
 class Attention(nn.Module):

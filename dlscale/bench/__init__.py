@@ -1,0 +1,10 @@
+"""Benchmarks: every ratio measured side by side in one run, one module per benchmark.
+
+- :mod:`~dlscale.bench.optimizers` (``dlscale bench optim``), :mod:`~dlscale.bench.loader`
+  (``bench loader``), :mod:`~dlscale.bench.ladder` (``bench ladder``),
+  :mod:`~dlscale.bench.allreduce` (``bench allreduce``), :mod:`~dlscale.bench.scaling`
+  (``bench scaling``), :mod:`~dlscale.bench.memory` (``bench memory``),
+  :mod:`~dlscale.bench.kmeans` (``bench kmeans``);
+- :mod:`~dlscale.bench.large_batch`: lesson 07's large-batch sweep (``dlscale experiment large-batch``);
+- :mod:`~dlscale.bench.repeats`: rounds that take turns, and their spread.
+"""

@@ -1,0 +1,96 @@
+"""Sharded checkpoints for FSDP and tensor parallelism, through ``torch.distributed.checkpoint`` (DCP).
+
+When no rank holds the whole model, no rank can write it alone. Every rank writes its
+shards into one folder with DCP, which also records where each piece of each tensor lives
+(``.metadata``), so the folder loads into *any* layout: the same ranks (an exact resume),
+fewer or more ranks (resharding), or one process (:func:`load_weights`).
+
+The folder is written as ``.ckpt-NNNNNNNN.tmp`` and renamed to ``ckpt-NNNNNNNN`` by rank 0
+only after every rank has finished its part, so a job killed while writing leaves a
+temporary folder that resume never reads, and the previous checkpoint stays. Beside the
+tensors: ``training.pt`` (schedule, scaler, position, config; rank 0) and one
+``rng-rankNNNNN.pt`` per rank (each rank's random generators).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from dlscale.checkpoint.store import checkpoint_paths, keep_newest, remove_checkpoint, save_synced
+from dlscale.distributed import barrier, group_is_up, rank
+
+
+def save_sharded_checkpoint(run_dir: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                            extras: dict[str, Any], keep: int = 2) -> Path:
+    """Every rank writes its part of step ``step``; rank 0 renames the folder into place and keeps ``keep``.
+
+    ``extras`` is :func:`dlscale.checkpoint.state.training_extras` of this rank (its ``rng`` is
+    saved per rank; the rest by rank 0). Collective: every rank calls it.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    final, tmp = checkpoint_paths(run_dir, step, sharded=True)
+    me = rank()
+    if me == 0:
+        remove_checkpoint(tmp)  # a half-written folder of an earlier, killed attempt at this step
+        tmp.mkdir(parents=True)
+    barrier()
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
+    rest = dict(extras)
+    save_synced(rest.pop("rng"), tmp / f"rng-rank{me:05d}.pt")
+    if me == 0:
+        save_synced(rest, tmp / "training.pt")
+    barrier()  # every rank's files are on disk
+    if me == 0:
+        os.replace(tmp, final)
+        keep_newest(run_dir, keep)
+    barrier()  # nobody goes on (or resumes) before the folder has its name
+    return final
+
+
+def load_sharded_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Load a sharded folder into ``model`` and ``optimizer`` (any layout); return the rest of the state.
+
+    Collective when distributed. A rank that did not exist in the run that wrote the folder
+    (resharded to more ranks) takes rank 0's random generators.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=path, no_dist=not group_is_up())
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    rest = torch.load(path / "training.pt", map_location="cpu", weights_only=True)
+    own = path / f"rng-rank{rank():05d}.pt"
+    rest["rng"] = torch.load(own if own.exists() else path / "rng-rank00000.pt", map_location="cpu",
+                             weights_only=True)
+    return rest
+
+
+def weight_shapes(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Each saved weight's shape and dtype, by name, from a sharded folder's metadata (no tensor is read)."""
+    import torch.distributed.checkpoint as dcp
+
+    metadata = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    return {key.removeprefix("model."): (tuple(value.size), value.properties.dtype)
+            for key, value in metadata.items() if key.startswith("model.") and hasattr(value, "size")}
+
+
+def load_weights(path: Path, model: nn.Module) -> None:
+    """The whole model of a sharded folder, gathered into ``model`` in this process."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": model.state_dict()}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # (one process is the intent)
+        dcp.load(state, checkpoint_id=path, no_dist=True)
+    model.load_state_dict(state["model"])

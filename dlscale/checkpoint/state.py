@@ -1,0 +1,92 @@
+"""What a training checkpoint holds beside the weights: schedule, scaler, random generators, position, config.
+
+The same for both formats. A resumed run restores all of it, so that it logs the same
+losses as one that was never interrupted (bit for bit on the CPU). Everything is in a form
+``torch.load(weights_only=True)`` accepts: no pickled code runs on load.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dlscale.checkpoint.store import CheckpointError
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random generator the training touches, in a form ``weights_only`` loading accepts."""
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": list(random.getstate()[1]),
+        "python_gauss": random.getstate()[2],
+    }
+    if torch.cuda.is_available():
+        # This rank's device only: a state per visible GPU would not load on a node that sees fewer.
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured."""
+    torch.set_rng_state(state["torch"])
+    np_state = state["numpy"]
+    np.random.set_state(("MT19937", np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
+                         np_state["has_gauss"], np_state["cached_gaussian"]))
+    random.setstate((3, tuple(state["python"]), state["python_gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        cuda = state["cuda"]
+        if isinstance(cuda, (list, tuple)):  # older checkpoints: get_rng_state_all, one state per visible GPU
+            index = torch.cuda.current_device()
+            if index >= len(cuda):
+                warnings.warn(f"the checkpoint holds CUDA random states for {len(cuda)} GPU(s), none for device "
+                              f"{index}; that device's generator keeps its seed", stacklevel=2)
+                return
+            cuda = cuda[index]
+        torch.cuda.set_rng_state(cuda)
+
+
+def training_state(step: int, steps_per_epoch: int, cfg: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                   scheduler: Any, scaler: torch.amp.GradScaler, noise: Any) -> dict[str, Any]:
+    """Everything a run needs to continue exactly from ``step``: what :func:`save_checkpoint` writes."""
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), **training_extras(
+        step, steps_per_epoch, cfg, scheduler, scaler, noise)}
+
+
+def training_extras(step: int, steps_per_epoch: int, cfg: Any, scheduler: Any, scaler: torch.amp.GradScaler,
+                    noise: Any) -> dict[str, Any]:
+    """The state beside the weights and the optimizer: schedule, scaler, random generators, position, config."""
+    return {"scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(),
+            "position": {"step": step, "steps_per_epoch": steps_per_epoch, "global_batch_size": cfg.global_batch_size},
+            "config": cfg.to_dict(), "noise_scale": dict(noise.__dict__)}
+
+
+def restore_training(ckpt: dict[str, Any], path: Path, steps_per_epoch: int, cfg: Any, model: torch.nn.Module,
+                     optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler,
+                     noise: Any) -> int:
+    """Load a :func:`training_state` into the live objects and return its step (same batch and epoch length only).
+
+    Without ``"model"`` (a sharded checkpoint) the weights and optimizer state were loaded already.
+    """
+    saved = ckpt["position"]
+    if saved["steps_per_epoch"] != steps_per_epoch or saved["global_batch_size"] != cfg.global_batch_size:
+        raise CheckpointError(
+            f"checkpoint {path} was written with global_batch_size={saved['global_batch_size']} "
+            f"({saved['steps_per_epoch']} steps per epoch), but this run has global_batch_size="
+            f"{cfg.global_batch_size} ({steps_per_epoch} steps per epoch); resume with the same settings, "
+            f"or start afresh with resume=false")
+    if "model" in ckpt:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    scaler.load_state_dict(ckpt["scaler"])
+    set_rng_state(ckpt["rng"])
+    noise.__dict__.update(ckpt.get("noise_scale", {}))
+    return int(saved["step"])

@@ -1,0 +1,80 @@
+"""Where a run's checkpoints live and how they reach the disk: names, listing, clearing, synced writes.
+
+A checkpoint of step N is ``checkpoints/ckpt-0000000N.pt`` (a file: one process wrote the
+whole state, :mod:`~dlscale.checkpoint.whole`) or ``checkpoints/ckpt-0000000N`` (a folder:
+every rank wrote its shards, :mod:`~dlscale.checkpoint.sharded`). Both are written under a
+temporary name (``.ckpt-….tmp``) and renamed into place when whole, so a job killed mid-write
+leaves the previous checkpoint intact and resume never reads half a checkpoint.
+
+Only a fresh start (``resume=false``) removes an earlier run's checkpoints
+(:func:`clear_checkpoints`); a resumed run keeps the one it resumed from until a newer one
+has been renamed into place, so a job that dies twice loses nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dlscale.errors import DlscaleError
+
+_NAME = re.compile(r"^ckpt-(\d{8})(\.pt)?$")  # a file (one process wrote it) or a folder (sharded)
+
+
+class CheckpointError(DlscaleError):
+    """No usable checkpoint where one was expected; the message names the file."""
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def checkpoint_paths(run_dir: str | Path, step: int, sharded: bool) -> tuple[Path, Path]:
+    """(the final name, the temporary name) of step ``step``'s checkpoint: a ``.pt`` file, or a folder if sharded."""
+    name = f"ckpt-{step:08d}" + ("" if sharded else ".pt")
+    folder = checkpoint_dir(run_dir)
+    return folder / name, folder / f".{name}.tmp"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Checkpoints of a run, files and sharded folders, oldest first (by step, not by file time)."""
+    folder = checkpoint_dir(run_dir)
+    found = [p for p in folder.glob("ckpt-*") if _NAME.search(p.name)] if folder.is_dir() else []
+    return sorted(found, key=lambda p: int(_NAME.search(p.name).group(1)))
+
+
+def clear_checkpoints(run_dir: str | Path) -> int:
+    """Remove a run folder's checkpoints and half-written temporary files; return how many went."""
+    folder = checkpoint_dir(run_dir)
+    if not folder.is_dir():
+        return 0
+    doomed = [*list_checkpoints(run_dir), *folder.glob(".ckpt-*.tmp")]
+    for path in doomed:
+        remove_checkpoint(path)
+    return len(doomed)
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Delete one checkpoint, a file or a sharded folder."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def keep_newest(run_dir: str | Path, keep: int) -> None:
+    """Remove all but the ``keep`` newest checkpoints."""
+    for old in list_checkpoints(run_dir)[:-keep]:
+        remove_checkpoint(old)
+
+
+def save_synced(obj: Any, path: Path) -> None:
+    """``torch.save`` and fsync: the bytes are on disk when this returns."""
+    torch.save(obj, path)
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())

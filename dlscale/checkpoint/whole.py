@@ -1,0 +1,50 @@
+"""The whole-model format: one process (rank 0) writes one ``.pt`` file with the whole training state.
+
+Used when every rank holds the whole model (one process, DDP, Horovod). The file is written
+under a temporary name, fsynced and renamed into place (:mod:`~dlscale.checkpoint.store`).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dlscale.checkpoint.store import CheckpointError, checkpoint_dir, checkpoint_paths, keep_newest, save_synced
+
+
+def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
+    """Write ``state`` as the checkpoint of ``step`` atomically, keeping the ``keep`` newest."""
+    path, tmp = checkpoint_paths(run_dir, step, sharded=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_synced(state, tmp)  # on disk before the rename makes it visible
+    os.replace(tmp, path)
+    keep_newest(run_dir, keep)
+    return path
+
+
+def load_newest_file(paths: list[Path], run_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest of ``paths`` (checkpoint files, oldest first) that loads, or None if there are none.
+
+    A newest file that fails to load (a disk filled up, a copy broke off) is reported and
+    the one before it is used; if every file fails, a :class:`CheckpointError` says so.
+    """
+    failures = []
+    for path in reversed(paths):
+        try:
+            return path, torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - any unreadable file is reported the same way
+            failures.append(f"{path.name}: {err}")
+            warnings.warn(f"checkpoint {path} could not be loaded ({err}); trying an older one", stacklevel=3)
+    if failures:
+        raise CheckpointError(f"no checkpoint in {checkpoint_dir(run_dir)} could be loaded: {'; '.join(failures)}. "
+                              f"Start afresh with resume=false, or restore a good checkpoint")
+    return None
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The model's weights from a checkpoint file, by name (on the CPU)."""
+    return torch.load(path, map_location="cpu", weights_only=True)["model"]

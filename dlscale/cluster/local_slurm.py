@@ -1,0 +1,252 @@
+"""A Slurm cluster on this machine, of one node or several, for a laptop, a workstation, CI and lesson 09.
+
+``LocalSlurm`` writes a minimal ``slurm.conf`` into a folder of its own, starts ``munged``,
+``slurmctld`` and ``slurmd`` in the foreground as child processes, waits until the node is
+idle, and stops exactly the processes it started (by PID). Clients find it through
+``SLURM_CONF``, which :meth:`LocalSlurm.environ` sets::
+
+    with LocalSlurm() as cluster:
+        subprocess.run(["sbatch", "--wait", "slurm/local/train.sbatch", "tiny"], env=cluster.environ())
+
+It needs Debian's (or your distribution's) ``slurmctld slurmd slurm-client munge`` packages
+(``make slurm-packages`` installs them as root) and runs the daemons as the current user:
+root in a container or CI, where it was checked; a non-root user can run them too, as
+``SlurmUser`` is set to that user. Tasks are bound to their CPUs (``task/affinity``), as the
+sites bind them, so a job shows what ``--cpus-per-task`` really gives each task
+(``bash slurm/launch.sh local probe`` prints it).
+
+With ``nodes=N`` (N > 1, root and util-linux's ``unshare`` needed) each node is a slurmd in its own
+UTS and mount namespace: its own hostname (``node1``, ``node2``...), its own loopback address
+(127.0.0.11, 127.0.0.12...; Linux routes all of 127.0.0.0/8 to ``lo``) and slurmd port, an
+``/etc/hosts`` seen only inside the cluster that maps the names to those addresses, and its own
+node-local folder, bound in its namespace at the one path ``DLSCALE_NODE_LOCAL`` names. Tasks of a
+job inherit their node's namespaces, so a job sees several hosts, as on a real cluster; the
+machine's own hostname, ``/etc/hosts`` and network are never touched.
+"""
+
+from __future__ import annotations
+
+import atexit
+import getpass
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from dlscale.distributed import free_port
+from dlscale.errors import DlscaleError
+
+PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
+_CONF = """\
+ClusterName=dlscale
+SlurmctldHost={controller}
+SlurmUser={user}
+SlurmdUser={user}
+AuthType=auth/munge
+AuthInfo=socket={root}/munge.socket
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/affinity
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+ReturnToService=2
+JobRequeue=1
+SlurmdTimeout={slurmd_timeout}
+MinJobAge=600
+SlurmctldPort={ctld_port}
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool/%n
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd-%n.pid
+SlurmctldLogFile={root}/slurmctld.log
+SlurmdLogFile={root}/slurmd-%n.log
+{node_lines}
+PartitionName=local Nodes={node_names} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+class SlurmError(DlscaleError):
+    """Slurm is missing here, or the local cluster did not come up; the message says why."""
+
+
+def missing_programs() -> list[str]:
+    """The Slurm and munge programs this machine lacks."""
+    return [name for name in ("munged", "slurmctld", "slurmd", "sbatch", "sinfo", "scontrol")
+            if shutil.which(name) is None and not Path("/usr/sbin", name).exists()]
+
+
+def _program(name: str) -> str:
+    return shutil.which(name) or str(Path("/usr/sbin", name))
+
+
+def multi_node_unavailable() -> str | None:
+    """Why several nodes cannot run here (None when they can): they need root and ``unshare``."""
+    if os.geteuid() != 0:
+        return "several nodes need root (each slurmd runs in its own UTS and mount namespace)"
+    if shutil.which("unshare") is None:
+        return "several nodes need util-linux's unshare"
+    return None
+
+
+
+def _address(index: int) -> str:
+    """Node ``index``'s loopback address (127.0.0.11 for node1): on ``lo`` already, nothing to configure."""
+    return f"127.0.0.{10 + index}"
+
+
+class LocalSlurm:
+    """Start, use and stop a Slurm cluster of ``nodes`` nodes in ``root`` (a new temporary folder by default).
+
+    ``cpus`` is what each node declares (default: this machine's CPUs, so several nodes share them)."""
+
+    def __init__(self, root: str | Path | None = None, cpus: int | None = None, nodes: int = 1):
+        self.root = Path(root or tempfile.mkdtemp(prefix="dlscale-slurm-"))
+        self.cpus = cpus or os.cpu_count() or 1
+        self.host = socket.gethostname().split(".")[0]
+        self.nodes = nodes
+        # How long a silent slurmd may be before its node is DOWN and its jobs end (Slurm's default is 300 s).
+        self.slurmd_timeout = 30
+        self.processes: list[subprocess.Popen] = []
+
+    @property
+    def node_names(self) -> list[str]:
+        """The nodes' hostnames: this machine's name for one node, ``node1``... for several."""
+        return [self.host] if self.nodes == 1 else [f"node{i}" for i in range(1, self.nodes + 1)]
+
+    @property
+    def node_local(self) -> Path:
+        """The node-local folder: one path, a different folder behind it on each node."""
+        return self.root / "node-local"
+
+    def node_folder(self, name: str) -> Path:
+        """What node ``name`` sees at :attr:`node_local` (on the machine itself; for tests)."""
+        return self.node_local if self.nodes == 1 else self.root / "nodes" / name
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "slurm.conf"
+
+    def environ(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """``base`` (default: this process's environment) with ``SLURM_CONF`` pointing at this cluster and
+        ``DLSCALE_NODE_LOCAL`` at its node-local folder (jobs inherit both)."""
+        return {**(os.environ if base is None else base), "SLURM_CONF": str(self.conf),
+                "DLSCALE_NODE_LOCAL": str(self.node_local)}
+
+    def start(self, timeout: float = 60.0) -> LocalSlurm:
+        missing = missing_programs()
+        if missing:
+            raise SlurmError(f"{', '.join(missing)} not found: install Debian's {' '.join(PACKAGES)} packages "
+                             f"(make slurm-packages, as root)")
+        if self.nodes > 1 and multi_node_unavailable():
+            raise SlurmError(f"{multi_node_unavailable()}; the one-node cluster (nodes=1) works without")
+        for folder in ("state", "node-local", *(f"spool/{name}" for name in self.node_names),
+                       *(f"nodes/{name}" for name in self.node_names if self.nodes > 1)):
+            (self.root / folder).mkdir(parents=True, exist_ok=True)
+        memory_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+        memory = max(1, (memory_mib - 1024) // self.nodes)
+        if self.nodes == 1:
+            controller, lines = self.host, [f"NodeName={self.host} Port={free_port()} CPUs={self.cpus} "
+                                            f"RealMemory={memory} State=UNKNOWN"]
+        else:
+            controller = f"{self.host}(127.0.0.1)"  # the controller stays on the machine itself
+            lines = [f"NodeName={name} NodeAddr={_address(i)} Port={free_port()} CPUs={self.cpus} "
+                     f"RealMemory={memory} State=UNKNOWN" for i, name in enumerate(self.node_names, 1)]
+            (self.root / "hosts").write_text(f"127.0.0.1 localhost {self.host}\n" + "".join(
+                f"{_address(i)} {name}\n" for i, name in enumerate(self.node_names, 1)))
+        self.conf.write_text(_CONF.format(controller=controller, user=getpass.getuser(), root=self.root,
+                                          slurmd_timeout=self.slurmd_timeout,
+                                          ctld_port=free_port(), node_lines="\n".join(lines),
+                                          node_names=",".join(self.node_names)))
+        key = self.root / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+        env = self.environ()
+        atexit.register(self.stop)  # a notebook kernel or script that ends without stop() leaves no daemons behind
+        self._spawn([_program("munged"), "--foreground", "--force", f"--socket={self.root}/munge.socket",
+                     f"--key-file={key}", f"--pid-file={self.root}/munged.pid", f"--log-file={self.root}/munged.log",
+                     f"--seed-file={self.root}/munged.seed"], env)
+        self._wait_for(lambda: (self.root / "munge.socket").exists(), timeout, "munged")
+        self._spawn([_program("slurmctld"), "-D", "-i", "-f", str(self.conf)], env)
+        slurmd = [_program("slurmd"), "-D", "-f", str(self.conf)]
+        if self.nodes == 1:
+            self._spawn(slurmd, env, "slurmd")
+        for name in self.node_names if self.nodes > 1 else ():
+            # unshare execs the shell, which execs slurmd: the PID we keep is the daemon's own.
+            setup = (f"hostname {name} && mount --bind {self.root / 'hosts'} /etc/hosts && "
+                     f"mount --bind {self.node_folder(name)} {self.node_local} && exec {shlex.join(slurmd)}")
+            self._spawn(["unshare", "--uts", "--mount", "--propagation", "private", "--", "sh", "-c", setup], env,
+                        f"slurmd-{name}")
+        self._wait_for(self._node_ready, timeout, "slurmd")
+        return self
+
+    def _spawn(self, argv: list[str], env: dict[str, str], name: str | None = None) -> None:
+        log = open(self.root / f"{name or Path(argv[0]).name}.out", "w")  # noqa: SIM115 - open for the daemon's life
+        self.processes.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                               start_new_session=True))
+
+    def _node_ready(self) -> bool:
+        done = subprocess.run([_program("sinfo"), "-h", "-N", "-o", "%t"], env=self.environ(), capture_output=True,
+                              text=True)
+        states = done.stdout.split()
+        return done.returncode == 0 and len(states) == self.nodes and set(states) <= {"idle", "mix", "alloc"}
+
+    def _wait_for(self, ready, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            dead = [p for p in self.processes if p.poll() is not None]
+            if dead:
+                break
+            time.sleep(0.2)
+        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(self.root.glob("*.log")) +
+                         sorted(self.root.glob("*.out")) if p.stat().st_size)
+        self.stop()
+        raise SlurmError(f"the local Slurm cluster did not come up ({what} not ready within {timeout:.0f} s); "
+                         f"logs:\n{logs}")
+
+    def kill_node(self, name: str) -> int:
+        """Kill every process of node ``name`` at once (its slurmd, step daemons and tasks), as a node that
+        loses power; return how many. Only for a cluster of several nodes, whose nodes have namespaces."""
+        if self.nodes == 1:
+            raise SlurmError("kill_node needs a cluster of several nodes (nodes > 1)")
+        daemon = next(p for p in self.processes if f"hostname {name} " in " ".join(map(str, p.args)))
+        namespace = os.readlink(f"/proc/{daemon.pid}/ns/uts")
+        victims = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and os.readlink(entry / "ns/uts") == namespace:
+                    victims.append(int(entry.name))
+            except OSError:
+                continue  # gone meanwhile
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        daemon.wait()
+        return len(victims)
+
+    def stop(self) -> None:
+        """Stop the daemons this object started, newest first, by PID."""
+        for process in reversed(self.processes):
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        self.processes.clear()
+
+    def __enter__(self) -> LocalSlurm:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,115 @@
+"""Notebook-driven ranks: run one data-parallel job on ipyparallel engines and gather the results.
+
+In a notebook there is no ``torchrun`` in front of the kernel. :func:`run_on_engines`
+starts N ipyparallel engines (local processes on a laptop or a login node; MPI engines with
+``engines="mpi"``; Slurm engines on compute nodes with ``engines="slurm"``), gives each the
+environment of one rank — the same variables torchrun sets — calls the function on all of
+them at once, and returns the per-rank results in rank order. The cluster is stopped
+afterwards, also when a rank fails (the error names the rank). Lesson 05 uses it::
+
+    from dlscale.engines import run_on_engines
+    from dlscale.train import train
+    results = run_on_engines(train, 2, "tiny", epochs=1)     # results[0] is rank 0's Result
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from dlscale.errors import DlscaleError, import_optional
+
+_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                   "DLSCALE_LAUNCHER")
+
+
+class _NoCleanupRace(logging.Filter):
+    """Drop ipyparallel's "Failed to remove <engine log>" errors.
+
+    When a cluster stops, two of ipyparallel's threads may both delete an engine's log file; the
+    second finds it gone and logs an ERROR into the notebook although nothing went wrong.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Failed to remove")
+
+
+class EngineError(DlscaleError):
+    """The engines could not start, or a rank failed; the message names the rank and its error."""
+
+
+def _host_and_port() -> tuple[str, int]:
+    """Run on an engine: its hostname and a free TCP port there."""
+    from dlscale.distributed import free_port  # (this runs on the engine, which imports it there)
+
+    return socket.gethostname(), free_port("")
+
+
+def _run_as_rank(environment: dict[str, str], function: Callable, args: tuple, kwargs: dict) -> Any:
+    """Run on an engine: ``function(*args, **kwargs)`` with the rank's variables set for the call only."""
+    saved = {name: os.environ.get(name) for name in _RANK_VARIABLES}
+    os.environ.update(environment)
+    try:
+        return function(*args, **kwargs)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def rank_environments(hosts: list[str], master_port: int) -> list[dict[str, str]]:
+    """torchrun's variables for each engine, given the host each engine runs on (engine order = rank order)."""
+    environments = []
+    for rank, host in enumerate(hosts):
+        same_host = [i for i, h in enumerate(hosts) if h == host]
+        environments.append({
+            "RANK": str(rank), "WORLD_SIZE": str(len(hosts)), "LOCAL_RANK": str(same_host.index(rank)),
+            "LOCAL_WORLD_SIZE": str(len(same_host)), "MASTER_ADDR": hosts[0] if len(set(hosts)) > 1 else "127.0.0.1",
+            "MASTER_PORT": str(master_port), "DLSCALE_LAUNCHER": "ipyparallel",
+        })
+    return environments
+
+
+def run_on_engines(function: Callable, n: int = 2, *args: Any, engines: str = "local", timeout: float | None = 900,
+                   cluster_options: dict | None = None, **kwargs: Any) -> list[Any]:
+    """Call ``function(*args, **kwargs)`` on ``n`` engines as ranks 0..n-1 of one job; return the results.
+
+    ``engines`` is ipyparallel's engine launcher: ``local``, ``mpi`` or ``slurm`` (with Slurm the
+    controller listens on all interfaces so engines on compute nodes can reach it).
+    ``cluster_options`` go to :class:`ipyparallel.Cluster` (e.g. Slurm's account and time).
+    """
+    ipp = import_optional("ipyparallel", "notebooks", "notebook-driven ranks", EngineError)
+    options = {"n": n, "engines": engines, "log_level": 40, **(cluster_options or {})}
+    if engines == "slurm":
+        options.setdefault("controller_ip", "*")
+    cluster = ipp.Cluster(**options)
+    cluster.log.addFilter(_NoCleanupRace())
+    try:
+        client = cluster.start_and_connect_sync(n=n)
+        ids = sorted(client.ids)[:n]
+        if len(ids) < n:
+            raise EngineError(f"only {len(ids)} of {n} engines came up")
+        hosts_ports = client[ids].apply_sync(_host_and_port)
+        environments = rank_environments([host for host, _ in hosts_ports], hosts_ports[0][1])
+        pending = [client[engine].apply_async(_run_as_rank, environment, function, args, kwargs)
+                   for engine, environment in zip(ids, environments)]
+        results, failures = [], []
+        for rank, task in enumerate(pending):
+            try:
+                results.append(task.get(timeout=timeout))
+            except ipp.error.RemoteError as err:
+                failures.append(f"rank {rank}: {err.ename}: {err.evalue}")
+                results.append(None)
+            except ipp.error.TimeoutError:
+                failures.append(f"rank {rank}: no result after {timeout} s")
+                results.append(None)
+        if failures:
+            raise EngineError("the job failed on " + "; ".join(failures))
+        return results
+    finally:
+        cluster.stop_cluster_sync()

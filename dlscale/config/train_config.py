@@ -1,0 +1,384 @@
+"""Training configuration: one typed dataclass, named YAML configs, ``key=value`` overrides.
+
+Every knob of a training run lives in :class:`TrainConfig`. Named configs are small YAML
+files in ``dlscale/config/configs/`` (or any path) that list only what differs from what they
+``inherit``; the root of every chain is the dataclass defaults, so there is one place
+where a default is written. The CLI, a notebook and a Slurm script all build a config the
+same way::
+
+    cfg = load_config("demo", ["epochs=2", "lr=3e-3"])
+
+Used by every lesson; lesson 01 shows it first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from dlscale.errors import DlscaleError
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+class ConfigError(DlscaleError, ValueError):
+    """A config file or override is wrong; the message names the key and what it accepts."""
+
+
+def _knob(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class TrainConfig:
+    """All settings of one training run. ``dlscale train --help`` lists them with their help."""
+
+    # -- run -----------------------------------------------------------------
+    name: str = _knob("demo", "Run name; the run directory defaults to runs/<name>.")
+    run_dir: str = _knob("", "Where metrics, plots, the resolved config and checkpoints go ('' = runs/<name>).")
+    seed: int = _knob(0, "Seed for model init, shuffling and the synthetic data.")
+    device: str = _knob("auto", "'auto' (CUDA if present, else CPU), 'cpu', 'cuda' or 'cuda:N'.")
+    resume: bool = _knob(False, "Continue from the latest checkpoint in run_dir if there is one (a fresh start otherwise).")
+
+    # -- data ----------------------------------------------------------------
+    data_dir: str = _knob("", "Folder of shards (see dlscale.data); '' = generate the synthetic set into data/ on first use.")
+    image_size: int = _knob(32, "Side of the square synthetic maps, in pixels (power of two, >= 8).")
+    train_samples: int = _knob(8192, "Number of synthetic training maps.")
+    val_samples: int = _knob(1024, "Number of synthetic held-out maps.")
+    shard_size: int = _knob(1024, "Maps per shard file when generating.")
+    noise: float = _knob(0.3, "White-noise level added to the synthetic maps (higher = harder).")
+    threads: int = _knob(0, "torch threads of each training process (0 = from OMP_NUM_THREADS, Slurm's "
+                         "cpus-per-task or the CPUs the process may use, in that order).")
+    num_workers: int = _knob(-1, "DataLoader worker processes per rank (-1 = auto: 0 on CPU, 4 on GPU).")
+    prefetch_factor: int = _knob(2, "Batches each worker loads ahead (only with workers > 0).")
+    persistent_workers: bool = _knob(True, "Keep worker processes alive between epochs (only with workers > 0).")
+    stage_dir: str = _knob("", "Copy the data to this node-local folder before training and read it there "
+                               "(e.g. $TMPDIR or /tmp; environment variables are expanded; '' = off).")
+    augment: bool = _knob(False, "Shift, mirror and rotate every training map at random, per sample in the loader "
+                                 "(real CPU work per sample, as decoding and augmenting are; lesson 02).")
+    pin_memory: bool = _knob(True, "Page-locked host buffers for faster copies to the GPU (ignored on CPU).")
+
+    # -- model ---------------------------------------------------------------
+    model: Literal["cnn", "vit"] = _knob("cnn", "The regressor: a CNN, or a small vision transformer (vit; the "
+                                                "model lesson 10 shards with FSDP and tensor parallelism).")
+    width: int = _knob(16, "CNN: channels of the first conv block, doubled at each later block. "
+                           "ViT: the width of every token.")
+    depth: int = _knob(3, "CNN: number of conv blocks (each halves the map size). ViT: number of transformer blocks.")
+    heads: int = _knob(4, "ViT: attention heads per block (must divide width).")
+    patch_size: int = _knob(4, "ViT: side of the square patches that become tokens (must divide image_size).")
+    activation_checkpointing: bool = _knob(
+        False, "ViT: keep only each block's input and recompute its activations in the backward pass "
+               "(less memory, about one more forward pass of time).")
+    channels_last: bool = _knob(False, "Use the NHWC memory format (faster convolutions on tensor-core GPUs).")
+    norm: Literal["batch", "group"] = _knob(
+        "batch", "Normalisation layers: batch norm, or group norm (independent of how the batch is split).")
+    sync_batchnorm: bool = _knob(False, "With several GPUs, compute batch-norm statistics over all ranks (CUDA only).")
+
+    # -- data parallel -------------------------------------------------------
+    data_parallel: Literal["auto", "ddp", "horovod", "fsdp"] = _knob(
+        "auto", "How the ranks share the work of one batch: PyTorch DDP, Horovod's DistributedOptimizer, or FSDP "
+                "(parameters, gradients and optimizer state sharded over the ranks; auto = Horovod when launched by "
+                "horovodrun, FSDP with tensor_parallel on several data-parallel ranks, DDP otherwise).")
+    tensor_parallel: int = _knob(1, "ViT: split every block's attention heads and MLP over this many ranks "
+                                    "(consecutive ranks, so inside a node); the rest of the ranks are data-parallel.")
+    horovod_fp16_compression: bool = _knob(False, "Horovod: send gradients as fp16 (half the bytes, "
+                                                  "rounded gradients).")
+    dist_backend: Literal["auto", "nccl", "gloo"] = _knob("auto", "Process-group backend: auto = NCCL on GPUs, gloo on CPUs.")
+    dist_timeout_s: float = _knob(300.0, "Seconds a collective may wait for the other ranks before the job stops "
+                                         "with an error (a dead or missing rank never hangs the job).")
+    bucket_cap_mb: float = _knob(25.0, "DDP gradient bucket size in MiB (all-reduce granularity).")
+    gradient_as_bucket_view: bool = _knob(True, "DDP: gradients are views into the all-reduce buckets (saves memory).")
+    static_graph: bool = _knob(False, "DDP: the graph is the same every step (lets DDP skip some bookkeeping).")
+
+    # -- optimisation --------------------------------------------------------
+    epochs: int = _knob(6, "Passes over the training set.")
+    max_steps: int = _knob(0, "Stop after this many optimizer steps (0 = run all epochs).")
+    global_batch_size: int = _knob(64, "Samples per optimizer step over all ranks; the per-rank batch is derived.")
+    grad_accumulation: int = _knob(1, "Micro-batches per optimizer step: each rank's batch is split into this many, "
+                                      "and DDP all-reduces only after the last one (less memory, same step).")
+    optimizer: Literal["adamw", "sgd", "lars", "larc", "lamb"] = _knob(
+        "adamw", "Optimizer; lars, larc (around SGD) and lamb adapt the step per layer for large batches.")
+    lr: float = _knob(2e-3, "Peak learning rate at base_batch; lr_scaling adapts it to global_batch_size.")
+    lr_scaling: Literal["none", "linear", "sqrt"] = _knob(
+        "none", "How the LR follows the batch: lr * k or lr * sqrt(k) with k = global_batch_size / base_batch.")
+    base_batch: int = _knob(64, "The global batch at which lr was tuned (used by lr_scaling).")
+    momentum: float = _knob(0.9, "SGD/LARS momentum (adamw and lamb use beta1 = momentum).")
+    weight_decay: float = _knob(1e-4, "Decoupled weight decay; biases and norm parameters are exempt.")
+    trust_coefficient: float = _knob(0.0, "LARS/LARC trust coefficient (0 = the optimizer's default: 1e-3 LARS, 0.02 LARC).")
+    larc_mode: Literal["clip", "scale"] = _knob("clip", "LARC: clip the per-layer LR at the global LR, or scale it.")
+    warmup_steps: int = _knob(50, "Optimizer steps of linear warmup to the peak LR.")
+    warmup_epochs: float = _knob(0.0, "Warmup length in epochs; when > 0 it replaces warmup_steps.")
+    warmup_start_factor: float = _knob(
+        0.0, "Warmup starts at this fraction of the peak LR (0 = auto: the unscaled LR when lr_scaling is on, "
+             "as in Goyal et al., else 1/warmup_steps).")
+    decay: Literal["cosine", "linear", "poly", "step", "none"] = _knob(
+        "cosine", "LR decay after warmup: to 0 at the last step (cosine, linear, poly), x0.1 at 50% and 75% (step).")
+    grad_clip: float = _knob(0.0, "Clip the global gradient norm to this value (0 = off).")
+    precision: Literal["auto", "fp32", "bf16", "fp16", "fp64"] = _knob(
+        "auto", "Forward-pass precision: auto = bf16 on Ampere+ GPUs, fp16 with loss scaling on V100, fp32 on CPU; "
+                "fp64 = float64 parameters and data (slow: for checks that two runs agree to rounding).")
+    optimizer_impl: Literal["auto", "foreach", "fused", "loop"] = _knob(
+        "auto", "torch SGD/AdamW implementation: one kernel per tensor (loop), multi-tensor (foreach), fused; "
+                "auto = foreach.")
+    compile: bool = _knob(False, "Compile the model with torch.compile (the first steps take longer).")
+    cuda_graphs: bool = _knob(False, "With compile on CUDA, capture steps as CUDA graphs (mode reduce-overhead).")
+    profile_steps: tuple = _knob((), "Profile optimizer steps [start, stop), e.g. 10,15: a Chrome trace and a "
+                                     "summary in run_dir; on CUDA also the window for nsys --capture-range.")
+    noise_scale_every: int = _knob(0, "Measure the gradient noise scale B_simple every N steps (0 = off).")
+
+    # -- logging, checkpoints ------------------------------------------------
+    checkpoint_every: int = _knob(200, "Write a checkpoint every N optimizer steps (0 = only at the end).")
+    keep_checkpoints: int = _knob(2, "How many recent checkpoints to keep.")
+    tracking: Literal["csv", "wandb"] = _knob("csv", "Metrics always go to CSV in run_dir; 'wandb' also logs to Weights & Biases.")
+    wandb_project: str = _knob("dlscale", "Weights & Biases project (with tracking=wandb).")
+    wandb_mode: Literal["offline", "online", "disabled"] = _knob(
+        "offline", "Weights & Biases mode; the WANDB_MODE environment variable wins when set.")
+    progress: bool = _knob(True, "Show a tqdm progress bar on the main process.")
+    plot: bool = _knob(True, "Write loss_curve.png into run_dir at the end.")
+
+    # ------------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        self.profile_steps = tuple(self.profile_steps)  # JSON and YAML give lists
+        self.validate()
+
+    def validate(self) -> None:
+        """Check ranges and relations between fields; raise :class:`ConfigError` naming the key."""
+        positive = ["image_size", "train_samples", "val_samples", "shard_size", "width", "depth", "heads", "patch_size",
+                    "tensor_parallel", "grad_accumulation",
+                    "epochs", "global_batch_size", "prefetch_factor", "keep_checkpoints"]
+        for key in positive:
+            if getattr(self, key) < 1:
+                raise ConfigError(f"config key '{key}' must be >= 1, got {getattr(self, key)}")
+        for key in ["max_steps", "warmup_steps", "checkpoint_every", "noise", "grad_clip", "weight_decay", "momentum",
+                    "warmup_epochs", "trust_coefficient", "noise_scale_every"]:
+            if getattr(self, key) < 0:
+                raise ConfigError(f"config key '{key}' must be >= 0, got {getattr(self, key)}")
+        if self.lr <= 0:
+            raise ConfigError(f"config key 'lr' must be > 0, got {self.lr}")
+        if self.base_batch < 1:
+            raise ConfigError(f"config key 'base_batch' must be >= 1, got {self.base_batch}")
+        if not 0 <= self.warmup_start_factor <= 1:
+            raise ConfigError(f"config key 'warmup_start_factor' must be in [0, 1] (0 = auto), got {self.warmup_start_factor}")
+        if self.profile_steps and (len(self.profile_steps) != 2 or not 0 <= self.profile_steps[0] < self.profile_steps[1]):
+            raise ConfigError(f"config key 'profile_steps' must be two steps start,stop with 0 <= start < stop; "
+                              f"got {self.profile_steps}")
+        if self.grad_accumulation > 1 and self.noise_scale_every:
+            raise ConfigError("noise_scale_every needs grad_accumulation=1 (it measures whole-batch gradients)")
+        if self.noise_scale_every and self.data_parallel == "horovod":
+            raise ConfigError("noise_scale_every works with data_parallel=ddp or auto: under Horovod its extra "
+                              "backward pass would set off an all-reduce")
+        if self.sync_batchnorm and self.compile:
+            raise ConfigError("sync_batchnorm=true cannot be combined with compile=true: torch.compile does not "
+                              "trace SyncBatchNorm's collectives; use norm=group (no batch statistics to share) "
+                              "with compile, or turn compile off")
+        if self.cuda_graphs and not self.compile:
+            raise ConfigError("config key 'cuda_graphs' needs compile=true (graphs are captured by torch.compile)")
+        if self.num_workers < -1:
+            raise ConfigError(f"config key 'num_workers' must be -1 (auto) or >= 0, got {self.num_workers}")
+        size = self.image_size
+        if size < 8 or size & (size - 1):
+            raise ConfigError(f"config key 'image_size' must be a power of two >= 8, got {size}")
+        self._validate_model()
+        if self.model == "cnn" and 2 ** self.depth > size:
+            raise ConfigError(f"config key 'depth'={self.depth} halves a {size}-pixel map below 1 pixel; "
+                              f"use depth <= {size.bit_length() - 1}")
+        dev = self.device
+        if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+            raise ConfigError(f"config key 'device' must be one of auto, cpu, cuda, cuda:N; got '{dev}'")
+
+    def _validate_model(self) -> None:
+        """The transformer's shape, and the parallelisms only it supports."""
+        if self.model == "vit":
+            if self.width % self.heads:
+                raise ConfigError(f"config key 'heads'={self.heads} must divide width={self.width} (each head gets "
+                                  f"width/heads numbers)")
+            if self.image_size % self.patch_size:
+                raise ConfigError(f"config key 'patch_size'={self.patch_size} must divide image_size={self.image_size}")
+            if self.heads % self.tensor_parallel:
+                raise ConfigError(f"tensor_parallel={self.tensor_parallel} must divide heads={self.heads}: each rank "
+                                  f"computes whole heads")
+        elif self.tensor_parallel > 1 or self.activation_checkpointing:
+            key = "tensor_parallel" if self.tensor_parallel > 1 else "activation_checkpointing"
+            raise ConfigError(f"config key '{key}' needs model=vit: the CNN has no transformer blocks to split or "
+                              f"recompute")
+        if self.tensor_parallel > 1 and self.data_parallel in ("horovod", "ddp"):
+            raise ConfigError(f"tensor_parallel={self.tensor_parallel} needs data_parallel=fsdp or auto: DDP and "
+                              f"Horovod do not average gradients of sharded (DTensor) parameters")
+        if (self.data_parallel == "fsdp" or self.tensor_parallel > 1) and (self.noise_scale_every or self.compile):
+            key = "noise_scale_every" if self.noise_scale_every else "compile"
+            raise ConfigError(f"config key '{key}' is not supported with data_parallel=fsdp or tensor_parallel > 1 "
+                              f"in this kit; set {key}=0/false")
+
+    # ------------------------------------------------------------------------
+    @property
+    def resolved_run_dir(self) -> Path:
+        return Path(self.run_dir or f"runs/{self.name}")
+
+    def per_rank_batch(self, world_size: int) -> int:
+        """The batch each rank sees; the global batch must split evenly."""
+        if self.global_batch_size % world_size:
+            raise ConfigError(f"global_batch_size={self.global_batch_size} does not split evenly over "
+                              f"{world_size} ranks; choose a multiple of {world_size}")
+        return self.global_batch_size // world_size
+
+    def micro_batch(self, world_size: int) -> int:
+        """The batch of one forward pass: the per-rank batch split by ``grad_accumulation``."""
+        per_rank = self.per_rank_batch(world_size)
+        if per_rank % self.grad_accumulation:
+            raise ConfigError(f"the per-rank batch {per_rank} does not split into grad_accumulation="
+                              f"{self.grad_accumulation} micro-batches; choose a divisor of {per_rank}")
+        return per_rank // self.grad_accumulation
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def override(self, overrides: Iterable[str] | Mapping[str, Any]) -> "TrainConfig":
+        """A new config with ``key=value`` strings (or a mapping) applied and validated."""
+        changes = _parse_overrides(overrides)
+        return dataclasses.replace(self, **{k: _coerce(k, v) for k, v in changes.items()})
+
+    def save(self, path: str | Path) -> Path:
+        """Write the resolved config as YAML (or JSON if the name ends in .json)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".json":
+            path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        else:
+            path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        return path
+
+
+# ---------------------------------------------------------------------------
+# typing of values
+
+_HINTS = typing.get_type_hints(TrainConfig)
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+_TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
+
+
+def describe_field(key: str) -> str:
+    """One line for --help: type, default and help of a config key."""
+    hint = _HINTS[key]
+    kind = "|".join(typing.get_args(hint)) if typing.get_origin(hint) is Literal else hint.__name__
+    return f"{key} ({kind}, default {FIELDS[key].default!r}): {FIELDS[key].metadata['help']}"
+
+
+def _unknown_key(key: str) -> ConfigError:
+    close = difflib.get_close_matches(key, FIELDS, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return ConfigError(f"unknown config key '{key}'{hint}; `dlscale train --help` lists every key")
+
+
+def _coerce(key: str, value: Any) -> Any:
+    """Turn ``value`` (from YAML, the CLI or Python) into the field's type, or raise naming the key."""
+    if key not in FIELDS:
+        raise _unknown_key(key)
+    hint = _HINTS[key]
+    if typing.get_origin(hint) is Literal:
+        allowed = typing.get_args(hint)
+        if value not in allowed:
+            raise ConfigError(f"config key '{key}' must be one of {', '.join(allowed)}; got {value!r}")
+        return value
+    try:
+        if hint is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+                return value.lower() in _TRUE
+            raise ValueError
+        if hint is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if hint is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if hint is tuple:
+            items = value.replace(",", " ").split() if isinstance(value, str) else list(value or ())
+            return tuple(int(item) for item in items)
+        if hint is str:
+            if value is None:
+                return ""
+            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+                raise ValueError
+            return str(value)
+    except (TypeError, ValueError):
+        pass
+    else:
+        raise AssertionError(f"unhandled type {hint} for {key}")  # a new field type needs a branch above
+    raise ConfigError(f"config key '{key}' expects {hint.__name__}, got {value!r} "
+                      f"(default is {FIELDS[key].default!r})")
+
+
+def _parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(overrides, Mapping):
+        return dict(overrides)
+    parsed: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip().lstrip("-").replace("-", "_")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. epochs=2)")
+        parsed[key] = raw.strip()
+    return parsed
+
+
+# ---------------------------------------------------------------------------
+# named configs
+
+def config_names() -> list[str]:
+    """Names of the configs shipped in dlscale/configs/."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def _find(name_or_path: str, relative_to: Path | None = None) -> Path:
+    candidates = [Path(name_or_path)]
+    if relative_to is not None:
+        candidates.insert(0, relative_to / name_or_path)
+        candidates.insert(1, relative_to / f"{name_or_path}.yaml")
+    candidates.append(CONFIG_DIR / f"{name_or_path}.yaml")
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise ConfigError(f"no config named '{name_or_path}': not a file, and not one of the shipped configs "
+                      f"({', '.join(config_names())})")
+
+
+def _read_chain(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Values of a YAML config merged over those it inherits, parent first."""
+    if path.resolve() in seen:
+        raise ConfigError(f"config {path} inherits from itself (through {' -> '.join(map(str, seen))})")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config {path} is not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path} must be a mapping of key: value, got {type(data).__name__}")
+    parent = data.pop("inherit", None)
+    merged = _read_chain(_find(parent, path.parent), seen + (path.resolve(),)) if parent else {}
+    for key in data:
+        if key not in FIELDS:
+            raise ConfigError(f"{path}: " + str(_unknown_key(key)))
+    merged.update(data)
+    return merged
+
+
+def load_config(name_or_path: str | None = None,
+                overrides: Iterable[str] | Mapping[str, Any] = ()) -> TrainConfig:
+    """Build a validated config from a named or file config and overrides.
+
+    ``name_or_path`` is a shipped config name (``"demo"``, ``"tiny"``), a YAML path, or
+    None for the defaults. ``overrides`` are ``"key=value"`` strings or a mapping.
+    """
+    values = _read_chain(_find(name_or_path)) if name_or_path else {}
+    values.update(_parse_overrides(overrides))
+    return TrainConfig(**{key: _coerce(key, val) for key, val in values.items()})

@@ -1,0 +1,125 @@
+"""Horovod behind the same calls as DDP: joining the job, the optimizer, the first broadcast.
+
+With DDP the *model* is wrapped and gradients are all-reduced in buckets during the
+backward pass. Horovod wraps the *optimizer* instead: ``hvd.DistributedOptimizer`` starts
+an all-reduce for each gradient as soon as it is ready, and waits for them all in
+``synchronize()`` just before the update. Everything else (rank-0 files, reduced metrics,
+broadcast history) goes through :mod:`dlscale.distributed.process_group`, which routes its collectives
+here when Horovod is up, and the training step asks a
+:class:`dlscale.distributed.grad_sync.HorovodSync`, so the loop has one code path for both.
+
+Horovod is an optional extra: on a laptop or in CI it is built by
+``scripts/build_horovod.sh`` (see its header for why a build is needed); on NERSC, OLCF
+and most sites it comes from the site's container or module, and DDP is the recommended path.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from dlscale.errors import DlscaleError, import_optional, importable
+
+#: What to do when Horovod cannot be imported.
+INSTALL_HINT = ("build it for this environment with `make horovod` (scripts/build_horovod.sh: Horovod 0.28.1 with "
+                "gloo, about 8 minutes), or on a cluster load the site's Horovod module or container")
+
+#: Attributes the layer-wise optimizers keep on the instance rather than in their groups;
+#: ``hvd.DistributedOptimizer`` rebuilds the optimizer from its groups, so these are copied over.
+_INSTANCE_SETTINGS = ("exclude_1d", "max_grad_norm", "defaults")
+
+
+class HorovodError(DlscaleError):
+    """Horovod is missing, or cannot start the way this job was launched."""
+
+
+def load() -> ModuleType:
+    """``horovod.torch``, or a :class:`HorovodError` that says how to get it."""
+    return import_optional("horovod.torch", "horovod", "data_parallel=horovod", HorovodError, INSTALL_HINT)
+
+
+def available() -> bool:
+    """Whether Horovod can be imported (for optional tests and benchmarks)."""
+    return importable("horovod.torch")
+
+
+def init(launcher: str, timeout_s: float) -> ModuleType:
+    """``hvd.init()`` with a gloo timeout, so that a rank that never arrives ends the job with an error."""
+    hvd = load()
+    if launcher in ("mpi", "slurm") and not hvd.mpi_built():
+        raise HorovodError(f"this job was started by {launcher}, but this Horovod was built without MPI "
+                           f"(the gloo build of scripts/build_horovod.sh); launch it with `horovodrun --gloo -np N`, "
+                           f"or use a site Horovod built with MPI")
+    os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(max(1, int(timeout_s))))
+    if not hvd.is_initialized():
+        try:
+            hvd.init()
+        except Exception as err:  # noqa: BLE001 - any start-up failure gets the same explanation
+            raise HorovodError(f"hvd.init() failed ({type(err).__name__}: {err}); check that every rank was "
+                               f"started by the same horovodrun/mpirun/srun") from None
+    return hvd
+
+
+def distributed_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, fp16_compression: bool = False,
+                          backward_passes_per_step: int = 1) -> torch.optim.Optimizer:
+    """``optimizer`` behind ``hvd.DistributedOptimizer``, whose ``synchronize()`` waits for the all-reduce.
+
+    ``hvd.DistributedOptimizer`` rebuilds the optimizer from its groups; settings the
+    layer-wise optimizers keep on the instance are copied over.
+    """
+    hvd = load()
+    compression = hvd.Compression.fp16 if fp16_compression else hvd.Compression.none
+    wrapped = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), compression=compression,
+                                       backward_passes_per_step=backward_passes_per_step, op=hvd.Average)
+    for name in _INSTANCE_SETTINGS:
+        if name in vars(optimizer):
+            setattr(wrapped, name, getattr(optimizer, name))
+    return wrapped
+
+
+def broadcast_initial_state(model: nn.Module, optimizer: torch.optim.Optimizer, resumed: bool) -> None:
+    """Rank 0's parameters (and, after a resume, optimizer state) on every rank.
+
+    The optimizer state is sent only when there is some: for an empty state Horovod takes
+    a dummy step with zero gradients, which weight decay turns into a real change of the
+    parameters, and the run would no longer match one process.
+    """
+    hvd = load()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    if resumed:
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+
+def _as_rank(function: Callable, args: tuple, kwargs: dict) -> tuple[str, Any]:
+    """Run on a Horovod rank: the function's result, or its error as text (so the caller can name the rank)."""
+    try:
+        return "ok", function(*args, **kwargs)
+    except BaseException as err:  # noqa: BLE001 - reported to the notebook instead of a bare exit status
+        return "error", (type(err).__name__, str(err))
+
+
+def run(function: Callable, n: int = 2, *args: Any, hosts: str | None = None, **kwargs: Any) -> list[Any]:
+    """Call ``function(*args, **kwargs)`` on ``n`` Horovod ranks (gloo) and return the results in rank order.
+
+    This is ``horovod.run``, the notebook's ``horovodrun``: by default ``n`` local processes
+    (``hosts`` such as ``"nid001:4,nid002:4"`` spreads them over nodes reachable by ssh).
+    A rank that raises makes the call raise too, with the rank's error; a
+    ``NotImplementedError`` (an exercise not yet filled in) is raised as itself.
+    """
+    load()
+    import horovod
+
+    outcomes = horovod.run(_as_rank, args=(function, args, kwargs), num_proc=n, hosts=hosts or f"localhost:{n}",
+                           use_gloo=True)
+    failures = [(rank, value) for rank, (status, value) in enumerate(outcomes) if status == "error"]
+    for rank, (name, message) in failures:
+        if name == "NotImplementedError":
+            raise NotImplementedError(message)
+    if failures:
+        raise HorovodError("; ".join(f"rank {rank}: {name}: {message}" for rank, (name, message) in failures))
+    return [value for _, value in outcomes]

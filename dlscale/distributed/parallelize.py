@@ -1,0 +1,161 @@
+"""How the ranks split the work (the parallel plan), and the functions that apply it to the model.
+
+:func:`plan_parallelism` reads the config and the job (world size) and returns a :class:`ParallelPlan`: which
+data parallelism runs (none, DDP, Horovod, FSDP), how many ranks split each layer (tensor
+parallelism) and the device mesh they form. :func:`build_step_model` then prepares the
+module the training step calls, in PyTorch's order:
+
+- tensor parallelism first (:func:`apply_tensor_parallel`): the ViT's attention and MLP
+  projections become DTensors split over the ``tp`` dimension of the mesh;
+- then data parallelism: FSDP2's ``fully_shard`` per transformer block and at the root
+  over the ``dp`` dimension (:func:`apply_fsdp`), or ``torch.compile`` and DDP around it
+  (:func:`apply_ddp`).
+
+FSDP and tensor parallelism change the model in place (its parameters become DTensors),
+so the training loop's ``model`` and ``step_model`` are then the same module; under DDP
+the loop keeps the plain module for checkpoints and evaluation. Horovod wraps the
+optimizer instead (:func:`dlscale.distributed.grad_sync.gradient_sync`), and the step asks the
+:class:`~dlscale.distributed.grad_sync.GradientSync` of the plan, whatever it is.
+
+The mesh is (data-parallel × tensor-parallel), tensor-parallel ranks consecutive, so
+``tensor_parallel=4`` on Perlmutter's 4-GPU nodes keeps each layer's collectives inside a
+node (NVLink) and FSDP's across nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from dlscale.distributed.launchers import DistEnv
+from dlscale.config import ConfigError, TrainConfig
+from dlscale.runtime.precision import Precision
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """How one job's ranks share the work: the data parallelism, the tensor-parallel size, this rank's place."""
+
+    data_parallel: str          # "none" (one data-parallel rank), "ddp", "horovod" or "fsdp"
+    tensor_parallel: int        # ranks that split each layer (1 = off)
+    data_rank: int              # this rank's index among the data-parallel ranks (which samples it reads)
+    data_ranks: int             # how many ranks read different samples: world size / tensor_parallel
+    mesh: Any = None            # the (dp, tp) DeviceMesh when FSDP or TP runs, else None
+
+    @property
+    def sharded(self) -> bool:
+        """Whether parameters are DTensors split over ranks (FSDP or TP): checkpoints are then sharded too."""
+        return self.data_parallel == "fsdp" or self.tensor_parallel > 1
+
+    def describe(self) -> str:
+        if self.tensor_parallel > 1:
+            return f"{self.data_parallel} over {self.data_ranks} × tensor parallel over {self.tensor_parallel}"
+        return self.data_parallel
+
+
+def plan_parallelism(cfg: TrainConfig, env: DistEnv) -> ParallelPlan:
+    """The :class:`ParallelPlan` for ``cfg`` on this job; a :class:`ConfigError` if the world does not fit it."""
+    tp = cfg.tensor_parallel
+    if env.world_size % tp:
+        raise ConfigError(f"tensor_parallel={tp} does not divide the {env.world_size} ranks of this job; launch a "
+                          f"multiple of {tp} ranks, or change tensor_parallel")
+    dp = env.world_size // tp
+    if env.backend == "horovod":
+        kind = "horovod"
+    elif cfg.data_parallel == "fsdp" or (cfg.data_parallel == "auto" and tp > 1):
+        kind = "fsdp"
+    else:
+        kind = "ddp"
+    if (kind == "ddp" and dp == 1) or (kind == "fsdp" and env.world_size == 1):
+        kind = "none"  # one data-parallel rank: nothing to average or shard over
+    # (with tensor parallelism FSDP stays on, also over one data-parallel rank: it makes every parameter a
+    # DTensor of the one mesh, which the optimizers' multi-tensor kernels and gradient clipping need)
+    mesh = None
+    if kind == "fsdp" or tp > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(torch.device(env.device).type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    return ParallelPlan(kind, tp, env.rank // tp, dp, mesh)
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: Any) -> None:
+    """Split each transformer block over ``tp_mesh``: column-wise into, row-wise out of, the attention and the MLP.
+
+    ``wq``/``wk``/``wv`` and ``w1`` keep whole input rows and a share of the output columns
+    (so a rank holds whole heads); ``wo`` and ``w2`` take that share back and sum the partial
+    results with one all-reduce each. The rest (patches, norms, head) stays whole on every rank.
+    """
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    blocks = getattr(model, "blocks", None)
+    if blocks is None:
+        raise ConfigError("tensor_parallel needs model=vit (the CNN has no transformer blocks to split)")
+    split = {"attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(), "mlp.w1": ColwiseParallel(), "mlp.w2": RowwiseParallel()}
+    for block in blocks:
+        parallelize_module(block, tp_mesh, split)
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: Any, bf16: bool = False, reshard_after_forward: bool = True) -> None:
+    """Shard ``model`` over ``dp_mesh`` with FSDP2: each transformer block a unit, the rest at the root.
+
+    A unit's parameters are gathered just before its forward (and backward) and freed after,
+    so at most one block is whole at a time. With ``bf16`` the gathered parameters and the
+    compute are bfloat16 while the gradients are reduced, and the shards kept, in float32.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    inner = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    # the model's output (the predictions) in float32, so that the loss is computed in float32
+    outer = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                 output_dtype=torch.float32) if bf16 else inner
+    for block in getattr(model, "blocks", ()):
+        fully_shard(block, mesh=dp_mesh, mp_policy=inner, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=dp_mesh, mp_policy=outer, reshard_after_forward=reshard_after_forward)
+
+
+def apply_ddp(model: nn.Module, env: DistEnv, bucket_cap_mb: float = 25.0, gradient_as_bucket_view: bool = True,
+               static_graph: bool = False) -> nn.Module:
+    """``model`` wrapped in DistributedDataParallel when there are several ranks, else unchanged.
+
+    Under Horovod the model stays as it is: Horovod wraps the optimizer instead
+    (:func:`dlscale.distributed.grad_sync.gradient_sync`).
+    """
+    if not env.distributed or env.backend == "horovod":
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [torch.device(env.device).index] if env.device.startswith("cuda") else None
+    return DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb,
+                                   gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph)
+
+
+def build_step_model(model: nn.Module, env: DistEnv, cfg: TrainConfig, plan: ParallelPlan | None = None,
+                     policy: Precision | None = None) -> nn.Module:
+    """The module the training step calls.
+
+    FSDP and tensor parallelism shard ``model`` in place and return it. Otherwise ``model``
+    is compiled when asked and wrapped in DDP (PyTorch's order: torch.compile does not trace
+    DDP's hooks well, so the inner module is compiled and DDP wraps the result), and
+    ``model`` itself stays plain, for checkpoints and evaluation.
+    """
+    if plan is not None and plan.sharded:
+        if policy is not None and policy.name == "fp16":
+            raise ConfigError("precision=fp16 is not supported with data_parallel=fsdp or tensor_parallel > 1 (its "
+                              "loss scaler does not handle sharded gradients here); use precision=bf16 or fp32")
+        if plan.tensor_parallel > 1:
+            apply_tensor_parallel(model, plan.mesh["tp"])
+        if plan.data_parallel == "fsdp":
+            apply_fsdp(model, plan.mesh["dp"], bf16=policy is not None and policy.name == "bf16")
+        return model
+    inner = torch.compile(model, mode="reduce-overhead" if cfg.cuda_graphs else None) if cfg.compile else model
+    return apply_ddp(inner, env, cfg.bucket_cap_mb, cfg.gradient_as_bucket_view, cfg.static_graph)
+
+
+def cuda_graph_skips() -> int:
+    """How many times inductor has declined to capture a CUDA graph in this process."""
+    from torch._dynamo.utils import counters
+    return counters["inductor"]["cudagraph_skips"]

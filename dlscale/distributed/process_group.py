@@ -1,0 +1,254 @@
+"""The process group: joining the job, which rank am I, and the collectives, on torch.distributed or Horovod.
+
+:func:`init` creates the process group — NCCL on CUDA, gloo on CPU — with a timeout, so a
+dead or missing peer ends every rank with a clear error instead of a hang; or, with
+``data_parallel="horovod"`` (the default under horovodrun), starts Horovod instead.
+
+This module is the one place that asks "which rank am I, and is a group up":
+:func:`rank`, :func:`group_size`, :func:`group_is_up`. The collectives below
+(:func:`all_reduce_sum`, :func:`all_gather`, :func:`broadcast_object`, :func:`barrier`, ...)
+go to whichever is active — Horovod when it has been initialised, else torch.distributed,
+else nothing (one process) — so callers have one code path. The state lives in Horovod and
+torch.distributed themselves; nothing here is a global to set or forget.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dlscale.distributed import horovod_backend
+from dlscale.distributed.launchers import DistEnv, DistributedError, detect
+
+#: Seconds a draining :func:`shutdown` leaves the GIL to gloo's worker threads (see there).
+_DRAIN_PAUSE_S = 0.05
+
+
+def _horovod() -> ModuleType | None:
+    """``horovod.torch`` when Horovod has been initialised in this process, else None."""
+    hvd = sys.modules.get("horovod.torch")
+    return hvd if hvd is not None and hvd.is_initialized() else None
+
+
+def _torch_group() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def resolve_data_parallel(choice: str, launcher: str) -> str:
+    """``ddp``, ``fsdp`` or ``horovod``: ``auto`` means Horovod under horovodrun, DDP everywhere else."""
+    if choice == "auto":
+        return "horovod" if launcher == "horovodrun" else "ddp"
+    if choice == "fsdp" and launcher == "horovodrun":
+        raise DistributedError("data_parallel=fsdp needs torch.distributed, but this job was started by horovodrun, "
+                               "which sets up Horovod; launch FSDP with torchrun, srun or mpirun")
+    if choice == "ddp" and launcher == "horovodrun":
+        raise DistributedError("this job was started by horovodrun, which sets up Horovod, not torch.distributed; "
+                               "use data_parallel=horovod (or auto), or launch DDP with torchrun, srun or mpirun")
+    return choice
+
+
+def init(device: str = "auto", backend: str | None = None, timeout_s: float = 300.0,
+         environ: Mapping[str, str] | None = None, data_parallel: str = "auto") -> DistEnv:
+    """Join the job: pick the device (``cuda:LOCAL_RANK`` on GPUs) and, with several ranks, the process group.
+
+    ``backend`` defaults to NCCL on CUDA and gloo otherwise. A peer that does not join, or
+    dies later, makes collective calls fail after ``timeout_s`` instead of hanging forever.
+    With ``data_parallel="horovod"`` Horovod is started instead and reports the ranks.
+    """
+    env = detect(environ)
+    if resolve_data_parallel(data_parallel, env.launcher) == "horovod":
+        hvd = horovod_backend.init(env.launcher, timeout_s)
+        env = replace(env, rank=hvd.rank(), local_rank=hvd.local_rank(), world_size=hvd.size(),
+                      local_world_size=hvd.local_size(), backend="horovod")
+    wants_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if wants_cuda and torch.cuda.is_available():
+        index = env.local_rank % torch.cuda.device_count() if device in ("auto", "cuda") else torch.device(device).index
+        torch.cuda.set_device(index)
+        resolved = f"cuda:{index}"
+    else:
+        resolved = "cpu" if device == "auto" else device
+    env = replace(env, device=resolved)
+    if not env.distributed or env.backend == "horovod":
+        return env
+    backend = backend or ("nccl" if resolved.startswith("cuda") else "gloo")
+    if dist.is_initialized():
+        return replace(env, backend=dist.get_backend())
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # NCCL errors end the job instead of hanging it
+    try:
+        dist.init_process_group(backend, init_method=f"tcp://{env.master_addr}:{env.master_port}", rank=env.rank,
+                                world_size=env.world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    except Exception as err:  # noqa: BLE001 - any failure to form the group gets the same explanation
+        raise DistributedError(
+            f"rank {env.rank} of {env.world_size} could not join the process group at {env.master_addr}:"
+            f"{env.master_port} within {timeout_s:.0f} s ({type(err).__name__}: {err}). Check that every rank "
+            f"started, that MASTER_ADDR is a compute node every rank can reach, and that the port is free") from None
+    return replace(env, backend=backend)
+
+
+def uses_horovod() -> bool:
+    """Whether Horovod (rather than a torch.distributed process group) carries the collectives."""
+    return _horovod() is not None
+
+
+def group_is_up() -> bool:
+    """Whether this process is in a group of ranks (Horovod or torch.distributed), even a group of one."""
+    return _horovod() is not None or _torch_group()
+
+
+def rank() -> int:
+    """This process's rank in the active group (0 in a single process)."""
+    hvd = _horovod()
+    if hvd is not None:
+        return hvd.rank()
+    return dist.get_rank() if _torch_group() else 0
+
+
+def group_size() -> int:
+    """Ranks in the active group: Horovod's, torch.distributed's, or 1."""
+    hvd = _horovod()
+    if hvd is not None:
+        return hvd.size()
+    return dist.get_world_size() if _torch_group() else 1
+
+
+def is_main() -> bool:
+    """True on rank 0, and in a single process."""
+    return rank() == 0
+
+
+def shutdown(drain: bool = True) -> None:
+    """Leave the process group or Horovod (a no-op when there is none).
+
+    ``drain`` (a normal end) first meets the other ranks at a barrier. Pass ``drain=False``
+    when a rank may be dead or stuck: the barrier would wait for it until the timeout.
+    """
+    hvd = _horovod()
+    if hvd is not None:
+        hvd.shutdown()
+    if _torch_group():
+        if drain:
+            # A gloo worker thread frees a finished collective's tensors just after the caller
+            # resumes, and that takes the GIL. If the process is already exiting by then, Python
+            # ends the thread mid-destructor and the rank dies of SIGABRT ("terminate called
+            # without an active exception", about 1 in 100 two-rank runs with torch 2.13). The
+            # barrier completes every rank's collectives; the barrier's own work still holds the
+            # last one until a worker frees it after we resume, so the pause (the GIL released)
+            # lets that happen before the interpreter can start finalizing.
+            dist.barrier()
+            time.sleep(_DRAIN_PAUSE_S)
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    hvd = _horovod()
+    if hvd is not None:
+        hvd.barrier()
+    elif _torch_group():
+        dist.barrier()
+
+
+def print0(*args: Any, **kwargs: Any) -> None:
+    """``print`` on the main rank only."""
+    if is_main():
+        print(*args, **kwargs)
+
+
+def _all_reduce(tensor: torch.Tensor, op: str) -> torch.Tensor:
+    """``op`` (``Sum`` or ``Max``) over ranks, in place, with Horovod or torch.distributed."""
+    if group_size() > 1:
+        hvd = _horovod()
+        if hvd is not None:
+            hvd.allreduce_(tensor, op=getattr(hvd, op))
+        else:
+            dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op.upper()))
+    return tensor
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` now (for a master, a daemon or an engine to listen on)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def collective_device() -> torch.device:
+    """Where a collective's tensors must live: this rank's GPU under NCCL (it rejects CPU tensors), else the CPU."""
+    if _horovod() is None and _torch_group() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """The sum over ranks, in place (unchanged in a single process)."""
+    return _all_reduce(tensor, "Sum")
+
+
+def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+    """The element-wise maximum over ranks, in place (unchanged in a single process)."""
+    return _all_reduce(tensor, "Max")
+
+
+def all_reduce_mean(value: torch.Tensor | float) -> torch.Tensor | float:
+    """The mean over ranks of a tensor (in place) or a number."""
+    size = group_size()
+    if size == 1:
+        return value
+    if isinstance(value, torch.Tensor):
+        return all_reduce_sum(value).div_(size)
+    tensor = torch.tensor(float(value), dtype=torch.float64, device=collective_device())
+    return float(all_reduce_sum(tensor)) / size
+
+
+def all_reduce_max_flag(flag: bool, device: str | torch.device = "cpu") -> bool:
+    """True on every rank if it is true on any rank (used for a stop signal that reached one rank)."""
+    if group_size() == 1:
+        return flag
+    return bool(all_reduce_max(torch.tensor([1.0 if flag else 0.0], device=device)).item())
+
+
+def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """``tensor`` of every rank (each the same shape), in rank order, on every rank (``[tensor]`` in one process)."""
+    size = group_size()
+    if size == 1:
+        return [tensor]
+    hvd = _horovod()
+    if hvd is not None:  # (Horovod concatenates along the first dimension)
+        return list(hvd.allgather(tensor.unsqueeze(0), name="dlscale.all_gather").unbind(0))
+    gathered = [torch.empty_like(tensor) for _ in range(size)]
+    dist.all_gather(gathered, tensor)
+    return gathered
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """``obj`` from rank ``src`` on every rank."""
+    hvd = _horovod()
+    if hvd is not None:
+        # The name must match on every rank; Horovod's default is the type of obj, which differs off the root.
+        return hvd.broadcast_object(obj, root_rank=src, name="dlscale.broadcast_object")
+    if not _torch_group():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """``obj`` of every rank, in rank order, on every rank (``[obj]`` in one process)."""
+    hvd = _horovod()
+    if hvd is not None:
+        return hvd.allgather_object(obj, name="dlscale.all_gather_object")
+    if not _torch_group():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out

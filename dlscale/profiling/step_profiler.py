@@ -1,0 +1,118 @@
+"""A window of training steps, profiled: a Chrome trace, a summary table, and the Nsight capture range.
+
+:class:`StepProfiler` profiles ``profile_steps=start,stop``: a Chrome trace (open it at
+https://ui.perfetto.dev, no install needed) and a summary table in the run directory, and on
+CUDA the ``cudaProfilerApi`` window that ``nsys --capture-range`` waits for, opened and closed
+on every rank (a rank that never opens it gets an empty report). Lesson 04 reads its summary
+(:func:`read_summary`, :func:`phase_times`).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dlscale.profiling.nvtx import RANGES, under_nsys
+
+class StepProfiler:
+    """Profile optimizer steps ``[start, stop)``; call :meth:`step` after every optimizer step.
+
+    Steps are counted from the start of training, also after a resume: ``first_step`` is the
+    step the run resumed from (the profiled window is what is left of ``[start, stop)``).
+    With ``trace`` (the main rank) it writes ``trace.json`` (Chrome trace format) and
+    ``profile_summary.json`` into ``run_dir`` when the window closes. On CUDA every rank calls
+    ``torch.cuda.profiler.start()/stop()`` around the window, so ``nsys profile
+    --capture-range=cudaProfilerApi`` records just those steps in each rank's report. Under
+    nsys the trace keeps CPU activity only: CUDA activity would make torch subscribe to CUPTI,
+    which nsys needs for itself.
+    """
+
+    def __init__(self, run_dir: str | Path, start: int, stop: int, device: torch.device, trace: bool = True,
+                 first_step: int = 0, environ: dict[str, str] | None = None):
+        self.run_dir, self.first_step = Path(run_dir), first_step
+        self.start, self.stop = max(start, first_step), stop
+        self.active = self.start < self.stop  # (nothing to do once the window is past)
+        self.capture = self.active and device.type == "cuda"
+        self.summary: dict[str, Any] | None = None
+        self._profiler = None
+        if not (self.active and trace):
+            return
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.capture and not under_nsys(environ):
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.activities = activities
+        skip = self.start - first_step  # the profiler counts its own step() calls, from this run's first
+        warmup = 1 if skip > 0 else 0  # the profiler warms up on the step before the window where there is one
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
+            schedule = torch.profiler.schedule(skip_first=skip - warmup, wait=0, warmup=warmup,
+                                               active=self.stop - self.start, repeat=1)
+        self._profiler = torch.profiler.profile(activities=activities, on_trace_ready=self._write, schedule=schedule)
+
+    def __enter__(self) -> "StepProfiler":
+        if self._profiler is not None:
+            self._profiler.__enter__()
+        if self.capture and self.start == self.first_step:
+            torch.cuda.profiler.start()
+        return self
+
+    def step(self, step: int) -> None:
+        """Call with the number of optimizer steps done so far (counted from the start of training)."""
+        if self.capture and step == self.start and step > self.first_step:
+            torch.cuda.profiler.start()
+        if self.capture and step == self.stop:
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+        if self._profiler is not None:
+            self._profiler.step()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._profiler is not None:
+            self._profiler.__exit__(*exc)
+            self._profiler = None
+
+    def _write(self, profiler: torch.profiler.profile) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        profiler.export_chrome_trace(str(self.run_dir / "trace.json"))
+        self.summary = summarize(profiler, self.stop - self.start)
+        (self.run_dir / "profile_summary.json").write_text(json.dumps(self.summary, indent=1) + "\n")
+
+
+def summarize(profiler: torch.profiler.profile, steps: int, top: int = 12) -> dict[str, Any]:
+    """Milliseconds per step for each training-loop range and for the top operators by self time."""
+    events = profiler.key_averages()
+    device_attr = "device_time_total" if hasattr(events[0], "device_time_total") else "cuda_time_total"
+
+    def row(event) -> dict[str, Any]:
+        return {"name": event.key, "calls": event.count,
+                "cpu_ms_per_step": event.cpu_time_total / 1000 / steps,
+                "self_cpu_ms_per_step": event.self_cpu_time_total / 1000 / steps,
+                "device_ms_per_step": getattr(event, device_attr, 0) / 1000 / steps}
+
+    ranges = [row(e) for e in events if e.key in RANGES]
+    ranges.sort(key=lambda r: RANGES.index(r["name"]))
+    operators = [row(e) for e in events if e.key not in RANGES and not e.key.startswith("ProfilerStep")]
+    operators.sort(key=lambda r: -r["self_cpu_ms_per_step"])
+    return {"steps": steps, "ranges": ranges, "top_operators": operators[:top]}
+
+
+def phase_times(summary: dict[str, Any], device: torch.device | str) -> tuple[dict[str, float], str]:
+    """Milliseconds per step of each loop phase, on the device that does the work, and which clock it is.
+
+    On a GPU the CPU time of a range is mostly kernel launches (the kernels run later, on the
+    device), so the device's own time is what a phase costs; on a CPU they are the same.
+    """
+    key = "device_ms_per_step" if torch.device(device).type == "cuda" else "cpu_ms_per_step"
+    return {row["name"]: row[key] for row in summary["ranges"]}, key.removesuffix("_ms_per_step")
+
+
+def read_summary(run_dir: str | Path) -> dict[str, Any]:
+    """The ``profile_summary.json`` a run with ``profile_steps`` wrote."""
+    return json.loads((Path(run_dir) / "profile_summary.json").read_text())
+
+
+# -- Nsight Systems -----------------------------------------------------------------------------

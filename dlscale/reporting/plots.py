@@ -1,0 +1,291 @@
+"""Figures shared by the notebooks and the reports, built with matplotlib's object API.
+
+Functions return a :class:`matplotlib.figure.Figure` without touching pyplot's global
+state, so they work the same in a notebook, in a batch job with no display, and inside
+the training loop that saves ``loss_curve.png``. The figures render themselves as PNG
+in Jupyter, so a notebook needs no ``%matplotlib`` magic to show them.
+"""
+
+from __future__ import annotations
+
+import io
+import textwrap
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from dlscale.metrics.tracking import TRAIN_FILE, VAL_FILE, read_rows
+
+
+class NotebookFigure(Figure):
+    """A Figure that Jupyter displays as a PNG when it is the value of a cell."""
+
+    def _repr_png_(self) -> bytes:
+        buffer = io.BytesIO()
+        self.savefig(buffer, format="png", dpi=100)
+        return buffer.getvalue()
+
+
+def _smooth(values: list[float], window: int) -> list[float]:
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def loss_curves(run_dir: str | Path, title: str | None = None) -> NotebookFigure:
+    """Training loss per step (raw and smoothed) with validation MSE, and validation R² per epoch."""
+    run_dir = Path(run_dir)
+    train, val = read_rows(run_dir / TRAIN_FILE), read_rows(run_dir / VAL_FILE)
+    fig = NotebookFigure(figsize=(10, 4), layout="constrained")
+    loss_ax, r2_ax = fig.subplots(1, 2)
+    if train:
+        steps, losses = [r["step"] for r in train], [r["loss"] for r in train]
+        loss_ax.plot(steps, losses, color="tab:blue", alpha=0.25, linewidth=0.8, label="train (per step)")
+        loss_ax.plot(steps, _smooth(losses, max(1, len(losses) // 50)), color="tab:blue", label="train (smoothed)")
+    if val:
+        loss_ax.plot([r["step"] for r in val], [r["mse"] for r in val], "o-", color="tab:orange", label="validation")
+        r2_ax.plot([r["epoch"] for r in val], [r["r2"] for r in val], "o-", color="tab:green", label="mean")
+        for key in (k for k in val[0] if k.startswith("r2_")):
+            r2_ax.plot([r["epoch"] for r in val], [r[key] for r in val], ".--", alpha=0.7, label=key[3:])
+    loss_ax.set(xlabel="optimizer step", ylabel="MSE (normalised targets)", yscale="log", title="loss")
+    r2_ax.set(xlabel="epoch", ylabel="R²", title="validation R²", ylim=(min(0.0, *(r["r2"] for r in val)) if val else 0, 1))
+    for ax in (loss_ax, r2_ax):
+        ax.grid(alpha=0.3)
+        if ax.has_data():
+            ax.legend()
+    fig.suptitle(title or run_dir.name)
+    return fig
+
+
+def predictions_vs_truth(pred, target, names: list[str] | None = None) -> NotebookFigure:
+    """One scatter per target of predicted against true value, with the ideal diagonal."""
+    pred, target = np.asarray(pred), np.asarray(target)
+    count = target.shape[1]
+    fig = NotebookFigure(figsize=(4.5 * count, 4), layout="constrained")
+    for index, ax in enumerate(np.atleast_1d(fig.subplots(1, count))):
+        ax.scatter(target[:, index], pred[:, index], s=4, alpha=0.4)
+        low, high = target[:, index].min(), target[:, index].max()
+        ax.plot([low, high], [low, high], color="black", linewidth=1, label="perfect")
+        ax.set(xlabel="true (normalised)", ylabel="predicted", title=(names or [f"target {index}"] * count)[index])
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return fig
+
+
+def _bars(labels: list, values: list[float], **bar_options) -> tuple[NotebookFigure, object, object]:
+    """A figure sized for ``labels``, its axes, and blue bars with their values written on them."""
+    fig = NotebookFigure(figsize=(1.2 * len(labels) + 3, 3.5), layout="constrained")
+    ax = fig.subplots()
+    bars = ax.bar([textwrap.fill(str(label), 16) for label in labels], values, color="tab:blue", **bar_options)
+    ax.grid(axis="y", alpha=0.3)
+    return fig, ax, bars
+
+
+def _value_labels(values: list[float]) -> list[str]:
+    return [f"{v:,.0f}" if v >= 100 else f"{v:.3g}" for v in values]
+
+
+def bar_chart(labels: list, values: list[float], ylabel: str, title: str = "", xlabel: str = "") -> NotebookFigure:
+    """Labelled bars with their values written on top (throughput comparisons and the like)."""
+    fig, ax, bars = _bars(labels, values)
+    ax.bar_label(bars, labels=_value_labels(values), padding=2)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.margins(y=0.15)
+    return fig
+
+
+def spread_chart(spreads: dict, ylabel: str, title: str = "", xlabel: str = "",
+                 log: bool | None = None) -> NotebookFigure:
+    """Bars at the median of each measurement with a line from its lowest to its highest round.
+
+    ``log=None`` picks a log scale when the medians differ by more than 20×.
+    """
+    medians = [s.median for s in spreads.values()]
+    errors = [[m - s.low for m, s in zip(medians, spreads.values())],
+              [s.high - m for m, s in zip(medians, spreads.values())]]
+    fig, ax, bars = _bars(list(spreads), medians, yerr=errors, capsize=4, ecolor="black")
+    ax.bar_label(bars, labels=_value_labels(medians), padding=2, label_type="center", color="white", fontsize=8)
+    if log if log is not None else max(medians) > 20 * max(min(medians), 1e-12):
+        ax.set_yscale("log")
+    rounds = min(len(s.values) for s in spreads.values())
+    ax.set(xlabel=xlabel, ylabel=f"{ylabel} (median of {rounds})", title=title)
+    return fig
+
+
+#: The phases the training loop marks in every step, and their colours on a timeline.
+PHASE_COLOURS = {"data": "tab:orange", "forward": "tab:blue", "backward": "tab:green", "optimizer": "tab:red"}
+
+
+def trace_timeline(trace_path: str | Path, title: str = "timeline of the profiled steps") -> NotebookFigure:
+    """The profiled steps as a timeline: the loop's phases on the CPU row and, on a GPU, its kernels.
+
+    Rendered from the ``trace.json`` that ``profile_steps`` writes (the file Perfetto opens), so
+    the notebook shows the same picture without leaving the page: gaps on the device row are
+    time the device waited.
+    """
+    import json
+
+    data = json.loads(Path(trace_path).read_text())
+    events = [e for e in (data["traceEvents"] if isinstance(data, dict) else data) if e.get("ph") == "X"]
+    phases = [e for e in events if e.get("cat") == "user_annotation" and e["name"] in PHASE_COLOURS]
+    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    start = min(e["ts"] for e in phases + kernels)
+    rows = [("CPU: the loop's phases", phases)] + ([("GPU: kernels and copies", kernels)] if kernels else [])
+    fig = NotebookFigure(figsize=(10, 1.2 + 0.8 * len(rows)), layout="constrained")
+    ax = fig.subplots()
+    for y, (_, items) in enumerate(rows):
+        colours = [PHASE_COLOURS.get(e["name"], "tab:purple") for e in items]
+        ax.broken_barh([((e["ts"] - start) / 1000, e["dur"] / 1000) for e in items], (y - 0.4, 0.8),
+                       facecolors=colours)
+    ax.set_yticks(range(len(rows)), [name for name, _ in rows])
+    ax.invert_yaxis()
+    ax.set(xlabel="ms since the first profiled step", title=title)
+    handles = [Patch(color=c, label=n) for n, c in PHASE_COLOURS.items()]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=len(handles), frameon=False)
+    return fig
+
+
+def map_gallery(maps, params, names: tuple[str, ...] = ("log A", "n", "blur")) -> NotebookFigure:
+    """A row of maps, each titled with its parameters (lesson 00's look at the data)."""
+    maps, params = np.asarray(maps), np.asarray(params)
+    fig = NotebookFigure(figsize=(2.2 * len(maps), 2.9), layout="constrained")
+    for ax, image, values in zip(np.atleast_1d(fig.subplots(1, len(maps))), maps, params):
+        ax.imshow(image.squeeze(), cmap="magma")
+        ax.set_title("\n".join(f"{name} {value:.2f}" for name, value in zip(names, values)), fontsize=9)
+        ax.axis("off")
+    return fig
+
+
+def lr_schedules(schedules: dict[str, list[float]], title: str = "learning-rate schedules") -> NotebookFigure:
+    """LR against optimizer step, one line per named schedule (see ``dlscale.optim.schedules.lr_trace``)."""
+    fig = NotebookFigure(figsize=(8, 3.8), layout="constrained")
+    ax = fig.subplots()
+    for name, trace in schedules.items():
+        ax.plot(range(len(trace)), trace, label=name)
+    ax.set(xlabel="optimizer step", ylabel="learning rate", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def trust_ratios(run_dir: str | Path, min_ndim_names: tuple[str, ...] = ("weight",)) -> NotebookFigure:
+    """Trust ratio of each weight tensor over training, from a run's ``trust_ratios.csv`` (log scale)."""
+    from dlscale.metrics.tracking import TRUST_FILE
+
+    rows = read_rows(Path(run_dir) / TRUST_FILE)
+    fig = NotebookFigure(figsize=(8, 4.2), layout="constrained")
+    ax = fig.subplots()
+    if rows:
+        steps = [r["step"] for r in rows]
+        layers = [k for k in rows[0] if k != "step" and k.endswith(min_ndim_names)]
+        for name in layers:
+            values = [r[name] for r in rows]
+            if any(v != 1.0 for v in values):  # tensors that never adapt (biases, norms) stay at 1
+                ax.plot(steps, values, label=name)
+        ax.set_yscale("log")
+    ax.set(xlabel="optimizer step", ylabel="trust ratio", title="per-layer trust ratio")
+    ax.grid(alpha=0.3)
+    if ax.has_data():
+        ax.legend(fontsize=7, ncol=2)
+    return fig
+
+
+def noise_scale_curve(run_dir: str | Path) -> NotebookFigure:
+    """The running estimate of B_simple over training, from a run's ``noise_scale.csv``."""
+    from dlscale.metrics.tracking import NOISE_FILE
+
+    rows = [r for r in read_rows(Path(run_dir) / NOISE_FILE) if np.isfinite(r["b_simple"]) and r["b_simple"] > 0]
+    fig = NotebookFigure(figsize=(7, 3.5), layout="constrained")
+    ax = fig.subplots()
+    if rows:
+        ax.plot([r["step"] for r in rows], [r["b_simple"] for r in rows], ".-")
+        ax.set_yscale("log")
+    ax.set(xlabel="optimizer step", ylabel="B_simple (running estimate)", title="gradient noise scale")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def scaling_curves(rows: list[dict]) -> NotebookFigure:
+    """Throughput and parallel efficiency against the number of processes (or GPUs), weak and strong."""
+    fig = NotebookFigure(figsize=(10, 4), layout="constrained")
+    rate_ax, eff_ax = fig.subplots(1, 2)
+    # One line per mode, and per engine when the rows compare several (K-Means: torch and daal4py).
+    for engine, mode in dict.fromkeys((r.get("engine", ""), r["mode"]) for r in rows):
+        points = sorted((r["processes"], r["samples_per_s"], r["efficiency"]) for r in rows
+                        if r["mode"] == mode and r.get("engine", "") == engine)
+        procs = [p[0] for p in points]
+        label = f"{engine}, {mode} scaling" if engine else f"{mode} scaling"
+        rate_ax.plot(procs, [p[1] for p in points], "o-", label=label)
+        eff_ax.plot(procs, [100 * p[2] for p in points], "o-", label=label)
+    counts = sorted({r["processes"] for r in rows})
+    first = min(rows, key=lambda r: r["processes"])
+    rate_ax.plot(counts, [first["samples_per_s"] * c / counts[0] for c in counts], "k--", linewidth=1, label="ideal")
+    rate_ax.set(xlabel="processes", ylabel="samples / s", title="throughput", xticks=counts)
+    eff_ax.axhline(100, color="black", linestyle="--", linewidth=1)
+    eff_ax.set(xlabel="processes", ylabel="efficiency (%)", title="parallel efficiency", xticks=counts, ylim=(0, 110))
+    for ax in (rate_ax, eff_ax):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return fig
+
+
+def allreduce_bandwidth(*row_sets: list[dict]) -> NotebookFigure:
+    """Bus bandwidth of all-reduce against message size (log-log), one line per set of rows (backend)."""
+    fig = NotebookFigure(figsize=(7, 4), layout="constrained")
+    ax = fig.subplots()
+    for rows in row_sets:
+        ax.plot([r["bytes"] for r in rows], [r["busbw_gbs"] for r in rows], "o-",
+                label=f"{rows[0]['backend']}, {rows[0]['world_size']} ranks")
+    ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="bus bandwidth (GB/s)",
+           title="all-reduce bus bandwidth")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    return fig
+
+
+def quantized_images(original, quantized: dict) -> NotebookFigure:
+    """The original picture beside each quantized version (titles are the dict's keys)."""
+    fig = NotebookFigure(figsize=(4.2 * (1 + len(quantized)), 3.6), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, 1 + len(quantized)))
+    for ax, (title, image) in zip(axes, {"original": original, **quantized}.items()):
+        ax.imshow(np.asarray(image).clip(0, 1))
+        ax.set_title(title)
+        ax.axis("off")
+    return fig
+
+
+def kmeans_timings(rows: list[dict]) -> NotebookFigure:
+    """Seconds per Lloyd iteration of each K-Means engine, per phase (``dlscale bench kmeans`` rows)."""
+    fig = NotebookFigure(figsize=(7, 1.2 + 0.4 * len(rows)), layout="constrained")
+    ax = fig.subplots()
+    labels = [f"{r['engine']}, {r['phase']}" if r.get("phase") else r["engine"] for r in rows]
+    phases = list(dict.fromkeys(r.get("phase") for r in rows))
+    colours = [("tab:blue", "tab:orange", "tab:green")[phases.index(r.get("phase")) % 3] for r in rows]
+    bars = ax.barh(labels, [r["seconds_per_iteration"] for r in rows], color=colours)
+    ax.bar_label(bars, labels=[f"{r['seconds_per_iteration'] * 1e3:.0f} ms" for r in rows], padding=3)
+    ax.invert_yaxis()
+    ax.set(xlabel="seconds per Lloyd iteration", title="K-Means: the same data, the same initial centres")
+    return fig
+
+
+def memory_chart(rows: list[dict], title: str = "what each rank holds") -> NotebookFigure:
+    """Stacked bars per layout: parameter, gradient and optimizer-state MiB of the largest rank (``bench memory``)."""
+    labels = [r["layout"] for r in rows]
+    fig, ax, _ = _bars(labels, [0.0] * len(rows))
+    bottom = [0.0] * len(rows)
+    for key, colour in (("parameters", "tab:blue"), ("gradients", "tab:orange"), ("optimizer_state", "tab:green")):
+        values = [r[key] / 2 ** 20 for r in rows]
+        ax.bar([textwrap.fill(str(label), 16) for label in labels], values, bottom=bottom, color=colour,
+               label=key.replace("_", " "))
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.bar_label(ax.containers[-1], labels=[f"{b:.2f}" for b in bottom], padding=2)
+    ax.set(ylabel="MiB per rank", title=title)
+    ax.margins(y=0.15)
+    ax.legend()
+    return fig

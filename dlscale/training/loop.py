@@ -1,0 +1,228 @@
+"""The one training loop: ``train(cfg) -> Result``.
+
+The notebooks, ``dlscale train``, ``python -m dlscale.train`` and the Slurm scripts all run
+:func:`train`. It reads top to bottom:
+
+- :func:`~dlscale.training.setup.build_run` checks the config against the job, then builds
+  the :class:`~dlscale.training.setup.Run` (device, data, model, parallel plan, optimizer and
+  schedule, precision, resume or a fresh start);
+- :func:`_loop` calls :func:`~dlscale.training.step.train_step` for each optimizer step, logs,
+  validates at each epoch end, checkpoints, and stops on a signal (SIGTERM/SIGUSR1, see
+  :mod:`dlscale.training.preemption`) after a checkpoint;
+- :func:`_finish` writes the summary and returns the :class:`~dlscale.training.result.Result`.
+
+``resume=true`` continues from the latest checkpoint so that every later step logs the same
+loss an uninterrupted run would. The optional measurements (the gradient noise scale, the
+layer-wise trust ratios) are small objects the step and the loop call explicitly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from dlscale import distributed
+from dlscale.checkpoint import save_training_checkpoint, training_extras
+from dlscale.config import ConfigError, TrainConfig, load_config
+from dlscale.distributed import DistributedError, all_reduce_max_flag
+from dlscale.distributed.dtensors import local
+from dlscale.errors import DlscaleError
+from dlscale.metrics.evaluation import evaluate
+from dlscale.metrics.memory import memory_row
+from dlscale.metrics.steplog import LOG_BLOCK, DivergedError
+from dlscale.metrics.throughput import ThroughputMeter
+from dlscale.metrics.tracking import TRAIN_FILE, VAL_FILE, read_rows
+from dlscale.distributed.parallelize import cuda_graph_skips
+from dlscale.profiling import StepProfiler, mfu, peak_flops, peak_precision
+from dlscale.runtime.devices import resolve_device
+from dlscale.training.preemption import StopFlag
+from dlscale.training.result import Result
+from dlscale.training.setup import Run, build_run
+from dlscale.training.step import train_step
+
+
+def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
+    """Train the model a config describes and return its :class:`Result`.
+
+    ``cfg`` is a :class:`TrainConfig`, a config name or YAML path, or None (defaults);
+    keyword arguments override fields: ``train("tiny", epochs=2)``.
+    """
+    cfg = _as_config(cfg, overrides)
+    started = time.perf_counter()
+    requested = resolve_device(cfg.device)  # a clear error if the device is not there
+    owns_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
+    env = distributed.init("auto" if cfg.device == "auto" else str(requested),
+                           None if cfg.dist_backend == "auto" else cfg.dist_backend, cfg.dist_timeout_s,
+                           data_parallel=cfg.data_parallel)
+    # Horovod stays up for the life of the process (it cannot always start again after a shutdown).
+    owns_group = owns_group and env.backend != "horovod"
+    finished = False
+    try:
+        run = build_run(cfg, env)
+        preempted, meter = _loop(run)
+        result = _finish(run, meter, preempted, started)
+        finished = True
+        return result
+    except RuntimeError as err:
+        if not env.distributed or isinstance(err, DlscaleError):
+            raise
+        raise DistributedError(f"rank {env.rank} of {env.world_size} stopped: a collective operation failed "
+                               f"({str(err).splitlines()[0][:200]}). Another rank probably died or was killed; "
+                               f"resume with resume=true from the last checkpoint") from None
+    finally:
+        if owns_group:
+            distributed.shutdown(drain=finished)  # after a failure a peer may be gone: no barrier
+
+
+def _loop(run: Run) -> tuple[bool, ThroughputMeter]:
+    """Steps until the last one or a stop signal; returns (preempted, the throughput meter)."""
+    cfg, env = run.cfg, run.env
+    meter, preempted = ThroughputMeter(), False
+    bar = tqdm(total=run.total_steps, initial=run.step, desc=cfg.name, unit="step", dynamic_ncols=True,
+               disable=not (env.is_main and cfg.progress), file=sys.stderr)
+    say = bar.write if env.is_main else (lambda *args, **kwargs: None)
+    # Every rank opens the nsys capture range; the main rank also writes the torch trace.
+    profiler = StepProfiler(run.run_dir, *(cfg.profile_steps or (0, 0)), run.device, trace=env.is_main,
+                            first_step=run.step)
+    run.model.train()
+    with StopFlag() as stop, profiler:
+        while run.step < run.total_steps and not preempted:
+            epoch, epoch_step = divmod(run.step, run.steps_per_epoch)
+            run.train_loader.sampler.set_position(epoch, epoch_step * cfg.per_rank_batch(run.plan.data_ranks))
+            batches = iter(run.train_loader)
+            while True:
+                lr = run.optimizer.param_groups[0]["lr"]  # the LR this step uses
+                done = train_step(run, batches)
+                if done is None:
+                    break
+                loss, samples = done
+                run.step += 1
+                profiler.step(run.step)
+                run.log.add_trust_ratios(run.step, run.optimizer)
+                meter.step(samples)
+                run.log.add(run.step, epoch, loss, lr, meter.last_rate * run.plan.data_ranks)
+                bar.update()
+                if run.log.full:
+                    bar.set_postfix(loss=f"{run.log.flush():.4f}", lr=f"{lr:.2e}")
+                end_of_epoch = run.step % run.steps_per_epoch == 0 or run.step == run.total_steps
+                if end_of_epoch:
+                    _validate(run, epoch, say)
+                    meter.pause()
+                # A signal may reach only some ranks: with several, they agree at block boundaries.
+                if (stop.requested if not env.distributed else
+                        run.step % LOG_BLOCK == 0 and all_reduce_max_flag(stop.requested, run.device)):
+                    say(f"dlscale: {stop.signal_name or 'a stop signal'} received; checkpointing at step "
+                        f"{run.step} and stopping")
+                    preempted = True
+                every = cfg.checkpoint_every
+                if preempted or run.step == run.total_steps or (every and run.step % every == 0):
+                    _checkpoint(run, lr)
+                    meter.pause()
+                if preempted or end_of_epoch:
+                    break
+    bar.close()
+    run.log.flush()
+    return preempted, meter
+
+
+def _validate(run: Run, epoch: int, say: Any) -> None:
+    run.log.flush()
+    metrics = evaluate(run.model, run.val_loader, run.device, run.cfg.channels_last, run.names)
+    run.logger.log_validation({"epoch": epoch + 1, "step": run.step, **metrics})
+    say(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+
+
+def _checkpoint(run: Run, lr: float) -> None:
+    """Write the pending rows, then the checkpoint of this step, never one with non-finite weights.
+
+    Rank 0 writes the whole state; under FSDP or tensor parallelism every rank writes its shards.
+    """
+    run.log.flush()  # (stops the run first if a pending loss is not finite)
+    finite = bool(torch.stack([torch.isfinite(local(p)).all() for p in run.model.parameters()]).all())
+    if run.plan.sharded:  # each rank sees only its shards: all must be finite
+        finite = not all_reduce_max_flag(not finite, run.device)
+    if not finite:
+        # a finite loss can still come before an exploding update
+        raise DivergedError(f"the weights became non-finite by step {run.step} (lr {lr:.3g}); the checkpoint of "
+                            f"this step was not written and the last good one is kept. Try a lower lr, a "
+                            f"longer warmup, grad_clip=1.0 or precision=fp32, then resume=true", step=run.step)
+    extras = training_extras(run.step, run.steps_per_epoch, run.cfg, run.scheduler, run.scaler, run.noise_scale)
+    save_training_checkpoint(run.run_dir, run.step, run.model, run.optimizer, extras, sharded=run.plan.sharded,
+                             is_main=run.env.is_main, keep=run.cfg.keep_checkpoints)
+
+
+def _as_config(cfg: TrainConfig | str | None, overrides: Mapping[str, Any]) -> TrainConfig:
+    if isinstance(cfg, TrainConfig):
+        return cfg.override(overrides) if overrides else cfg
+    if cfg is None or isinstance(cfg, str):
+        return load_config(cfg, overrides)
+    raise ConfigError(f"train() takes a TrainConfig, a config name or path, or None; got {type(cfg).__name__}")
+
+
+# -- the end -------------------------------------------------------------------------------------------
+
+def _finish(run: Run, meter: ThroughputMeter, preempted: bool, started: float) -> Result:
+    """Read back what was applied, hand rank 0's rows to every rank, write summary.json and the plot."""
+    cfg, env, device, run_dir = run.cfg, run.env, run.device, run.run_dir
+    applied = run.applied
+    # Inductor skips CUDA graphs it cannot capture safely (batch norm mutates its running
+    # statistics, for one), so whether they were applied is read back, not assumed.
+    applied["cuda_graphs"] = (cfg.compile and cfg.cuda_graphs and device.type == "cuda"
+                              and run.step > run.first_step and cuda_graph_skips() == run.graph_skips)
+    # What each rank holds (its shards under FSDP/TP) and its peak, for the memory table (dlscale bench memory).
+    memory = distributed.all_gather_object(memory_row(run.model, run.optimizer, device))
+    # Rank 0 wrote the files; it hands their rows to the others (which may not share its file system).
+    history, step_rows = distributed.broadcast_object(
+        (read_rows(run_dir / VAL_FILE), read_rows(run_dir / TRAIN_FILE)) if env.is_main else None)
+    final = {k: v for k, v in history[-1].items() if k not in ("epoch", "step")} if history else {}
+    # float32 convolutions on an Ampere or newer GPU run on TF32 tensor cores: MFU is against that peak.
+    peak_name = peak_precision(device, run.policy.name)
+    peak = peak_flops(device, peak_name)
+    utilisation = mfu(meter.samples_per_s, run.flops, peak)  # per device
+    result = Result(config=cfg, run_dir=run_dir, device=str(device), final=final, history=history,
+                    steps=step_rows, samples_per_s=meter.aggregate(run.plan.data_ranks), steps_done=run.step,
+                    total_steps=run.total_steps, seconds=time.perf_counter() - started, preempted=preempted,
+                    model=run.model, peak_lr=run.peak_lr, noise_scale=run.noise_scale.b_simple, applied=applied,
+                    mfu=utilisation)
+    if env.is_main:
+        summary = {"samples_per_s": result.samples_per_s, "samples_per_s_per_rank": meter.samples_per_s,
+                   "world_size": env.world_size, "nodes": max(1, env.world_size // max(1, env.local_world_size)),
+                   "global_batch_size": cfg.global_batch_size, "steps_done": run.step, "total_steps": run.total_steps,
+                   "seconds": result.seconds, "device": str(device), "preempted": preempted, "peak_lr": run.peak_lr,
+                   "flops_per_sample": run.flops, "mfu": utilisation,
+                   "mfu_peak": {"precision": peak_name, "flops_per_s": peak}, "applied": applied,
+                   "threads": run.threads.to_dict(), "memory_per_rank": memory,
+                   **({"noise_scale": run.noise_scale.b_simple} if cfg.noise_scale_every else {}), **final}
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        run.logger.summary(summary)
+        if cfg.plot and not preempted:
+            from dlscale.reporting.plots import loss_curves
+            loss_curves(run_dir, title=f"{cfg.name}: global batch {cfg.global_batch_size} on {device}").savefig(
+                run_dir / "loss_curve.png", dpi=120)
+        print(result.summary(), flush=True)
+    run.logger.close()
+    return result
+
+
+def train_quietly(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
+    """:func:`train` with its console lines kept in ``output.log`` in the run directory, not printed.
+
+    For sweeps and repeated runs, in a notebook or a benchmark: the progress bar (if on) still
+    shows, and each run's lines stay readable in its own folder.
+    """
+    cfg = _as_config(cfg, overrides)
+    output = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(output):
+            return train(cfg)
+    finally:  # (also when the run stops with an error: the log says why)
+        cfg.resolved_run_dir.mkdir(parents=True, exist_ok=True)
+        (cfg.resolved_run_dir / "output.log").write_text(output.getvalue())

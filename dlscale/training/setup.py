@@ -1,0 +1,216 @@
+"""Everything a run works with, checked and then built once: :func:`build_run` -> :class:`Run`.
+
+First the checks that need the job (the parallel plan, the device), so a config that cannot
+run stops before any data is read or model built; then construction in PyTorch's order:
+threads, seed, data, model, precision, the step model (tensor parallelism and FSDP in place,
+or compiled then DDP: before the optimizer, because FSDP and TP replace the parameters by
+DTensors), optimizer and gradient sync, schedule; then resume or a fresh start, and the logs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from dlscale import distributed
+from dlscale.checkpoint import CheckpointError, clear_checkpoints, load_latest_checkpoint, restore_training
+from dlscale.config import ConfigError, TrainConfig
+from dlscale.data.loader import rank_loaders, target_names
+from dlscale.distributed import DistEnv, horovod_backend
+from dlscale.distributed.grad_sync import GradientSync, gradient_sync
+from dlscale.distributed.parallelize import ParallelPlan, build_step_model, cuda_graph_skips, plan_parallelism
+from dlscale.metrics.noise_scale import NoiseScaleEstimator, NoiseScaleProbe
+from dlscale.metrics.steplog import StepLog
+from dlscale.metrics.tracking import MetricsLogger
+from dlscale.models import build_model, count_parameters, is_channels_last
+from dlscale.optim.factory import build_optimizer
+from dlscale.optim.schedules import scale_lr, warmup_schedule
+from dlscale.profiling import flops_per_sample, nvtx_backend
+from dlscale.runtime.precision import Precision
+from dlscale.runtime.threads import ThreadChoice, apply_threads
+
+
+@dataclass
+class Run:
+    """Everything one training run works with, built once by :func:`build_run`."""
+
+    cfg: TrainConfig
+    env: DistEnv
+    plan: ParallelPlan             # how the ranks share the work (DDP, Horovod, FSDP, tensor parallel)
+    device: torch.device
+    model: nn.Module               # for checkpoints and evaluation: plain, or itself sharded under FSDP/TP
+    step_model: nn.Module          # what the step calls: compiled and/or DDP-wrapped; the model under FSDP/TP
+    loss_fn: nn.Module
+    optimizer: torch.optim.Optimizer
+    grad_sync: GradientSync        # what the step asks to keep micro-batches local, synchronize, clip and step
+    scheduler: Any
+    scaler: torch.amp.GradScaler
+    policy: Precision
+    train_loader: Any
+    val_loader: Any
+    data_root: Path
+    names: list[str]
+    steps_per_epoch: int
+    total_steps: int
+    peak_lr: float
+    flops: float
+    noise_scale: NoiseScaleEstimator  # the gradient-noise estimate (lesson 07), saved in checkpoints
+    logger: MetricsLogger
+    log: StepLog
+    threads: ThreadChoice          # torch's CPU threads in this process, and why
+    step: int = 0
+    first_step: int = 0            # where this process started (the resumed step, or 0)
+    resumed_from: Path | None = None
+    graph_skips: int = 0           # inductor's CUDA-graph skips before the first step
+    noise_probe: NoiseScaleProbe | None = None
+    applied: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.cfg.resolved_run_dir
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def check_fits(cfg: TrainConfig, device: torch.device, plan: ParallelPlan) -> None:
+    """The checks that need the job: a :class:`ConfigError` that says what to change, before anything is built."""
+    if plan.sharded and cfg.val_samples % plan.data_ranks:
+        # (every rank must run as many forward passes: FSDP gathers each block from all of them)
+        raise ConfigError(f"val_samples={cfg.val_samples} must split evenly over the {plan.data_ranks} "
+                          f"data-parallel ranks with FSDP or tensor parallelism; choose a multiple of "
+                          f"{plan.data_ranks}")
+    if cfg.sync_batchnorm and device.type != "cuda":
+        raise ConfigError("sync_batchnorm=true needs GPUs (torch's SyncBatchNorm is CUDA-only); on CPUs use norm=group")
+    if cfg.noise_scale_every and cfg.micro_batch(plan.data_ranks) < 2:
+        raise ConfigError("noise_scale_every needs a per-rank batch of at least 2 samples")
+    if cfg.noise_scale_every and plan.data_parallel == "horovod":
+        raise ConfigError("noise_scale_every works with DDP only: under Horovod its extra backward pass would set "
+                          "off an all-reduce; launch with torchrun/srun/mpirun, or set noise_scale_every=0")
+
+
+def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
+    """Check, then build the :class:`Run`: data, model, optimizer, schedule, precision, resume or start afresh."""
+    device = torch.device(env.device)
+    threads = apply_threads(requested=cfg.threads)  # before any kernel runs: from the CPUs this process was given
+    seed_everything(cfg.seed)
+    plan = plan_parallelism(cfg, env)
+    check_fits(cfg, device, plan)
+
+    train_loader, val_loader, data_root = rank_loaders(cfg, env, device, plan.data_rank, plan.data_ranks)
+    dataset = train_loader.dataset
+    model = build_model(cfg, dataset.input_shape[0], dataset.num_targets)
+    if cfg.sync_batchnorm:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    policy = Precision.resolve(cfg.precision, device)
+    if plan.data_parallel == "fsdp" and policy.name == "bf16":
+        policy = dataclasses.replace(policy, fsdp_casts=True)
+    model = model.to(device, policy.param_dtype)
+    loss_fn = nn.MSELoss()
+    # Counted before Horovod hooks the gradients (its extra backward pass would set off an all-reduce)
+    # and before FSDP or TP split the model.
+    flops = flops_per_sample(model, dataset.input_shape, loss_fn, dataset.num_targets)
+    step_model = build_step_model(model, env, cfg, plan, policy)  # (before the optimizer: FSDP/TP make DTensors)
+    peak_lr = scale_lr(cfg.lr, cfg.base_batch, cfg.global_batch_size, cfg.lr_scaling)
+    optimizer, grad_sync = gradient_sync(plan.data_parallel, step_model, build_optimizer(cfg, model, lr=peak_lr),
+                                         model, cfg.horovod_fp16_compression, cfg.grad_accumulation)
+    steps_per_epoch = len(train_loader) // cfg.grad_accumulation
+    total_steps = min(cfg.epochs * steps_per_epoch, cfg.max_steps or cfg.epochs * steps_per_epoch)
+    warmup = round(cfg.warmup_epochs * steps_per_epoch) if cfg.warmup_epochs else cfg.warmup_steps
+    start_factor = cfg.warmup_start_factor or (cfg.lr / peak_lr if peak_lr > cfg.lr else None)
+    scheduler = warmup_schedule(optimizer, min(warmup, total_steps), total_steps, cfg.decay, start_factor)
+    scaler = policy.grad_scaler()  # enabled only for fp16; otherwise its calls pass straight through
+    noise_scale = NoiseScaleEstimator(decay=0.9)
+
+    step, resumed_from = _resume_or_start_afresh(cfg, env, plan, steps_per_epoch, model, optimizer, scheduler, scaler,
+                                                 noise_scale)
+    if plan.data_parallel == "horovod":  # Horovod's idiom: every rank starts from rank 0's state
+        horovod_backend.broadcast_initial_state(model, optimizer, resumed=resumed_from is not None)
+    if env.is_main:
+        cfg.save(cfg.resolved_run_dir / "config.yaml")
+    names = target_names(data_root, dataset.num_targets)
+    logger = MetricsLogger(cfg, cfg.resolved_run_dir, resume_step=step if resumed_from else None,
+                           is_main=env.is_main, val_columns=["mse", "r2", *(f"r2_{n}" for n in names)])
+    layer_names = {p: n for n, p in model.named_parameters()}
+    log = StepLog(logger, [layer_names[p] for g in optimizer.param_groups for p in g["params"]]
+                  if hasattr(optimizer, "trust_ratios") else [])
+    run = Run(cfg=cfg, env=env, plan=plan, device=device, model=model, step_model=step_model, loss_fn=loss_fn,
+              optimizer=optimizer, grad_sync=grad_sync, scheduler=scheduler, scaler=scaler, policy=policy,
+              train_loader=train_loader, val_loader=val_loader, data_root=data_root, names=names,
+              steps_per_epoch=steps_per_epoch, total_steps=total_steps, peak_lr=peak_lr, flops=flops,
+              noise_scale=noise_scale, logger=logger, log=log, threads=threads, step=step, first_step=step,
+              resumed_from=resumed_from, graph_skips=cuda_graph_skips() if cfg.cuda_graphs else 0,
+              noise_probe=(NoiseScaleProbe(cfg.noise_scale_every, noise_scale, logger.log_noise_scale)
+                           if cfg.noise_scale_every else None))
+    run.applied = applied_settings(run)
+    if env.is_main:
+        print(_start_line(run), flush=True)
+    return run
+
+
+def _resume_or_start_afresh(cfg: TrainConfig, env: DistEnv, plan: ParallelPlan, steps_per_epoch: int,
+                            model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+                            scaler: torch.amp.GradScaler, noise_scale: NoiseScaleEstimator) -> tuple[int, Path | None]:
+    """Load the newest checkpoint (``resume=true``) or clear an earlier run's; every rank waits for both.
+
+    Returns (the step to continue from, the checkpoint's path or None). A resume never removes
+    a checkpoint: the newest stays until a newer one is renamed into place, so a run that dies
+    again before its next one resumes from the same point. Only a fresh start clears the
+    checkpoints of an earlier run in this folder.
+    """
+    step, resumed_from = 0, None
+    if cfg.resume:
+        found = load_latest_checkpoint(cfg.resolved_run_dir, model, optimizer)
+        if found:
+            resumed_from, ckpt = found
+            if plan.sharded and "model" in ckpt:
+                raise CheckpointError(f"{resumed_from} was written by a run whose ranks each held the whole "
+                                      f"model; resume it without FSDP/tensor parallelism, or start afresh with "
+                                      f"resume=false")
+            step = restore_training(ckpt, resumed_from, steps_per_epoch, cfg, model, optimizer, scheduler, scaler,
+                                    noise_scale)
+            del ckpt
+    elif env.is_main:
+        clear_checkpoints(cfg.resolved_run_dir)
+    distributed.barrier()  # every rank has loaded (or rank 0 has cleared) before any rank goes on
+    return step, resumed_from
+
+
+def applied_settings(run: Run) -> dict[str, Any]:
+    """What the run really uses (summary.json's ``applied``): settings read back from the live objects."""
+    optimizer, loader, plan = run.optimizer, run.train_loader, run.plan
+    horovod = plan.data_parallel == "horovod"
+    return {
+        "device": str(run.device), "precision": run.policy.name, "grad_scaler": run.scaler.is_enabled(),
+        "channels_last": is_channels_last(run.model),
+        "compiled": run.cfg.compile, "cuda_graphs": False,  # known after the first steps (the loop's finish)
+        "world_size": run.env.world_size, "launcher": run.env.launcher, "backend": run.env.backend,
+        "ddp": isinstance(run.step_model, nn.parallel.DistributedDataParallel), "horovod": horovod,
+        "fsdp": plan.data_parallel == "fsdp", "tensor_parallel": plan.tensor_parallel,
+        "data_parallel_ranks": plan.data_ranks, "model": run.cfg.model,
+        "activation_checkpointing": run.cfg.activation_checkpointing and run.cfg.model == "vit",
+        "horovod_fp16_compression": horovod and run.cfg.horovod_fp16_compression,
+        "optimizer": type(optimizer).__name__, "optimizer_foreach": bool(optimizer.defaults.get("foreach")),
+        "optimizer_fused": bool(optimizer.defaults.get("fused")), "num_workers": loader.num_workers,
+        "pin_memory": loader.pin_memory, "data_dir": str(run.data_root), "nvtx": nvtx_backend(),
+    }
+
+
+def _start_line(run: Run) -> str:
+    cfg, plan, dataset = run.cfg, run.plan, run.train_loader.dataset
+    where = f"resuming from {run.resumed_from.name} at step {run.step}" if run.resumed_from else "starting afresh"
+    split = f" ({plan.describe()})" if plan.sharded else ""
+    return (f"dlscale: {cfg.name} on {run.env.describe()}{split}, {count_parameters(run.model):,} parameters, "
+            f"{len(dataset):,} maps {tuple(dataset.input_shape)} from {run.data_root}, {run.total_steps} steps of "
+            f"batch {cfg.global_batch_size}, {cfg.optimizer} at peak lr {run.peak_lr:.3g}, {run.policy.name}"
+            f"{', compiled' if cfg.compile else ''}; {where}; writing to {run.run_dir}")
