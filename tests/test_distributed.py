@@ -252,33 +252,75 @@ def test_rank_environments_group_engines_by_host():
     assert {e["MASTER_ADDR"] for e in two_hosts} == {"n1"} and two_hosts[3]["WORLD_SIZE"] == "4"
 
 
-def test_ipyparallel_engines_run_one_job_and_return_every_rank(in_tmp):
-    import psutil
+#: Run on an engine: who, where, and whether a process group was up; then it leaves one up on purpose.
+PROBE = """
+def probe():
+    import os
 
-    from dlscale.cluster.notebook_engines import EngineError, run_on_engines
+    import torch.distributed as dist
+    was_up = dist.is_initialized()
+    dist.init_process_group("gloo")
+    return os.getpid(), os.getcwd(), was_up
+"""
+
+
+def _as_if_in_a_notebook(source: str, name: str):
+    """The function ``name`` defined in ``__main__``, as a notebook cell defines it: engines get it by value
+    (one defined in this module would have them import ``tests``, which they cannot from a test's folder)."""
+    namespace = {"__name__": "__main__"}
+    exec(source, namespace)
+    return namespace[name]
+
+
+def _cmdline(process) -> str:
+    import psutil
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:  # it ended meanwhile
+        return ""
+
+
+def engines_alive():
+    """This process's engines: its children (other tests, or other suites, may run engines beside)."""
+    import psutil
+    return [p for p in psutil.Process().children(recursive=True) if "ipyparallel.engine" in _cmdline(p)]
+
+
+def test_ipyparallel_engines_run_one_job_and_return_every_rank(in_tmp, monkeypatch):
+    """One job on two engines; the engines stay up for the next call from the same folder, which finds no process
+    group left up; a call from another folder gets engines started there, the others stop; a failed call stops its."""
+    from dlscale.cluster.notebook_engines import EngineError, run_on_engines, stop_engines
     from dlscale.train import train
 
+    probe = _as_if_in_a_notebook(PROBE, "probe")
+    stop_engines()  # none kept from an earlier test: this one starts its own
     results = run_on_engines(train, 2, "tiny", norm="group", epochs=1, progress=False, plot=False,
                              run_dir=str(in_tmp / "runs/engines"))
     assert len(results) == 2
     assert [r.applied["launcher"] for r in results] == ["ipyparallel", "ipyparallel"]
     assert all(r.applied["world_size"] == 2 and r.applied["ddp"] for r in results)
     assert results[0].final["r2"] == pytest.approx(results[1].final["r2"])  # metrics are reduced over ranks
+    first = run_on_engines(probe, 2)
+    again = run_on_engines(probe, 2)
+    assert [pid for pid, _, _ in again] == [pid for pid, _, _ in first]  # the same engines, not new ones
+    assert [was_up for _, _, was_up in again] == [False, False]  # the group the first probe left up is gone
+    (in_tmp / "elsewhere").mkdir()
+    monkeypatch.chdir(in_tmp / "elsewhere")
+    moved = run_on_engines(probe, 2)
+    assert [folder for _, folder, _ in moved] == [str(in_tmp / "elsewhere")] * 2
+    assert _left_running({pid for pid, _, _ in first}) == set(), "the first set was kept beside the second"
     with pytest.raises(EngineError, match=r"rank 0: DeviceError.*rank 1: DeviceError"):
         run_on_engines(train, 2, "tiny", device="cuda:7", progress=False)
-    def cmdline(process):
-        try:
-            return " ".join(process.cmdline())
-        except psutil.Error:  # it ended meanwhile
-            return ""
+    assert _left_running({pid for pid, _, _ in moved}) == set(), "engines left running after a failed call"
+    assert engines_alive() == []
 
-    def engines_alive():  # this test's own: the engines are children of this process (other tests may run beside)
-        return [p for p in psutil.Process().children(recursive=True) if "ipyparallel.engine" in cmdline(p)]
 
-    deadline = time.time() + 20
-    while engines_alive() and time.time() < deadline:
+def _left_running(pids: set[int], wait: float = 20) -> set[int]:
+    """Those of ``pids`` still running after up to ``wait`` s (stopped engines take a moment to exit)."""
+    deadline = time.time() + wait
+    while (alive := pids & {p.pid for p in engines_alive()}) and time.time() < deadline:
         time.sleep(0.2)
-    assert engines_alive() == [], "engines left running"
+    return alive
 
 
 def test_engine_log_cleanup_race_stays_out_of_the_notebook(caplog):

@@ -83,6 +83,30 @@ def test_lesson_runs_top_to_bottom_and_shows_its_figures(name, tmp_path):
     assert any(has_image(cell) for cell in notebook.cells), f"{name} displayed no figure"
     if name == "09_scaling_out.ipynb":
         _assert_two_nodes_ran(notebook)
+    if name == "04_profiling.ipynb":
+        _assert_each_rung_applied(tmp_path / "runs/lesson04_ladder")
+
+
+def _assert_each_rung_applied(out_dir: Path) -> None:
+    """Lesson 04's optimization ladder, as it saved it: each rung's setting, read back from the live objects."""
+    from dlscale.bench.ladder import format_ladder
+
+    rows = json.loads((out_dir / "ladder.json").read_text())["rows"]
+    assert [r["rung"] for r in rows][0] == "fp32 baseline" and rows[-1]["rung"] == "+ CUDA graphs"
+    assert rows[-1]["skipped"] == "CUDA graphs need a GPU"
+    applied = [r["applied"] for r in rows[:-1]]
+    assert applied[0]["precision"] == "fp32" and applied[0]["num_workers"] == 0
+    assert not applied[0]["channels_last"] and not applied[0]["optimizer_foreach"] and not applied[0]["compiled"]
+    assert applied[1]["num_workers"] >= 1  # workers (pinned memory applies only on a GPU)
+    assert applied[2]["channels_last"] and applied[1]["channels_last"] is False
+    assert applied[3]["precision"] == "bf16"
+    assert applied[4]["optimizer_fused"] and not applied[3]["optimizer_fused"]
+    assert applied[5]["compiled"] and not applied[4]["compiled"]
+    assert all(r["samples_per_s"] > 0 for r in rows[:-1])
+    assert rows[0]["speedup"] == 1.0 and rows[1]["speedup"] == pytest.approx(rows[1]["vs_previous"])
+    assert (out_dir / "ladder.png").read_bytes()[:4] == b"\x89PNG"
+    table = format_ladder(rows)
+    assert "| + torch.compile |" in table and "skipped: CUDA graphs need a GPU" in table
 
 
 def _assert_two_nodes_ran(notebook):

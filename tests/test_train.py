@@ -225,11 +225,13 @@ def _rows(path):
         return list(csv.DictReader(handle))
 
 
-@pytest.fixture
-def reference_run(in_tmp):
-    proc = _start(in_tmp, "run_dir=runs/ref")
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    """An uninterrupted run, once for the module: the killed and the signalled runs are compared with it."""
+    folder = tmp_path_factory.mktemp("reference")
+    proc = _start(folder, "run_dir=runs/ref")
     assert proc.wait(timeout=300) == 0, proc.stdout.read()
-    return _rows(in_tmp / "runs/ref/metrics.csv"), _rows(in_tmp / "runs/ref/validation.csv")
+    return _rows(folder / "runs/ref/metrics.csv"), _rows(folder / "runs/ref/validation.csv")
 
 
 def test_killed_run_resumes_bit_for_bit(in_tmp, reference_run):

@@ -4,12 +4,18 @@ In a notebook there is no ``torchrun`` in front of the kernel. :func:`run_on_eng
 starts N ipyparallel engines (local processes on a laptop or a login node; MPI engines with
 ``engines="mpi"``; Slurm engines on compute nodes with ``engines="slurm"``), gives each the
 environment of one rank — the same variables torchrun sets — calls the function on all of
-them at once, and returns the per-rank results in rank order. The cluster is stopped
-afterwards, also when a rank fails (the error names the rank). Lesson 05 uses it::
+them at once, and returns the per-rank results in rank order. Lesson 05 uses it::
 
-    from dlscale.engines import run_on_engines
+    from dlscale.cluster.notebook_engines import run_on_engines
     from dlscale.train import train
     results = run_on_engines(train, 2, "tiny", epochs=1)     # results[0] is rank 0's Result
+
+The engines stay up for the next call of the same shape from the same folder (a lesson's
+next cell starts at once instead of after the seconds that starting a controller and N
+Pythons with torch take); each call gets a fresh port and leaves no process group behind.
+They stop when the kernel exits, with :func:`stop_engines`, when a call of another shape or
+from another folder starts its own, and at once when a call fails (the error names the
+rank): a rank that failed may have left its peers inside a collective.
 """
 
 from __future__ import annotations
@@ -75,6 +81,41 @@ def rank_environments(hosts: list[str], master_port: int) -> list[dict[str, str]
     return environments
 
 
+#: The engines kept up between calls (at most one set), by (n, engines, cluster options, folder): the
+#: ipyparallel cluster and its client. The folder is part of the key because an engine resolves the
+#: caller's modules (a function defined in a test or a notebook's package) from the folder it started in.
+_warm: dict[str, tuple[Any, Any]] = {}
+
+
+def _start(ipp: Any, n: int, options: dict) -> tuple[Any, Any]:
+    cluster = ipp.Cluster(**options)
+    cluster.log.addFilter(_NoCleanupRace())
+    try:
+        client = cluster.start_and_connect_sync(n=n)
+        if len(client.ids) < n:
+            raise EngineError(f"only {len(client.ids)} of {n} engines came up")
+    except BaseException:
+        cluster.stop_cluster_sync()
+        raise
+    return cluster, client
+
+
+def stop_engines() -> None:
+    """Stop the engines that :func:`run_on_engines` keeps up (the kernel's exit stops them too)."""
+    while _warm:
+        cluster, _ = _warm.popitem()[1]
+        cluster.stop_cluster_sync()
+
+
+def _leave_no_group() -> None:
+    """Run on an engine after each call: a process group the function left up would refuse the next call's."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def run_on_engines(function: Callable, n: int = 2, *args: Any, engines: str = "local", timeout: float | None = 900,
                    cluster_options: dict | None = None, **kwargs: Any) -> list[Any]:
     """Call ``function(*args, **kwargs)`` on ``n`` engines as ranks 0..n-1 of one job; return the results.
@@ -82,34 +123,47 @@ def run_on_engines(function: Callable, n: int = 2, *args: Any, engines: str = "l
     ``engines`` is ipyparallel's engine launcher: ``local``, ``mpi`` or ``slurm`` (with Slurm the
     controller listens on all interfaces so engines on compute nodes can reach it).
     ``cluster_options`` go to :class:`ipyparallel.Cluster` (e.g. Slurm's account and time).
+    The engines stay up for the next call with the same ``n``, ``engines`` and options from the same
+    folder, until a call fails, another set starts, or :func:`stop_engines`.
     """
     ipp = import_optional("ipyparallel", "notebooks", "notebook-driven ranks", EngineError)
     options = {"n": n, "engines": engines, "log_level": 40, **(cluster_options or {})}
     if engines == "slurm":
         options.setdefault("controller_ip", "*")
-    cluster = ipp.Cluster(**options)
-    cluster.log.addFilter(_NoCleanupRace())
+    key = repr((sorted(options.items()), os.getcwd()))
+    if key in _warm and len(_warm[key][1].ids) < n:  # an engine died since the last call
+        _warm.pop(key)[0].stop_cluster_sync()
+    kept = _warm.pop(key, None)
+    stop_engines()  # another shape's or another folder's: one set at a time
+    cluster, client = kept or _start(ipp, n, options)
     try:
-        client = cluster.start_and_connect_sync(n=n)
-        ids = sorted(client.ids)[:n]
-        if len(ids) < n:
-            raise EngineError(f"only {len(ids)} of {n} engines came up")
-        hosts_ports = client[ids].apply_sync(_host_and_port)
-        environments = rank_environments([host for host, _ in hosts_ports], hosts_ports[0][1])
-        pending = [client[engine].apply_async(_run_as_rank, environment, function, args, kwargs)
-                   for engine, environment in zip(ids, environments)]
-        results, failures = [], []
-        for rank, task in enumerate(pending):
-            try:
-                results.append(task.get(timeout=timeout))
-            except ipp.error.RemoteError as err:
-                failures.append(f"rank {rank}: {err.ename}: {err.evalue}")
-                results.append(None)
-            except ipp.error.TimeoutError:
-                failures.append(f"rank {rank}: no result after {timeout} s")
-                results.append(None)
-        if failures:
-            raise EngineError("the job failed on " + "; ".join(failures))
-        return results
-    finally:
+        results = _run_job(ipp, client, n, function, args, kwargs, timeout)
+    except BaseException:
         cluster.stop_cluster_sync()
+        raise
+    _warm[key] = cluster, client
+    return results
+
+
+def _run_job(ipp: Any, client: Any, n: int, function: Callable, args: tuple, kwargs: dict,
+             timeout: float | None) -> list[Any]:
+    """The job on the first ``n`` engines of ``client``: the rank variables, the call, the results or one error."""
+    ids = sorted(client.ids)[:n]
+    hosts_ports = client[ids].apply_sync(_host_and_port)
+    environments = rank_environments([host for host, _ in hosts_ports], hosts_ports[0][1])
+    pending = [client[engine].apply_async(_run_as_rank, environment, function, args, kwargs)
+               for engine, environment in zip(ids, environments)]
+    results, failures = [], []
+    for rank, task in enumerate(pending):
+        try:
+            results.append(task.get(timeout=timeout))
+        except ipp.error.RemoteError as err:
+            failures.append(f"rank {rank}: {err.ename}: {err.evalue}")
+            results.append(None)
+        except ipp.error.TimeoutError:
+            failures.append(f"rank {rank}: no result after {timeout} s")
+            results.append(None)
+    if failures:
+        raise EngineError("the job failed on " + "; ".join(failures))
+    client[ids].apply_sync(_leave_no_group)
+    return results
