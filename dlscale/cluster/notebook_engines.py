@@ -81,10 +81,10 @@ def rank_environments(hosts: list[str], master_port: int) -> list[dict[str, str]
     return environments
 
 
-#: The engines kept up between calls (at most one set), by (n, engines, cluster options, folder): the
+#: The one set of engines kept up between calls: its key (n, engines, cluster options, folder), the
 #: ipyparallel cluster and its client. The folder is part of the key because an engine resolves the
 #: caller's modules (a function defined in a test or a notebook's package) from the folder it started in.
-_warm: dict[str, tuple[Any, Any]] = {}
+_kept: tuple[str, Any, Any] | None = None
 
 
 def _start(ipp: Any, n: int, options: dict) -> tuple[Any, Any]:
@@ -102,8 +102,9 @@ def _start(ipp: Any, n: int, options: dict) -> tuple[Any, Any]:
 
 def stop_engines() -> None:
     """Stop the engines that :func:`run_on_engines` keeps up (the kernel's exit stops them too)."""
-    while _warm:
-        cluster, _ = _warm.popitem()[1]
+    global _kept
+    if _kept is not None:
+        cluster, _kept = _kept[1], None
         cluster.stop_cluster_sync()
 
 
@@ -130,18 +131,19 @@ def run_on_engines(function: Callable, n: int = 2, *args: Any, engines: str = "l
     options = {"n": n, "engines": engines, "log_level": 40, **(cluster_options or {})}
     if engines == "slurm":
         options.setdefault("controller_ip", "*")
+    global _kept
     key = repr((sorted(options.items()), os.getcwd()))
-    if key in _warm and len(_warm[key][1].ids) < n:  # an engine died since the last call
-        _warm.pop(key)[0].stop_cluster_sync()
-    kept = _warm.pop(key, None)
-    stop_engines()  # another shape's or another folder's: one set at a time
-    cluster, client = kept or _start(ipp, n, options)
+    if _kept is not None and _kept[0] == key and len(_kept[2].ids) >= n:  # (fewer: an engine died since)
+        (_, cluster, client), _kept = _kept, None
+    else:
+        stop_engines()  # another shape's or another folder's: one set at a time
+        cluster, client = _start(ipp, n, options)
     try:
         results = _run_job(ipp, client, n, function, args, kwargs, timeout)
     except BaseException:
         cluster.stop_cluster_sync()
         raise
-    _warm[key] = cluster, client
+    _kept = key, cluster, client
     return results
 
 
