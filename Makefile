@@ -14,7 +14,8 @@
 #
 # Knobs: PYTHON (interpreter for the venv), VENV (its folder), TORCH (the torch to install
 # first; empty keeps the one the environment already has, e.g. with
-# VENV_FLAGS=--system-site-packages on top of a site's PyTorch module), PYTEST_ARGS, HOROVOD
+# VENV_FLAGS=--system-site-packages on top of a site's PyTorch module), TORCH_INDEX (where pip finds
+# it: PyTorch's ROCm index on AMD GPUs), PYTEST_ARGS, HOROVOD
 # (no = make test skips the Horovod build, and its tests skip).
 
 PYTHON      ?= python3
@@ -22,6 +23,9 @@ VENV        ?= .venv
 VENV_FLAGS  ?=
 # A release the kit is tested with. On Linux, PyPI's build runs on both CUDA GPUs and CPUs.
 TORCH       ?= torch==2.13.0
+# Where pip looks for TORCH: empty is PyPI (CUDA builds on Linux). AMD GPUs (Frontier) need PyTorch's
+# ROCm index, e.g. TORCH_INDEX=https://download.pytorch.org/whl/rocm6.4 (the README's Frontier guide).
+TORCH_INDEX ?=
 TEST_EXTRAS ?= dev,notebooks,tracking,profiling,kmeans
 PYTEST_ARGS ?=
 HOROVOD     ?= yes
@@ -33,7 +37,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(if $(strip $(TORCH)),$(BIN)/python -m pip install --quiet "$(TORCH)")
+	$(if $(strip $(TORCH)),$(BIN)/python -m pip install --quiet $(if $(strip $(TORCH_INDEX)),--index-url $(TORCH_INDEX)) "$(TORCH)")
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 

@@ -25,6 +25,8 @@ root=${DLSCALE_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}
 DLSCALE_PYTHON=python
 DLSCALE_PREFIX=()          # e.g. (shifter --image=...) or (podman-hpc run ...): put before python
 DLSCALE_SRUN_FLAGS=()      # e.g. (--gpu-bind=closest)
+DLSCALE_DEVICE=            # cuda on GPU sites: added as device= unless the job's arguments name one
+DLSCALE_NCCL_NET=          # the NCCL net plugin's name, exported as NCCL_NET for jobs of several nodes
 dlscale_environment() { :; }
 # conda's activate scripts read variables that may be unset, which `set -u` turns into an abort.
 # shellcheck disable=SC2317  # called from the site files
@@ -57,20 +59,41 @@ export MASTER_PORT=${MASTER_PORT:-$((10000 + SLURM_JOB_ID % 20000))}
 if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then
     export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
 fi
+# Between nodes NCCL must use the site's network plugin: with NCCL_NET set, a node without the plugin
+# fails at the first collective instead of sending everything over TCP sockets at a fraction of the
+# bandwidth. (Not on one node: NVLink and xGMI need no plugin.)
+if [[ -n $DLSCALE_NCCL_NET && ${SLURM_JOB_NUM_NODES:-1} -gt 1 && -z ${NCCL_NET:-} ]]; then
+    export NCCL_NET=$DLSCALE_NCCL_NET
+fi
 run_dir=${DLSCALE_RUN_DIR:-runs/${SLURM_JOB_NAME:-dlscale}-${SLURM_JOB_ID}}
+# On a GPU site the training asks for the GPU outright: device=auto would train on the CPU, slowly and
+# without a word, where the environment has a CPU-only torch.
+device_arg=()
+if [[ -n $DLSCALE_DEVICE && " $* " != *" device="* ]]; then
+    device_arg=("device=$DLSCALE_DEVICE")
+fi
 
 case $job in
     train)
-        command=("$DLSCALE_PYTHON" -m dlscale.train "$@")
-        [[ " $* " == *" run_dir="* ]] || command+=("run_dir=$run_dir")
-        command+=(resume=true)
+        command=("$DLSCALE_PYTHON" -m dlscale.train "$@" "${device_arg[@]}")
+        if [[ " $* " != *" run_dir="* ]]; then
+            # The job's own folder holds checkpoints only once the job ran and was requeued. Anything
+            # else there is another job's run (a reused job id): never resume it, never clear it.
+            if [[ ${SLURM_RESTART_COUNT:-0} -eq 0 && -n $(ls -A "$run_dir/checkpoints" 2>/dev/null) ]]; then
+                echo "launch.sh: $run_dir already holds checkpoints of another job with id $SLURM_JOB_ID;" \
+                     "pass run_dir=<a new folder> (or remove that one)" >&2
+                exit 2
+            fi
+            command+=("run_dir=$run_dir")
+        fi
+        command+=(resume=true)  # a requeued job continues; a run_dir you named continues if its config matches
         ;;
     profile)  # one Nsight Systems report per rank, over the steps named by profile_steps=
         mkdir -p "$run_dir/nsys"  # nsys does not create the folder of its --output
         export DLSCALE_UNDER_NSYS=1  # the training then leaves the GPU counters (CUPTI) to nsys
         mapfile -t command < <("$DLSCALE_PYTHON" -c 'import sys; from dlscale.profiling import nsys_command
 print("\n".join(nsys_command(sys.argv[2:], output=sys.argv[1] + "/nsys/rank_%q{SLURM_PROCID}",
-                             python=sys.executable)))' "$run_dir" "$@" "run_dir=$run_dir")
+                             python=sys.executable)))' "$run_dir" "$@" "${device_arg[@]}" "run_dir=$run_dir")
         if [[ ${#command[@]} -eq 0 ]]; then  # (a process substitution hides python's exit status)
             echo "launch.sh: could not build the nsys command: is dlscale importable by $DLSCALE_PYTHON?" >&2
             exit 2
@@ -97,7 +120,7 @@ if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then
     cpus_flag=(--cpus-per-task="$SLURM_CPUS_PER_TASK")  # (SRUN_CPUS_PER_TASK says the same, for nested sruns)
 fi
 if [[ ${DLSCALE_DRY_RUN:-0} == 1 ]]; then  # print what would run (tests, and checking a site's settings)
-    { env | grep -E '^(MASTER_|SRUN_|OMP_|NCCL_|FI_|MIOPEN_|CUDA_VISIBLE|DLSCALE_UNDER)' || true; } | sort | sed 's/^/env: /'
+    { env | grep -E '^(MASTER_|SRUN_|OMP_|NCCL_|FI_|MIOPEN_|CUDA_VISIBLE|DLSCALE_UNDER|DLSCALE_GPU_ORDER)' || true; } | sort | sed 's/^/env: /'
     printf '%q ' srun --kill-on-bad-exit=0 "${cpus_flag[@]}" "${DLSCALE_SRUN_FLAGS[@]}" "${extra_flags[@]}" \
         "${DLSCALE_PREFIX[@]}" "${command[@]}"
     echo

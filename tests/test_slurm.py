@@ -332,7 +332,9 @@ def test_each_site_renders_one_task_per_gpu_and_a_world_the_config_splits_over(s
     assert int(headers.get("gpus-per-node", 0)) == gpus_per_node
     if gpus_per_node:
         assert tasks == gpus_per_node  # one rank per GPU
-    done, command, settings, calls = _render(tmp_path, f"{site}/train.sbatch", "gpu", "epochs=1")
+    (tmp_path / "node-local").mkdir()
+    done, command, settings, calls = _render(tmp_path, f"{site}/train.sbatch", "gpu", "epochs=1",
+                                             env={"TMPDIR": str(tmp_path / "node-local")})
     assert done.returncode == 0, done.stderr
     assert "master nid001000:10042" in done.stdout  # the first node; a port from the job id
     assert command.startswith("srun --kill-on-bad-exit=0") and "-m dlscale.train gpu epochs=1" in command
@@ -340,16 +342,54 @@ def test_each_site_renders_one_task_per_gpu_and_a_world_the_config_splits_over(s
     # srun (Slurm >= 22.05) does not inherit the allocation's CPUs per task: the line and the environment say it
     assert f"--cpus-per-task={headers['cpus-per-task']}" in command.split(" -m ")[0]
     assert settings["SRUN_CPUS_PER_TASK"] == headers["cpus-per-task"]
+    # GPU sites ask for the GPU outright (a CPU-only torch stops at once) and, on 2 nodes, for the network plugin
+    assert ("device=cuda" in command) == bool(gpus_per_node)
+    assert settings.get("NCCL_NET") == ("AWS Libfabric" if gpus_per_node else None)
     if site == "frontier":
         assert "--gpu-bind=closest" in command
-        assert "module load rccl-net-plugin" in calls  # else RCCL talks TCP between nodes
+        # ROCm first, then the plugin built against it (else RCCL talks TCP between nodes)
+        assert calls.index("module load rocm") < calls.index("module load rccl-net-plugin")
+        assert settings["NCCL_SOCKET_IFNAME"] == "hsn0,hsn1,hsn2,hsn3"
         assert settings["MIOPEN_CUSTOM_CACHE_DIR"] == settings["MIOPEN_USER_DB_PATH"]
-        assert settings["MIOPEN_USER_DB_PATH"].startswith(("/tmp", os.environ.get("TMPDIR", "/tmp")))
+        assert settings["MIOPEN_USER_DB_PATH"].startswith(str(tmp_path / "node-local"))  # $TMPDIR: node-local
+        assert Path(settings["MIOPEN_USER_DB_PATH"]).is_dir()  # MIOpen does not create it
     if site == "perlmutter":
         assert "module load pytorch" in calls
+        # each rank picks its GPU from this order; CUDA_VISIBLE_DEVICES is Slurm's to set per task
+        assert settings["DLSCALE_GPU_ORDER"] == "3,2,1,0" and "CUDA_VISIBLE_DEVICES" not in settings
     world = len(("nid001000", "nid001001")) * tasks
     load_config("gpu").per_rank_batch(world)  # the gpu config's global batch splits evenly over the world
     assert "#SBATCH --signal=USR1@" in script.read_text() and "#SBATCH --requeue" in script.read_text()
+
+
+def test_one_node_needs_no_network_plugin_and_conda_mode_loads_it(tmp_path):
+    done, _, settings, calls = _render(tmp_path, "perlmutter/train.sbatch", "gpu", hosts=("nid001000",))
+    assert done.returncode == 0, done.stderr
+    assert "NCCL_NET" not in settings  # NVLink inside a node needs no plugin: no failure for lack of one
+    (tmp_path / "conda").mkdir()
+    done, _, settings, calls = _render(tmp_path / "conda", "perlmutter/train.sbatch", "gpu",
+                                       env={"DLSCALE_ENV": "conda", "BASH_FUNC_conda%%": "() { :; }"})
+    assert done.returncode == 0, done.stderr
+    assert "module load nccl" in calls and settings["NCCL_NET"] == "AWS Libfabric"
+
+
+def test_a_first_run_never_resumes_or_clears_a_folder_another_job_left(tmp_path):
+    """A reused job id (lesson 09's two clusters once numbered their jobs alike) must not continue a foreign run."""
+    (tmp_path / "runs/t-42/checkpoints").mkdir(parents=True)
+    (tmp_path / "runs/t-42/checkpoints/ckpt-00000020.pt").write_bytes(b"another job's")
+    done, command, _, _ = _render(tmp_path, "local/train.sbatch", "tiny")
+    assert done.returncode == 2 and "already holds checkpoints of another job" in done.stderr
+    assert not command.startswith("srun")
+    done, command, _, _ = _render(tmp_path, "local/train.sbatch", "tiny", env={"SLURM_RESTART_COUNT": "1"})
+    assert done.returncode == 0 and "run_dir=runs/t-42 resume=true" in command  # the job's own requeue resumes
+
+
+def test_each_local_cluster_numbers_its_jobs_in_a_block_of_its_own(tmp_path):
+    from dlscale.cluster.local_slurm import JOB_IDS_PER_CLUSTER, first_job_id
+
+    counter = tmp_path / "clusters"
+    firsts = [first_job_id(counter) for _ in range(3)]
+    assert firsts == [1, 1 + JOB_IDS_PER_CLUSTER, 1 + 2 * JOB_IDS_PER_CLUSTER]
 
 
 def test_the_master_is_the_first_of_a_long_node_list_and_each_job_has_its_own_port(tmp_path):

@@ -339,11 +339,13 @@ def test_cuda_random_state_is_this_devices_only(monkeypatch):
     assert torch.equal(restored[-1], states[0])
 
 
-def test_compile_wraps_the_compiled_module_in_ddp(monkeypatch):
-    """PyTorch's order: compile the plain module, then DDP around it (not compile around DDP)."""
+def test_compile_wraps_ddp_so_the_all_reduce_overlaps_the_backward():
+    """DDP first, then torch.compile of the DDP module (Dynamo's DDPOptimizer splits the graph at the
+    buckets); the step's gradient sync still finds DDP's no_sync, and the plain model stays for checkpoints."""
     import torch.distributed as dist
     from dlscale.config import load_config
     from dlscale.distributed import DistEnv
+    from dlscale.distributed.grad_sync import DDPSync, gradient_sync
     from dlscale.models import build_model
     from dlscale.distributed.parallelize import build_step_model
 
@@ -352,9 +354,11 @@ def test_compile_wraps_the_compiled_module_in_ddp(monkeypatch):
         cfg = load_config("tiny", {"compile": True})
         model = build_model(cfg, 1, 2)
         step_model = build_step_model(model, DistEnv(world_size=2, backend="gloo"), cfg)  # "2 ranks": DDP wraps
-        assert isinstance(step_model, torch.nn.parallel.DistributedDataParallel)
-        assert isinstance(step_model.module, torch._dynamo.eval_frame.OptimizedModule)
-        assert step_model.module._orig_mod is model  # the plain module stays for checkpoints
+        assert isinstance(step_model, torch._dynamo.eval_frame.OptimizedModule)
+        ddp = step_model._orig_mod
+        assert isinstance(ddp, torch.nn.parallel.DistributedDataParallel) and ddp.module is model
+        _, sync = gradient_sync("ddp", step_model, torch.optim.SGD(model.parameters(), lr=0.1), model)
+        assert isinstance(sync, DDPSync) and sync.module is ddp
     finally:
         dist.destroy_process_group()
 

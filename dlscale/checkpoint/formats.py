@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,22 +38,30 @@ def save_training_checkpoint(run_dir: str | Path, step: int, model: nn.Module, o
 
 
 def load_latest_checkpoint(run_dir: str | Path, model: nn.Module | None = None,
-                           optimizer: torch.optim.Optimizer | None = None) -> tuple[Path, dict[str, Any]] | None:
+                           optimizer: torch.optim.Optimizer | None = None,
+                           check: Callable[[dict[str, Any] | None, Path], Any] | None = None
+                           ) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint that loads, or None if the run has none.
 
     A file is read whole (an unreadable newest file falls back to the one before). A
     sharded folder is read straight into ``model`` and ``optimizer`` (each rank its part,
     whatever the world size that wrote it) by every rank together; the dict returned then
-    holds the rest of the state.
+    holds the rest of the state. ``check(recorded config, path)`` runs before any weight is
+    loaded into ``model`` (a resume refuses another run's checkpoint there).
     """
     paths = list_checkpoints(run_dir)
     if paths and paths[-1].is_dir():
         if model is None or optimizer is None:
             raise CheckpointError(f"{paths[-1]} is a sharded checkpoint: load it with the model and optimizer, or "
                                   f"with dlscale.checkpoint.load_model")
-        from dlscale.checkpoint.sharded import load_sharded_checkpoint
-        return paths[-1], load_sharded_checkpoint(paths[-1], model, optimizer)
-    return whole.load_newest_file(paths, run_dir)
+        from dlscale.checkpoint import sharded
+        if check is not None:
+            check(sharded.recorded_config(paths[-1]), paths[-1])
+        return paths[-1], sharded.load_sharded_checkpoint(paths[-1], model, optimizer)
+    found = whole.load_newest_file(paths, run_dir)
+    if found is not None and check is not None:
+        check(found[1].get("config"), found[0])
+    return found
 
 
 def _head_outputs(shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> tuple[int, torch.dtype]:

@@ -76,6 +76,11 @@ def load_sharded_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim
     return rest
 
 
+def recorded_config(path: Path) -> dict[str, Any] | None:
+    """The config a sharded folder was written with (from rank 0's ``training.pt``; no tensor is read)."""
+    return torch.load(path / "training.pt", map_location="cpu", weights_only=True).get("config")
+
+
 def weight_shapes(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Each saved weight's shape and dtype, by name, from a sharded folder's metadata (no tensor is read)."""
     import torch.distributed.checkpoint as dcp

@@ -57,6 +57,7 @@ SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 ReturnToService=2
 JobRequeue=1
+FirstJobId={first_job_id}
 SlurmdTimeout={slurmd_timeout}
 MinJobAge=600
 SlurmctldPort={ctld_port}
@@ -93,6 +94,32 @@ def multi_node_unavailable() -> str | None:
         return "several nodes need util-linux's unshare"
     return None
 
+
+
+#: Job ids each local cluster may use before the next cluster's begin (Slurm's ids stop at 67,043,328).
+JOB_IDS_PER_CLUSTER = 10_000
+
+
+def first_job_id(counter: Path | None = None) -> int:
+    """The first job id of a new local cluster: a block of its own on this machine.
+
+    Each cluster starts with fresh state, so its jobs would be numbered 1, 2... again, and a job of
+    a second cluster would take the run directory and output file (``runs/NAME-ID``,
+    ``slurm-NAME-ID.out``) of an earlier cluster's job with the same id. A counter in the machine's
+    temporary folder hands each cluster the next block.
+    """
+    import fcntl
+
+    counter = counter or Path(tempfile.gettempdir()) / f"dlscale-slurm-clusters-{os.geteuid()}"
+    with open(counter, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # (two clusters starting at once get two blocks)
+        handle.seek(0)
+        text = handle.read().strip()
+        started = int(text) if text.isdigit() else 0
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{started + 1}\n")
+    return 1 + (started % (67_000_000 // JOB_IDS_PER_CLUSTER)) * JOB_IDS_PER_CLUSTER
 
 
 def _address(index: int) -> str:
@@ -160,7 +187,7 @@ class LocalSlurm:
             (self.root / "hosts").write_text(f"127.0.0.1 localhost {self.host}\n" + "".join(
                 f"{_address(i)} {name}\n" for i, name in enumerate(self.node_names, 1)))
         self.conf.write_text(_CONF.format(controller=controller, user=getpass.getuser(), root=self.root,
-                                          slurmd_timeout=self.slurmd_timeout,
+                                          slurmd_timeout=self.slurmd_timeout, first_job_id=first_job_id(),
                                           ctld_port=free_port(), node_lines="\n".join(lines),
                                           node_names=",".join(self.node_names)))
         key = self.root / "munge.key"

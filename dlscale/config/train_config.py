@@ -93,7 +93,9 @@ class TrainConfig:
                                                   "rounded gradients).")
     dist_backend: Literal["auto", "nccl", "gloo"] = _knob("auto", "Process-group backend: auto = NCCL on GPUs, gloo on CPUs.")
     dist_timeout_s: float = _knob(300.0, "Seconds a collective may wait for the other ranks before the job stops "
-                                         "with an error (a dead or missing rank never hangs the job).")
+                                         "with an error (a dead or missing rank never hangs the job). On gloo a "
+                                         "dead peer is noticed within a second; NCCL notices it only when this "
+                                         "runs out (the gpu config sets 120).")
     bucket_cap_mb: float = _knob(25.0, "DDP gradient bucket size in MiB (all-reduce granularity).")
     gradient_as_bucket_view: bool = _knob(True, "DDP: gradients are views into the all-reduce buckets (saves memory).")
     static_graph: bool = _knob(False, "DDP: the graph is the same every step (lets DDP skip some bookkeeping).")

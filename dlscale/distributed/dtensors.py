@@ -56,12 +56,19 @@ def full_norms(tensors: list[Tensor], like: list[Tensor] | None = None) -> Tenso
                 key = (id(original.device_mesh), dims)
                 split.setdefault(key, (original.device_mesh, dims, []))[2].append(index)
     for mesh, dims, indices in split.values():  # (same order on every rank: the parameters' order)
-        index = torch.tensor(indices, device=norms.device)
+        index = _index_on(tuple(indices), norms.device)
         squares = norms.index_select(0, index) ** 2
         for dim in dims:
             torch.distributed.all_reduce(squares, group=mesh.get_group(dim))
         norms = norms.index_copy(0, index, squares.sqrt())
     return norms
+
+
+@functools.lru_cache(maxsize=256)
+def _index_on(indices: tuple[int, ...], device: torch.device) -> Tensor:
+    """``indices`` as a tensor on ``device``, made once: a new one would be a blocking host-to-device copy
+    at every step (the same lists come back each step: clipping, and each LARS/LAMB group)."""
+    return torch.tensor(indices, device=device)
 
 
 def clip_factor(grads: list[Tensor], max_norm: float) -> Tensor:

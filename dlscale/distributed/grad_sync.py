@@ -29,6 +29,7 @@ from torch import nn
 
 from dlscale.distributed import horovod_backend
 from dlscale.distributed.dtensors import clip_grad_norm_
+from dlscale.distributed.parallelize import uncompiled
 
 
 class GradientSync:
@@ -106,6 +107,7 @@ def gradient_sync(data_parallel: str, step_model: nn.Module, optimizer: torch.op
         return wrapped, HorovodSync(wrapped)
     if data_parallel == "fsdp":
         return optimizer, FSDPSync(step_model)
-    if isinstance(step_model, nn.parallel.DistributedDataParallel):
-        return optimizer, DDPSync(step_model)
+    ddp = uncompiled(step_model)  # (with compile=true, the DDP module that torch.compile wrapped)
+    if isinstance(ddp, nn.parallel.DistributedDataParallel):
+        return optimizer, DDPSync(ddp)
     return optimizer, GradientSync()

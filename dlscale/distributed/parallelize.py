@@ -8,8 +8,8 @@ module the training step calls, in PyTorch's order:
 - tensor parallelism first (:func:`apply_tensor_parallel`): the ViT's attention and MLP
   projections become DTensors split over the ``tp`` dimension of the mesh;
 - then data parallelism: FSDP2's ``fully_shard`` per transformer block and at the root
-  over the ``dp`` dimension (:func:`apply_fsdp`), or ``torch.compile`` and DDP around it
-  (:func:`apply_ddp`).
+  over the ``dp`` dimension (:func:`apply_fsdp`), or DDP (:func:`apply_ddp`) and then
+  ``torch.compile`` of the DDP module.
 
 FSDP and tensor parallelism change the model in place (its parameters become DTensors),
 so the training loop's ``model`` and ``step_model`` are then the same module; under DDP
@@ -137,10 +137,9 @@ def build_step_model(model: nn.Module, env: DistEnv, cfg: TrainConfig, plan: Par
                      policy: Precision | None = None) -> nn.Module:
     """The module the training step calls.
 
-    FSDP and tensor parallelism shard ``model`` in place and return it. Otherwise ``model``
-    is compiled when asked and wrapped in DDP (PyTorch's order: torch.compile does not trace
-    DDP's hooks well, so the inner module is compiled and DDP wraps the result), and
-    ``model`` itself stays plain, for checkpoints and evaluation.
+    FSDP and tensor parallelism shard ``model`` in place and return it. Otherwise ``model`` is
+    wrapped in DDP and the DDP module compiled when asked, and ``model`` itself stays plain, for
+    checkpoints and evaluation.
     """
     if plan is not None and plan.sharded:
         if policy is not None and policy.name == "fp16":
@@ -151,8 +150,19 @@ def build_step_model(model: nn.Module, env: DistEnv, cfg: TrainConfig, plan: Par
         if plan.data_parallel == "fsdp":
             apply_fsdp(model, plan.mesh["dp"], bf16=policy is not None and policy.name == "bf16")
         return model
-    inner = torch.compile(model, mode="reduce-overhead" if cfg.cuda_graphs else None) if cfg.compile else model
-    return apply_ddp(inner, env, cfg.bucket_cap_mb, cfg.gradient_as_bucket_view, cfg.static_graph)
+    wrapped = apply_ddp(model, env, cfg.bucket_cap_mb, cfg.gradient_as_bucket_view, cfg.static_graph)
+    if not cfg.compile:
+        return wrapped
+    # DDP first, then compile (PyTorch's DDP notes, "TorchDynamo DDPOptimizer"): Dynamo sees DDP and
+    # breaks the graph at its bucket boundaries, so each bucket's all-reduce starts while the rest of
+    # the backward runs. Compiled first and wrapped after, the backward is one autograd node and
+    # every all-reduce waits for its end.
+    return torch.compile(wrapped, mode="reduce-overhead" if cfg.cuda_graphs else None)
+
+
+def uncompiled(module: nn.Module) -> nn.Module:
+    """The module ``torch.compile`` wrapped (the DDP module, or the model), or ``module`` itself."""
+    return getattr(module, "_orig_mod", module)
 
 
 def cuda_graph_skips() -> int:

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from dlscale.distributed import horovod_backend
 from dlscale.distributed.launchers import DistEnv, DistributedError, detect
+from dlscale.runtime.devices import GPU_ORDER_VARIABLE, gpu_index
 
 #: Seconds a draining :func:`shutdown` leaves the GIL to gloo's worker threads (see there).
 _DRAIN_PAUSE_S = 0.05
@@ -70,9 +71,11 @@ def init(device: str = "auto", backend: str | None = None, timeout_s: float = 30
         hvd = horovod_backend.init(env.launcher, timeout_s)
         env = replace(env, rank=hvd.rank(), local_rank=hvd.local_rank(), world_size=hvd.size(),
                       local_world_size=hvd.local_size(), backend="horovod")
+    environ = os.environ if environ is None else environ
     wants_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     if wants_cuda and torch.cuda.is_available():
-        index = env.local_rank % torch.cuda.device_count() if device in ("auto", "cuda") else torch.device(device).index
+        index = (gpu_index(env.local_rank, torch.cuda.device_count(), environ.get(GPU_ORDER_VARIABLE))
+                 if device in ("auto", "cuda") else torch.device(device).index)
         torch.cuda.set_device(index)
         resolved = f"cuda:{index}"
     else:
@@ -85,14 +88,33 @@ def init(device: str = "auto", backend: str | None = None, timeout_s: float = 30
         return replace(env, backend=dist.get_backend())
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # NCCL errors end the job instead of hanging it
     try:
+        # device_id binds the group to this rank's GPU: without it NCCL guesses the GPU from the global rank,
+        # which is wrong with cyclic task layouts or tasks per node other than GPUs per node, and can hang.
         dist.init_process_group(backend, init_method=f"tcp://{env.master_addr}:{env.master_port}", rank=env.rank,
-                                world_size=env.world_size, timeout=datetime.timedelta(seconds=timeout_s))
+                                world_size=env.world_size, timeout=datetime.timedelta(seconds=timeout_s),
+                                device_id=torch.device(resolved) if backend == "nccl" else None)
     except Exception as err:  # noqa: BLE001 - any failure to form the group gets the same explanation
         raise DistributedError(
             f"rank {env.rank} of {env.world_size} could not join the process group at {env.master_addr}:"
             f"{env.master_port} within {timeout_s:.0f} s ({type(err).__name__}: {err}). Check that every rank "
             f"started, that MASTER_ADDR is a compute node every rank can reach, and that the port is free") from None
     return replace(env, backend=backend)
+
+
+def is_peer_failure(err: BaseException) -> bool:
+    """Whether ``err`` says a collective failed because another rank died, was killed or went silent.
+
+    NCCL's and the store's failures are ``torch.distributed.DistError``s (``DistBackendError`` for
+    the watchdog's timeout); gloo raises a plain ``RuntimeError`` from its transport ("Connection
+    closed by peer", "Timed out waiting ... for recv"). Anything else, an out-of-memory error
+    among them, is this rank's own.
+    """
+    if isinstance(err, torch.OutOfMemoryError):
+        return False
+    if isinstance(err, dist.DistError):
+        return True
+    text = str(err)
+    return "gloo/transport" in text or "Connection closed by peer" in text or "Timed out waiting" in text
 
 
 def uses_horovod() -> bool:

@@ -127,10 +127,14 @@ def kmeans_parallel(x: torch.Tensor, k: int, generator: torch.Generator, chunk: 
                     weights: torch.Tensor | None = None) -> torch.Tensor:
     """k-means|| over all ranks' shards: ``rounds`` of oversampling (ℓ = 2k by default), then weighted k-means++.
 
+    ``chunk`` is the rows of a distance block against k centres; against more candidates a block
+    has fewer rows, so no block is larger than ``chunk × k``.
+
     With sample weights a row's chance is ∝ its weight × D(x)², as in weighted k-means++, and
     each candidate is weighted by the total weight of the rows closest to it.
     """
     ell = oversampling or 2.0 * k
+    budget = chunk * k  # the chunk's distance block is sized for k columns: blocks of more keep its elements
     candidates = random_init(x, 1, generator, weights)
     closest = _closest_sq(x, candidates, chunk)
     # Each rank samples its own points with its own stream, derived from the shared seed.
@@ -145,10 +149,12 @@ def kmeans_parallel(x: torch.Tensor, k: int, generator: torch.Generator, chunk: 
         if len(new) == 0:
             continue
         candidates = torch.cat([candidates, new])
-        closest = torch.minimum(closest, _closest_sq(x, new, chunk))
-    # Weight each candidate by the points closest to it, then reduce the candidates to k.
-    labels = torch.cat([torch.addmm((candidates * candidates).sum(1), x[s:s + chunk], candidates.T, alpha=-2)
-                        .argmin(1) for s in range(0, x.shape[0], chunk)])
+        closest = torch.minimum(closest, _closest_sq(x, new, max(1, budget // len(new))))
+    # Weight each candidate by the points closest to it, then reduce the candidates to k. (About ℓ·rounds
+    # candidates, ten times k: the rows per block shrink to match, or a GPU's block would be 1.3 GB at 1M rows.)
+    rows = max(1, budget // len(candidates))
+    labels = torch.cat([torch.addmm((candidates * candidates).sum(1), x[s:s + rows], candidates.T, alpha=-2)
+                        .argmin(1) for s in range(0, x.shape[0], rows)])
     candidate_weights = all_reduce_sum(torch.bincount(labels, weights=weights, minlength=len(candidates)).double())
     if len(candidates) <= k:  # too few distinct candidates: top up with random samples
         return torch.cat([candidates, random_init(x, k - len(candidates), generator, weights)])

@@ -40,7 +40,7 @@ from dlscale import distributed
 from dlscale.kmeans.bounds import Bounds, changed_rows, rescore
 from dlscale.kmeans.scoring import argmin_rows, assign, inertia_of
 
-#: Bytes the distance block of one chunk may take when ``chunk_size`` is not given. On CPUs a
+#: Bytes the blocks of one chunk may take when ``chunk_size`` is not given. On CPUs a
 #: block that stays in the L2 cache is 3-4x faster than a large one (measured in
 #: docs/benchmarks.md); on GPUs large blocks keep the device busy.
 CPU_CHUNK_BUDGET = 2 * 2**20
@@ -51,7 +51,8 @@ def default_chunk_size(n_clusters: int, itemsize: int, device: torch.device | st
     """Rows per chunk so that the chunk's distance block (chunk × k) fits the device's budget."""
     if torch.device(device).type == "cpu":
         return int(min(16384, max(256, CPU_CHUNK_BUDGET // (n_clusters * itemsize))))
-    return max(1024, GPU_CHUNK_BUDGET // (2 * n_clusters * itemsize))
+    # (the GPU pass holds the chunk's distance block and its float64 one-hot block together)
+    return max(1024, GPU_CHUNK_BUDGET // (n_clusters * (itemsize + 8)))
 
 
 @dataclass
@@ -183,21 +184,28 @@ def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, 
 
 def _one_hot_pass(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, labels: torch.Tensor,
                   chunk: int, local: _ClusterSums) -> int:
-    """Every row re-scored, sums recomputed with a one-hot GEMM (GPUs: deterministic); returns #changed."""
+    """Every row re-scored, sums recomputed with a one-hot GEMM (GPUs: deterministic); returns #changed.
+
+    The GEMM runs in float64 (the one-hot rows, the weights and the chunk's rows): accumulated in
+    float32 over half a million rows a chunk, the sums would lose the digits that make one rank
+    and N ranks find the same centres.
+    """
     local.packed.zero_()
     c_sq = (centers * centers).sum(1)
     changed = torch.zeros((), dtype=torch.int64, device=x.device)
+    onehot_buffer = torch.empty(min(chunk, x.shape[0]), centers.shape[0], dtype=torch.float64, device=x.device)
     for start in range(0, x.shape[0], chunk):
         xc = x[start:start + chunk]
         block = torch.addmm(c_sq, xc, centers.T, alpha=-2)
         new = argmin_rows(block)
+        del block  # (before the float64 block: at most one chunk-sized block of each at a time)
         old = labels[start:start + chunk]
         changed += (new != old).sum()
-        onehot = block.zero_().scatter_(1, new[:, None], 1.0)
+        onehot = onehot_buffer[:len(xc)].zero_().scatter_(1, new[:, None], 1.0)
         if weights is not None:
-            onehot *= weights[start:start + chunk, None].to(x.dtype)
-        local.sums += onehot.T @ xc
-        local.weights += onehot.sum(0, dtype=torch.float64)
+            onehot *= weights[start:start + chunk, None]
+        local.sums += onehot.T @ xc.double()
+        local.weights += onehot.sum(0)
         old.copy_(new)
     return int(changed)
 

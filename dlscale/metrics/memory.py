@@ -40,6 +40,13 @@ def peak_bytes(device: torch.device) -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)  # (Linux reports KiB, macOS bytes)
 
 
+def reset_peak(device: torch.device) -> None:
+    """Start the peak afresh on a GPU, once the model is in its final layout (the whole model that FSDP
+    or TP shard in place was on the device until then). A CPU's resident-set peak cannot be reset."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def memory_row(model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> dict[str, int]:
     """:func:`tensor_bytes` and :func:`peak_bytes` as one row."""
     return {**tensor_bytes(model, optimizer), "peak": peak_bytes(device)}

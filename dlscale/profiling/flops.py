@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -26,9 +27,10 @@ def peak_flops(device: torch.device | str, precision: str) -> float | None:
 
 
 def peak_precision(device: torch.device | str, precision: str, convolutions: bool = True) -> str:
-    """The precision whose peak an ``fp32`` run really runs at: ``tf32`` where cuDNN (for a model
-    of convolutions, PyTorch's default) or cuBLAS (``allow_tf32`` for matmuls) uses TF32 and the GPU
-    has it; otherwise ``precision`` itself.
+    """The precision whose peak an ``fp32`` run really runs at: ``tf32`` where the kernels doing most of
+    the FLOPs use TF32 and the GPU has it -- cuDNN for a model of ``convolutions`` (on by default in
+    PyTorch), cuBLAS for matmuls (``torch.backends.cuda.matmul.allow_tf32``, off by default) --
+    otherwise ``precision`` itself.
     """
     device = torch.device(device)
     if precision != "fp32" or device.type != "cuda":
@@ -39,11 +41,22 @@ def peak_precision(device: torch.device | str, precision: str, convolutions: boo
     return "tf32" if tf32 and has_tf32 else "fp32"
 
 
-def flops_per_sample(model: nn.Module, input_shape: Sequence[int], loss_fn: Callable | None = None,
-                     targets: int | None = None, batch: int = 2) -> float:
+@dataclass(frozen=True)
+class FlopCount:
+    """A training step's FLOPs per sample, and the share of them in convolutions (cuDNN) rather than matmuls."""
+
+    per_sample: float
+    convolution_share: float = 0.0
+
+
+def count_flops(model: nn.Module, input_shape: Sequence[int], loss_fn: Callable | None = None,
+                targets: int | None = None, batch: int = 2) -> FlopCount:
     """FLOPs of one training step (forward and backward) per sample, counted by ``FlopCounterMode``.
 
-    ``targets`` is the number of regression targets; by default, as many as the model outputs."""
+    ``targets`` is the number of regression targets; by default, as many as the model outputs.
+    A model on the meta device is counted without memory or kernels (the training counts so,
+    before the model is sharded); a real model is left as it was found.
+    """
     from torch.utils.flop_counter import FlopCounterMode
 
     first = next(model.parameters())
@@ -57,11 +70,23 @@ def flops_per_sample(model: nn.Module, input_shape: Sequence[int], loss_fn: Call
         loss_fn(out, y).backward()
     model.zero_grad(set_to_none=True)
     model.load_state_dict(state)  # batch-norm statistics moved during the count
-    return counter.get_total_flops() / batch
+    total = counter.get_total_flops()
+    convolutions = sum(n for op, n in counter.get_flop_counts().get("Global", {}).items() if "convolution" in str(op))
+    return FlopCount(total / batch, convolutions / total if total else 0.0)
 
 
-def mfu(samples_per_s: float, flops_per_sample_: float, peak: float | None) -> float | None:
-    """Model FLOPs utilisation: achieved training FLOP/s over the device's peak (None if unknown)."""
+def flops_per_sample(model: nn.Module, input_shape: Sequence[int], loss_fn: Callable | None = None,
+                     targets: int | None = None, batch: int = 2) -> float:
+    """FLOPs of one training step (forward and backward) per sample (:func:`count_flops`)."""
+    return count_flops(model, input_shape, loss_fn, targets, batch).per_sample
+
+
+def mfu(samples_per_s: float, flops_per_sample_: float, peak: float | None, tensor_parallel: int = 1) -> float | None:
+    """Model FLOPs utilisation of one device: achieved training FLOP/s over its peak (None if unknown).
+
+    ``samples_per_s`` is one rank's rate. Under tensor parallelism ``tensor_parallel`` ranks share each
+    sample's FLOPs (each computes its share of every layer), so one device does 1/``tensor_parallel`` of them.
+    """
     if not peak:
         return None
-    return samples_per_s * flops_per_sample_ / peak
+    return samples_per_s * flops_per_sample_ / tensor_parallel / peak

@@ -3,7 +3,8 @@
 :func:`nvtx_range` marks a region for Nsight Systems (through the ``nvtx`` package, a no-op
 unless a profiler is attached, and safe on CPU-only machines — unlike ``torch.cuda.nvtx``,
 which raises on CPU builds of torch; where the package is missing but CUDA is there, as in a
-site's PyTorch module, through ``torch.cuda.nvtx``) and always as a
+site's PyTorch module, and on ROCm, where it emits the roctx ranges rocprof reads, through
+``torch.cuda.nvtx``) and always as a
 ``torch.profiler.record_function``, so the same names appear in a CPU trace. The training
 step marks ``data``, ``forward``, ``backward`` and ``optimizer`` every step (lesson 04).
 """
@@ -39,9 +40,14 @@ class _TorchCudaNvtx:
 
 
 def _nvtx():
-    """Where NVTX ranges go: the ``nvtx`` package, else ``torch.cuda.nvtx`` on CUDA, else False (looked up once)."""
+    """Where NVTX ranges go, looked up once: ``torch.cuda.nvtx`` on ROCm (it emits roctx ranges, which
+    rocprof reads; the ``nvtx`` package's would reach no profiler), else the ``nvtx`` package, else
+    ``torch.cuda.nvtx`` on CUDA, else False."""
     global _nvtx_module
     if _nvtx_module is None:
+        if torch.version.hip is not None and torch.cuda.is_available():
+            _nvtx_module = _TorchCudaNvtx()
+            return _nvtx_module
         try:
             _nvtx_module = import_optional("nvtx", "profiling", "NVTX ranges for Nsight Systems")
         except DlscaleError:  # not an error: torch.cuda.nvtx on a GPU, no ranges on a CPU

@@ -84,8 +84,23 @@ class StepProfiler:
 
 def summarize(profiler: torch.profiler.profile, steps: int, top: int = 12) -> dict[str, Any]:
     """Milliseconds per step for each training-loop range and for the top operators by self time."""
-    events = profiler.key_averages()
-    device_attr = "device_time_total" if hasattr(events[0], "device_time_total") else "cuda_time_total"
+    return summarize_events(profiler.key_averages(), steps, top)
+
+
+def _on_host(event: Any) -> bool:
+    return str(getattr(event, "device_type", "CPU")).endswith("CPU")
+
+
+def summarize_events(events: Any, steps: int, top: int = 12) -> dict[str, Any]:
+    """:func:`summarize` of ``key_averages()``'s rows.
+
+    On a GPU each range appears twice there: the host's ``record_function`` event and, with the
+    same name, the ``gpu_user_annotation`` Kineto records on the device (``key_averages`` keeps
+    them apart by device type). Only the host's rows count here: one row per range, whose calls
+    are the steps profiled and whose device time is that of the kernels it launched.
+    """
+    events = [e for e in events if _on_host(e)]
+    device_attr = "device_time_total" if events and hasattr(events[0], "device_time_total") else "cuda_time_total"
 
     def row(event) -> dict[str, Any]:
         return {"name": event.key, "calls": event.count,

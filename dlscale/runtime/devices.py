@@ -22,11 +22,50 @@ def resolve_device(spec: str | torch.device | None, error: type[DlscaleError] = 
     device = torch.device(spec)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise error(f"device={spec} was asked for, but this torch sees no CUDA GPU "
-                        f"(torch {torch.__version__}); use device=auto or device=cpu, or run on a GPU node")
+            raise error(f"device={spec} was asked for, but {_why_no_gpu()}")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise error(f"device={spec} was asked for, but only {torch.cuda.device_count()} GPU(s) are visible")
     return device
+
+
+def _why_no_gpu() -> str:
+    """Why this torch sees no GPU, and the fix: a CPU-only build, or a node without one."""
+    if torch.version.cuda is None and torch.version.hip is None:
+        return (f"this torch ({torch.__version__}) is a CPU-only build. Install a GPU build into the environment: "
+                f"on NVIDIA GPUs PyPI's torch for Linux (make setup), on AMD GPUs (Frontier) a ROCm build from "
+                f"PyTorch's ROCm wheel index (make setup TORCH_INDEX=https://download.pytorch.org/whl/rocmX.Y, "
+                f"see the README); or train on the CPU with device=cpu")
+    return (f"this torch ({torch.__version__}) sees no GPU on this node: run on a GPU node (ask for GPUs with "
+            f"--gpus-per-node), check CUDA_VISIBLE_DEVICES, or train on the CPU with device=cpu")
+
+
+#: The GPU each local rank uses, in local-rank order, where a site's GPU numbering runs against its
+#: CPU numbering (Perlmutter: "3,2,1,0", so that rank 0, bound to the first cores, gets the GPU on
+#: their NUMA domain). Read inside each task: Slurm sets CUDA_VISIBLE_DEVICES again for every task
+#: of a step, so an order exported to CUDA_VISIBLE_DEVICES in the batch shell never reaches the ranks.
+GPU_ORDER_VARIABLE = "DLSCALE_GPU_ORDER"
+
+
+def gpu_index(local_rank: int, visible: int, order: str | None = None) -> int:
+    """The index (among the ``visible`` GPUs) that the task of ``local_rank`` uses.
+
+    ``order`` (``DLSCALE_GPU_ORDER``, e.g. ``"3,2,1,0"``) applies when the task sees every GPU it
+    names; a task that sees fewer (``--gpu-bind``, ``--gpus-per-task``) was already given its own,
+    and takes ``local_rank`` modulo what it sees.
+    """
+    if visible < 1:
+        raise DeviceError("no GPU is visible to this task; check --gpus-per-node and CUDA_VISIBLE_DEVICES")
+    if order:
+        try:
+            indices = [int(i) for i in order.split(",")]
+        except ValueError:
+            raise DeviceError(f"{GPU_ORDER_VARIABLE}={order!r} is not a comma-separated list of GPU numbers, "
+                              f"e.g. 3,2,1,0") from None
+        if sorted(indices) != list(range(len(indices))):
+            raise DeviceError(f"{GPU_ORDER_VARIABLE}={order!r} must name each of the GPUs 0..{len(indices) - 1} once")
+        if len(indices) == visible:
+            return indices[local_rank % visible]
+    return local_rank % visible
 
 
 def to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device, channels_last: bool = False,

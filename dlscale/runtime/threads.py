@@ -42,6 +42,16 @@ def affinity_set() -> list[int]:
     return list(range(os.cpu_count() or 1))
 
 
+def parse_cpu_list(text: str) -> list[int]:
+    """CPUs of a kernel CPU list such as ``0-15,64-79`` (sysfs ``cpulist``, Slurm's masks in list form)."""
+    cpus = []
+    for part in text.strip().split(","):
+        if part:
+            low, _, high = part.partition("-")
+            cpus.extend(range(int(low), int(high or low) + 1))
+    return cpus
+
+
 def affinity_cpus() -> int:
     """How many CPUs this process may run on."""
     return len(affinity_set())

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from dlscale import distributed
 from dlscale.checkpoint import save_training_checkpoint, training_extras
 from dlscale.config import ConfigError, TrainConfig, load_config
-from dlscale.distributed import DistributedError, all_reduce_max_flag
+from dlscale.distributed import DistributedError, all_reduce_max_flag, is_peer_failure
 from dlscale.distributed.dtensors import local
 from dlscale.errors import DlscaleError
 from dlscale.metrics.evaluation import evaluate
@@ -71,21 +71,37 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
         result = _finish(run, meter, preempted, started)
         finished = True
         return result
+    except torch.OutOfMemoryError as err:
+        raise OutOfMemoryError(_out_of_memory_message(cfg, env, err)) from err
     except RuntimeError as err:
-        if not env.distributed or isinstance(err, DlscaleError):
-            raise
+        if not env.distributed or isinstance(err, DlscaleError) or not is_peer_failure(err):
+            raise  # this rank's own error, with its traceback
         raise DistributedError(f"rank {env.rank} of {env.world_size} stopped: a collective operation failed "
                                f"({str(err).splitlines()[0][:200]}). Another rank probably died or was killed; "
-                               f"resume with resume=true from the last checkpoint") from None
+                               f"resume with resume=true from the last checkpoint") from err
     finally:
         if owns_group:
             distributed.shutdown(drain=finished)  # after a failure a peer may be gone: no barrier
 
 
+class OutOfMemoryError(DlscaleError):
+    """A rank ran out of device memory; the message says with which batch and what to lower."""
+
+
+def _out_of_memory_message(cfg: TrainConfig, env: distributed.DistEnv, err: BaseException) -> str:
+    micro = cfg.global_batch_size // max(1, env.world_size) // cfg.grad_accumulation
+    return (f"rank {env.rank} of {env.world_size} ran out of memory on {env.device} with micro-batches of {micro} "
+            f"samples (global_batch_size={cfg.global_batch_size} over {env.world_size} rank(s), grad_accumulation="
+            f"{cfg.grad_accumulation}, model={cfg.model} width={cfg.width}). Lower global_batch_size, or keep it and "
+            f"raise grad_accumulation; precision=bf16, activation_checkpointing=true (vit) or data_parallel=fsdp "
+            f"save memory too. ({str(err).splitlines()[0][:200]})")
+
+
 def _loop(run: Run) -> tuple[bool, ThroughputMeter]:
     """Steps until the last one or a stop signal; returns (preempted, the throughput meter)."""
     cfg, env = run.cfg, run.env
-    meter, preempted = ThroughputMeter(), False
+    sync = (lambda: torch.cuda.synchronize(run.device)) if run.device.type == "cuda" else None
+    meter, preempted = ThroughputMeter(sync=sync), False
     bar = tqdm(total=run.total_steps, initial=run.step, desc=cfg.name, unit="step", dynamic_ncols=True,
                disable=not (env.is_main and cfg.progress), file=sys.stderr)
     say = bar.write if env.is_main else (lambda *args, **kwargs: None)
@@ -114,8 +130,8 @@ def _loop(run: Run) -> tuple[bool, ThroughputMeter]:
                     bar.set_postfix(loss=f"{run.log.flush():.4f}", lr=f"{lr:.2e}")
                 end_of_epoch = run.step % run.steps_per_epoch == 0 or run.step == run.total_steps
                 if end_of_epoch:
+                    meter.pause()  # (first: the device finishes the steps, then validation runs untimed)
                     _validate(run, epoch, say)
-                    meter.pause()
                 # A signal may reach only some ranks: with several, they agree at block boundaries.
                 if (stop.requested if not env.distributed else
                         run.step % LOG_BLOCK == 0 and all_reduce_max_flag(stop.requested, run.device)):
@@ -124,8 +140,8 @@ def _loop(run: Run) -> tuple[bool, ThroughputMeter]:
                     preempted = True
                 every = cfg.checkpoint_every
                 if preempted or run.step == run.total_steps or (every and run.step % every == 0):
-                    _checkpoint(run, lr)
                     meter.pause()
+                    _checkpoint(run, lr)
                 if preempted or end_of_epoch:
                     break
     bar.close()
@@ -183,10 +199,11 @@ def _finish(run: Run, meter: ThroughputMeter, preempted: bool, started: float) -
     history, step_rows = distributed.broadcast_object(
         (read_rows(run_dir / VAL_FILE), read_rows(run_dir / TRAIN_FILE)) if env.is_main else None)
     final = {k: v for k, v in history[-1].items() if k not in ("epoch", "step")} if history else {}
-    # float32 convolutions on an Ampere or newer GPU run on TF32 tensor cores: MFU is against that peak.
-    peak_name = peak_precision(device, run.policy.name)
+    # float32 convolutions on an Ampere or newer GPU run on TF32 tensor cores (cuDNN's default), float32
+    # matmuls do not (cuBLAS's): MFU is against the peak of the kernels that do most of the FLOPs.
+    peak_name = peak_precision(device, run.policy.name, convolutions=run.flops.convolution_share >= 0.5)
     peak = peak_flops(device, peak_name)
-    utilisation = mfu(meter.samples_per_s, run.flops, peak)  # per device
+    utilisation = mfu(meter.samples_per_s, run.flops.per_sample, peak, run.plan.tensor_parallel)  # per device
     result = Result(config=cfg, run_dir=run_dir, device=str(device), final=final, history=history,
                     steps=step_rows, samples_per_s=meter.aggregate(run.plan.data_ranks), steps_done=run.step,
                     total_steps=run.total_steps, seconds=time.perf_counter() - started, preempted=preempted,
@@ -197,7 +214,7 @@ def _finish(run: Run, meter: ThroughputMeter, preempted: bool, started: float) -
                    "world_size": env.world_size, "nodes": max(1, env.world_size // max(1, env.local_world_size)),
                    "global_batch_size": cfg.global_batch_size, "steps_done": run.step, "total_steps": run.total_steps,
                    "seconds": result.seconds, "device": str(device), "preempted": preempted, "peak_lr": run.peak_lr,
-                   "flops_per_sample": run.flops, "mfu": utilisation,
+                   "flops_per_sample": run.flops.per_sample, "mfu": utilisation,
                    "mfu_peak": {"precision": peak_name, "flops_per_s": peak}, "applied": applied,
                    "threads": run.threads.to_dict(), "memory_per_rank": memory,
                    **({"noise_scale": run.noise_scale.b_simple} if cfg.noise_scale_every else {}), **final}

@@ -3,7 +3,7 @@
 First the checks that need the job (the parallel plan, the device), so a config that cannot
 run stops before any data is read or model built; then construction in PyTorch's order:
 threads, seed, data, model, precision, the step model (tensor parallelism and FSDP in place,
-or compiled then DDP: before the optimizer, because FSDP and TP replace the parameters by
+or DDP then compiled: before the optimizer, because FSDP and TP replace the parameters by
 DTensors), optimizer and gradient sync, schedule; then resume or a fresh start, and the logs.
 """
 
@@ -22,17 +22,20 @@ from torch import nn
 from dlscale import distributed
 from dlscale.checkpoint import CheckpointError, clear_checkpoints, load_latest_checkpoint, restore_training
 from dlscale.config import ConfigError, TrainConfig
+from dlscale.config.resume_check import check_resume
 from dlscale.data.loader import rank_loaders, target_names
 from dlscale.distributed import DistEnv, horovod_backend
 from dlscale.distributed.grad_sync import GradientSync, gradient_sync
-from dlscale.distributed.parallelize import ParallelPlan, build_step_model, cuda_graph_skips, plan_parallelism
+from dlscale.distributed.parallelize import (ParallelPlan, build_step_model, cuda_graph_skips, plan_parallelism,
+                                             uncompiled)
+from dlscale.metrics.memory import reset_peak
 from dlscale.metrics.noise_scale import NoiseScaleEstimator, NoiseScaleProbe
 from dlscale.metrics.steplog import StepLog
 from dlscale.metrics.tracking import MetricsLogger
 from dlscale.models import build_model, count_parameters, is_channels_last
 from dlscale.optim.factory import build_optimizer
 from dlscale.optim.schedules import scale_lr, warmup_schedule
-from dlscale.profiling import flops_per_sample, nvtx_backend
+from dlscale.profiling import FlopCount, count_flops, nvtx_backend
 from dlscale.runtime.precision import Precision
 from dlscale.runtime.threads import ThreadChoice, apply_threads
 
@@ -60,7 +63,7 @@ class Run:
     steps_per_epoch: int
     total_steps: int
     peak_lr: float
-    flops: float
+    flops: FlopCount               # per sample, and how much of it is convolutions (which peak MFU compares with)
     noise_scale: NoiseScaleEstimator  # the gradient-noise estimate (lesson 07), saved in checkpoints
     logger: MetricsLogger
     log: StepLog
@@ -117,10 +120,12 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
         policy = dataclasses.replace(policy, fsdp_casts=True)
     model = model.to(device, policy.param_dtype)
     loss_fn = nn.MSELoss()
-    # Counted before Horovod hooks the gradients (its extra backward pass would set off an all-reduce)
-    # and before FSDP or TP split the model.
-    flops = flops_per_sample(model, dataset.input_shape, loss_fn, dataset.num_targets)
+    # Counted on a twin on the meta device: no memory, no kernel on the GPU, nothing collective.
+    with torch.device("meta"):
+        flops = count_flops(build_model(cfg, dataset.input_shape[0], dataset.num_targets), dataset.input_shape,
+                            loss_fn, dataset.num_targets)
     step_model = build_step_model(model, env, cfg, plan, policy)  # (before the optimizer: FSDP/TP make DTensors)
+    reset_peak(device)  # the memory table's peak is the sharded layout's, not the whole model's before it
     peak_lr = scale_lr(cfg.lr, cfg.base_batch, cfg.global_batch_size, cfg.lr_scaling)
     optimizer, grad_sync = gradient_sync(plan.data_parallel, step_model, build_optimizer(cfg, model, lr=peak_lr),
                                          model, cfg.horovod_fp16_compression, cfg.grad_accumulation)
@@ -170,7 +175,11 @@ def _resume_or_start_afresh(cfg: TrainConfig, env: DistEnv, plan: ParallelPlan, 
     """
     step, resumed_from = 0, None
     if cfg.resume:
-        found = load_latest_checkpoint(cfg.resolved_run_dir, model, optimizer)
+        changes: list[str] = []
+        found = load_latest_checkpoint(cfg.resolved_run_dir, model, optimizer,
+                                       check=lambda saved, path: changes.extend(check_resume(saved, cfg, path)))
+        if changes and env.is_main:
+            print(f"dlscale: resuming with changed settings: {'; '.join(changes)}", flush=True)
         if found:
             resumed_from, ckpt = found
             if plan.sharded and "model" in ckpt:
@@ -195,7 +204,7 @@ def applied_settings(run: Run) -> dict[str, Any]:
         "channels_last": is_channels_last(run.model),
         "compiled": run.cfg.compile, "cuda_graphs": False,  # known after the first steps (the loop's finish)
         "world_size": run.env.world_size, "launcher": run.env.launcher, "backend": run.env.backend,
-        "ddp": isinstance(run.step_model, nn.parallel.DistributedDataParallel), "horovod": horovod,
+        "ddp": isinstance(uncompiled(run.step_model), nn.parallel.DistributedDataParallel), "horovod": horovod,
         "fsdp": plan.data_parallel == "fsdp", "tensor_parallel": plan.tensor_parallel,
         "data_parallel_ranks": plan.data_ranks, "model": run.cfg.model,
         "activation_checkpointing": run.cfg.activation_checkpointing and run.cfg.model == "vit",

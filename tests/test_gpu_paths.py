@@ -1,0 +1,259 @@
+"""What only a GPU node or a site would show, checked through what runs here (issue 27).
+
+The device is faked where it must be (torch.cuda's answers, a recorded call, a sysfs tree in a
+temporary folder, the environment a Slurm step gives); docs/benchmarks.md's "still to check on
+the real thing" lists what only the real machines can confirm.
+"""
+
+import types
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dlscale import profiling
+from dlscale.config import ConfigError, load_config
+from dlscale.distributed import process_group
+from dlscale.runtime.devices import DeviceError, gpu_index, resolve_device
+from dlscale.train import train
+
+
+# -- which GPU a rank uses, and the group bound to it ---------------------------------------------
+
+def test_each_local_rank_takes_its_gpu_from_the_site_order_when_it_sees_them_all():
+    assert [gpu_index(r, 4, "3,2,1,0") for r in range(4)] == [3, 2, 1, 0]
+    assert [gpu_index(r, 4, None) for r in range(4)] == [0, 1, 2, 3]
+    assert gpu_index(2, 1, "3,2,1,0") == 0  # a task bound to one GPU (--gpu-bind) was given its own
+    with pytest.raises(DeviceError, match="must name each of the GPUs 0..3 once"):
+        gpu_index(0, 4, "3,3,1,0")
+
+
+def _fake_gpus(monkeypatch, count=4):
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    return chosen
+
+
+def test_init_binds_the_nccl_group_to_the_ranks_own_gpu(monkeypatch):
+    """device_id: NCCL otherwise guesses the GPU from the global rank (wrong with cyclic layouts, and it can hang)."""
+    chosen = _fake_gpus(monkeypatch)
+    calls = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda *args, **kwargs: calls.append((args, kwargs)))
+    # global rank 5 is local rank 1 of its node: the guess from the global rank would be GPU 5 % 4 = 1, the order says 2
+    environ = {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "n1",
+               "MASTER_PORT": "29500", "DLSCALE_GPU_ORDER": "3,2,1,0"}
+    env = process_group.init("auto", environ=environ)
+    assert chosen == [2] and env.device == "cuda:2"
+    (backend,), kwargs = calls[0]
+    assert backend == "nccl" and kwargs["device_id"] == torch.device("cuda", 2)
+
+
+def test_the_probe_line_shows_each_tasks_gpu_and_warns_when_it_sits_on_other_cores_numa_node(monkeypatch, tmp_path):
+    """Perlmutter's layout: GPU 0 beside the last cores, GPU 3 beside the first (a sysfs tree stands in)."""
+    from dlscale.cluster import environment
+
+    _fake_gpus(monkeypatch)
+    gpus = {i: types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0x03 + 0x40 * i, pci_device_id=0) for i in range(4)}
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: gpus[index])
+    for node in range(4):
+        folder = tmp_path / f"devices/system/node/node{node}"
+        folder.mkdir(parents=True)
+        (folder / "cpulist").write_text(f"{16 * node}-{16 * node + 15},{64 + 16 * node}-{64 + 16 * node + 15}\n")
+    for index in range(4):
+        bus = tmp_path / f"bus/pci/devices/0000:{0x03 + 0x40 * index:02x}:00.0"
+        bus.mkdir(parents=True)
+        (bus / "numa_node").write_text(f"{3 - index}\n")
+    monkeypatch.setattr(environment, "affinity_set", lambda: list(range(16)))  # local rank 0: the first cores
+    plain = environment.task_line({"SLURM_LOCALID": "0"}, sysfs=tmp_path)
+    assert "gpu 0 (0000:03:00.0) on NUMA node 3, cores on NUMA node(s) 0" in plain and "MISMATCH" in plain
+    ordered = environment.task_line({"SLURM_LOCALID": "0", "DLSCALE_GPU_ORDER": "3,2,1,0"}, sysfs=tmp_path)
+    assert "gpu 3 (0000:c3:00.0) on NUMA node 0, cores on NUMA node(s) 0" in ordered and "MISMATCH" not in ordered
+
+
+@pytest.mark.parametrize("build, expected", [
+    ((None, None), "CPU-only build.*TORCH_INDEX=https://download.pytorch.org/whl/rocm"),
+    (("12.8", None), "sees no GPU on this node: run on a GPU node"),
+])
+def test_asking_for_a_gpu_that_is_not_there_names_the_fix(monkeypatch, build, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", build[0])
+    monkeypatch.setattr(torch.version, "hip", build[1])
+    with pytest.raises(DeviceError, match=expected):
+        resolve_device("cuda")
+
+
+# -- what the summary reports -----------------------------------------------------------------------
+
+def test_flops_are_counted_on_the_meta_device_and_the_peak_is_reset_once_the_model_is_laid_out(tiny, monkeypatch):
+    """On a GPU the whole model ran a forward and backward before FSDP sharded it: the 'sharded' peak held it."""
+    from dlscale.training import setup
+
+    seen = []
+    count_flops, build_step_model = setup.count_flops, setup.build_step_model
+    monkeypatch.setattr(setup, "count_flops", lambda model, *a: seen.append(("flops", next(model.parameters()).device))
+                        or count_flops(model, *a))
+    monkeypatch.setattr(setup, "build_step_model", lambda *a, **k: seen.append(("step model",)) or
+                        build_step_model(*a, **k))
+    monkeypatch.setattr(setup, "reset_peak", lambda device: seen.append(("reset peak", device.type)))
+    result = train(tiny(max_steps=1))
+    assert seen == [("flops", torch.device("meta")), ("step model",), ("reset peak", "cpu")]
+    assert result.steps_done == 1
+
+
+def test_mfu_counts_a_tensor_parallel_ranks_share_and_the_peak_of_the_kernels_the_model_uses(monkeypatch):
+    from dlscale.models import build_model
+    from dlscale.profiling import count_flops, mfu, peak_flops, peak_precision
+
+    shares = {}
+    for name in ("tiny", "vit-tiny"):
+        cfg = load_config(name)
+        with torch.device("meta"):
+            shares[name] = count_flops(build_model(cfg, 1, 2), (1, cfg.image_size, cfg.image_size)).convolution_share
+    assert shares["tiny"] > 0.9 and shares["vit-tiny"] < 0.1  # the ViT's FLOPs are matmuls (its patches are one conv)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "NVIDIA A100-SXM4-40GB")
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)  # PyTorch's defaults: TF32 convolutions,
+    assert torch.backends.cuda.matmul.allow_tf32 is False              # float32 matmuls
+    assert peak_flops("cuda", peak_precision("cuda", "fp32", convolutions=True)) == 156e12
+    assert peak_flops("cuda", peak_precision("cuda", "fp32", convolutions=False)) == 19.5e12
+    # 4 ranks in 2 tensor-parallel pairs: each rank's 1000 samples/s are its pair's, half the FLOPs on each GPU
+    assert mfu(1000.0, 1e9, 1e13, tensor_parallel=2) == pytest.approx(mfu(1000.0, 1e9, 1e13) / 2)
+
+
+def test_throughput_counts_the_device_work_a_measured_stretch_left_queued():
+    """On a GPU steps return before their kernels ran: the sync at the end of a stretch is counted in it."""
+    from dlscale.metrics.throughput import ThroughputMeter
+
+    now = [0.0]
+    meter = ThroughputMeter(warmup_steps=1, sync=lambda: now.__setitem__(0, now[0] + 3.0), clock=lambda: now[0])
+    for _ in range(3):  # steps 1 and 2 are counted: 1 s each on the host
+        meter.step(10)
+        now[0] += 1.0
+    meter.pause()  # the device needs 3 s more for what was queued (then validation, not counted)
+    now[0] += 100.0
+    assert meter.seconds == pytest.approx(2.0 + 1.0 + 3.0) and meter.samples == 20
+    meter.pause()  # nothing queued since: nothing added
+    assert meter.seconds == pytest.approx(6.0)
+
+
+def test_the_profile_summary_has_one_row_per_range_whatever_the_device_recorded():
+    """Kineto records each range twice on a GPU (host event, gpu_user_annotation); key_averages keeps both."""
+    from dlscale.profiling.step_profiler import summarize_events
+
+    def event(key, device, count=4, cpu=4000.0, gpu=2000.0):
+        return types.SimpleNamespace(key=key, count=count, cpu_time_total=cpu, self_cpu_time_total=cpu / 2,
+                                     device_time_total=gpu, device_type=device)
+
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    events = [event(name, cpu) for name in profiling.RANGES] + [event(name, cuda, cpu=0.0, gpu=9000.0)
+                                                                for name in profiling.RANGES]
+    events.append(event("aten::mm", cpu, count=8))
+    summary = summarize_events(events, steps=4)
+    assert [r["name"] for r in summary["ranges"]] == list(profiling.RANGES)
+    assert all(r["calls"] == 4 and r["device_ms_per_step"] == pytest.approx(0.5) for r in summary["ranges"])
+
+
+def test_ranges_reach_rocprof_on_rocm(monkeypatch):
+    """torch.cuda.nvtx emits roctx on ROCm; the nvtx package's ranges would reach no profiler there."""
+    import nvtx  # noqa: F401  (installed, as on a site: it must not be chosen on ROCm)
+
+    monkeypatch.setattr(profiling.nvtx, "_nvtx_module", None)
+    monkeypatch.setattr(torch.version, "hip", "6.4.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert profiling.nvtx_backend() == "torch.cuda.nvtx"
+
+
+# -- no device sync in the step ---------------------------------------------------------------------
+
+def test_whole_tensor_norms_of_shards_copy_nothing_to_the_device_after_the_first_step(monkeypatch):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from dlscale.distributed.dtensors import full_norms
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        tensors = [distribute_tensor(torch.randn(4, 3), mesh, [Shard(0)]), torch.randn(5),
+                   distribute_tensor(torch.randn(6), mesh, [Shard(0)])]
+        first = full_norms(tensors)
+        made = []
+        real = torch.tensor
+        monkeypatch.setattr(torch, "tensor", lambda *a, **k: made.append(a) or real(*a, **k))
+        again = full_norms(tensors)  # the next step: the same lists
+        assert made == [] and torch.equal(first, again)
+        assert again[0] == pytest.approx(float(tensors[0].full_tensor().norm()))
+    finally:
+        dist.destroy_process_group()
+
+
+# -- errors as they are ------------------------------------------------------------------------------
+
+def test_only_a_peers_failure_reads_as_a_dead_rank():
+    gloo = RuntimeError("[third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4")
+    assert process_group.is_peer_failure(gloo)
+    assert process_group.is_peer_failure(dist.DistBackendError("NCCL watchdog timeout"))
+    assert not process_group.is_peer_failure(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))
+    assert not process_group.is_peer_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 5x6)"))
+
+
+def test_out_of_memory_says_so_with_the_batch_and_what_to_lower(tiny, monkeypatch):
+    from dlscale.training import loop
+
+    def no_memory(run, batches):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(loop, "train_step", no_memory)
+    with pytest.raises(loop.OutOfMemoryError, match="ran out of memory on cpu with micro-batches of 32 samples "
+                                                    r"\(global_batch_size=32 .*Lower global_batch_size") as caught:
+        train(tiny(global_batch_size=32))
+    assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)  # the original stays chained
+
+
+# -- K-Means on a GPU: float64 sums, blocks within the budget ---------------------------------------
+
+def test_the_gpu_pass_sums_in_float64_so_one_rank_equals_two():
+    """The one-hot GEMM over half a million float32 rows a chunk lost digits in float32 (weights cast too)."""
+    from dlscale.kmeans.lloyd import _ClusterSums, _one_hot_pass
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(6000, 3, generator=generator) * 1000 + 1e4
+    weights = torch.rand(6000, generator=generator, dtype=torch.float64) / 3
+    centers = x[:5].clone()
+
+    def sums(rows):  # one "rank" summing these rows in chunks of 4,096 (as a GPU would)
+        part = _ClusterSums(5, 3, x.device)
+        _one_hot_pass(x[rows], weights[rows], centers, torch.full((len(x[rows]),), -1), 4096, part)
+        return part.packed.clone()
+
+    one, two = sums(slice(None)), sums(slice(0, 3001)) + sums(slice(3001, None))
+    torch.testing.assert_close(two, one, rtol=1e-12, atol=0)
+    labels = torch.cdist(x.double(), centers.double()).argmin(1)
+    exact = torch.zeros(5, 3, dtype=torch.float64).index_add_(0, labels, x.double() * weights[:, None])
+    torch.testing.assert_close(one[:15].view(5, 3), exact, rtol=1e-12, atol=0)
+
+
+def test_kmeans_parallel_keeps_every_distance_block_within_the_chunks_budget(monkeypatch):
+    from dlscale.kmeans.initialization import kmeans_parallel
+
+    sizes, addmm = [], torch.addmm
+    monkeypatch.setattr(torch, "addmm", lambda *a, **k: (lambda out: sizes.append(out.numel()) or out)(addmm(*a, **k)))
+    x = torch.randn(20_000, 3, generator=torch.Generator().manual_seed(1))
+    k, chunk = 8, 256
+    centers = kmeans_parallel(x, k, torch.Generator().manual_seed(2), chunk)
+    assert centers.shape == (k, 3) and max(sizes) <= chunk * k  # (the candidates number about 10 k)
+
+
+# -- a resume continues the same run only ------------------------------------------------------------
+
+def test_a_resume_refuses_another_runs_checkpoint_and_says_what_changed(tiny, capsys):
+    first = train(tiny(run_dir="runs/r", max_steps=4, checkpoint_every=2))
+    with pytest.raises(ConfigError, match=r"belongs to another run: width 8 -> 16\..*run_dir=runs/<new name>"):
+        train(tiny(run_dir="runs/r", width=16, resume=True, max_steps=6))
+    capsys.readouterr()
+    again = train(tiny(run_dir="runs/r", resume=True, max_steps=6, checkpoint_every=2))
+    out = capsys.readouterr().out
+    assert "resuming with changed settings: max_steps 4 -> 6" in out and "resuming from ckpt-00000004.pt" in out
+    assert first.steps_done == 4 and again.steps_done == 6
