@@ -121,7 +121,7 @@ def _assert_two_nodes_ran(notebook):
     assert "rank 3 on node2, local rank 1" in text and "on 2 node(s), 4 task(s), master node1:" in text
     # the second cluster's first job is a new run: job ids do not repeat across the machine's clusters, so it
     # does not continue the one-node cluster's job of the same number (it once did, at another world size)
-    two_node = next(cell for cell in notebook.cells if "LocalSlurm(nodes=2)" in cell.source)
+    two_node = next(c for c in notebook.cells if c.cell_type == "code" and "LocalSlurm(nodes=2)" in c.source)
     job_text = "".join(o.get("text", "") for o in two_node.outputs)
     assert "starting afresh" in job_text and "resuming from" not in job_text
     # the two-node sweep's report: nodes and ranks of each size (1 node of 2 tasks, 2 nodes of 2)

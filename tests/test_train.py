@@ -140,8 +140,9 @@ def test_every_checkpoint_unreadable_is_one_clear_error(tiny):
 
 
 def test_resume_with_another_batch_size_is_refused(tiny):
+    from dlscale.config import ConfigError
     train(tiny(max_steps=20, checkpoint_every=20))
-    with pytest.raises(CheckpointError, match="global_batch_size=32 .* but this run has global_batch_size=64"):
+    with pytest.raises(ConfigError, match="belongs to another run: global_batch_size 32 -> 64"):
         train(tiny(resume=True, global_batch_size=64))
 
 
