@@ -15,7 +15,7 @@
 # Knobs: PYTHON (interpreter for the venv), VENV (its folder), TORCH (the torch to install
 # first; empty keeps the one the environment already has, e.g. with
 # VENV_FLAGS=--system-site-packages on top of a site's PyTorch module), TORCH_INDEX (where pip finds
-# it: PyTorch's ROCm index on AMD GPUs), PYTEST_ARGS, HOROVOD
+# it: PyTorch's ROCm index on AMD GPUs), PYTEST_ARGS, TEST_WORKERS (test processes, 2), HOROVOD
 # (no = make test skips the Horovod build, and its tests skip).
 
 PYTHON      ?= python3
@@ -78,8 +78,12 @@ demo: setup
 # skip and say how to install them.
 SYSTEM_PACKAGES ?= $(shell [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null && echo slurm-packages browser-packages)
 
+# Two test processes (pytest-xdist), each taking whole test files (a file's Slurm cluster or browser
+# stays in one process) and running torch on one thread: most tests wait on ranks, Slurm or the
+# browser part of the time, so two keep both cores busy (docs/benchmarks.md). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: setup-dev $(if $(filter yes,$(HOROVOD)),horovod) $(SYSTEM_PACKAGES)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 lab: setup-dev
 	$(BIN)/jupyter lab --notebook-dir=.

@@ -28,6 +28,15 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 _skipped_in_ci: list[str] = []
 
 
+def pytest_configure(config):
+    # Two test processes (pytest-xdist) share the two cores: each runs torch on one thread, so that neither
+    # waits at an OpenMP barrier for a thread the other process has pushed off its core. The ranks and
+    # kernels a test starts inherit the setting (dlscale.runtime.threads reads OMP_NUM_THREADS).
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     random.seed(0)

@@ -200,7 +200,9 @@ def test_a_dead_node_ends_the_job_with_clear_messages_and_an_intact_checkpoint(t
 
     if missing_programs() or multi_node_unavailable():
         pytest.skip(multi_node_unavailable() or "Slurm is not installed here: make slurm-packages")
-    with LocalSlurm(tmp_path / "slurm", nodes=2) as cluster:  # its own: this test kills a node
+    cluster = LocalSlurm(tmp_path / "slurm", nodes=2)  # its own: this test kills a node
+    cluster.slurmd_timeout = 10  # how long the controller waits before it declares the silent node2 DOWN
+    with cluster:
         run = tmp_path / "runs/dead"  # a path no other test's processes name (pgrep below)
         settings = [*TRAIN, "epochs=50", "dist_timeout_s=30", "checkpoint_every=10", f"run_dir={run}"]
         submitted = _sbatch(cluster, tmp_path, "local/train.sbatch", *settings, wait=False,
@@ -212,7 +214,7 @@ def test_a_dead_node_ends_the_job_with_clear_messages_and_an_intact_checkpoint(t
         killed = time.time()
         while _job_state(cluster, job)[0] == "RUNNING" and time.time() - killed < 240:
             time.sleep(1)
-        # the ranks on node1 stop at once; Slurm ends the job when node2 misses its SlurmdTimeout (30 s here)
+        # the ranks on node1 stop at once; Slurm ends the job when node2 misses its SlurmdTimeout (10 s here)
         assert time.time() - killed < 30 + cluster.slurmd_timeout + 60
         output = (tmp_path / f"slurm-dlscale-train-{job}.out").read_text()
         assert output.count("Another rank probably died or was killed; resume with resume=true") == 2

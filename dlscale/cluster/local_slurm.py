@@ -48,7 +48,7 @@ SlurmctldHost={controller}
 SlurmUser={user}
 SlurmdUser={user}
 AuthType=auth/munge
-AuthInfo=socket={root}/munge.socket
+AuthInfo=socket={sockets}/munge.socket
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/affinity
@@ -62,7 +62,7 @@ SlurmdTimeout={slurmd_timeout}
 MinJobAge=600
 SlurmctldPort={ctld_port}
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool/%n
+SlurmdSpoolDir={sockets}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
 SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/slurmctld.log
@@ -140,6 +140,7 @@ class LocalSlurm:
         # How long a silent slurmd may be before its node is DOWN and its jobs end (Slurm's default is 300 s).
         self.slurmd_timeout = 30
         self.processes: list[subprocess.Popen] = []
+        self.sockets: Path | None = None  # a short folder of its own (start): munge's and slurmstepd's sockets
 
     @property
     def node_names(self) -> list[str]:
@@ -172,9 +173,13 @@ class LocalSlurm:
                              f"(make slurm-packages, as root)")
         if self.nodes > 1 and multi_node_unavailable():
             raise SlurmError(f"{multi_node_unavailable()}; the one-node cluster (nodes=1) works without")
-        for folder in ("state", "node-local", *(f"spool/{name}" for name in self.node_names),
-                       *(f"nodes/{name}" for name in self.node_names if self.nodes > 1)):
+        for folder in ("state", "node-local", *(f"nodes/{name}" for name in self.node_names if self.nodes > 1)):
             (self.root / folder).mkdir(parents=True, exist_ok=True)
+        # munged's socket and slurmstepd's (spool/NODE/NODE_JOBID.STEPID) in a short folder: a Unix socket's
+        # path must stay under 108 bytes, which a root deep in a test's or a user's folders would pass.
+        self.sockets = Path(tempfile.mkdtemp(prefix="dlscale-slurm-"))
+        for name in self.node_names:
+            (self.sockets / "spool" / name).mkdir(parents=True)
         memory_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
         memory = max(1, (memory_mib - 1024) // self.nodes)
         if self.nodes == 1:
@@ -188,6 +193,7 @@ class LocalSlurm:
                 f"{_address(i)} {name}\n" for i, name in enumerate(self.node_names, 1)))
         self.conf.write_text(_CONF.format(controller=controller, user=getpass.getuser(), root=self.root,
                                           slurmd_timeout=self.slurmd_timeout, first_job_id=first_job_id(),
+                                          sockets=self.sockets,
                                           ctld_port=free_port(), node_lines="\n".join(lines),
                                           node_names=",".join(self.node_names)))
         key = self.root / "munge.key"
@@ -195,10 +201,10 @@ class LocalSlurm:
         key.chmod(0o600)
         env = self.environ()
         atexit.register(self.stop)  # a notebook kernel or script that ends without stop() leaves no daemons behind
-        self._spawn([_program("munged"), "--foreground", "--force", f"--socket={self.root}/munge.socket",
+        self._spawn([_program("munged"), "--foreground", "--force", f"--socket={self.sockets}/munge.socket",
                      f"--key-file={key}", f"--pid-file={self.root}/munged.pid", f"--log-file={self.root}/munged.log",
                      f"--seed-file={self.root}/munged.seed"], env)
-        self._wait_for(lambda: (self.root / "munge.socket").exists(), timeout, "munged")
+        self._wait_for(lambda: (self.sockets / "munge.socket").exists(), timeout, "munged")
         self._spawn([_program("slurmctld"), "-D", "-i", "-f", str(self.conf)], env)
         slurmd = [_program("slurmd"), "-D", "-f", str(self.conf)]
         if self.nodes == 1:
@@ -271,6 +277,9 @@ class LocalSlurm:
                     process.kill()
                     process.wait()
         self.processes.clear()
+        if self.sockets is not None:
+            shutil.rmtree(self.sockets, ignore_errors=True)
+            self.sockets = None
 
     def __enter__(self) -> LocalSlurm:
         return self.start()

@@ -19,12 +19,12 @@ from collections.abc import Callable
 class ThroughputMeter:
     """Samples/s over the steps after ``warmup_steps``; call :meth:`step` after each step.
 
-    ``sync`` waits for the device (``torch.cuda.synchronize`` on a GPU; nothing on a CPU);
-    ``clock`` is the timer (``time.perf_counter``).
+    ``sync`` waits for the device (``torch.cuda.synchronize`` on a GPU; None on a CPU, where a step's
+    work is done when it returns); ``clock`` is the timer (``time.perf_counter``).
     """
 
     def __init__(self, warmup_steps: int = 5, sync: Callable[[], None] | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] | None = None):
         self.warmup_steps = warmup_steps
         self.steps = 0
         self.samples = 0
@@ -32,13 +32,13 @@ class ThroughputMeter:
         self._last: float | None = None
         self._counting = False       # whether the last step was counted (its time ends at the next sync)
         self.last_rate = 0.0
-        self._sync = sync or (lambda: None)
-        self._clock = clock
+        self._sync = sync
+        self._clock = clock or (lambda: time.perf_counter())
 
     def pause(self) -> None:
         """End a measured stretch: wait for the device, count that wait, and forget the last timestamp,
         so the time until the next step (validation, a checkpoint) is not counted."""
-        if self._last is not None and self._counting:
+        if self._sync is not None and self._last is not None and self._counting:
             self._sync()
             self.seconds += self._clock() - self._last
         self._last = None
