@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import random
 import warnings
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-
-from dlscale.checkpoint.store import CheckpointError
 
 
 def rng_state() -> dict[str, Any]:
@@ -68,20 +65,14 @@ def training_extras(step: int, steps_per_epoch: int, cfg: Any, scheduler: Any, s
             "config": cfg.to_dict(), "noise_scale": dict(noise.__dict__)}
 
 
-def restore_training(ckpt: dict[str, Any], path: Path, steps_per_epoch: int, cfg: Any, model: torch.nn.Module,
-                     optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler,
-                     noise: Any) -> int:
-    """Load a :func:`training_state` into the live objects and return its step (same batch and epoch length only).
+def restore_training(ckpt: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+                     scaler: torch.amp.GradScaler, noise: Any) -> int:
+    """Load a :func:`training_state` into the live objects and return its step.
 
+    That the checkpoint is this run's (same model, data, batch, optimizer, seed) was checked before
+    any of it was read, against its recorded config (:func:`dlscale.config.resume_check.check_resume`).
     Without ``"model"`` (a sharded checkpoint) the weights and optimizer state were loaded already.
     """
-    saved = ckpt["position"]
-    if saved["steps_per_epoch"] != steps_per_epoch or saved["global_batch_size"] != cfg.global_batch_size:
-        raise CheckpointError(
-            f"checkpoint {path} was written with global_batch_size={saved['global_batch_size']} "
-            f"({saved['steps_per_epoch']} steps per epoch), but this run has global_batch_size="
-            f"{cfg.global_batch_size} ({steps_per_epoch} steps per epoch); resume with the same settings, "
-            f"or start afresh with resume=false")
     if "model" in ckpt:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -89,4 +80,4 @@ def restore_training(ckpt: dict[str, Any], path: Path, steps_per_epoch: int, cfg
     scaler.load_state_dict(ckpt["scaler"])
     set_rng_state(ckpt["rng"])
     noise.__dict__.update(ckpt.get("noise_scale", {}))
-    return int(saved["step"])
+    return int(ckpt["position"]["step"])

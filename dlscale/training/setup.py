@@ -137,7 +137,7 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
     scaler = policy.grad_scaler()  # enabled only for fp16; otherwise its calls pass straight through
     noise_scale = NoiseScaleEstimator(decay=0.9)
 
-    step, resumed_from = _resume_or_start_afresh(cfg, env, plan, steps_per_epoch, model, optimizer, scheduler, scaler,
+    step, resumed_from = _resume_or_start_afresh(cfg, env, plan, model, optimizer, scheduler, scaler,
                                                  noise_scale)
     if plan.data_parallel == "horovod":  # Horovod's idiom: every rank starts from rank 0's state
         horovod_backend.broadcast_initial_state(model, optimizer, resumed=resumed_from is not None)
@@ -163,7 +163,7 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
     return run
 
 
-def _resume_or_start_afresh(cfg: TrainConfig, env: DistEnv, plan: ParallelPlan, steps_per_epoch: int,
+def _resume_or_start_afresh(cfg: TrainConfig, env: DistEnv, plan: ParallelPlan,
                             model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
                             scaler: torch.amp.GradScaler, noise_scale: NoiseScaleEstimator) -> tuple[int, Path | None]:
     """Load the newest checkpoint (``resume=true``) or clear an earlier run's; every rank waits for both.
@@ -186,8 +186,7 @@ def _resume_or_start_afresh(cfg: TrainConfig, env: DistEnv, plan: ParallelPlan, 
                 raise CheckpointError(f"{resumed_from} was written by a run whose ranks each held the whole "
                                       f"model; resume it without FSDP/tensor parallelism, or start afresh with "
                                       f"resume=false")
-            step = restore_training(ckpt, resumed_from, steps_per_epoch, cfg, model, optimizer, scheduler, scaler,
-                                    noise_scale)
+            step = restore_training(ckpt, model, optimizer, scheduler, scaler, noise_scale)
             del ckpt
     elif env.is_main:
         clear_checkpoints(cfg.resolved_run_dir)
