@@ -1,4 +1,4 @@
-"""The ``dlscale`` command: train, data, bench, experiment, exercises, export, report, kmeans, info.
+"""The ``dlscale`` command: train, data, bench, experiment, exercises, recipes, export, report, kmeans, info.
 
 Every subcommand calls the package; nothing here computes. Errors that a user can fix
 (a bad key, a missing file, no GPU) print one line and exit with status 2.
@@ -99,6 +99,18 @@ def _exercises(args: argparse.Namespace) -> int:
             print(f"{path} is out of date: run `dlscale exercises`", file=sys.stderr)
         return 1 if changed else 0
     print(f"wrote {len(changed)} exercise notebook(s)" + "".join(f"\n  {p}" for p in changed))
+    return 0
+
+
+def _recipes(args: argparse.Namespace) -> int:
+    from dlscale.lessons.recipes import write_recipes
+
+    changed = write_recipes(Path(args.notebooks), Path(args.recipes), check=args.check)
+    if args.check:
+        for path in changed:
+            print(f"{path} is out of date: run `dlscale recipes`", file=sys.stderr)
+        return 1 if changed else 0
+    print(f"wrote {len(changed)} recipe file(s)" + "".join(f"\n  {p}" for p in changed))
     return 0
 
 
@@ -269,6 +281,16 @@ def _add_exercises(commands: Any) -> None:
     exercises.set_defaults(handler=_exercises)
 
 
+def _add_recipes(commands: Any) -> None:
+    recipes = commands.add_parser("recipes", help="write recipes/ from the lessons' recipe cells",
+                                  description="Write each notebook cell tagged 'recipe' (first line "
+                                              "'# recipes/NAME.py') to recipes/NAME.py, as a script.")
+    recipes.add_argument("--check", action="store_true", help="only report recipe files that are out of date")
+    recipes.add_argument("--notebooks", default="notebooks")
+    recipes.add_argument("--recipes", default="recipes")
+    recipes.set_defaults(handler=_recipes)
+
+
 def _add_bench_optim(bench_commands: Any) -> None:
     optim = bench_commands.add_parser("optim", help="optimizer step time: LAMB, LARS, AdamW, SGD (and timm's)",
                                       description="Time optimizer.step() of each optimizer in turns, on the lesson "
@@ -437,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``dlscale`` parser: one builder per subcommand."""
     parser = argparse.ArgumentParser(prog="dlscale", description="Deep learning at scale: train, data, exercises.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_train, _add_data, _add_exercises, _add_bench, _add_kmeans, _add_export, _add_report,
+    for add in (_add_train, _add_data, _add_exercises, _add_recipes, _add_bench, _add_kmeans, _add_export, _add_report,
                 _add_experiment, _add_info):
         add(commands)
     return parser

@@ -45,9 +45,10 @@ SOLUTION_PARAMETERS = {"01_single_device_baseline.ipynb": {"config": "tiny"}, "0
                        "08_distributed_kmeans.ipynb": {}, "09_scaling_out.ipynb": {"batches": [32, 128], "epochs": 2},
                        "10_sharded_and_model_parallel.ipynb": {}}
 EXERCISES = {"01_single_device_baseline.ipynb": {"Exercise 01.1", "Exercise 01.2", "Exercise 01.3"},
-             "02_data_loading.ipynb": {"Exercise 02.1"}, "03_mixed_precision.ipynb": {"Exercise 03.1"},
+             "02_data_loading.ipynb": {"Exercise 02.1"},
+             "03_mixed_precision.ipynb": {"Exercise 03.1", "Exercise 03.2"},
              "04_profiling.ipynb": {"Exercise 04.1", "Exercise 04.2"},
-             "05_data_parallel.ipynb": {"Exercise 05.1", "Exercise 05.2"},
+             "05_data_parallel.ipynb": {"Exercise 05.1", "Exercise 05.2", "Exercise 05.3"},
              "06_horovod.ipynb": {"Exercise 06.1", "Exercise 06.2"},
              "07_large_batch.ipynb": {"Exercise 07.1", "Exercise 07.2"},
              "08_distributed_kmeans.ipynb": {"Exercise 08.1"}, "09_scaling_out.ipynb": {"Exercise 09.1"},

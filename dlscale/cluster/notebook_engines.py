@@ -68,6 +68,14 @@ def _run_as_rank(environment: dict[str, str], function: Callable, args: tuple, k
                 os.environ[name] = value
 
 
+def run_file(path: str, function: str = "main", /, **kwargs: Any) -> Any:
+    """``function(**kwargs)`` of the Python file at ``path``, loaded afresh: a recipe script on the engines,
+    as in ``run_on_engines(run_file, 2, "recipes/05_ddp.py", epochs=1)`` (its ``__main__`` block does not run)."""
+    import runpy
+
+    return runpy.run_path(str(path), run_name="recipe")[function](**kwargs)
+
+
 def rank_environments(hosts: list[str], master_port: int) -> list[dict[str, str]]:
     """torchrun's variables for each engine, given the host each engine runs on (engine order = rank order)."""
     environments = []

@@ -137,6 +137,19 @@ def prepare_data(cfg: TrainConfig, progress: bool | None = None) -> Path:
     return path
 
 
+def mini_cosmoflow(config: str | TrainConfig = "tiny", **overrides: Any) -> tuple[ShardDataset, ShardDataset]:
+    """The training and validation sets of a config as plain Datasets of (map, targets), generated on first use.
+
+    The one kit import of the plain-PyTorch scripts in ``recipes/``: the same maps in the same order
+    that ``dlscale.train`` reads for this config (``mini_cosmoflow("tiny", image_size=32)``).
+    """
+    from dlscale.config import load_config
+
+    cfg = config.override(overrides) if isinstance(config, TrainConfig) else load_config(config, overrides)
+    root = prepare_data(cfg, progress=False)
+    return ShardDataset(root / "train"), ShardDataset(root / "val")
+
+
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 
 

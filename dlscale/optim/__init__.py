@@ -6,3 +6,7 @@
   ranks hold shards;
 - :mod:`~dlscale.optim.schedules`: LR scaling rules and warmup (lesson 07).
 """
+
+from dlscale.optim.layerwise import LAMB, LARS
+
+__all__ = ["LAMB", "LARS"]

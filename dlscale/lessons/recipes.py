@@ -1,0 +1,142 @@
+"""The plain-PyTorch recipe the lessons grow: where its stages live, their diffs, and their files.
+
+Each lesson holds its stage of the recipe in a code cell tagged ``recipe`` whose first line names
+the file (``# recipes/05_ddp.py``): the attendee reads, edits and runs it there. :func:`write_recipes`
+writes each such cell to ``recipes/`` with the two lines that make it a script, so that the file
+an attendee copies (and ``torchrun`` or ``srun`` starts) is the code the lesson ran; the tests
+check that the files are up to date and that every stage trains as ``dlscale.train`` does.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+
+#: What a recipe file has after its cell: the command line (a kernel must not run it, its argv is Jupyter's).
+SCRIPT_FOOTER = '\n\nif __name__ == "__main__":\n    main(**parse_args())\n'
+
+#: The repository's recipes/ folder (the recipes are not part of the installed package).
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+
+
+class RecipeError(ValueError):
+    """A recipe cell or file is missing or malformed; the message names it."""
+
+
+def recipe_path(name: str) -> Path:
+    """The file of one stage, e.g. ``recipe_path("05_ddp.py")``."""
+    path = RECIPES / name
+    if not path.is_file():
+        raise RecipeError(f"{path} does not exist: the recipes live in the repository's recipes/ folder "
+                          f"(clone it, or run `dlscale recipes` in it)")
+    return path
+
+
+def recipe_diff(old: str, new: str) -> str:
+    """The unified diff from one stage's file to the next's: the lines a lesson adds to the recipe."""
+    before, after = recipe_path(old).read_text().splitlines(), recipe_path(new).read_text().splitlines()
+    return "\n".join(difflib.unified_diff(before, after, f"recipes/{old}", f"recipes/{new}", lineterm="", n=2))
+
+
+def show_recipe_change(old: str, new: str) -> None:
+    """Display :func:`recipe_diff` in a notebook, coloured as a diff."""
+    from IPython.display import Markdown, display
+
+    display(Markdown(f"```diff\n{recipe_diff(old, new)}\n```"))
+
+
+def recipe_cells(notebooks: Path) -> dict[str, str]:
+    """{file name: cell source} for each cell tagged ``recipe`` in the notebooks of a folder."""
+    found: dict[str, str] = {}
+    for path in sorted(Path(notebooks).glob("*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            if "recipe" not in cell.get("metadata", {}).get("tags", []):
+                continue
+            source = "".join(cell["source"])
+            first = source.splitlines()[0] if source else ""
+            if not first.startswith("# recipes/") or not first.endswith(".py"):
+                raise RecipeError(f"{path.name}: a cell tagged recipe must start with '# recipes/NAME.py', "
+                                  f"not {first[:60]!r}")
+            name = first.removeprefix("# recipes/")
+            if name in found:
+                raise RecipeError(f"{path.name}: recipes/{name} is written by two cells")
+            found[name] = source
+    return found
+
+
+def write_recipes(notebooks: Path, recipes: Path, check: bool = False) -> list[Path]:
+    """Write each recipe cell of ``notebooks`` to ``recipes`` (cell + :data:`SCRIPT_FOOTER`); return the
+    files that changed, or with ``check`` the files that would change (nothing is written)."""
+    changed = []
+    for name, source in recipe_cells(notebooks).items():
+        path = Path(recipes) / name
+        text = source.rstrip("\n") + "\n" + SCRIPT_FOOTER
+        if not path.is_file() or path.read_text() != text:
+            changed.append(path)
+            if not check:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+    return changed
+
+
+# -- the engine's twin of each stage -----------------------------------------------------------------
+
+#: Recipe arguments whose config key has another name.
+_CONFIG_KEYS = {"batch_size": "global_batch_size", "workers": "num_workers", "clip": "grad_clip",
+                "tp": "tensor_parallel", "scaling": "lr_scaling", "optimizer_name": "optimizer"}
+#: Recipe arguments with no effect on what is computed (where it runs, where it writes).
+_NOT_COMPUTED = {"device", "checkpoint", "resume", "config"}
+
+
+def recipe_defaults(stage: str) -> dict:
+    """The arguments of a stage's ``main`` and their defaults (read from its file, which is not run)."""
+    import ast
+
+    tree = ast.parse(recipe_path(stage).read_text())
+    main = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main")
+    names = [a.arg for a in main.args.args]
+    defaults = main.args.defaults
+    return {name: ast.literal_eval(value) for name, value in zip(names[len(names) - len(defaults):], defaults)
+            if name != "device"}
+
+
+def engine_settings(stage: str, **arguments) -> tuple[str, dict]:
+    """``(config, overrides)`` with which ``dlscale.train`` computes what ``main(**arguments)`` of a stage does.
+
+    The recipe's defaults apply where ``arguments`` are silent. The stages before 07 keep the LR
+    constant, those before 03 train in fp32, the CNN uses group norm (the recipe's), and Horovod
+    (06) reduces contiguous tensors only, so its stage keeps the default memory layout.
+    """
+    number = int(stage[:2])
+    values = {**recipe_defaults(stage), **arguments}
+    overrides = {_CONFIG_KEYS.get(k, k): v for k, v in values.items() if k not in _NOT_COMPUTED}
+    overrides.setdefault("num_workers", 0)
+    if number < 7 or number == 10:
+        overrides.update(warmup_steps=0, decay="none")
+    if number < 3:
+        overrides["precision"] = "fp32"
+    if number == 10:
+        overrides.update(model="vit", data_parallel="fsdp")
+    else:
+        overrides.update(norm="group", channels_last=4 <= number != 6)
+    if number == 6:
+        overrides["data_parallel"] = "horovod"
+    return values.get("config", "tiny"), overrides
+
+
+def engine_twin(stage: str, name: str | None = None, **arguments) -> dict:
+    """``dlscale.train`` with the settings of a stage's ``main(**arguments)``, its results shaped as the recipe's:
+    ``{"losses": [per step], "r2": [per epoch]}`` (on engines too: nothing in it holds a sharded model)."""
+    from dlscale.training.loop import train_quietly
+
+    config, settings = engine_settings(stage, **arguments)
+    result = train_quietly(config, name=name or f"engine-twin-{stage[:-3]}", progress=False, plot=False, **settings)
+    return {"losses": [row["loss"] for row in result.steps], "r2": [row["r2"] for row in result.history]}
+
+
+def largest_loss_gap(recipe_losses: list[float], twin_losses: list[float]) -> float:
+    """The largest difference between the losses a recipe logged and those of its engine twin, step by step."""
+    if len(recipe_losses) != len(twin_losses):
+        raise RecipeError(f"the recipe took {len(recipe_losses)} steps, the engine {len(twin_losses)}")
+    return max(abs(a - b) for a, b in zip(recipe_losses, twin_losses))
