@@ -98,3 +98,42 @@ def test_largest_weight_difference_over_every_tensor():
     assert largest_weight_difference(a, b.state_dict()) == pytest.approx(0.25)
     with pytest.raises(ValueError, match="differ in their tensors"):
         largest_weight_difference(a, torch.nn.Linear(3, 2, bias=False))
+
+
+# -- predictions asked before the measurement --------------------------------------------------------
+
+def test_a_prediction_is_printed_beside_what_the_measurement_shows():
+    from dlscale.lessons.predictions import CONVERGENCE
+
+    assert CONVERGENCE.verdict("a", [0.2, 0.4, 0.5]) == "You predicted (a), and the measurement says (a) rises in every epoch."
+    assert CONVERGENCE.verdict("a", [0.2, 0.5, 0.45]).startswith(
+        "You predicted (a) rises in every epoch; the measurement says (b) falls in at least one epoch.")
+    assert CONVERGENCE.verdict(None, [0.2, 0.4]).startswith("No prediction was made")
+    with pytest.raises(ValueError, match="prediction must be one of 'a', 'b'"):
+        CONVERGENCE.verdict("yes", [0.2, 0.4])
+
+
+def test_each_question_reads_its_answer_from_the_numbers():
+    from dlscale.bench.repeats import Spread
+    from dlscale.lessons.predictions import (FSDP_MEMORY, LOADER, NO_SCALING, NOISE_SCALE, PRECISION,
+                                             STRONG_SCALING)
+
+    assert [LOADER.outcome(Spread([900, 950]), Spread([400, 420])), LOADER.outcome(Spread([400, 420]),
+            Spread([900, 950])), LOADER.outcome(Spread([400, 950]), Spread([500, 900]))] == ["a", "b", "c"]
+    assert PRECISION.outcome({"fp32": 0.80, "bf16": 0.79}, 0.02) == "a"
+    assert PRECISION.outcome({"fp32": 0.80, "fp16": 0.70}, 0.02) == "b"
+    rows = [{"mode": "strong", "processes": 1, "efficiency": 1.0}, {"mode": "weak", "processes": 2, "efficiency": 0.95},
+            {"mode": "strong", "processes": 2, "efficiency": 0.62}]
+    assert STRONG_SCALING.outcome(rows) == "b"  # the strong row, not the weak one
+    sweep = [{"recipe": "baseline", "multiple": 1, "val_r2": 0.80},
+             {"recipe": "no scaling", "multiple": 8, "val_r2": 0.79}, {"recipe": "no scaling", "multiple": 32,
+                                                                       "val_r2": 0.60}]
+    assert NO_SCALING.outcome(sweep) == "b"  # judged at the largest multiple
+    assert NO_SCALING.outcome(sweep[:2]) == "a"
+    assert NO_SCALING.outcome([sweep[0], {"recipe": "LAMB", "multiple": 8, "val_r2": 0.7}]) is None
+    assert NO_SCALING.verdict("a", [sweep[0], {"recipe": "LAMB", "multiple": 8, "val_r2": 0.7}]).startswith(
+        "This run did not measure it")
+    assert [NOISE_SCALE.outcome(b, [64, 512, 2048]) for b in (20.0, 300.0, 5000.0)] == ["a", "b", "c"]
+    memory = [{"layout": "DDP 2", "processes": 2, "held_vs_ddp": 1.0},
+              {"layout": "FSDP 2", "processes": 2, "held_vs_ddp": 0.52}]
+    assert FSDP_MEMORY.outcome(memory) == "b"

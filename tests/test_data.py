@@ -148,3 +148,20 @@ def test_user_data_dir_must_exist(tiny):
 def test_too_few_samples_for_a_batch(tiny):
     with pytest.raises(DataError, match="fewer than one global batch"):
         make_loader(tiny(train_samples=16, global_batch_size=32, shard_size=16))
+
+
+def test_the_staging_benchmark_stages_every_shard_and_says_when_staging_pays(tmp_path):
+    from dlscale.bench.staging import bench_staging
+
+    source = tmp_path / "set"
+    generate_dataset(source, FieldSpec(image_size=8), 64, 16, shard_size=32, progress=False)
+    result = bench_staging(source, tmp_path / "packed/set.tar.gz", tmp_path / "local")
+    assert sorted(p.relative_to(result["staged"]) for p in result["staged"].rglob("*.npy")) == \
+        sorted(p.relative_to(source) for p in source.rglob("*.npy"))
+    assert result["packed_mib"] == (tmp_path / "packed/set.tar.gz").stat().st_size / 2 ** 20
+    saving = result["read_packed_s"] - result["read_local_s"]
+    if saving > 0:  # staging once costs stage_once_s; each epoch then saves `saving`
+        epochs = result["epochs_to_pay_off"]
+        assert epochs * saving > result["stage_once_s"] >= (epochs - 1) * saving
+    else:
+        assert result["epochs_to_pay_off"] is None

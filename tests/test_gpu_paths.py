@@ -144,7 +144,7 @@ def test_the_profile_summary_has_one_row_per_range_whatever_the_device_recorded(
 
     def event(key, device, count=4, cpu=4000.0, gpu=2000.0):
         return types.SimpleNamespace(key=key, count=count, cpu_time_total=cpu, self_cpu_time_total=cpu / 2,
-                                     device_time_total=gpu, device_type=device)
+                                     device_time_total=gpu, self_device_time_total=gpu, device_type=device)
 
     cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
     events = [event(name, cpu) for name in profiling.RANGES] + [event(name, cuda, cpu=0.0, gpu=9000.0)
@@ -153,6 +153,13 @@ def test_the_profile_summary_has_one_row_per_range_whatever_the_device_recorded(
     summary = summarize_events(events, steps=4)
     assert [r["name"] for r in summary["ranges"]] == list(profiling.RANGES)
     assert all(r["calls"] == 4 and r["device_ms_per_step"] == pytest.approx(0.5) for r in summary["ranges"])
+    # operators rank by their kernels' time on a GPU: a cheap launch of a long kernel comes first
+    events += [event("aten::copy_", cpu, cpu=9000.0, gpu=100.0), event("aten::convolution", cpu, cpu=100.0, gpu=8000.0)]
+    summary = summarize_events(events, steps=4)
+    assert [r["name"] for r in summary["top_operators"]][:2] == ["aten::convolution", "aten::mm"]
+    times, clock = profiling.step_profiler.operator_times(summary, "cuda:0")
+    assert clock == "self device" and times[0] == ("aten::convolution", pytest.approx(2.0))
+    assert profiling.step_profiler.operator_times(summary, "cpu")[0][0][0] == "aten::copy_"
 
 
 def test_ranges_reach_rocprof_on_rocm(monkeypatch):

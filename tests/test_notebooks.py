@@ -50,9 +50,9 @@ EXERCISES = {"01_single_device_baseline.ipynb": {"Exercise 01.1", "Exercise 01.2
              "04_profiling.ipynb": {"Exercise 04.1", "Exercise 04.2"},
              "05_data_parallel.ipynb": {"Exercise 05.1", "Exercise 05.2", "Exercise 05.3"},
              "06_horovod.ipynb": {"Exercise 06.1", "Exercise 06.2"},
-             "07_large_batch.ipynb": {"Exercise 07.1", "Exercise 07.2"},
+             "07_large_batch.ipynb": {"Exercise 07.1", "Exercise 07.2", "Exercise 07.3"},
              "08_distributed_kmeans.ipynb": {"Exercise 08.1"}, "09_scaling_out.ipynb": {"Exercise 09.1"},
-             "10_sharded_and_model_parallel.ipynb": {"Exercise 10.1", "Exercise 10.2"}}
+             "10_sharded_and_model_parallel.ipynb": {"Exercise 10.1", "Exercise 10.2", "Exercise 10.3"}}
 
 
 def test_every_lesson_is_covered_and_committed_without_outputs():

@@ -163,3 +163,41 @@ def test_data_parallel_check_names_the_mistake(mistake, checks_folder):
     change, message = DATA_PARALLEL_MISTAKES[mistake]
     with pytest.raises(AssertionError, match=message):
         check_data_parallel_loop(_solution("05_data_parallel.ipynb", "train_data_parallel", change))
+
+
+SCHEDULE_MISTAKES = {
+    "not scaled": (("    peak = lr * batch_size / base_batch\n", "    peak = lr\n"), "it is not scaled"),
+    "square root": (("    peak = lr * batch_size / base_batch\n", "    peak = lr * (batch_size / base_batch) ** 0.5\n"),
+                    "square-root rule"),
+    "warmup from 0": (("    start = lr / peak\n", "    start = 0.0\n"), "the first step's LR is 0"),
+    "no warmup": (("    start = lr / peak\n", "    start = 1.0\n"), "no warmup"),
+}
+
+
+@pytest.mark.parametrize("mistake", [None, *sorted(SCHEDULE_MISTAKES)])
+def test_lr_schedule_check_passes_the_solution_and_names_each_mistake(mistake):
+    from dlscale.lessons.recipe_checks import check_lr_schedule
+
+    if mistake is None:
+        return check_lr_schedule(_solution("07_large_batch.ipynb", "scaled_schedule"))
+    change, message = SCHEDULE_MISTAKES[mistake]
+    with pytest.raises(AssertionError, match=message):
+        check_lr_schedule(_solution("07_large_batch.ipynb", "scaled_schedule", change))
+
+
+FSDP_MISTAKES = {
+    "blocks only": (("    fully_shard(model, mesh=mesh)\n", "    pass\n"), "the root is not sharded"),
+    "root only": (("    for block in model.blocks:\n        fully_shard(block, mesh=mesh)\n", ""),
+                  "the blocks are not FSDP units"),
+}
+
+
+@pytest.mark.parametrize("mistake", [None, *sorted(FSDP_MISTAKES)])
+def test_fsdp_check_passes_the_solution_and_names_each_mistake(mistake, checks_folder):
+    from dlscale.lessons.recipe_checks import check_fsdp_sharding
+
+    if mistake is None:
+        return check_fsdp_sharding(_solution("10_sharded_and_model_parallel.ipynb", "shard"))
+    change, message = FSDP_MISTAKES[mistake]
+    with pytest.raises(AssertionError, match=message):
+        check_fsdp_sharding(_solution("10_sharded_and_model_parallel.ipynb", "shard", change))

@@ -214,3 +214,15 @@ def test_fp16_with_sharded_parameters_says_what_to_use():
     cfg = load_config("vit-tiny", {"data_parallel": "fsdp"})
     with pytest.raises(ConfigError, match="use precision=bf16 or fp32"):
         build_step_model(torch.nn.Linear(2, 2), None, cfg, ParallelPlan("fsdp", 1, 0, 2), Precision("fp16", "cuda"))
+
+
+def test_fsdp_sends_one_and_a_half_times_ddp_and_tensor_parallel_scales_with_the_activations():
+    from dlscale.metrics.communication import data_parallel_bytes, tensor_parallel_bytes
+
+    two = data_parallel_bytes(1_000_000, 2)
+    assert two == {"DDP": 4_000_000, "FSDP": 6_000_000}  # 2·½·P·4 bytes, and 3·½·P·4
+    assert data_parallel_bytes(1_000_000, 1) == {"DDP": 0, "FSDP": 0}  # nothing to exchange alone
+    assert data_parallel_bytes(1_000_000, 8)["DDP"] == 2 * 7 / 8 * 4_000_000
+    # four all-reduces per block of batch × tokens × width values; twice the batch, twice the bytes
+    assert tensor_parallel_bytes(16, 64, 32, 2, 2) == 4 * 2 * 2 * 0.5 * 16 * 64 * 32 * 4
+    assert tensor_parallel_bytes(32, 64, 32, 2, 2) == 2 * tensor_parallel_bytes(16, 64, 32, 2, 2)

@@ -19,13 +19,14 @@ import numpy as np
 import pytest
 
 from dlscale.config import load_config
+from dlscale.errors import DlscaleError
 from dlscale.cluster.local_slurm import LocalSlurm, missing_programs, multi_node_unavailable
 from dlscale.metrics.tracking import read_rows
 
 from .conftest import ROOT, run_cli
 
 SCRIPTS = sorted([*ROOT.glob("slurm/*.sh"), *ROOT.glob("slurm/*/*.sbatch"), ROOT / "slurm/summit/train.lsf",
-                  *ROOT.glob("slurm/sites/*.env")])
+                  *ROOT.glob("slurm/sites/*.env"), *ROOT.glob("recipes/*.sbatch")])
 TRAIN = ["tiny", "norm=group", "progress=false", "plot=false"]
 
 
@@ -126,6 +127,21 @@ def test_a_two_task_training_job_runs_through_srun_and_only_rank0_writes(cluster
     assert [row["step"] for row in read_rows(run / "metrics.csv")] == list(range(1, 31))  # each step once
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["applied"]["launcher"] == "slurm"
+
+
+def test_the_recipe_job_runs_the_ddp_stage_under_srun_on_two_ranks(cluster, tmp_path):
+    """recipes/09_job.sbatch: srun's variables make the plain-PyTorch recipe two ranks of one job."""
+    bin_dir = os.path.dirname(sys.executable)
+    command = ["sbatch", "--parsable", f"--chdir={tmp_path}", "--ntasks=2", str(ROOT / "recipes/09_job.sbatch"),
+               "--epochs", "1", "--workers", "0", "--precision", "fp32", "--no-compile"]
+    env = cluster.environ({**os.environ, "RECIPES": str(ROOT / "recipes"), "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    _wait_for_job(cluster, done)
+    output = (tmp_path / f"recipe-{done.stdout.strip()}.out").read_text()
+    assert done.returncode == 0, output
+    assert output.count("epoch 1: training loss") == 1, output  # rank 0 prints, rank 1 does not
+    assert (tmp_path / "checkpoint.pt").is_file()
 
 
 # float64, so that the two-node job and one process agree to rounding (as in test_distributed)
@@ -467,3 +483,25 @@ def test_the_site_scripts_pass_fsdp_and_tensor_parallel_through_unchanged(tmp_pa
     cfg = load_config("vit", list(overrides[1:]))
     tasks_per_node = int(_headers(ROOT / "slurm/perlmutter/train.sbatch")["ntasks-per-node"])
     assert tasks_per_node % cfg.tensor_parallel == 0  # a tensor-parallel group never spans two nodes
+
+
+def test_at_a_site_the_lesson_submits_to_its_queue_with_the_instructors_account(tmp_path):
+    from dlscale.cluster.queue import open_queue
+
+    if shutil.which("sbatch") is None:
+        pytest.skip("sbatch is not installed here (make slurm-packages)")
+    settings = tmp_path / "workshop.env"
+    settings.write_text("# the instructor's allocation\nSBATCH_ACCOUNT=ntrain1\nSBATCH_RESERVATION=dl_day1\n")
+    at_nersc = {"PATH": os.environ["PATH"], "NERSC_HOST": "perlmutter", "DLSCALE_WORKSHOP_ENV": str(settings)}
+    queue = open_queue(ROOT, at_nersc)
+    assert (queue.kind, queue.site, queue.cluster) == ("site", "perlmutter", None)  # no private cluster started
+    assert queue.script(ROOT) == ROOT / "slurm/perlmutter/train.sbatch" and queue.script(ROOT).is_file()
+    assert queue.env["SBATCH_ACCOUNT"] == "ntrain1" and queue.env["SBATCH_RESERVATION"] == "dl_day1"
+    assert "ntrain1" in queue.describe() and queue.wrap_options == ["--constraint=gpu"]
+    named = open_queue(ROOT, {"PATH": os.environ["PATH"], "DLSCALE_SITE": "frontier"})
+    assert (named.kind, named.site) == ("site", "frontier")
+    # on a workstation: the local cluster's scripts (not started here); a bad settings line names the file
+    assert open_queue(ROOT, {"PATH": os.environ["PATH"]}, start_local=False).site == "local"
+    settings.write_text("ACCOUNT=ntrain1\n")
+    with pytest.raises(DlscaleError, match=r"workshop.env, line 1: expected one of SBATCH_ACCOUNT"):
+        open_queue(ROOT, at_nersc)

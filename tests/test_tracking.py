@@ -47,6 +47,10 @@ def test_wandb_offline_run_records_the_metrics_and_never_the_key(tiny, monkeypat
     result = train(tiny(tracking="wandb", epochs=1, noise_scale_every=4))
     runs = list((result.run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1, "no offline run"
+    # what lesson 07 lists for a later upload: this run's folder, found from the folder of all runs
+    from dlscale.metrics.tracking import offline_wandb_runs, wandb_sync_command
+    assert offline_wandb_runs(result.run_dir.parent) == [runs[0].parent]
+    assert wandb_sync_command([runs[0].parent] * 3) == f"wandb sync {runs[0].parent} {runs[0].parent} ..."
     history = wandb_history(runs[0])
     steps = [row for row in history if "train/loss" in row]
     assert [row["step"] for row in steps] == [row["step"] for row in result.steps], f"{len(history)} rows read"

@@ -29,6 +29,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from dlscale.errors import importable
 from dlscale.config import load_config
 from dlscale.optim.schedules import scale_lr
 from dlscale.metrics.steplog import DivergedError
@@ -110,8 +111,12 @@ def large_batch_sweep(out_dir: str | Path = "runs/large_batch", size: str | Swee
     """Run the sweep; return its rows and write ``table.csv``, ``table.md`` and ``sweep.png`` in ``out_dir``.
 
     With ``tracking="wandb"`` every run also logs to Weights & Biases (offline unless
-    ``WANDB_MODE`` says otherwise) in ``wandb_project``, one W&B run per sweep run, named as its folder.
+    ``WANDB_MODE`` says otherwise) in ``wandb_project``, one W&B run per sweep run, named as its folder;
+    without wandb installed the sweep says so and logs to CSV only.
     """
+    if tracking == "wandb" and not importable("wandb"):
+        print("wandb is not installed (pip install -e '.[tracking]'): the sweep logs to CSV only")
+        tracking = "csv"
     size = SIZES[size] if isinstance(size, str) else size
     out_dir = Path(out_dir)
     recipes = list(RECIPES) if recipes is None else recipes

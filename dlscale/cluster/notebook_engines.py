@@ -76,6 +76,15 @@ def run_file(path: str, function: str = "main", /, **kwargs: Any) -> Any:
     return runpy.run_path(str(path), run_name="recipe")[function](**kwargs)
 
 
+def train_rank(config: str, **overrides: Any) -> dict[str, Any]:
+    """``dlscale.train`` on an engine, returning what travels back: the run folder, the final validation
+    metrics and the applied settings (a sharded model does not: read its checkpoint with ``load_model``)."""
+    from dlscale.training.loop import train
+
+    result = train(config, **overrides)
+    return {"run_dir": str(result.run_dir), "r2": result.final.get("r2"), "applied": result.applied}
+
+
 def rank_environments(hosts: list[str], master_port: int) -> list[dict[str, str]]:
     """torchrun's variables for each engine, given the host each engine runs on (engine order = rank order)."""
     environments = []

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
+
 from dlscale.errors import DlscaleError
 from dlscale.runtime.threads import fair_threads, per_process_env
 
@@ -34,14 +36,22 @@ def kmeans_command(launcher: Literal["torchrun", "mpirun", "none"], procs: int, 
     raise ValueError(f"launcher {launcher!r}: use torchrun, mpirun or none")
 
 
-def launch_kmeans(input: str | Path, k: int, out: str | Path, procs: int = 2, launcher: str = "torchrun",
-                  backend: str = "torch", init: str | Path = "k-means++", max_iter: int = 300, tol: float = 1e-4,
-                  threads: int | None = None) -> dict:
+def launch_kmeans(input: str | Path | np.ndarray, k: int, out: str | Path, procs: int = 2, launcher: str = "torchrun",
+                  backend: str = "torch", init: str | Path | np.ndarray = "k-means++", max_iter: int = 300,
+                  tol: float = 1e-4, threads: int | None = None) -> dict:
     """Run ``dlscale kmeans`` on ``procs`` ranks and return its ``summary.json``.
 
-    Each rank gets ``threads`` CPU threads (default: the machine's CPUs shared by the
-    ranks), which the summary reports as ``threads``.
+    ``input`` (and an ``init`` of starting centres) may be arrays: they are saved into ``out`` as
+    ``.npy`` files, which the ranks read. Each rank gets ``threads`` CPU threads (default: the
+    machine's CPUs shared by the ranks), which the summary reports as ``threads``.
     """
+    Path(out).mkdir(parents=True, exist_ok=True)
+    if isinstance(input, np.ndarray):
+        np.save(Path(out) / "input.npy", input)
+        input = Path(out) / "input.npy"
+    if isinstance(init, np.ndarray):
+        np.save(Path(out) / "init.npy", init)
+        init = Path(out) / "init.npy"
     args = ["--input", str(input), "--k", str(k), "--init", str(init), "--max-iter", str(max_iter), "--tol",
             str(tol), "--backend", backend, "--device", "cpu", "--out", str(out)]
     env = per_process_env(threads or fair_threads(procs))

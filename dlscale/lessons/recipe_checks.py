@@ -164,3 +164,119 @@ def check_data_parallel_loop(train_data_parallel: Callable[[Dataset, int, int, f
         "the losses differ from one process training on each global batch: wrap the model in "
         "DistributedDataParallel (it averages the gradients) and give each rank batch_size // world_size samples")
     _passed("05.3")
+
+
+# -- 07.3: LR scaling and warmup, in the plain loop --------------------------------------------------
+
+#: 07.3's setting: an LR tuned at batch 32, a run at batch 256 of 40 steps, 8 of them warmup.
+SCHEDULE = {"lr": 0.01, "batch_size": 256, "base_batch": 32, "warmup_steps": 8, "total_steps": 40}
+
+
+def _lr_trace(optimizer: torch.optim.Optimizer, scheduler: Any, steps: int) -> list[float]:
+    trace = []
+    for _ in range(steps):
+        trace.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()  # (no gradients: nothing moves, only the schedule advances)
+        scheduler.step()
+    return trace
+
+
+def check_lr_schedule(scaled_schedule: Callable[..., tuple[torch.optim.Optimizer, Any]]) -> None:
+    """07.3: the linearly scaled peak LR, warmup from the unscaled LR, then a cosine to 0, as a LambdaLR."""
+    from dlscale.optim.schedules import lr_trace
+
+    s = SCHEDULE
+    optimizer, scheduler = scaled_schedule(nn.Linear(4, 1), **s)
+    trace = _lr_trace(optimizer, scheduler, s["total_steps"])
+    peak = s["lr"] * s["batch_size"] / s["base_batch"]
+    expected = lr_trace(peak, s["warmup_steps"], s["total_steps"], "cosine", s["lr"] / peak)
+    if all(abs(a - b) <= 1e-9 * peak for a, b in zip(trace, expected)):
+        return _passed("07.3")
+    top = max(trace)
+    if abs(top - s["lr"]) < 1e-12:
+        raise AssertionError(f"the LR never exceeds {s['lr']}: it is not scaled. With a batch {s['batch_size'] // s['base_batch']}"
+                             f"x larger take {s['batch_size'] // s['base_batch']}x fewer steps of a "
+                             f"{s['batch_size'] // s['base_batch']}x larger LR: lr * batch_size / base_batch")
+    if abs(top - s["lr"] * (s["batch_size"] / s["base_batch"]) ** 0.5) < 1e-9:
+        raise AssertionError("the peak is lr * sqrt(k): that is the square-root rule; this exercise asks for the "
+                             "linear one, lr * batch_size / base_batch")
+    if trace[0] == 0:
+        raise AssertionError("the first step's LR is 0: the first step would not move. Start the warmup at the "
+                             "unscaled lr (a factor of lr / peak at step 0)")
+    if abs(trace[0] - peak) < 1e-9:
+        raise AssertionError(f"the first step already takes the peak LR {peak:g}: no warmup. Rise linearly from lr to "
+                             f"the peak over warmup_steps steps")
+    raise AssertionError(f"the LR by step differs from the reference: got {[round(v, 4) for v in trace[:10]]}..., "
+                         f"expected {[round(v, 4) for v in expected[:10]]}...: warmup from lr to the peak over "
+                         f"warmup_steps, then 0.5 * (1 + cos(pi * progress)) down to 0 at total_steps")
+
+
+# -- 10.3: FSDP2 on the transformer's blocks ----------------------------------------------------------
+
+def _small_vit() -> nn.Module:
+    from dlscale.models import ViTRegressor
+
+    torch.manual_seed(0)
+    return ViTRegressor(image_size=8, patch_size=4, width=16, depth=2, heads=2)
+
+
+def _vit_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(10)
+    return [(torch.randn(8, 1, 8, 8, generator=generator), torch.randn(8, 3, generator=generator)) for _ in range(3)]
+
+
+def _train_vit(model: nn.Module, rank: int = 0, ranks: int = 1) -> list[float]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for x, y in _vit_batches():
+        share = slice(rank * len(x) // ranks, (rank + 1) * len(x) // ranks)
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x[share]), y[share])
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _fsdp_on_rank(shard: Callable) -> dict[str, Any]:
+    """Run on an engine: the learner's sharding of the small ViT, which units it made, and its training losses."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+
+    from dlscale import distributed
+
+    distributed.init("cpu")
+    try:
+        model = _small_vit()
+        shard(model, init_device_mesh("cpu", (dist.get_world_size(),)))
+        units = {"blocks": [isinstance(b, FSDPModule) for b in model.blocks], "root": isinstance(model, FSDPModule)}
+        local = _train_vit(model, int(os.environ["RANK"]), dist.get_world_size())
+        mean = torch.tensor(local)
+        dist.all_reduce(mean)
+        return {**units, "losses": (mean / dist.get_world_size()).tolist()}
+    finally:
+        distributed.shutdown(drain=False)
+
+
+def check_fsdp_sharding(shard: Callable[[nn.Module, Any], None]) -> None:
+    """10.3: fully_shard on each block, then on the root, over the mesh: 2 ranks train as one process does."""
+    try:
+        ranks = _on_two_engines(_fsdp_on_rank, shard)
+    except Exception as err:  # (FSDP2 refuses a root sharded before its blocks)
+        if "NotImplementedError" in type(err).__name__:
+            raise
+        raise AssertionError(f"sharding failed on the ranks ({str(err)[:300]}): call fully_shard(block, mesh=mesh) "
+                             f"for each block first, then fully_shard(model, mesh=mesh)") from None
+    result = ranks[0]
+    assert all(result["blocks"]), (
+        "the blocks are not FSDP units: with only the root sharded, every parameter is gathered at once and the "
+        "memory saving is lost. Call fully_shard(block, mesh=mesh) on each of model.blocks")
+    assert result["root"], ("the root is not sharded: the patch embedding, the norm and the head stay whole on every "
+                            "rank, and their gradients are never averaged. Call fully_shard(model, mesh=mesh) last")
+    expected = _train_vit(_small_vit())
+    assert all(abs(a - b) < 1e-5 for a, b in zip(result["losses"], expected)), (
+        f"the sharded ranks' losses {result['losses']} differ from one process's {expected}")
+    _passed("10.3")

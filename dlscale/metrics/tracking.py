@@ -146,3 +146,13 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+
+
+def offline_wandb_runs(folder: str | Path) -> list[Path]:
+    """The offline Weights & Biases runs under the run folders of ``folder`` (``tracking=wandb``, offline mode)."""
+    return sorted(Path(folder).glob("*/wandb/offline-run-*"))
+
+
+def wandb_sync_command(runs: list[Path], shown: int = 2) -> str:
+    """The ``wandb sync`` line that uploads offline runs later (from a node with internet), the first few named."""
+    return "wandb sync " + " ".join(map(str, runs[:shown])) + (" ..." if len(runs) > shown else "")

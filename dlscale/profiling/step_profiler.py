@@ -100,18 +100,23 @@ def summarize_events(events: Any, steps: int, top: int = 12) -> dict[str, Any]:
     are the steps profiled and whose device time is that of the kernels it launched.
     """
     events = [e for e in events if _on_host(e)]
-    device_attr = "device_time_total" if events and hasattr(events[0], "device_time_total") else "cuda_time_total"
+    new_names = events and hasattr(events[0], "device_time_total")  # (torch renamed cuda_* to device_*)
+    device_attr, self_device_attr = (("device_time_total", "self_device_time_total") if new_names
+                                     else ("cuda_time_total", "self_cuda_time_total"))
 
     def row(event) -> dict[str, Any]:
         return {"name": event.key, "calls": event.count,
                 "cpu_ms_per_step": event.cpu_time_total / 1000 / steps,
                 "self_cpu_ms_per_step": event.self_cpu_time_total / 1000 / steps,
-                "device_ms_per_step": getattr(event, device_attr, 0) / 1000 / steps}
+                "device_ms_per_step": getattr(event, device_attr, 0) / 1000 / steps,
+                "self_device_ms_per_step": getattr(event, self_device_attr, 0) / 1000 / steps}
 
     ranges = [row(e) for e in events if e.key in RANGES]
     ranges.sort(key=lambda r: RANGES.index(r["name"]))
     operators = [row(e) for e in events if e.key not in RANGES and not e.key.startswith("ProfilerStep")]
-    operators.sort(key=lambda r: -r["self_cpu_ms_per_step"])
+    # on a GPU an operator costs the time of its own kernels; its CPU time there is mostly launching them
+    on_device = any(r["self_device_ms_per_step"] > 0 for r in operators)
+    operators.sort(key=lambda r: -r["self_device_ms_per_step" if on_device else "self_cpu_ms_per_step"])
     return {"steps": steps, "ranges": ranges, "top_operators": operators[:top]}
 
 
@@ -123,6 +128,14 @@ def phase_times(summary: dict[str, Any], device: torch.device | str) -> tuple[di
     """
     key = "device_ms_per_step" if torch.device(device).type == "cuda" else "cpu_ms_per_step"
     return {row["name"]: row[key] for row in summary["ranges"]}, key.removesuffix("_ms_per_step")
+
+
+def operator_times(summary: dict[str, Any], device: torch.device | str) -> tuple[list[tuple[str, float]], str]:
+    """The top operators and their own milliseconds per step on the device that does the work (self device
+    time on a GPU, self CPU time on a CPU), largest first, and which clock it is."""
+    key = "self_device_ms_per_step" if torch.device(device).type == "cuda" else "self_cpu_ms_per_step"
+    rows = sorted(summary["top_operators"], key=lambda r: -r.get(key, 0.0))
+    return [(r["name"], r.get(key, 0.0)) for r in rows], key.removesuffix("_ms_per_step").replace("_", " ")
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any]:

@@ -1,0 +1,109 @@
+"""Think first, then see: a question a lesson asks before it measures, and the answer read from the measurement.
+
+A lesson shows the question and its choices, and a cell holds ``prediction = None`` for the
+attendee's letter; the cells after it measure, and ``QUESTION.verdict(prediction, ...)`` prints
+the prediction beside the choice the numbers support. Each question's ``outcome`` reads the
+measurement the lesson has just made, with the same rules as the conclusions printed after it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dlscale.bench.repeats import Spread, clearly_faster
+
+
+@dataclass(frozen=True)
+class Question:
+    """A multiple-choice question about a measurement, and how to read its answer from the numbers."""
+
+    text: str
+    choices: dict[str, str]
+    outcome: Callable[..., str | None]  # the measurement -> the letter it supports (None: not measured)
+
+    def markdown(self) -> str:
+        """The question and its choices, for the cell before the measurement."""
+        return f"**Predict first:** {self.text}\n\n" + "\n".join(f"- ({k}) {v}" for k, v in self.choices.items())
+
+    def ask(self) -> None:
+        """Show :meth:`markdown` in a notebook (the cell that asks also holds ``prediction = None``)."""
+        from IPython.display import Markdown, display
+
+        display(Markdown(self.markdown()))
+
+    def verdict(self, prediction: str | None, *measurement: Any) -> str:
+        """The attendee's prediction beside what ``measurement`` shows."""
+        answer = self.outcome(*measurement)
+        if prediction is not None and prediction not in self.choices:
+            raise ValueError(f"prediction must be one of {', '.join(map(repr, self.choices))} (or None); "
+                             f"got {prediction!r}")
+        if answer is None:
+            return "This run did not measure it (see the parameters cell)."
+        shown = f"the measurement says ({answer}) {self.choices[answer]}"
+        if prediction is None:
+            return f"No prediction was made (set `prediction` before running the measurement); {shown}."
+        if prediction == answer:
+            return f"You predicted ({prediction}), and {shown}."
+        return f"You predicted ({prediction}) {self.choices[prediction]}; {shown}. Why? Read on."
+
+
+def _convergence(r2: list[float]) -> str:
+    return "b" if any(later < earlier for earlier, later in zip(r2, r2[1:])) else "a"
+
+
+def _loader(supply: Spread, demand: Spread) -> str:
+    return "a" if clearly_faster(supply, demand) else "b" if clearly_faster(demand, supply) else "c"
+
+
+def _precision(r2: dict[str, float], spread: float) -> str:
+    return "a" if max(r2.values()) - min(r2.values()) <= spread else "b"
+
+
+def _strong_scaling(rows: list[dict[str, Any]]) -> str | None:
+    efficiency = next((r["efficiency"] for r in rows if r["mode"] == "strong" and
+                       r["processes"] > min(q["processes"] for q in rows)), None)
+    if efficiency is None:
+        return None
+    return "a" if efficiency >= 0.9 else "b" if efficiency >= 0.5 else "c"
+
+
+def _no_scaling_keeps_up(rows: list[dict[str, Any]], tolerance: float = 0.02) -> str | None:
+    baseline = next(r for r in rows if r["recipe"] == "baseline")
+    largest = max(r["multiple"] for r in rows if r["recipe"] != "baseline")
+    run = next((r for r in rows if r["recipe"] == "no scaling" and r["multiple"] == largest), None)
+    if run is None:
+        return None
+    return "a" if math.isfinite(run["val_r2"]) and run["val_r2"] >= baseline["val_r2"] - tolerance else "b"
+
+
+def _noise_scale(b_simple: float, batches: list[int]) -> str:
+    return "a" if b_simple < min(batches) else "c" if b_simple > max(batches) else "b"
+
+
+def _fsdp_memory(rows: list[dict[str, Any]]) -> str | None:
+    row = next((r for r in rows if r["layout"].startswith("FSDP") and r["processes"] == 2), None)
+    if row is None:
+        return None
+    return "a" if row["held_vs_ddp"] >= 0.75 else "b" if row["held_vs_ddp"] >= 0.375 else "c"
+
+
+CONVERGENCE = Question("epoch by epoch, the validation R² of this run...",
+                       {"a": "rises in every epoch", "b": "falls in at least one epoch"}, _convergence)
+LOADER = Question("can one process read and augment maps as fast as the model trains on plain ones?",
+                  {"a": "yes: the loader alone is clearly faster", "b": "no: the step would be starved",
+                   "c": "too close to tell apart"}, _loader)
+PRECISION = Question("after the same training, the validation R² of fp32, bf16 and fp16...",
+                     {"a": "agree within the spread fp32 shows between two seeds",
+                      "b": "differ by more: a 16-bit format loses accuracy"}, _precision)
+STRONG_SCALING = Question("two ranks on this machine split the same global batch (strong scaling); the efficiency is...",
+                          {"a": "90% or more", "b": "between 50% and 90%", "c": "below 50%"}, _strong_scaling)
+NO_SCALING = Question("at the sweep's largest batch, does training with no LR scaling stay within 0.02 of the "
+                      "baseline's R²?", {"a": "yes", "b": "no, it falls behind"}, _no_scaling_keeps_up)
+NOISE_SCALE = Question("the measured gradient noise scale B_simple lies...",
+                       {"a": "below the smallest batch of the sweep", "b": "among the sweep's batches",
+                        "c": "above the largest batch"}, _noise_scale)
+FSDP_MEMORY = Question("on 2 ranks, what FSDP holds per rank (parameters, gradients, optimizer state), against DDP, is...",
+                       {"a": "about the same", "b": "about half", "c": "about a quarter"}, _fsdp_memory)
