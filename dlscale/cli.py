@@ -93,24 +93,24 @@ def _data_check(args: argparse.Namespace) -> int:
 def _exercises(args: argparse.Namespace) -> int:
     from dlscale.lessons.exercises import generate
 
-    changed = generate(args.solutions, args.exercises, check=args.check)
-    if args.check:
-        for path in changed:
-            print(f"{path} is out of date: run `dlscale exercises`", file=sys.stderr)
-        return 1 if changed else 0
-    print(f"wrote {len(changed)} exercise notebook(s)" + "".join(f"\n  {p}" for p in changed))
-    return 0
+    return _generated(generate(args.solutions, args.exercises, check=args.check), args.check, "exercise notebook",
+                      "exercises")
 
 
 def _recipes(args: argparse.Namespace) -> int:
     from dlscale.lessons.recipes import write_recipes
 
-    changed = write_recipes(Path(args.notebooks), Path(args.recipes), check=args.check)
-    if args.check:
+    return _generated(write_recipes(Path(args.notebooks), Path(args.recipes), check=args.check), args.check,
+                      "recipe file", "recipes")
+
+
+def _generated(changed: list[Path], check: bool, kind: str, command: str) -> int:
+    """What a generator wrote, or with ``check`` what is out of date (exit status 1 if anything is)."""
+    if check:
         for path in changed:
-            print(f"{path} is out of date: run `dlscale recipes`", file=sys.stderr)
+            print(f"{path} is out of date: run `dlscale {command}`", file=sys.stderr)
         return 1 if changed else 0
-    print(f"wrote {len(changed)} recipe file(s)" + "".join(f"\n  {p}" for p in changed))
+    print(f"wrote {len(changed)} {kind}(s)" + "".join(f"\n  {p}" for p in changed))
     return 0
 
 

@@ -8,11 +8,12 @@ forward pass in bf16 or fp16 (with loss scaling) and clips the gradient norm. St
 maps in the channels-last layout and compiles the model. Stage 05 trains on every GPU of the job,
 one process each, with DistributedDataParallel:
 
-    torchrun --nproc-per-node 4 recipes/05_ddp.py        # one node
-    srun python recipes/05_ddp.py                         # a Slurm job (recipes/09_job.sbatch)
+    torchrun --standalone --nproc-per-node 4 recipes/05_ddp.py   # one node
+    srun python recipes/05_ddp.py                                # a Slurm job (recipes/09_job.sbatch)
 """
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -112,6 +113,10 @@ def main(config: str = "tiny", epochs: int = 2, batch_size: int = 32, lr: float 
             torch.save({"epoch": epoch + 1, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                         "scaler": scaler.state_dict()}, checkpoint)
             print(f"epoch {epoch + 1}: training loss {losses[-1]:.4f}, validation R² {r2[-1]:.4f}")
+    # every rank done with its collectives before any leaves; then a moment without the GIL, in which gloo
+    # frees the barrier's buffers (destroyed at once, a rank can hang in the group's destructor)
+    dist.barrier()
+    time.sleep(0.1)
     dist.destroy_process_group()
     return {"losses": losses, "r2": r2}
 

@@ -8,8 +8,8 @@ forward pass in bf16 or fp16 (with loss scaling) and clips the gradient norm. St
 maps in the channels-last layout and compiles the model. Stage 05 trains on every GPU of the job,
 one process each, with DistributedDataParallel:
 
-    torchrun --nproc-per-node 4 recipes/05_ddp.py        # one node
-    srun python recipes/05_ddp.py                         # a Slurm job (recipes/09_job.sbatch)
+    torchrun --standalone --nproc-per-node 4 recipes/05_ddp.py   # one node
+    srun python recipes/05_ddp.py                                # a Slurm job (recipes/09_job.sbatch)
 
 Stage 10 trains a transformer too large to copy onto every GPU: FSDP2 (fully_shard) keeps a shard of
 each block's parameters, gradients and optimizer state per rank; tensor parallelism (--tp 2) splits
@@ -17,10 +17,11 @@ each block's matrices over ranks on a 2-D mesh; torch.distributed.checkpoint sav
 shards in parallel. Compared with stage 05 it drops compile, channels-last, autocast and the scaler
 (FSDP2's MixedPrecisionPolicy does the casting; fp16 would need a sharded scaler).
 
-    torchrun --nproc-per-node 4 recipes/10_fsdp_tp.py --tp 2 --resume
+    torchrun --standalone --nproc-per-node 4 recipes/10_fsdp_tp.py --tp 2 --resume
 """
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -124,6 +125,10 @@ def main(config: str = "tiny", epochs: int = 2, batch_size: int = 32, lr: float 
         dcp.save({"model": model_state, "optimizer": optimizer_state, "epoch": epoch + 1}, checkpoint_id=checkpoint)
         if rank == 0:
             print(f"epoch {epoch + 1}: training loss {losses[-1]:.4f}, validation R² {r2[-1]:.4f}")
+    # every rank done with its collectives before any leaves; then a moment without the GIL, in which gloo
+    # frees the barrier's buffers (destroyed at once, a rank can hang in the group's destructor)
+    dist.barrier()
+    time.sleep(0.1)
     dist.destroy_process_group()
     return {"losses": losses, "r2": r2}
 

@@ -155,8 +155,9 @@ def test_the_profile_summary_has_one_row_per_range_whatever_the_device_recorded(
     assert all(r["calls"] == 4 and r["device_ms_per_step"] == pytest.approx(0.5) for r in summary["ranges"])
     # operators rank by their kernels' time on a GPU: a cheap launch of a long kernel comes first
     events += [event("aten::copy_", cpu, cpu=9000.0, gpu=100.0), event("aten::convolution", cpu, cpu=100.0, gpu=8000.0)]
-    summary = summarize_events(events, steps=4)
+    summary = summarize_events(events, steps=4, by_device=True)  # (the GPU's activity was profiled)
     assert [r["name"] for r in summary["top_operators"]][:2] == ["aten::convolution", "aten::mm"]
+    assert summarize_events(events, steps=4)["top_operators"][0]["name"] == "aten::copy_"  # a CPU profile: CPU time
     times, clock = profiling.step_profiler.operator_times(summary, "cuda:0")
     assert clock == "self device" and times[0] == ("aten::convolution", pytest.approx(2.0))
     assert profiling.step_profiler.operator_times(summary, "cpu")[0][0][0] == "aten::copy_"

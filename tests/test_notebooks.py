@@ -345,3 +345,21 @@ def test_tensor_parallel_checks_reject_wrong_placements_and_a_missing_or_doubled
     for wrong in (no_collective, bias_on_every_rank):
         with pytest.raises(AssertionError, match="all-reduce \\(SUM\\) it before adding b2"):
             checks.check_mlp_forward(wrong)
+
+
+def test_lesson_06_without_horovod_says_how_to_get_it_and_still_shows_the_recipe(tmp_path, monkeypatch):
+    """An attendee without `make horovod`: Horovod's import fails (a package that raises ImportError stands first
+    on the kernel's path), every cell still runs, the lesson names the fix and still shows the recipe's diff."""
+    import os
+
+    hidden = tmp_path / "no-horovod" / "horovod"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text('raise ImportError("No module named \'horovod\' (hidden by the test)")\n')
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hidden.parent), os.environ.get("PYTHONPATH", "")]))
+    notebook = execute(ROOT / "notebooks" / "06_horovod.ipynb", tmp_path, LESSONS["06_horovod.ipynb"])
+    assert errors(notebook) == []
+    text = "\n".join(o.get("text", "") + o.get("data", {}).get("text/markdown", "")
+                     for cell in notebook.cells for o in cell.get("outputs", []))
+    assert "Horovod is not installed here. `make horovod` builds it" in text
+    assert text.count("skipped: needs Horovod (make horovod)") == 5  # the five cells that run Horovod
+    assert "+    hvd.init()" in text  # the diff from the DDP recipe, shown all the same

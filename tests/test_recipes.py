@@ -201,3 +201,13 @@ def test_fsdp_check_passes_the_solution_and_names_each_mistake(mistake, checks_f
     change, message = FSDP_MISTAKES[mistake]
     with pytest.raises(AssertionError, match=message):
         check_fsdp_sharding(_solution("10_sharded_and_model_parallel.ipynb", "shard", change))
+
+
+def test_the_lessons_run_the_pytorch_an_attendee_writes():
+    """Each call an attendee must write in their own script stands in a code cell of a lesson (not only in a diff)."""
+    code = "\n".join("".join(c["source"]) for path in sorted((ROOT / "notebooks").glob("*.ipynb"))
+                     for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+    for call in ("DistributedDataParallel(", "init_process_group(", "DistributedSampler(", "set_epoch(",
+                 "torch.autocast(", "GradScaler(", "unscale_(", "torch.compile(", "fully_shard(", "parallelize_module(",
+                 "init_device_mesh(", "dcp.save(", "dcp.load(", "LambdaLR("):
+        assert call in code, f"no lesson runs {call}"

@@ -249,6 +249,7 @@ def _fsdp_on_rank(shard: Callable) -> dict[str, Any]:
     from dlscale import distributed
 
     distributed.init("cpu")
+    finished = False
     try:
         model = _small_vit()
         shard(model, init_device_mesh("cpu", (dist.get_world_size(),)))
@@ -256,9 +257,10 @@ def _fsdp_on_rank(shard: Callable) -> dict[str, Any]:
         local = _train_vit(model, int(os.environ["RANK"]), dist.get_world_size())
         mean = torch.tensor(local)
         dist.all_reduce(mean)
+        finished = True
         return {**units, "losses": (mean / dist.get_world_size()).tolist()}
     finally:
-        distributed.shutdown(drain=False)
+        distributed.shutdown(drain=finished)  # (after a failure a peer may be stuck: no barrier then)
 
 
 def check_fsdp_sharding(shard: Callable[[nn.Module, Any], None]) -> None:

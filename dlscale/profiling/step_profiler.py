@@ -78,20 +78,22 @@ class StepProfiler:
     def _write(self, profiler: torch.profiler.profile) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         profiler.export_chrome_trace(str(self.run_dir / "trace.json"))
-        self.summary = summarize(profiler, self.stop - self.start)
+        self.summary = summarize(profiler, self.stop - self.start,
+                                 by_device=torch.profiler.ProfilerActivity.CUDA in self.activities)
         (self.run_dir / "profile_summary.json").write_text(json.dumps(self.summary, indent=1) + "\n")
 
 
-def summarize(profiler: torch.profiler.profile, steps: int, top: int = 12) -> dict[str, Any]:
-    """Milliseconds per step for each training-loop range and for the top operators by self time."""
-    return summarize_events(profiler.key_averages(), steps, top)
+def summarize(profiler: torch.profiler.profile, steps: int, top: int = 12, by_device: bool = False) -> dict[str, Any]:
+    """Milliseconds per step for each training-loop range and for the top operators by self time (their
+    kernels' time with ``by_device``, when the GPU's activity was profiled)."""
+    return summarize_events(profiler.key_averages(), steps, top, by_device)
 
 
 def _on_host(event: Any) -> bool:
     return str(getattr(event, "device_type", "CPU")).endswith("CPU")
 
 
-def summarize_events(events: Any, steps: int, top: int = 12) -> dict[str, Any]:
+def summarize_events(events: Any, steps: int, top: int = 12, by_device: bool = False) -> dict[str, Any]:
     """:func:`summarize` of ``key_averages()``'s rows.
 
     On a GPU each range appears twice there: the host's ``record_function`` event and, with the
@@ -115,8 +117,7 @@ def summarize_events(events: Any, steps: int, top: int = 12) -> dict[str, Any]:
     ranges.sort(key=lambda r: RANGES.index(r["name"]))
     operators = [row(e) for e in events if e.key not in RANGES and not e.key.startswith("ProfilerStep")]
     # on a GPU an operator costs the time of its own kernels; its CPU time there is mostly launching them
-    on_device = any(r["self_device_ms_per_step"] > 0 for r in operators)
-    operators.sort(key=lambda r: -r["self_device_ms_per_step" if on_device else "self_cpu_ms_per_step"])
+    operators.sort(key=lambda r: -r["self_device_ms_per_step" if by_device else "self_cpu_ms_per_step"])
     return {"steps": steps, "ranges": ranges, "top_operators": operators[:top]}
 
 
