@@ -53,8 +53,8 @@ def two_nodes(tmp_path_factory):
 
 
 def _env(cluster):
-    bin_dir = os.path.dirname(sys.executable)
-    return cluster.environ({**os.environ, "DLSCALE_ROOT": str(ROOT), "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    from dlscale.cluster.queue import job_environ
+    return cluster.environ(job_environ(ROOT))
 
 
 def _sbatch(cluster, cwd, script, *args, wait=True, flags=()):

@@ -88,6 +88,14 @@ def read_settings(path: str | Path) -> dict[str, str]:
     return settings
 
 
+def job_environ(root: str | Path, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """``environ`` (default: this process's) for submitting the kit's scripts: ``DLSCALE_ROOT`` names the
+    repository, and this environment's ``bin`` leads the path, so the jobs run this python and dlscale."""
+    environ = dict(os.environ if environ is None else environ)
+    bin_dir = os.path.dirname(sys.executable)
+    return {**environ, "DLSCALE_ROOT": str(root), "PATH": f"{bin_dir}:{environ.get('PATH', '')}"}
+
+
 def site_of(environ: dict[str, str]) -> str | None:
     """The slurm/ folder of the site this runs at: ``DLSCALE_SITE``, or the detected site if the kit has scripts."""
     return environ.get("DLSCALE_SITE") or SITE_SCRIPTS.get(detect_site(environ))
@@ -97,11 +105,9 @@ def open_queue(root: str | Path, environ: dict[str, str] | None = None, start_lo
     """The queue a lesson submits to (see the module's docstring); a local cluster is started if it is the one."""
     from dlscale.cluster.local_slurm import LocalSlurm, missing_programs
 
-    environ = dict(os.environ if environ is None else environ)
+    environ = job_environ(root, environ)
     if environ.get("DLSCALE_WORKSHOP_ENV"):
         environ.update(read_settings(environ["DLSCALE_WORKSHOP_ENV"]))
-    bin_dir = os.path.dirname(sys.executable)  # (the jobs run this environment's python and dlscale)
-    environ.update(DLSCALE_ROOT=str(root), PATH=f"{bin_dir}:{environ.get('PATH', '')}")
     site = site_of(environ)
     if site and site != "local" and shutil.which("sbatch", path=environ["PATH"]):
         return Queue("site", site, environ, settings={k: environ[k] for k in SETTINGS if environ.get(k)})
