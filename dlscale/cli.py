@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import json
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -157,11 +159,12 @@ def _bench_allreduce(args: argparse.Namespace) -> int:
             raise distributed.DistributedError("bench allreduce needs several ranks: pass --nproc N (N >= 2), or run "
                                                "it under torchrun, srun, mpirun or horovodrun")
         forwarded = ["dlscale", "bench", "allreduce", "--max-mib", str(args.max_mib), "--out", args.out,
-                     "--device", args.device] + (["--horovod"] if args.horovod else [])
+                     "--device", args.device, "--rounds", str(args.rounds)] + (["--horovod"] if args.horovod else [])
         start = horovodrun_command if args.horovod else torchrun_command
         return subprocess.run(start(args.nproc, forwarded)).returncode
     sizes = [s for s in ALLREDUCE_SIZES if s <= args.max_mib * 2 ** 20]
-    rows = bench_allreduce(sizes, device=args.device, data_parallel="horovod" if args.horovod else "auto")
+    rows = bench_allreduce(sizes, device=args.device, data_parallel="horovod" if args.horovod else "auto",
+                           rounds=args.rounds)
     if distributed.is_main():
         print(format_allreduce(rows))
         print(f"allreduce.json and allreduce.png in {save_allreduce(rows, args.out)}/")
@@ -213,6 +216,74 @@ def _bench_scaling(args: argparse.Namespace) -> int:
     rows = bench_scaling(load_config(args.config, args.overrides), procs=procs, steps=args.steps, out_dir=args.out)
     print(format_scaling(rows))
     print(f"scaling.json and scaling.png in {args.out}/")
+    return 0
+
+
+def _bench_breakdown(args: argparse.Namespace) -> int:
+    from dlscale.bench.breakdown import bench_breakdown, format_breakdown, local_runner, slurm_runner
+
+    cfg = load_config(args.config, args.overrides)
+    runner = (slurm_runner(cfg, args.slurm, dict(os.environ), args.tasks_per_node) if args.slurm
+              else local_runner(cfg, args.threads or None))
+    result = bench_breakdown(cfg, [int(n) for n in args.sizes.split(",")], runner, steps=args.steps,
+                             rounds=args.rounds, buckets=[float(b) for b in args.buckets.split(",") if b],
+                             static_graph=args.static_graph, unit="nodes" if args.slurm else "ranks",
+                             ranks_per_unit=args.tasks_per_node if args.slurm else 1, out_dir=args.out)
+    print(format_breakdown(result))
+    print(f"breakdown.json and breakdown.png in {args.out}/")
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from dlscale.scaling.plan import cost_rows, format_plan, predict_next, recommend
+    from dlscale.reporting.plots import cost_to_solution
+
+    rows = cost_rows(args.paths, args.target_r2)
+    choice = recommend(rows, args.deadline_hours, args.budget_node_hours)
+    site, error = _plan_site(args, rows)
+    prediction = predict_next(rows, site, args.overlap, args.noise_scale, error) if site else None
+    print(format_plan(rows, choice, prediction))
+    if site is None:
+        print("(to predict the next size up, pass --allreduce with a dlscale bench allreduce result, or --site)")
+    out = Path(args.out or args.paths[0])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.json").write_text(json.dumps({"runs": rows, "recommendation": choice, "prediction": prediction},
+                                              indent=1, default=str) + "\n")
+    cost_to_solution(rows, choice["run"]).savefig(out / "plan.png", dpi=120)
+    print(f"plan.json and plan.png in {out}/")
+    return 0
+
+
+def _plan_site(args: argparse.Namespace, rows: list[dict]) -> tuple[Any, float]:
+    """The links the prediction uses: fitted from an all-reduce result, or a site's; and the fit's worst miss."""
+    from dlscale.scaling.fit import fit_link, predictions, worst_ratio
+    from dlscale.scaling.sites import SITES, here
+
+    if args.allreduce:
+        measured = json.loads(Path(args.allreduce).read_text())
+        link = fit_link(measured)
+        per_node = max(r["ranks"] // r["nodes"] for r in rows)
+        return here(link, per_node), worst_ratio(predictions(link, measured))
+    if args.site:
+        return SITES[args.site], 1.0
+    return None, 1.0
+
+
+def _project(args: argparse.Namespace) -> int:
+    from dlscale.reporting.plots import efficiency_projection
+    from dlscale.scaling.projection import RESNET50_PARAMETERS, Workload, assumptions, format_projection, project
+    from dlscale.scaling.sites import SITES
+
+    site = SITES[args.site]
+    workload = Workload(args.name, args.parameters or RESNET50_PARAMETERS, args.ms_per_sample / 1000, args.batch,
+                        args.bytes_per_value, args.layout, args.overlap, "entered on the command line")
+    rows = project(workload, site)
+    print(format_projection(rows))
+    print("\nassumptions:\n" + assumptions(workload, site))
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    efficiency_projection({workload.name: rows}, assumptions(workload, site)).savefig(Path(args.out) / "projection.png",
+                                                                                     dpi=120)
+    print(f"projection.png in {args.out}/")
     return 0
 
 
@@ -334,6 +405,7 @@ def _add_bench_allreduce(bench_commands: Any) -> None:
     allreduce.add_argument("--device", default="auto")
     allreduce.add_argument("--horovod", action="store_true",
                            help="time Horovod's all-reduce (local ranks start under horovodrun --gloo)")
+    allreduce.add_argument("--rounds", type=int, default=1, help="the sizes take turns this many times (median)")
     allreduce.add_argument("--out", default="runs/allreduce")
     allreduce.set_defaults(handler=_bench_allreduce)
 
@@ -348,6 +420,28 @@ def _add_bench_scaling(bench_commands: Any) -> None:
     scaling.add_argument("--steps", type=int, default=60)
     scaling.add_argument("--out", default="runs/scaling")
     scaling.set_defaults(handler=_bench_scaling)
+
+
+def _add_bench_breakdown(bench_commands: Any) -> None:
+    breakdown = bench_commands.add_parser(
+        "breakdown", help="where the scaling efficiency goes: exposed I/O, exposed communication, the rest",
+        description="At each size train the same step (weak scaling) as it runs, with the data already in memory, "
+                    "with every rank alone (no communication) and with other DDP bucket sizes, in turns over rounds; "
+                    "split the lost efficiency into exposed I/O, exposed communication and the rest. Local ranks "
+                    "under torchrun, or nodes through a Slurm script with --slurm. Writes breakdown.json and "
+                    "breakdown.png.")
+    _config_arguments(breakdown)
+    breakdown.add_argument("--sizes", default="1,2", help="comma-separated ranks (or nodes with --slurm)")
+    breakdown.add_argument("--steps", type=int, default=150, help="steps per run (the first 5 are not timed)")
+    breakdown.add_argument("--rounds", type=int, default=2, help="every way runs once per round, in turns (median)")
+    breakdown.add_argument("--buckets", default="1", help="other bucket_cap_mb values to try (comma-separated)")
+    breakdown.add_argument("--static-graph", action="store_true", help="also set static_graph in the bucket runs")
+    breakdown.add_argument("--threads", type=int, default=0, help="torch threads per rank (0 = the CPUs shared)")
+    breakdown.add_argument("--slurm", default=None, metavar="SCRIPT",
+                           help="submit each run as a job of SIZE nodes with this script (slurm/SITE/train.sbatch)")
+    breakdown.add_argument("--tasks-per-node", type=int, default=1, help="with --slurm: ranks per node")
+    breakdown.add_argument("--out", default="runs/breakdown")
+    breakdown.set_defaults(handler=_bench_breakdown)
 
 
 def _add_bench_memory(bench_commands: Any) -> None:
@@ -383,7 +477,7 @@ def _add_bench(commands: Any) -> None:
     bench = commands.add_parser("bench", help="benchmarks that print ratios measured side by side")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
     for add in (_add_bench_optim, _add_bench_ladder, _add_bench_loader, _add_bench_allreduce, _add_bench_scaling,
-                _add_bench_memory, _add_bench_kmeans):
+                _add_bench_breakdown, _add_bench_memory, _add_bench_kmeans):
         add(bench_commands)
 
 
@@ -434,6 +528,46 @@ def _add_report(commands: Any) -> None:
     report.set_defaults(handler=_report)
 
 
+def _add_plan(commands: Any) -> None:
+    plan = commands.add_parser(
+        "plan", help="a sweep turned into an allocation request: time and node-hours to a target, the next size up",
+        description="Read a sweep's run directories (as dlscale report does): each run's wall time to the target R², "
+                    "node-hours and GPU-hours; recommend the cheapest run that meets the deadline and the budget; "
+                    "predict the next size up (twice the nodes) from the alpha-beta model and the gradient noise "
+                    "scale, with a range. Writes plan.json and plan.png (fastest against cheapest).")
+    plan.add_argument("paths", nargs="+", metavar="PATH")
+    plan.add_argument("--target-r2", type=float, default=0.9)
+    plan.add_argument("--deadline-hours", type=float, default=None)
+    plan.add_argument("--budget-node-hours", type=float, default=None)
+    plan.add_argument("--allreduce", default=None, metavar="JSON",
+                      help="allreduce.json of dlscale bench allreduce on this system: fit the model's alpha and beta")
+    plan.add_argument("--site", choices=("perlmutter", "frontier"), default=None,
+                      help="use this site's published links instead of a fit")
+    plan.add_argument("--overlap", type=float, default=0.0, help="share of the communication hidden (the breakdown's)")
+    plan.add_argument("--noise-scale", type=float, default=None, help="B_noise (default: what the largest run measured)")
+    plan.add_argument("--out", default=None, help="folder for plan.json and plan.png (default: the first PATH)")
+    plan.set_defaults(handler=_plan)
+
+
+def _add_project(commands: Any) -> None:
+    project = commands.add_parser(
+        "project", help="predicted step time and efficiency of a model from 1 to 1,024 nodes of a site",
+        description="The alpha-beta model of the layout's collectives on the site's published links, plus a compute "
+                    "time per sample you enter (measured on that GPU), with the share of communication hidden "
+                    "(dlscale bench breakdown measures it). Prints the table and the assumptions; writes "
+                    "projection.png.")
+    project.add_argument("--site", choices=("perlmutter", "frontier"), default="perlmutter")
+    project.add_argument("--name", default="ResNet-50-sized gradient")
+    project.add_argument("--parameters", type=int, default=0, help="parameter count (default: ResNet-50's 25.6 M)")
+    project.add_argument("--ms-per-sample", type=float, required=True, help="one GPU's compute per sample, in ms")
+    project.add_argument("--batch", type=int, default=64, help="batch per GPU")
+    project.add_argument("--bytes-per-value", type=int, default=4, help="4 for fp32 gradients, 2 for bf16")
+    project.add_argument("--layout", choices=("ddp", "fsdp"), default="ddp")
+    project.add_argument("--overlap", type=float, default=0.0)
+    project.add_argument("--out", default="runs/projection")
+    project.set_defaults(handler=_project)
+
+
 def _add_experiment(commands: Any) -> None:
     experiment = commands.add_parser("experiment", help="multi-run experiments (lesson 07's large-batch sweep)")
     experiment_commands = experiment.add_subparsers(dest="experiment_command", required=True, metavar="EXPERIMENT")
@@ -460,7 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlscale", description="Deep learning at scale: train, data, exercises.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_train, _add_data, _add_exercises, _add_recipes, _add_bench, _add_kmeans, _add_export, _add_report,
-                _add_experiment, _add_info):
+                _add_plan, _add_project, _add_experiment, _add_info):
         add(commands)
     return parser
 

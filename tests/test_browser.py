@@ -40,6 +40,7 @@ BROWSER_LESSONS = {
     "03_mixed_precision.ipynb": (RECIPE_RUN, False, False),
     "05_data_parallel.ipynb": (r"epoch 1: training loss [\d.]+, validation R² -?[\d.]+", False, True),
     "08_distributed_kmeans.ipynb": (None, True, True),
+    "11_how_many_nodes.ipynb": (r"nodes: \d+ \(\d+ rank\(s\) per node|nothing to request", False, True),
 }
 
 
@@ -101,6 +102,25 @@ def test_a_lesson_runs_all_in_the_browser(lab, name, tmp_path):
     assert problems(page, last_output, figure_last, bar_expected) == []
     assert page.outputs("image/png") >= 1  # every one of these lessons draws something
     assert page.screenshot.stat().st_size > 20_000
+    if name == "11_how_many_nodes.ipynb":
+        _assert_lesson_11_measured(lab.work / "runs")
+
+
+def _assert_lesson_11_measured(runs: Path) -> None:
+    """Lesson 11's breakdown, as it saved it, adds up at every size; its sweep ran on two nodes where it could."""
+    from dlscale.bench.breakdown import ADDS_UP_WITHIN
+    from dlscale.cluster.local_slurm import missing_programs, multi_node_unavailable
+
+    result = json.loads((runs / "lesson11_breakdown/breakdown.json").read_text())
+    assert [row["ranks"] for row in result["rows"]] == [1, 2] and result["rounds"] == 2
+    for row in result["rows"]:
+        assert abs(row["io"] + row["communication"] + row["rest"] - row["loss"]) <= ADDS_UP_WITHIN
+        assert row["range"]["loss"][0] <= row["loss"] <= row["range"]["loss"][1]
+    assert set(result["rows"][1]["exposed_communication_ms"]) == {"25", "0.05"}
+    two = json.loads((runs / "lesson11_sweep/weak-n2/summary.json").read_text())
+    launcher = two["applied"]["launcher"]
+    assert (two["nodes"], launcher) == ((2, "slurm") if not (missing_programs() or multi_node_unavailable())
+                                        else (1, "ipyparallel"))
 
 
 #: What goes wrong at a workshop, made on purpose: a widget the page cannot draw (its model is

@@ -38,12 +38,14 @@ LESSONS = {
                                             "memory_ranks": 2},
     "07_large_batch.ipynb": {"sweep_size": "smoke", "sweep_recipes": ["no scaling", "LARS + warmup"],
                              "sweep_multiples": [8, 32]},
+    "11_how_many_nodes.ipynb": {"steps": 100, "rounds": 2, "allreduce_max_kib": 4096, "sweep_epochs": 1,
+                                "target_r2": -1.0},
 }
 SOLUTION_PARAMETERS = {"01_single_device_baseline.ipynb": {"config": "tiny"}, "02_data_loading.ipynb": {},
                        "03_mixed_precision.ipynb": {}, "04_profiling.ipynb": {}, "05_data_parallel.ipynb": {},
                        "06_horovod.ipynb": {}, "07_large_batch.ipynb": {},
                        "08_distributed_kmeans.ipynb": {}, "09_scaling_out.ipynb": {"batches": [32, 128], "epochs": 2},
-                       "10_sharded_and_model_parallel.ipynb": {}}
+                       "10_sharded_and_model_parallel.ipynb": {}, "11_how_many_nodes.ipynb": {}}
 EXERCISES = {"01_single_device_baseline.ipynb": {"Exercise 01.1", "Exercise 01.2", "Exercise 01.3"},
              "02_data_loading.ipynb": {"Exercise 02.1"},
              "03_mixed_precision.ipynb": {"Exercise 03.1", "Exercise 03.2"},
@@ -52,7 +54,8 @@ EXERCISES = {"01_single_device_baseline.ipynb": {"Exercise 01.1", "Exercise 01.2
              "06_horovod.ipynb": {"Exercise 06.1", "Exercise 06.2"},
              "07_large_batch.ipynb": {"Exercise 07.1", "Exercise 07.2", "Exercise 07.3"},
              "08_distributed_kmeans.ipynb": {"Exercise 08.1"}, "09_scaling_out.ipynb": {"Exercise 09.1"},
-             "10_sharded_and_model_parallel.ipynb": {"Exercise 10.1", "Exercise 10.2", "Exercise 10.3"}}
+             "10_sharded_and_model_parallel.ipynb": {"Exercise 10.1", "Exercise 10.2", "Exercise 10.3"},
+             "11_how_many_nodes.ipynb": {"Exercise 11.1", "Exercise 11.2", "Exercise 11.3"}}
 
 
 def test_every_lesson_is_covered_and_committed_without_outputs():
@@ -71,7 +74,7 @@ def test_every_lesson_is_covered_and_committed_without_outputs():
 #: the headless run would (no error, every figure drawn, widgets, the lesson's end state), so they are not
 #: executed headless a second time (in CI a skipped browser test fails the run, so nothing goes unrun).
 IN_THE_BROWSER = {"00_environment.ipynb", "01_single_device_baseline.ipynb", "03_mixed_precision.ipynb",
-                  "05_data_parallel.ipynb", "08_distributed_kmeans.ipynb"}
+                  "05_data_parallel.ipynb", "08_distributed_kmeans.ipynb", "11_how_many_nodes.ipynb"}
 
 
 # A hang guard, not a speed target: lesson 07 takes ~4 min on 2 quiet cores and past 10 on a busy machine.
@@ -363,3 +366,46 @@ def test_lesson_06_without_horovod_says_how_to_get_it_and_still_shows_the_recipe
     assert "Horovod is not installed here. `make horovod` builds it" in text
     assert text.count("skipped: needs Horovod (make horovod)") == 5  # the five cells that run Horovod
     assert "+    hvd.init()" in text  # the diff from the DDP recipe, shown all the same
+
+
+def test_lesson_11_checks_name_the_usual_slips():
+    from dlscale.lessons import plan_checks
+
+    def io_not_against_one_rank(t, ref):
+        full = t["full"]
+        return {"io": (full - t["data in memory"]) / full, "communication": (t["data in memory"] -
+                t["no communication"]) / full, "rest": (t["no communication"] - ref["data in memory"]) / full}
+
+    def over_the_reference(t, ref):
+        full = ref["full"]
+        return {"io": ((t["full"] - t["data in memory"]) - (ref["full"] - ref["data in memory"])) / full,
+                "communication": (t["data in memory"] - t["no communication"]) / full,
+                "rest": (t["no communication"] - ref["data in memory"]) / full}
+
+    with pytest.raises(AssertionError, match="one rank already waited"):
+        plan_checks.check_breakdown(io_not_against_one_rank)
+    with pytest.raises(AssertionError, match="not of the one-rank step"):
+        plan_checks.check_breakdown(over_the_reference)
+
+    def one_pass(step, n, p, alpha, beta, overlap):
+        return step / (step + (1 - overlap) * ((p - 1) * alpha + (p - 1) / p * n * beta))
+
+    def no_overlap(step, n, p, alpha, beta, overlap):
+        return step / (step + 2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta)
+
+    with pytest.raises(AssertionError, match="reduce-scatter"):
+        plan_checks.check_predicted_efficiency(one_pass)
+    with pytest.raises(AssertionError, match="1 - overlap"):
+        plan_checks.check_predicted_efficiency(no_overlap)
+
+    def fastest(runs, deadline):
+        return min((r for r in runs if r["hours_to_target"] is not None), key=lambda r: r["hours_to_target"])["run"]
+
+    def no_deadline(runs, deadline):
+        reached = [r for r in runs if r["hours_to_target"] is not None]
+        return min(reached, key=lambda r: r["nodes"] * r["hours_to_target"])["run"]
+
+    with pytest.raises(AssertionError, match="the fastest run"):
+        plan_checks.check_cheapest(fastest)
+    with pytest.raises(AssertionError, match="the deadline is 6 h"):
+        plan_checks.check_cheapest(no_deadline)

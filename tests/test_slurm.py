@@ -209,6 +209,47 @@ def test_kmeans_across_two_nodes_equals_one_process(two_nodes, tmp_path):
     assert summary["inertia"] == pytest.approx(alone.inertia_, rel=1e-9)
 
 
+def test_a_breakdown_over_nodes_and_a_plan_from_a_two_node_sweep(two_nodes, tmp_path):
+    """dlscale bench breakdown --slurm runs each way as a job of 1 and 2 nodes through the local train.sbatch;
+    dlscale plan reads a weak/strong sweep of the same cluster, recommends a run and predicts 4 nodes."""
+    env = _env(two_nodes)
+    script = str(ROOT / "slurm/local/train.sbatch")
+    done = run_cli("bench", "breakdown", *TRAIN, "--slurm", script, "--tasks-per-node", "1", "--sizes", "1,2",
+                   "--steps", "30", "--rounds", "1", "--buckets", "", "--out", "runs/bd", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "runs/bd/breakdown.json").read_text())
+    one, two = result["rows"]
+    assert result["unit"] == "nodes" and (one["nodes"], one["ranks"], two["nodes"], two["ranks"]) == (1, 1, 2, 2)
+    assert set(one["ms"]) == {"full", "data in memory"} and "no communication" in two["ms"]
+    assert abs(two["io"] + two["communication"] + two["rest"] - two["loss"]) <= result["adds_up_within"]
+    assert "| 2 | 2 | 1 |" in done.stdout  # nodes, ranks, threads each
+
+    sweep = subprocess.run(["bash", str(ROOT / "slurm/sweep.sh"), "local", "1 2", "8", *TRAIN, "epochs=2"],
+                           cwd=tmp_path, env={**env, "DLSCALE_SWEEP_DIR": "runs/sweep"}, capture_output=True,
+                           text=True, timeout=120)
+    assert sweep.returncode == 0, sweep.stderr
+    for job in re.findall(r"job (\d+)", sweep.stdout):
+        _wait_for_state(two_nodes, job, "COMPLETED")
+    ring = run_cli("bench", "allreduce", "--nproc", "2", "--max-mib", "1", "--out", "ar", cwd=tmp_path)
+    assert ring.returncode == 0, ring.stderr[-2000:]
+    plan = run_cli("plan", "runs/sweep", "--target-r2", "-10", "--deadline-hours", "1", "--allreduce",
+                   "ar/allreduce.json", cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    saved = json.loads((tmp_path / "runs/sweep/plan.json").read_text())
+    runs = {r["run"]: r for r in saved["runs"]}
+    assert set(runs) == {"weak-n1", "weak-n2", "strong-n1", "strong-n2"}
+    assert (runs["weak-n2"]["nodes"], runs["weak-n2"]["ranks"]) == (2, 4)  # two tasks per node, as the script asks
+    assert runs["weak-n2"]["node_hours"] == pytest.approx(2 * runs["weak-n2"]["hours_to_target"])
+    assert saved["recommendation"]["run"] == min(runs.values(), key=lambda r: (r["node_hours"],
+                                                                               r["hours_to_target"]))["run"]
+    predicted = saved["prediction"]
+    assert (predicted["nodes"], predicted["ranks"], predicted["global_batch_size"]) == (4, 8, 64)
+    low, high = predicted["range_hours"]
+    assert low <= predicted["hours_to_target"] <= high
+    assert "**Next size up, predicted:** 4 nodes" in plan.stdout
+    assert (tmp_path / "runs/sweep/plan.png").stat().st_size > 10_000
+
+
 def test_a_dead_node_ends_the_job_with_clear_messages_and_an_intact_checkpoint(tmp_path):
     import torch
 

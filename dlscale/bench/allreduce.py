@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,13 +28,15 @@ def slowest_rank(seconds: float, device: torch.device) -> float:
 
 
 def bench_allreduce(sizes: Iterable[int] = ALLREDUCE_SIZES, device: str = "auto", min_seconds: float = 0.2,
-                    max_iters: int = 50, data_parallel: str = "auto") -> list[dict]:
+                    max_iters: int = 50, data_parallel: str = "auto", rounds: int = 1) -> list[dict]:
     """Time the all-reduce of float32 tensors of each size on the active backend; run on every rank.
 
     The backend is the process group (gloo on CPUs, NCCL on GPUs) or, with
     ``data_parallel="horovod"`` (the default under horovodrun), Horovod. Each size runs a
     few untimed iterations, then enough timed ones to last about ``min_seconds`` (at most
-    ``max_iters``). Returns rows on every rank (rank 0 prints them).
+    ``max_iters``). With ``rounds`` the sizes take turns that many times and each row is the
+    median round (a busy spell then spoils one round, not the row). Returns rows on every rank
+    (rank 0 prints them).
     """
     from dlscale import distributed
 
@@ -45,29 +48,41 @@ def bench_allreduce(sizes: Iterable[int] = ALLREDUCE_SIZES, device: str = "auto"
         else "horovod (nccl)"
     target = torch.device(env.device)
     sync = torch.cuda.synchronize if target.type == "cuda" else (lambda: None)
+    sizes = list(sizes)
+    timed = {size: [] for size in sizes}
+    for _ in range(rounds):
+        for size in sizes:
+            timed[size].append(_time_allreduce(size, target, sync, min_seconds, max_iters))
     rows = []
     for size in sizes:
-        tensor = torch.ones(size // 4, dtype=torch.float32, device=target)
-        # Timed by hand, not by torch.utils.benchmark: its adaptive repetition would let ranks make
-        # different numbers of calls, and each call is a collective. Three untimed calls size the
-        # timed loop, and the count comes from the slowest rank's estimate so that all agree.
-        sync()
-        start = time.perf_counter()
-        for _ in range(3):
-            distributed.all_reduce_sum(tensor)
-        sync()
-        estimate = slowest_rank((time.perf_counter() - start) / 3, target)
-        iters = int(min(max_iters, max(3, min_seconds / max(estimate, 1e-9))))
-        start = time.perf_counter()
-        for _ in range(iters):
-            distributed.all_reduce_sum(tensor)
-        sync()
-        seconds = slowest_rank((time.perf_counter() - start) / iters, target)  # the slowest rank sets the pace
-        rows.append({"bytes": size, "ms": 1000 * float(seconds), "iters": iters,
-                     "algbw_gbs": size / float(seconds) / 1e9,
-                     "busbw_gbs": bus_bandwidth(size, float(seconds), env.world_size) / 1e9,
+        seconds = statistics.median(timed[size])
+        rows.append({"bytes": size, "ms": 1000 * seconds, "rounds": rounds,
+                     "algbw_gbs": size / seconds / 1e9,
+                     "busbw_gbs": bus_bandwidth(size, seconds, env.world_size) / 1e9,
                      "world_size": env.world_size, "backend": backend})
     return rows
+
+
+def _time_allreduce(size: int, target: torch.device, sync, min_seconds: float, max_iters: int) -> float:
+    """Seconds per all-reduce of ``size`` bytes, as the slowest rank saw them."""
+    from dlscale import distributed
+
+    tensor = torch.ones(size // 4, dtype=torch.float32, device=target)
+    # Timed by hand, not by torch.utils.benchmark: its adaptive repetition would let ranks make
+    # different numbers of calls, and each call is a collective. Three untimed calls size the
+    # timed loop, and the count comes from the slowest rank's estimate so that all agree.
+    sync()
+    start = time.perf_counter()
+    for _ in range(3):
+        distributed.all_reduce_sum(tensor)
+    sync()
+    estimate = slowest_rank((time.perf_counter() - start) / 3, target)
+    iters = int(min(max_iters, max(3, min_seconds / max(estimate, 1e-9))))
+    start = time.perf_counter()
+    for _ in range(iters):
+        distributed.all_reduce_sum(tensor)
+    sync()
+    return slowest_rank((time.perf_counter() - start) / iters, target)  # the slowest rank sets the pace
 
 
 def format_allreduce(rows: list[dict]) -> str:

@@ -10,7 +10,7 @@ them at once, and returns the per-rank results in rank order. Lesson 05 uses it:
     from dlscale.train import train
     results = run_on_engines(train, 2, "tiny", epochs=1)     # results[0] is rank 0's Result
 
-The engines stay up for the next call of the same shape from the same folder (a lesson's
+The engines stay up for the next call of the same shape (or fewer engines) from the same folder (a lesson's
 next cell starts at once instead of after the seconds that starting a controller and N
 Pythons with torch take); each call gets a fresh port and leaves no process group behind.
 They stop when the kernel exits, with :func:`stop_engines`, when a call of another shape or
@@ -76,7 +76,7 @@ def run_file(path: str, function: str = "main", /, **kwargs: Any) -> Any:
     return runpy.run_path(str(path), run_name="recipe")[function](**kwargs)
 
 
-def train_rank(config: str, **overrides: Any) -> dict[str, Any]:
+def train_rank(config: Any, **overrides: Any) -> dict[str, Any]:
     """``dlscale.train`` on an engine, returning what travels back: the run folder, the final validation
     metrics and the applied settings (a sharded model does not: read its checkpoint with ``load_model``)."""
     from dlscale.training.loop import train
@@ -141,15 +141,16 @@ def run_on_engines(function: Callable, n: int = 2, *args: Any, engines: str = "l
     ``engines`` is ipyparallel's engine launcher: ``local``, ``mpi`` or ``slurm`` (with Slurm the
     controller listens on all interfaces so engines on compute nodes can reach it).
     ``cluster_options`` go to :class:`ipyparallel.Cluster` (e.g. Slurm's account and time).
-    The engines stay up for the next call with the same ``n``, ``engines`` and options from the same
-    folder, until a call fails, another set starts, or :func:`stop_engines`.
+    The engines stay up for the next call with as many engines or fewer, the same ``engines`` and options,
+    from the same folder, until a call fails, another set starts, or :func:`stop_engines`.
     """
     ipp = import_optional("ipyparallel", "notebooks", "notebook-driven ranks", EngineError)
     options = {"n": n, "engines": engines, "log_level": 40, **(cluster_options or {})}
     if engines == "slurm":
         options.setdefault("controller_ip", "*")
     global _kept
-    key = repr((sorted(options.items()), os.getcwd()))
+    # (a kept set of more engines serves a smaller job too: its first n engines take part, the rest wait)
+    key = repr((sorted((k, v) for k, v in options.items() if k != "n"), os.getcwd()))
     if _kept is not None and _kept[0] == key and len(_kept[2].ids) >= n:  # (fewer: an engine died since)
         (_, cluster, client), _kept = _kept, None
     else:

@@ -65,6 +65,9 @@ class TrainConfig:
     augment: bool = _knob(False, "Shift, mirror and rotate every training map at random, per sample in the loader "
                                  "(real CPU work per sample, as decoding and augmenting are; lesson 02).")
     pin_memory: bool = _knob(True, "Page-locked host buffers for faster copies to the GPU (ignored on CPU).")
+    data_in_memory: bool = _knob(False, "Read this rank's first epoch of batches once, keep them on the device and "
+                                         "replay them every epoch: no loader and no copy in the step (the 'data in "
+                                         "memory' run of dlscale bench breakdown; not for training a model).")
 
     # -- model ---------------------------------------------------------------
     model: Literal["cnn", "vit"] = _knob("cnn", "The regressor: a CNN, or a small vision transformer (vit; the "
@@ -83,10 +86,12 @@ class TrainConfig:
     sync_batchnorm: bool = _knob(False, "With several GPUs, compute batch-norm statistics over all ranks (CUDA only).")
 
     # -- data parallel -------------------------------------------------------
-    data_parallel: Literal["auto", "ddp", "horovod", "fsdp"] = _knob(
+    data_parallel: Literal["auto", "ddp", "horovod", "fsdp", "none"] = _knob(
         "auto", "How the ranks share the work of one batch: PyTorch DDP, Horovod's DistributedOptimizer, or FSDP "
                 "(parameters, gradients and optimizer state sharded over the ranks; auto = Horovod when launched by "
-                "horovodrun, FSDP with tensor_parallel on several data-parallel ranks, DDP otherwise).")
+                "horovodrun, FSDP with tensor_parallel on several data-parallel ranks, DDP otherwise). none: every "
+                "rank steps alone on its share, no gradient is sent (the models drift apart; the 'no "
+                "communication' run of dlscale bench breakdown).")
     tensor_parallel: int = _knob(1, "ViT: split every block's attention heads and MLP over this many ranks "
                                     "(consecutive ranks, so inside a node); the rest of the ranks are data-parallel.")
     horovod_fp16_compression: bool = _knob(False, "Horovod: send gradients as fp16 (half the bytes, "

@@ -257,6 +257,28 @@ def make_loader(cfg: TrainConfig, rank: int = 0, world_size: int = 1, split: str
                       shuffle=False, **options)
 
 
+class InMemoryBatches:
+    """One epoch of a training loader's batches, read once, prepared (moved to the device) and replayed every epoch.
+
+    What ``data_in_memory=true`` trains on: the step then waits for no loader and copies nothing, so a
+    run with it against one without measures what the data path adds to a step (``dlscale bench
+    breakdown``). Every epoch replays the first one's batches in the same order: for measuring, not
+    for training a model.
+    """
+
+    def __init__(self, loader: DataLoader, prepare: Any):
+        self.dataset, self.sampler = loader.dataset, loader.sampler  # (the loop still sets the sampler's position)
+        self.num_workers, self.pin_memory = loader.num_workers, loader.pin_memory
+        loader.sampler.set_position(0, 0)
+        self.batches = [prepare(*batch) for batch in loader]
+
+    def __iter__(self) -> Iterator:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
 def target_names(data_dir: str | Path, num_targets: int) -> list[str]:
     """Names of the target columns from the manifest, or generic names for a user's data."""
     manifest = read_manifest(data_dir)

@@ -39,7 +39,7 @@ from dlscale.runtime.precision import Precision
 class ParallelPlan:
     """How one job's ranks share the work: the data parallelism, the tensor-parallel size, this rank's place."""
 
-    data_parallel: str          # "none" (one data-parallel rank), "ddp", "horovod" or "fsdp"
+    data_parallel: str          # "none" (one rank, or each rank alone), "ddp", "horovod" or "fsdp"
     tensor_parallel: int        # ranks that split each layer (1 = off)
     data_rank: int              # this rank's index among the data-parallel ranks (which samples it reads)
     data_ranks: int             # how many ranks read different samples: world size / tensor_parallel
@@ -63,6 +63,11 @@ def plan_parallelism(cfg: TrainConfig, env: DistEnv) -> ParallelPlan:
         raise ConfigError(f"tensor_parallel={tp} does not divide the {env.world_size} ranks of this job; launch a "
                           f"multiple of {tp} ranks, or change tensor_parallel")
     dp = env.world_size // tp
+    if cfg.data_parallel == "none":  # every rank alone (the breakdown's run without communication)
+        if tp > 1:
+            raise ConfigError("data_parallel=none cannot run with tensor_parallel > 1: the ranks of a tensor-parallel "
+                              "layer must communicate; set tensor_parallel=1")
+        return ParallelPlan("none", 1, env.rank, env.world_size)
     if env.backend == "horovod":
         kind = "horovod"
     elif cfg.data_parallel == "fsdp" or (cfg.data_parallel == "auto" and tp > 1):
@@ -150,7 +155,9 @@ def build_step_model(model: nn.Module, env: DistEnv, cfg: TrainConfig, plan: Par
         if plan.data_parallel == "fsdp":
             apply_fsdp(model, plan.mesh["dp"], bf16=policy is not None and policy.name == "bf16")
         return model
-    wrapped = apply_ddp(model, env, cfg.bucket_cap_mb, cfg.gradient_as_bucket_view, cfg.static_graph)
+    alone = plan is not None and plan.data_parallel == "none"  # (one rank, or every rank stepping alone)
+    wrapped = model if alone else apply_ddp(model, env, cfg.bucket_cap_mb, cfg.gradient_as_bucket_view,
+                                            cfg.static_graph)
     if not cfg.compile:
         return wrapped
     # DDP first, then compile (PyTorch's DDP notes, "TorchDynamo DDPOptimizer"): Dynamo sees DDP and

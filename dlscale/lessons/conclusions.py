@@ -139,3 +139,30 @@ def memory_conclusion(rows: list[dict[str, Any]]) -> list[str]:
                      f"optimizer state of DDP on {row['processes']} ranks (1/{row['processes']} would be "
                      f"{1 / row['processes']:.2f}), and a step takes {row['step_vs_ddp']:.2f}x as long")
     return lines
+
+
+_PART_NAMES = {"io": "exposed I/O", "communication": "exposed communication", "rest": "the rest"}
+
+
+def breakdown_conclusions(result: dict[str, Any]) -> list[str]:
+    """The breakdown (``bench_breakdown``): per size, the loss and its largest part, whether the rounds agree on
+    which part that is, and the bucket size that hid the most communication."""
+    lines = []
+    for row in result["rows"][1:]:
+        parts = sorted(("io", "communication", "rest"), key=lambda p: -row[p])
+        top, second = parts[0], parts[1]
+        low_top, _ = row["range"][top]
+        _, high_second = row["range"][second]
+        sure = ("every round agrees" if low_top > high_second else
+                f"but the rounds overlap with {_PART_NAMES[second]} ({100 * row['range'][second][0]:.0f} to "
+                f"{100 * high_second:.0f}%): run more rounds or steps before acting on it")
+        lines.append(f"{row['size']} {result['unit']}: {100 * row['efficiency']:.0f}% efficient; of the "
+                     f"{100 * row['loss']:.0f}% lost, {_PART_NAMES[top]} is the largest part "
+                     f"({100 * row[top]:.0f}%), {sure}")
+        exposed = row.get("exposed_communication_ms")
+        if exposed and len(exposed) > 1:
+            best = min(exposed, key=exposed.get)
+            others = ", ".join(f"{mb} MiB {ms:.2f} ms" for mb, ms in exposed.items() if mb != best)
+            lines.append(f"buckets of {best} MiB left the least communication exposed ({exposed[best]:.2f} ms per "
+                         f"step; {others})")
+    return lines

@@ -107,3 +107,15 @@ NOISE_SCALE = Question("the measured gradient noise scale B_simple lies...",
                         "c": "above the largest batch"}, _noise_scale)
 FSDP_MEMORY = Question("on 2 ranks, what FSDP holds per rank (parameters, gradients, optimizer state), against DDP, is...",
                        {"a": "about the same", "b": "about half", "c": "about a quarter"}, _fsdp_memory)
+
+
+def _largest_part(result: dict[str, Any]) -> str | None:
+    row = max(result["rows"], key=lambda r: r["size"])
+    if row["size"] == min(r["size"] for r in result["rows"]):
+        return None
+    return {"io": "a", "communication": "b", "rest": "c"}[max(("io", "communication", "rest"), key=lambda p: row[p])]
+
+
+LARGEST_LOSS = Question("at the largest size of the breakdown, the largest part of the lost efficiency is...",
+                        {"a": "exposed I/O (the loader)", "b": "exposed communication (the all-reduce)",
+                         "c": "the rest (compute that does not scale: ranks sharing cores)"}, _largest_part)

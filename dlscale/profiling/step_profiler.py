@@ -84,8 +84,8 @@ class StepProfiler:
 
 
 def summarize(profiler: torch.profiler.profile, steps: int, top: int = 12, by_device: bool = False) -> dict[str, Any]:
-    """Milliseconds per step for each training-loop range and for the top operators by self time (their
-    kernels' time with ``by_device``, when the GPU's activity was profiled)."""
+    """Milliseconds per step for each training-loop range, for the top operators by self time (their
+    kernels' time with ``by_device``, when the GPU's activity was profiled) and in the collectives."""
     return summarize_events(profiler.key_averages(), steps, top, by_device)
 
 
@@ -101,10 +101,12 @@ def summarize_events(events: Any, steps: int, top: int = 12, by_device: bool = F
     them apart by device type). Only the host's rows count here: one row per range, whose calls
     are the steps profiled and whose device time is that of the kernels it launched.
     """
-    events = [e for e in events if _on_host(e)]
+    events = list(events)
     new_names = events and hasattr(events[0], "device_time_total")  # (torch renamed cuda_* to device_*)
     device_attr, self_device_attr = (("device_time_total", "self_device_time_total") if new_names
                                      else ("cuda_time_total", "self_cuda_time_total"))
+    collectives = _collective_us(events, self_device_attr, by_device) / 1000 / steps
+    events = [e for e in events if _on_host(e)]
 
     def row(event) -> dict[str, Any]:
         return {"name": event.key, "calls": event.count,
@@ -118,7 +120,16 @@ def summarize_events(events: Any, steps: int, top: int = 12, by_device: bool = F
     operators = [row(e) for e in events if e.key not in RANGES and not e.key.startswith("ProfilerStep")]
     # on a GPU an operator costs the time of its own kernels; its CPU time there is mostly launching them
     operators.sort(key=lambda r: -r["self_device_ms_per_step" if by_device else "self_cpu_ms_per_step"])
-    return {"steps": steps, "ranges": ranges, "top_operators": operators[:top]}
+    return {"steps": steps, "ranges": ranges, "top_operators": operators[:top], "collectives_ms_per_step": collectives}
+
+
+def _collective_us(events: list, self_device_attr: str, by_device: bool) -> float:
+    """Microseconds spent in the collectives: on a GPU their NCCL kernels' device time (``ncclDevKernel_*``),
+    on a CPU the host time of gloo's own ranges (``gloo:all_gather``, ...), in which gloo blocks the caller."""
+    if by_device:
+        return sum(getattr(e, self_device_attr, 0) for e in events
+                   if not _on_host(e) and e.key.lower().startswith("nccl"))
+    return sum(e.cpu_time_total for e in events if _on_host(e) and e.key.startswith(("gloo:", "nccl:")))
 
 
 def phase_times(summary: dict[str, Any], device: torch.device | str) -> tuple[dict[str, float], str]:

@@ -289,3 +289,94 @@ def memory_chart(rows: list[dict], title: str = "what each rank holds") -> Noteb
     ax.margins(y=0.15)
     ax.legend()
     return fig
+
+
+_PART_COLOURS = {"io": "tab:orange", "communication": "tab:red", "rest": "tab:gray"}
+_PART_LABELS = {"io": "exposed I/O", "communication": "exposed communication", "rest": "the rest"}
+
+
+def breakdown_bars(result: dict) -> NotebookFigure:
+    """Stacked bars: each size's efficiency and the lost efficiency split into its parts (``bench breakdown``).
+
+    A part below zero (a cost that shrank, or noise) is drawn below the axis, so each bar still
+    reaches 100% minus the other parts: efficiency plus the parts is 100% at every size."""
+    fig = NotebookFigure(figsize=(7, 4), layout="constrained")
+    ax = fig.subplots()
+    rows = result["rows"]
+    labels = [f"{r['size']} {result['unit']}\n({r['ranks']} ranks)" for r in rows]
+    x = np.arange(len(rows))
+    ax.bar(x, [100 * r["efficiency"] for r in rows], color="tab:green", label="efficiency")
+    up = np.array([100 * r["efficiency"] for r in rows])
+    down = np.zeros(len(rows))
+    for part in ("io", "communication", "rest"):
+        values = np.array([100 * r[part] for r in rows])
+        ax.bar(x, values, bottom=np.where(values >= 0, up, down), color=_PART_COLOURS[part],
+               label=_PART_LABELS[part])
+        up = up + np.clip(values, 0, None)
+        down = down + np.clip(values, None, 0)
+    ax.axhline(100, color="black", linestyle="--", linewidth=1)
+    ax.set(xticks=x, xticklabels=labels, ylabel="% of the step time", title=f"where the efficiency goes "
+           f"({result['layout']}, per-rank batch {result['per_rank_batch']})")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(loc="lower left", fontsize="small")
+    return fig
+
+
+def efficiency_projection(curves: dict[str, list[dict]], assumptions: str = "") -> NotebookFigure:
+    """Predicted efficiency against nodes (log scale), one line per model or layout, the assumptions beside it."""
+    fig = NotebookFigure(figsize=(10, 4), layout="constrained")
+    ax, text_ax = fig.subplots(1, 2, width_ratios=(3, 2))
+    for label, points in curves.items():
+        ax.plot([p["nodes"] for p in points], [100 * p["efficiency"] for p in points], "o-", markersize=3,
+                label=label)
+    ax.set(xscale="log", xlabel="nodes", ylabel="predicted efficiency (%)", ylim=(0, 105),
+           title="predicted weak-scaling efficiency")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small")
+    text_ax.axis("off")
+    text_ax.text(0, 1, "\n".join(textwrap.fill(line, 48) for line in assumptions.splitlines()), va="top",
+                 fontsize="small", family="monospace")
+    return fig
+
+
+def cost_to_solution(rows: list[dict], chosen: str | None = None) -> NotebookFigure:
+    """Wall time to the target against node-hours, one point per run: the fastest and the cheapest are corners."""
+    fig = NotebookFigure(figsize=(7, 4), layout="constrained")
+    ax = fig.subplots()
+    reached = [r for r in rows if r.get("hours_to_target") is not None]
+    # (minutes for a real sweep; seconds for the few-second runs of a laptop)
+    scale, unit = (60, "minutes") if max((r["hours_to_target"] for r in reached), default=1) > 1 / 30 else \
+        (3600, "seconds")
+    for row in reached:
+        marker = "*" if row["run"] == chosen else "o"
+        ax.plot(row["hours_to_target"] * scale, row["node_hours"], marker, markersize=14 if marker == "*" else 7,
+                color="tab:red" if marker == "*" else "tab:blue")
+        ax.annotate(f"{row['run']} ({row['nodes']} node{'s' if row['nodes'] > 1 else ''})",
+                    (row["hours_to_target"] * scale, row["node_hours"]), textcoords="offset points", xytext=(6, 4),
+                    fontsize="small")
+    ax.set(xlabel=f"wall time to the target ({unit})", ylabel="node-hours to the target",
+           title="fastest against cheapest" + (f" (★ {chosen})" if chosen else ""))
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def allreduce_fit(measured: list[dict], predicted: list[dict], fitted_sizes: set[int]) -> NotebookFigure:
+    """All-reduce time against message size (log-log): measured points (filled: fitted on; open: held out) and
+    the α–β model's prediction, one colour per rank count."""
+    fig = NotebookFigure(figsize=(7, 4), layout="constrained")
+    ax = fig.subplots()
+    for index, ranks in enumerate(sorted({r["world_size"] for r in measured})):
+        colour = f"C{index}"
+        rows = [r for r in measured if r["world_size"] == ranks]
+        model = sorted((p["bytes"], p["predicted_ms"]) for p in predicted if p["ranks"] == ranks)
+        ax.plot([b for b, _ in model], [ms for _, ms in model], "-", color=colour, label=f"model, {ranks} ranks")
+        for row in rows:
+            fitted = (row["bytes"], ranks) in fitted_sizes
+            ax.plot(row["bytes"], row["ms"], "o", color=colour, markerfacecolor=colour if fitted else "white")
+    ax.plot([], [], "ko", label="measured, fitted on")
+    ax.plot([], [], "o", color="black", markerfacecolor="white", label="measured, held out")
+    ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="all-reduce time (ms)",
+           title="the α–β model against the measurement")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small")
+    return fig

@@ -23,7 +23,7 @@ from dlscale import distributed
 from dlscale.checkpoint import CheckpointError, clear_checkpoints, load_latest_checkpoint, restore_training
 from dlscale.config import ConfigError, TrainConfig
 from dlscale.config.resume_check import check_resume
-from dlscale.data.loader import rank_loaders, target_names
+from dlscale.data.loader import InMemoryBatches, rank_loaders, target_names
 from dlscale.distributed import DistEnv, horovod_backend
 from dlscale.distributed.grad_sync import GradientSync, gradient_sync
 from dlscale.distributed.parallelize import (ParallelPlan, build_step_model, cuda_graph_skips, plan_parallelism,
@@ -36,6 +36,7 @@ from dlscale.models import build_model, count_parameters, is_channels_last
 from dlscale.optim.factory import build_optimizer
 from dlscale.optim.schedules import scale_lr, warmup_schedule
 from dlscale.profiling import FlopCount, count_flops, nvtx_backend
+from dlscale.runtime.devices import to_device
 from dlscale.runtime.precision import Precision
 from dlscale.runtime.threads import ThreadChoice, apply_threads
 
@@ -119,6 +120,9 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
     if plan.data_parallel == "fsdp" and policy.name == "bf16":
         policy = dataclasses.replace(policy, fsdp_casts=True)
     model = model.to(device, policy.param_dtype)
+    if cfg.data_in_memory:  # (the breakdown's run without a loader: the batches already on the device)
+        train_loader = InMemoryBatches(train_loader, lambda x, y: to_device(x, y, device, cfg.channels_last,
+                                                                           policy.param_dtype))
     loss_fn = nn.MSELoss()
     # Counted on a twin on the meta device: no memory, no kernel on the GPU, nothing collective.
     with torch.device("meta"):

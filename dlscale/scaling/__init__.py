@@ -1,0 +1,11 @@
+"""How many nodes to ask for: an α–β model of the collectives, projections to a site, and cost to solution (lesson 11).
+
+- :mod:`~dlscale.scaling.collectives`: the α–β cost of ring and tree all-reduce, reduce-scatter and
+  all-gather, one level or two (inside a node, between nodes);
+- :mod:`~dlscale.scaling.fit`: α and β fitted from ``dlscale bench allreduce``'s rows, and how well
+  the fit predicts sizes and rank counts it did not see;
+- :mod:`~dlscale.scaling.sites`: Perlmutter's and Frontier's published link figures, with their sources;
+- :mod:`~dlscale.scaling.projection`: a model's step time and efficiency from 1 to 1,024 nodes;
+- :mod:`~dlscale.scaling.plan`: ``dlscale plan``: a sweep's time and node-hours to a target, the
+  fastest against the cheapest, a recommendation, and the next size up predicted.
+"""

@@ -1,0 +1,206 @@
+"""Where the efficiency goes and how many nodes to ask for: the breakdown, the α–β model, the plan (lesson 11)."""
+
+import json
+import math
+import random
+import subprocess
+import sys
+
+import pytest
+
+from dlscale.bench.breakdown import ADDS_UP_WITHIN, ALONE, FULL, MEMORY, breakdown_parts
+from dlscale.metrics.communication import data_parallel_bytes
+from dlscale.scaling.collectives import (Link, hierarchical_allreduce, layout_seconds, ring_allgather,
+                                         ring_allreduce, ring_reduce_scatter, tree_allreduce)
+from dlscale.scaling.fit import fit_link, predictions, worst_ratio
+from dlscale.scaling.plan import predict_next, recommend, samples_factor
+from dlscale.scaling.projection import Workload, project
+from dlscale.scaling.sites import FRONTIER, PERLMUTTER, here
+
+from .conftest import ROOT
+
+
+# -- the breakdown's arithmetic ----------------------------------------------------------------
+
+def test_each_part_is_the_growth_of_its_own_cost_and_the_parts_add_up_to_the_loss():
+    # one rank: 10 ms of compute and 2 ms of loader wait; two ranks: 1 ms more compute (shared cores),
+    # 3 ms of exposed all-reduce, and the loader wait grown to 2.5 ms
+    ref = {FULL: 0.012, MEMORY: 0.010}
+    t = {FULL: 0.0165, MEMORY: 0.014, ALONE: 0.011}
+    parts = breakdown_parts(t, ref)
+    assert parts["io"] == pytest.approx(0.0005 / 0.0165)
+    assert parts["communication"] == pytest.approx(0.003 / 0.0165)
+    assert parts["rest"] == pytest.approx(0.001 / 0.0165)
+    assert parts["efficiency"] == pytest.approx(0.012 / 0.0165)
+    rng = random.Random(0)
+    for _ in range(100):  # and whatever the timings, also at a reference size that communicates itself
+        ref = {FULL: rng.uniform(1, 2), MEMORY: rng.uniform(0.5, 1.5), ALONE: rng.uniform(0.3, 0.5)}
+        t = {FULL: rng.uniform(1, 4), MEMORY: rng.uniform(0.5, 3), ALONE: rng.uniform(0.3, 2)}
+        parts = breakdown_parts(t, ref)
+        assert abs(parts["io"] + parts["communication"] + parts["rest"] - parts["loss"]) <= ADDS_UP_WITHIN
+        assert parts["efficiency"] + parts["loss"] == pytest.approx(1.0)
+
+
+def test_an_fsdp_breakdown_takes_the_communication_from_the_profiler_and_adds_up(tmp_path, monkeypatch):
+    """FSDP cannot step without its collectives: the no-communication time is the step less gloo's own time."""
+    from dlscale.bench.breakdown import bench_breakdown, engine_runner
+    from dlscale.config import load_config
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config("vit-tiny", ["data_parallel=fsdp", "global_batch_size=16", "val_samples=256"])
+    result = bench_breakdown(cfg, [1, 2], engine_runner(cfg), steps=30, rounds=1, out_dir=tmp_path / "bd",
+                             progress=False)
+    assert result["layout"] == "FSDP/TP" and "profiler" in result["no_communication_from"]
+    one, two = result["rows"]
+    assert set(two["ms"]) == {FULL, MEMORY, ALONE}  # (no run with data_parallel=none, nor with buckets)
+    summary = json.loads(next((tmp_path / "bd").glob("ranks2-data_in_memory-round1/profile_summary.json"))
+                         .read_text())
+    assert summary["collectives_ms_per_step"] > 0
+    assert two["ms"][MEMORY] - two["ms"][ALONE] == pytest.approx(summary["collectives_ms_per_step"])
+    assert two["communication"] > 0
+    assert abs(two["io"] + two["communication"] + two["rest"] - two["loss"]) <= ADDS_UP_WITHIN
+    assert (tmp_path / "bd/breakdown.png").stat().st_size > 10_000
+
+
+def test_data_in_memory_and_every_rank_alone_change_what_the_run_does(tmp_path, monkeypatch):
+    """The two ways the breakdown adds to the engine: batches replayed from the device, and no DDP at all."""
+    from dlscale.cluster.notebook_engines import run_on_engines, train_rank
+
+    monkeypatch.chdir(tmp_path)
+    done = run_on_engines(train_rank, 2, "tiny", data_parallel="none", data_in_memory=True, max_steps=6, epochs=99,
+                          norm="group", progress=False, plot=False, checkpoint_every=0, threads=1,
+                          run_dir=str(tmp_path / "alone"))
+    applied = done[0]["applied"]
+    assert applied["ddp"] is False and applied["data_parallel_ranks"] == 2 and applied["world_size"] == 2
+    from dlscale.config import ConfigError, load_config
+    from dlscale.distributed.launchers import DistEnv
+    from dlscale.distributed.parallelize import plan_parallelism
+    with pytest.raises(ConfigError, match="tensor_parallel"):
+        plan_parallelism(load_config("vit-tiny", ["data_parallel=none", "tensor_parallel=2"]),
+                         DistEnv(rank=0, world_size=2))
+
+
+def test_in_memory_batches_are_the_first_epochs_on_the_device_replayed():
+    import torch
+
+    from dlscale.config import load_config
+    from dlscale.data.loader import InMemoryBatches, make_loader
+
+    cfg = load_config("tiny")
+    loader = make_loader(cfg)
+    seen = []
+    memory = InMemoryBatches(loader, lambda x, y: (seen.append(1) or x.double(), y))
+    assert len(seen) == len(loader) == len(memory)  # read (and prepared) once, at the start
+    first, again = list(memory), list(memory)
+    assert all(a[0] is b[0] for a, b in zip(first, again)) and first[0][0].dtype == torch.float64
+    loader.sampler.set_position(0, 0)
+    assert torch.equal(next(iter(loader))[0].double(), first[0][0])
+
+
+# -- the α–β model ----------------------------------------------------------------------------
+
+def test_ring_allreduce_is_the_textbook_cost_and_sends_what_ddp_sends():
+    link = Link(alpha=2e-6, beta=1 / 10e9)
+    for p in (2, 3, 8, 64):
+        n = 100e6
+        assert ring_allreduce(n, p, link) == pytest.approx(2 * (p - 1) * 2e-6 + 2 * (p - 1) / p * n / 10e9)
+        assert ring_allreduce(n, p, link) == pytest.approx(ring_reduce_scatter(n, p, link) + ring_allgather(n, p, link))
+        assert tree_allreduce(n, p, link) == pytest.approx(2 * math.ceil(math.log2(p)) * (2e-6 + n / 10e9))
+        # with α = 0 and β = 1 s/byte the time is the bytes a rank sends: the lesson 10 table's DDP and FSDP rows
+        bytes_only = Link(0.0, 1.0)
+        sent = data_parallel_bytes(int(n / 4), p)
+        assert ring_allreduce(n, p, bytes_only) == pytest.approx(sent["DDP"])
+        assert layout_seconds("fsdp", n, p, 1, bytes_only, bytes_only) == pytest.approx(sent["FSDP"])
+    assert ring_allreduce(1e9, 1, link) == 0.0
+    # two levels with one GPU per node are one flat ring; with g GPUs the network carries 1/g of the bytes
+    assert hierarchical_allreduce(1e8, 1, 16, link, link) == pytest.approx(ring_allreduce(1e8, 16, link))
+    slow = Link(0.0, 1 / 1e9)
+    assert hierarchical_allreduce(1e8, 4, 16, Link(0.0, 0.0), slow) == pytest.approx(ring_allreduce(1e8 / 4, 16, slow))
+
+
+def test_the_fit_recovers_alpha_and_beta_and_never_goes_negative():
+    true = Link(alpha=50e-6, beta=1 / 2e9)
+    rows = [{"bytes": n, "world_size": p, "ms": 1000 * ring_allreduce(n, p, true)}
+            for p in (2, 4) for n in (4096, 65536, 2 ** 20, 2 ** 24)]
+    fitted = fit_link(rows)
+    assert fitted.alpha == pytest.approx(true.alpha, rel=1e-6) and fitted.beta == pytest.approx(true.beta, rel=1e-6)
+    assert worst_ratio(predictions(fitted, rows)) == pytest.approx(1.0)
+    # large messages alone, measured a little noisily, would give a negative latency: it is held at zero
+    noisy = [{"bytes": n, "world_size": 2, "ms": 1000 * n / 2e9 * f} for n, f in ((2 ** 24, 1.0), (2 ** 26, 1.05))]
+    assert fit_link(noisy).alpha == 0.0 and fit_link(noisy).beta > 0
+    with pytest.raises(ValueError, match="two message sizes"):
+        fit_link(rows[:1])
+
+
+#: How far the model fitted here may miss on sizes and rank counts it did not see: gloo on loopback has a floor
+#: of scheduler wake-ups below about 256 KiB that two parameters cannot follow exactly (measured: within 2.1x on
+#: 2 quiet cores, docs/benchmarks.md); the rounds' median keeps a busy spell out of the rows.
+HELD_OUT_WITHIN = 3.0
+
+
+def test_the_model_fitted_here_predicts_sizes_and_rank_counts_it_was_not_fitted_on(tmp_path):
+    measured = {}
+    for ranks in (2, 3):
+        done = subprocess.run([sys.executable, "-m", "dlscale", "bench", "allreduce", "--nproc", str(ranks),
+                               "--max-mib", "4", "--rounds", "3", "--out", str(tmp_path / f"p{ranks}")],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        measured[ranks] = json.loads((tmp_path / f"p{ranks}/allreduce.json").read_text())
+    fitted_on, held_out = measured[2][::2], measured[2][1::2]
+    link = fit_link(fitted_on)
+    assert link.alpha > 0 and link.beta > 0
+    assert worst_ratio(predictions(link, held_out)) <= HELD_OUT_WITHIN  # sizes it did not see
+    assert worst_ratio(predictions(link, measured[3])) <= HELD_OUT_WITHIN  # a rank count it did not see
+
+
+# -- projections and the plan -----------------------------------------------------------------
+
+def test_a_projection_loses_efficiency_as_nodes_grow_and_hides_what_the_overlap_hides():
+    workload = Workload("yardstick", 25_000_000, 2e-4, 64)
+    rows = project(workload, PERLMUTTER)
+    assert [r["nodes"] for r in rows] == [2 ** i for i in range(11)]
+    efficiencies = [r["efficiency"] for r in rows]
+    assert all(a >= b for a, b in zip(efficiencies, efficiencies[1:])) and efficiencies[-1] < efficiencies[0] < 1
+    hidden = project(Workload("yardstick", 25_000_000, 2e-4, 64, overlap=0.5), PERLMUTTER)
+    assert hidden[5]["exposed_s"] == pytest.approx(rows[5]["exposed_s"] / 2)
+    # Frontier's GCDs share a NIC and its ring crosses 50 GB/s pairs: the same gradient costs more there per GPU
+    assert project(workload, FRONTIER)[4]["communication_s"] > rows[4]["communication_s"]
+
+
+def test_the_recommendation_is_the_cheapest_run_that_meets_the_deadline_and_the_budget():
+    rows = [{"run": f"n{n}", "nodes": n, "global_batch_size": 32 * n, "hours_to_target": h,
+             "node_hours": None if h is None else n * h} for n, h in ((1, 10.0), (2, 5.5), (4, 3.0), (8, 2.0),
+                                                                     (16, None))]
+    assert recommend(rows, deadline_hours=6)["run"] == "n2"
+    assert recommend(rows)["run"] == "n1"
+    assert recommend(rows, deadline_hours=1)["run"] is None
+    refused = recommend(rows, deadline_hours=6, budget_node_hours=10)
+    assert refused["run"] is None and "n2" in refused["why"] and "budget" in refused["why"]
+
+
+def test_the_next_size_up_grows_by_the_allreduce_and_the_noise_scale():
+    link = Link(alpha=1e-3, beta=1e-9)
+    rows = [{"run": "weak-n1", "group": "weak", "nodes": 1, "ranks": 1, "global_batch_size": 32,
+             "samples_per_s": 3200.0, "hours_to_target": 1 / 3600, "samples_to_target": 3200.0,
+             "gradient_bytes": 1e6, "noise_scale": None}]
+    step = 32 / 3200
+    grow = ring_allreduce(1e6, 2, link)
+    plain = predict_next(rows, here(link))
+    assert plain["nodes"] == 2 and plain["global_batch_size"] == 64
+    assert plain["hours_to_target"] * 3600 == pytest.approx(3200 / (64 / (step + grow)))
+    hidden = predict_next(rows, here(link), overlap=1.0)  # all of the all-reduce hidden: twice the ranks, half the time
+    assert hidden["hours_to_target"] * 3600 == pytest.approx(0.5)
+    noisy = predict_next(rows, here(link), noise_scale=32.0)  # B = B_noise: doubling it needs 1.5x the samples
+    assert samples_factor(32, 64, 32.0) == pytest.approx(1.5)
+    assert noisy["hours_to_target"] == pytest.approx(1.5 * plain["hours_to_target"])
+    low, high = predict_next(rows, here(link), noise_scale=32.0, model_error=2.0)["range_hours"]
+    assert low < noisy["hours_to_target"] < high
+
+
+def test_project_prints_the_table_and_the_assumptions_it_rests_on(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "dlscale", "project", "--site", "frontier", "--ms-per-sample", "0.3",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "| 1024 | 8192 |" in done.stdout and "docs.olcf.ornl.gov" in done.stdout
+    assert "Slingshot, one 25 GB/s NIC per 2 GCDs" in done.stdout and "not modelled:" in done.stdout
+    assert (tmp_path / "projection.png").stat().st_size > 10_000
