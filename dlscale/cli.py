@@ -222,10 +222,13 @@ def _bench_scaling(args: argparse.Namespace) -> int:
 def _bench_breakdown(args: argparse.Namespace) -> int:
     from dlscale.bench.breakdown import bench_breakdown, format_breakdown, local_runner, slurm_runner
 
+    from dlscale.runtime.threads import fair_threads
+
     cfg = load_config(args.config, args.overrides)
+    sizes = [int(n) for n in args.sizes.split(",")]
     runner = (slurm_runner(cfg, args.slurm, dict(os.environ), args.tasks_per_node) if args.slurm
-              else local_runner(cfg, args.threads or None))
-    result = bench_breakdown(cfg, [int(n) for n in args.sizes.split(",")], runner, steps=args.steps,
+              else local_runner(cfg, args.threads or fair_threads(max(sizes))))
+    result = bench_breakdown(cfg, sizes, runner, steps=args.steps,
                              rounds=args.rounds, buckets=[float(b) for b in args.buckets.split(",") if b],
                              static_graph=args.static_graph, unit="nodes" if args.slurm else "ranks",
                              ranks_per_unit=args.tasks_per_node if args.slurm else 1, out_dir=args.out)

@@ -118,9 +118,10 @@ def _assert_lesson_11_measured(runs: Path) -> None:
         assert row["range"]["loss"][0] <= row["loss"] <= row["range"]["loss"][1]
     assert set(result["rows"][1]["exposed_communication_ms"]) == {"25", "0.05"}
     two = json.loads((runs / "lesson11_sweep/weak-n2/summary.json").read_text())
-    launcher = two["applied"]["launcher"]
-    assert (two["nodes"], launcher) == ((2, "slurm") if not (missing_programs() or multi_node_unavailable())
-                                        else (1, "ipyparallel"))
+    on_two_nodes = not (missing_programs() or multi_node_unavailable())
+    assert (two["nodes"], two["applied"]["launcher"]) == ((2, "slurm") if on_two_nodes else (1, "ipyparallel"))
+    # (the breakdown across the cluster's nodes is off at this size: test_slurm runs it through the CLI)
+    assert not (runs / "lesson11_nodes").exists()
 
 
 #: What goes wrong at a workshop, made on purpose: a widget the page cannot draw (its model is

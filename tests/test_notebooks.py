@@ -38,8 +38,8 @@ LESSONS = {
                                             "memory_ranks": 2},
     "07_large_batch.ipynb": {"sweep_size": "smoke", "sweep_recipes": ["no scaling", "LARS + warmup"],
                              "sweep_multiples": [8, 32]},
-    "11_how_many_nodes.ipynb": {"steps": 100, "rounds": 2, "allreduce_max_kib": 4096, "sweep_epochs": 1,
-                                "target_r2": -1.0},
+    "11_how_many_nodes.ipynb": {"steps": 80, "rounds": 2, "allreduce_max_kib": 1024, "sweep_epochs": 1,
+                                "node_breakdown": False, "target_r2": -1.0},
 }
 SOLUTION_PARAMETERS = {"01_single_device_baseline.ipynb": {"config": "tiny"}, "02_data_loading.ipynb": {},
                        "03_mixed_precision.ipynb": {}, "04_profiling.ipynb": {}, "05_data_parallel.ipynb": {},

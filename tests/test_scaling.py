@@ -53,8 +53,7 @@ def test_an_fsdp_breakdown_takes_the_communication_from_the_profiler_and_adds_up
     assert result["layout"] == "FSDP/TP" and "profiler" in result["no_communication_from"]
     one, two = result["rows"]
     assert set(two["ms"]) == {FULL, MEMORY, ALONE}  # (no run with data_parallel=none, nor with buckets)
-    summary = json.loads(next((tmp_path / "bd").glob("ranks2-data_in_memory-round1/profile_summary.json"))
-                         .read_text())
+    summary = json.loads((tmp_path / "bd/ranks2-data_in_memory__profiled-round1/profile_summary.json").read_text())
     assert summary["collectives_ms_per_step"] > 0
     assert two["ms"][MEMORY] - two["ms"][ALONE] == pytest.approx(summary["collectives_ms_per_step"])
     assert two["communication"] > 0

@@ -23,8 +23,8 @@ to rounding (:data:`ADDS_UP_WITHIN`; the tests check it on real runs). How far t
 is the rounds' spread, which the table prints beside it.
 
 FSDP and tensor parallelism cannot step without their collectives: for them the no-communication
-time is the data-in-memory time less the collectives' host time per step that the profiler
-recorded (``profile_steps``). On a CPU, where gloo's collectives block, that is all exposed; on a
+time is the data-in-memory time less the collectives' time per step that the profiler recorded
+in a run of its own (``profile_steps``; the profiler slows the steps it records). On a CPU, where gloo's collectives block, that is all exposed; on a
 GPU, where NCCL's kernels overlap compute, it is an upper bound of the exposed part.
 """
 
@@ -47,6 +47,7 @@ ADDS_UP_WITHIN = 1e-9
 Runner = Callable[[int, dict[str, Any], Path], dict]
 
 FULL, MEMORY, ALONE = "full", "data in memory", "no communication"
+PROFILED = "data in memory, profiled"  # (FSDP/TP: where the collectives' time is read; its own step time is not used)
 
 
 @dataclass(frozen=True)
@@ -57,11 +58,15 @@ class Way:
     overrides: dict[str, Any]
 
 
-def ways(sizes_over_one: bool, sharded: bool, buckets: Iterable[float] = (), static_graph: bool = False) -> list[Way]:
-    """The ways a size runs: full and data in memory always; without communication and each bucket setting where
-    there is communication to remove (more than one rank) and DDP to set (not FSDP/TP)."""
+def ways(communicates: bool, sharded: bool, buckets: Iterable[float] = (), static_graph: bool = False,
+         steps: int = 40) -> list[Way]:
+    """The ways a size runs: full and data in memory always; where there is communication to remove (more than one
+    rank), without it and with each bucket setting under DDP, or a profiled run that times the collectives under
+    FSDP/TP (apart from the timed ones: the profiler slows the steps it records)."""
     out = [Way(FULL, {}), Way(MEMORY, {"data_in_memory": True})]
-    if sizes_over_one and not sharded:
+    if communicates and sharded:
+        out.append(Way(PROFILED, {"data_in_memory": True, "profile_steps": (max(6, steps - 5), steps)}))
+    if communicates and not sharded:
         out.append(Way(ALONE, {"data_in_memory": True, "data_parallel": "none"}))
         for mb in buckets:
             out.append(Way(bucket_way(mb, static_graph), {"data_in_memory": True, "bucket_cap_mb": mb,
@@ -122,7 +127,7 @@ def bench_breakdown(cfg, sizes: Iterable[int], runner: Runner, steps: int = 40, 
     sharded = ParallelPlan(cfg.data_parallel, cfg.tensor_parallel, 0, 1).sharded
     buckets = list(buckets)
     communicates = lambda n: n * ranks_per_unit > 1  # noqa: E731  (only then is there communication to remove)
-    plan = {(n, way.name): way for n in sizes for way in ways(communicates(n), sharded, buckets, static_graph)}
+    plan = {(n, way.name): way for n in sizes for way in ways(communicates(n), sharded, buckets, static_graph, steps)}
     summaries: dict[tuple[int, str], list[dict]] = {key: [] for key in plan}
 
     def measure(n: int, way: Way) -> Callable[[], float]:
@@ -131,8 +136,6 @@ def bench_breakdown(cfg, sizes: Iterable[int], runner: Runner, steps: int = 40, 
             run_dir = out_dir / f"{unit}{n}-{tag}-round{len(summaries[n, way.name]) + 1}"
             overrides = {"max_steps": steps, "epochs": 10 ** 6, "warmup_steps": 0, **way.overrides,
                          "global_batch_size": cfg.global_batch_size * n // sizes[0]}
-            if sharded and way.name == MEMORY and communicates(n):
-                overrides["profile_steps"] = (max(6, steps - 5), steps)
             summary = {**runner(n, overrides, run_dir), "run_dir": str(run_dir)}
             summaries[n, way.name].append(summary)
             return step_seconds(summary)
@@ -144,7 +147,8 @@ def bench_breakdown(cfg, sizes: Iterable[int], runner: Runner, steps: int = 40, 
         for n in sizes:
             if communicates(n):
                 seconds[n, ALONE] = [step - collective_seconds(Path(s["run_dir"]))
-                                     for step, s in zip(seconds[n, MEMORY], summaries[n, MEMORY])]
+                                     for step, s in zip(seconds[n, MEMORY], summaries[n, PROFILED])]
+                del seconds[n, PROFILED]
     rows = [_size_row(n, sizes[0], seconds, summaries, buckets, static_graph, cfg.bucket_cap_mb, sharded)
             for n in sizes]
     result = {"unit": unit, "per_rank_batch": rows[0]["per_rank_batch"], "steps": steps, "rounds": rounds,
@@ -218,14 +222,15 @@ def format_breakdown(result: dict[str, Any]) -> str:
 
 # -- runners: one way at one size ----------------------------------------------------------------
 
-def local_runner(cfg, threads: int | None = None) -> Runner:
-    """Ranks on this machine under torchrun (one process for one rank), ``threads`` torch threads each."""
+def local_runner(cfg, threads: int) -> Runner:
+    """Ranks on this machine under torchrun (one process for one rank), ``threads`` torch threads each: the same
+    at every size (the CPUs shared by the largest run's ranks, :func:`~dlscale.runtime.threads.fair_threads`),
+    so that a rank does the same work everywhere."""
     from dlscale.bench.scaling import run_training
-    from dlscale.runtime.threads import fair_threads
 
     def run(n: int, overrides: dict[str, Any], run_dir: Path) -> dict:
-        return run_training(cfg, n, run_dir, [f"{k}={_as_arg(v)}" for k, v in overrides.items()],
-                            threads or fair_threads(n), f"breakdown run {run_dir.name}")
+        return run_training(cfg, n, run_dir, [f"{k}={_as_arg(v)}" for k, v in overrides.items()], threads,
+                            f"breakdown run {run_dir.name}")
     return run
 
 

@@ -153,7 +153,8 @@ def breakdown_conclusions(result: dict[str, Any]) -> list[str]:
         top, second = parts[0], parts[1]
         low_top, _ = row["range"][top]
         _, high_second = row["range"][second]
-        sure = ("every round agrees" if low_top > high_second else
+        sure = ("one round only: run more to know how sure that is" if result["rounds"] < 2 else
+                "every round agrees" if low_top > high_second else
                 f"but the rounds overlap with {_PART_NAMES[second]} ({100 * row['range'][second][0]:.0f} to "
                 f"{100 * high_second:.0f}%): run more rounds or steps before acting on it")
         lines.append(f"{row['size']} {result['unit']}: {100 * row['efficiency']:.0f}% efficient; of the "

@@ -303,7 +303,8 @@ def breakdown_bars(result: dict) -> NotebookFigure:
     fig = NotebookFigure(figsize=(7, 4), layout="constrained")
     ax = fig.subplots()
     rows = result["rows"]
-    labels = [f"{r['size']} {result['unit']}\n({r['ranks']} ranks)" for r in rows]
+    labels = [f"{r['size']} node{'s' if r['size'] > 1 else ''}\n({r['ranks']} ranks)" if result["unit"] == "nodes"
+              else f"{r['ranks']} rank{'s' if r['ranks'] > 1 else ''}" for r in rows]
     x = np.arange(len(rows))
     ax.bar(x, [100 * r["efficiency"] for r in rows], color="tab:green", label="efficiency")
     up = np.array([100 * r["efficiency"] for r in rows])

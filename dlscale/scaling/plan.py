@@ -150,9 +150,13 @@ def compare(prediction: dict, measured: dict) -> str:
         return f"{measured['run']} did not reach the target, which the prediction did not expect."
     low, high = prediction["range_hours"]
     where = "inside" if low <= hours <= high else "below" if hours < low else "above"
+    why = {"inside": "", "above": " Something grew that the model has no term for: the breakdown's 'rest' (ranks "
+                                  "sharing cores or memory bandwidth, stragglers) is the usual suspect, then a target "
+                                  "reached an epoch later than the noise scale said.",
+           "below": " The step hid more of the all-reduce than the overlap said, or the target came an epoch early."}
     return (f"{measured['run']}: {hours * 3600:.3g} s to the target against {prediction['hours_to_target'] * 3600:.3g} s "
             f"predicted ({hours / prediction['hours_to_target']:.2f}×), {where} the predicted range "
-            f"{low * 3600:.3g}-{high * 3600:.3g} s.")
+            f"{low * 3600:.3g}-{high * 3600:.3g} s.{why[where]}")
 
 
 def format_plan(rows: list[dict], recommendation: dict | None = None, prediction: dict | None = None) -> str:
