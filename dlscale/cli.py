@@ -238,38 +238,17 @@ def _bench_breakdown(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from dlscale.scaling.plan import cost_rows, format_plan, predict_next, recommend
-    from dlscale.reporting.plots import cost_to_solution
+    from dlscale.scaling.plan import cost_rows, format_plan, links_for, predict_next, recommend, save_plan
 
     rows = cost_rows(args.paths, args.target_r2)
     choice = recommend(rows, args.deadline_hours, args.budget_node_hours)
-    site, error = _plan_site(args, rows)
+    site, error = links_for(rows, args.allreduce, args.site)
     prediction = predict_next(rows, site, args.overlap, args.noise_scale, error) if site else None
     print(format_plan(rows, choice, prediction))
     if site is None:
         print("(to predict the next size up, pass --allreduce with a dlscale bench allreduce result, or --site)")
-    out = Path(args.out or args.paths[0])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "plan.json").write_text(json.dumps({"runs": rows, "recommendation": choice, "prediction": prediction},
-                                              indent=1, default=str) + "\n")
-    cost_to_solution(rows, choice["run"]).savefig(out / "plan.png", dpi=120)
-    print(f"plan.json and plan.png in {out}/")
+    print(f"plan.json and plan.png in {save_plan(rows, choice, prediction, args.out or args.paths[0])}/")
     return 0
-
-
-def _plan_site(args: argparse.Namespace, rows: list[dict]) -> tuple[Any, float]:
-    """The links the prediction uses: fitted from an all-reduce result, or a site's; and the fit's worst miss."""
-    from dlscale.scaling.fit import fit_link, predictions, worst_ratio
-    from dlscale.scaling.sites import SITES, here
-
-    if args.allreduce:
-        measured = json.loads(Path(args.allreduce).read_text())
-        link = fit_link(measured)
-        per_node = max(r["ranks"] // r["nodes"] for r in rows)
-        return here(link, per_node), worst_ratio(predictions(link, measured))
-    if args.site:
-        return SITES[args.site], 1.0
-    return None, 1.0
 
 
 def _project(args: argparse.Namespace) -> int:

@@ -259,7 +259,9 @@ def slurm_runner(cfg, script: str | Path, env: dict[str, str], tasks_per_node: i
 
 
 def _quiet(overrides: dict[str, Any]) -> dict[str, Any]:
-    return {**overrides, "checkpoint_every": 0, "progress": False, "plot": False, "resume": False}
+    from dlscale.bench.scaling import QUIET
+
+    return {**overrides, **QUIET}
 
 
 def _as_arg(value: Any) -> str:

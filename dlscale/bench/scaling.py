@@ -14,6 +14,10 @@ from pathlib import Path
 from dlscale.cluster.launch import torchrun_command
 from dlscale.reporting.tables import markdown_table
 
+#: What every benchmark run sets: no checkpoints, no bar, no plot, never resumed.
+QUIET = {"checkpoint_every": 0, "progress": False, "plot": False, "resume": False}
+
+
 def run_training(cfg, processes: int, run_dir: Path, overrides: Iterable[str], threads: int, label: str) -> dict:
     """Train ``cfg`` with ``overrides`` as ``processes`` local ranks (torchrun beyond one) into ``run_dir``.
 
@@ -23,7 +27,7 @@ def run_training(cfg, processes: int, run_dir: Path, overrides: Iterable[str], t
     from dlscale.runtime.threads import per_process_env
 
     args = ["dlscale.train", *(f"{k}={v}" for k, v in cfg.to_dict().items() if k != "profile_steps"), *overrides,
-            f"run_dir={run_dir}", "checkpoint_every=0", "progress=false", "plot=false", "resume=false"]
+            f"run_dir={run_dir}", *(f"{k}={str(v).lower()}" for k, v in QUIET.items())]
     command = torchrun_command(processes, args) if processes > 1 else [sys.executable, "-m", *args]
     done = subprocess.run(command, capture_output=True, text=True, env=per_process_env(threads))
     if done.returncode != 0:

@@ -77,6 +77,34 @@ def recommend(rows: list[dict], deadline_hours: float | None = None,
                                        f"{best['hours_to_target']:.3g} h, {best['node_hours']:.3g} node-hours{also}"}
 
 
+def links_for(rows: list[dict], allreduce: str | Path | None = None, site: str | None = None) -> tuple[Site | None, float]:
+    """The links a prediction uses, and how far their model missed: α and β fitted to a ``dlscale bench allreduce``
+    result (``allreduce.json``; the miss measured on every other size, held out of a first fit), or a site's
+    published links (miss 1: unknown until measured), or None."""
+    from dlscale.scaling.fit import fit_link, predictions, worst_ratio
+    from dlscale.scaling.sites import SITES, here
+
+    if allreduce:
+        measured = json.loads(Path(allreduce).read_text())
+        held_out = worst_ratio(predictions(fit_link(measured[::2]), measured[1::2])) if len(measured) >= 4 else 1.0
+        return here(fit_link(measured), max(r["ranks"] // r["nodes"] for r in rows)), held_out
+    if site:
+        return SITES[site], 1.0
+    return None, 1.0
+
+
+def save_plan(rows: list[dict], recommendation: dict, prediction: dict | None, out_dir: str | Path) -> Path:
+    """``plan.json`` (the runs, the recommendation, the prediction) and ``plan.png`` (fastest against cheapest)."""
+    from dlscale.reporting.plots import cost_to_solution
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "plan.json").write_text(json.dumps({"runs": rows, "recommendation": recommendation,
+                                                   "prediction": prediction}, indent=1, default=str) + "\n")
+    cost_to_solution(rows, recommendation["run"]).savefig(out_dir / "plan.png", dpi=120)
+    return out_dir
+
+
 def samples_factor(batch: float, next_batch: float, noise_scale: float | None) -> float:
     """How many times the samples to a target grow from ``batch`` to ``next_batch``: (1 + B'/B_noise)/(1 + B/B_noise)."""
     if not noise_scale:
