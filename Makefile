@@ -2,7 +2,8 @@
 # `make demo` and `make test` are all there is to type.
 #
 #   make demo       virtual environment + install, then train the demo model
-#   make test       the same plus the test extras and Horovod, then the test suite
+#   make test       the same plus the test extras and Horovod, then the test suite; then the core tests on
+#                   the oldest Python the README promises with the floors' versions (make test-oldest)
 #   make horovod    build Horovod for this environment's torch (scripts/build_horovod.sh, minutes)
 #   make slurm-packages   Slurm, munge and shellcheck from Debian's packages (as root), for the
 #                   one-node cluster of lesson 09 and the tests of slurm/
@@ -16,7 +17,8 @@
 # first; empty keeps the one the environment already has, e.g. with
 # VENV_FLAGS=--system-site-packages on top of a site's PyTorch module), TORCH_INDEX (where pip finds
 # it: PyTorch's ROCm index on AMD GPUs), PYTEST_ARGS, TEST_WORKERS (test processes, 2), HOROVOD
-# (no = make test skips the Horovod build, and its tests skip).
+# (no = make test skips the Horovod build, and its tests skip), TEST_OLDEST (no = without the oldest-Python
+# run), OLDEST_PYTHON.
 
 PYTHON      ?= python3
 VENV        ?= .venv
@@ -31,7 +33,7 @@ PYTEST_ARGS ?=
 HOROVOD     ?= yes
 BIN         := $(VENV)/bin
 
-.PHONY: setup setup-dev horovod slurm-packages browser-packages demo test lab kernel exercises clean
+.PHONY: setup setup-dev horovod slurm-packages browser-packages demo test test-oldest oldest-env lab kernel exercises clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -82,8 +84,38 @@ SYSTEM_PACKAGES ?= $(shell [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null
 # stays in one process) and running torch on one thread: most tests wait on ranks, Slurm or the
 # browser part of the time, so two keep both cores busy (docs/benchmarks.md). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
+
+# The oldest Python the README promises, with the lowest versions pyproject.toml's floors allow
+# (scripts/floors.py pins each `>=` to `==`): the kit's core tests (config, the K-Means estimator and
+# engine) in a virtual environment of its own. make test builds it while the suite runs and runs it
+# last. TEST_OLDEST=no leaves it out; OLDEST_PYTHON names the interpreter (found on the path or in pyenv).
+OLDEST_PYTHON ?= $(shell for p in python3.10 $$HOME/.pyenv/versions/3.10*/bin/python3.10 /usr/local/bin/python3.10 \
+                   /usr/bin/python3.10; do "$$p" -c '' 2>/dev/null && { echo "$$p"; break; }; done)
+OLDEST_VENV ?= .venv-oldest
+OLDEST_TESTS ?= tests/test_config.py tests/test_kmeans_estimator.py tests/test_kmeans.py \
+                tests/test_train.py::test_model_learns_on_a_tiny_config
+TEST_OLDEST ?= yes
+
+$(OLDEST_VENV)/.installed: pyproject.toml scripts/floors.py
+	@[ -n "$(OLDEST_PYTHON)" ] || { echo "make: no Python 3.10 here for the oldest-Python tests: install it, set OLDEST_PYTHON, or TEST_OLDEST=no" >&2; exit 1; }
+	$(OLDEST_PYTHON) -m venv $(OLDEST_VENV)
+	$(PYTHON) scripts/floors.py > $(OLDEST_VENV)/floors.txt
+	$(OLDEST_VENV)/bin/python -m pip install --quiet --no-compile -r $(OLDEST_VENV)/floors.txt
+	$(OLDEST_VENV)/bin/python -m pip install --quiet --no-compile --no-deps -e .
+	touch $@
+
+oldest-env: $(OLDEST_VENV)/.installed
+
+test-oldest: oldest-env
+	$(OLDEST_VENV)/bin/python -m pytest $(OLDEST_TESTS) -m "not extras" -p no:cacheprovider
+
 test: setup-dev $(if $(filter yes,$(HOROVOD)),horovod) $(SYSTEM_PACKAGES)
-	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+	$(if $(filter yes,$(TEST_OLDEST)),($(MAKE) --no-print-directory oldest-env > $(OLDEST_VENV).log 2>&1) & oldest=$$!;) \
+	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS); \
+	status=$$?; \
+	$(if $(filter yes,$(TEST_OLDEST)),if wait $$oldest; then $(MAKE) --no-print-directory test-oldest || status=1; \
+	else tail -n 40 $(OLDEST_VENV).log; status=1; fi;) \
+	exit $$status
 
 lab: setup-dev
 	$(BIN)/jupyter lab --notebook-dir=.
@@ -95,4 +127,4 @@ exercises: setup
 	$(BIN)/dlscale exercises
 
 clean:
-	rm -rf $(VENV) runs data wandb .pytest_cache
+	rm -rf $(VENV) $(OLDEST_VENV) $(OLDEST_VENV).log runs data wandb .pytest_cache

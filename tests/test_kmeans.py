@@ -121,6 +121,7 @@ def test_a_missing_daal4py_names_the_extra(monkeypatch):
         KMeans(3, backend="daal4py").fit(np.zeros((10, 2)))
 
 
+@pytest.mark.extras  # (daal4py)
 def test_daal4py_in_one_process_agrees_with_the_torch_backend():
     x, _ = make_blobs(3000, n_features=4, centers=5, random_state=4)
     init = x[:5].copy()
@@ -185,6 +186,7 @@ def test_two_ranks_with_kmeans_parallel_init_agree_on_the_centres(in_tmp):
     assert summary["inertia"] < 1.05 * reference.inertia_  # a good clustering, found by two ranks together
 
 
+@pytest.mark.extras  # (daal4py and Intel MPI)
 def test_daal4py_under_mpirun_equals_one_process_and_the_torch_backend(in_tmp):
     bin_dir = os.path.dirname(sys.executable)
     _prepare(in_tmp)
@@ -231,6 +233,7 @@ def test_cli_reads_one_npy_file_per_rank_and_reports_missing_files(in_tmp):
     assert "Traceback" not in missing.stderr
 
 
+@pytest.mark.extras  # (ipyparallel)
 def test_the_centre_update_check_rejects_a_mean_of_means_and_two_all_reduces():
     from dlscale.lessons import checks
 
@@ -258,6 +261,7 @@ def test_the_centre_update_check_rejects_a_mean_of_means_and_two_all_reduces():
         checks.check_centre_update(two_messages)
 
 
+@pytest.mark.extras  # (daal4py)
 def test_auto_picks_torch_in_one_process_and_daal4py_for_mpi_ranks(monkeypatch):
     from dlscale.kmeans import resolve_backend
 

@@ -11,6 +11,7 @@ or a ``torch.distributed`` job) or :mod:`~dlscale.kmeans.daal` (oneDAL's SPMD K-
 
 from __future__ import annotations
 
+import inspect
 import time
 import warnings
 from numbers import Integral, Real
@@ -41,6 +42,10 @@ from sklearn.utils._param_validation import Interval, StrOptions  # noqa: E402
 from sklearn.utils.validation import _check_sample_weight, check_array, check_is_fitted, validate_data  # noqa: E402
 
 __all__ = ["KMeans", "EXPECTED_FAILED_CHECKS", "resolve_backend"]
+
+#: scikit-learn has no public check of sample weights; its helper gained ``allow_all_zero_weights`` in 1.8, and
+#: before that accepted all-zero weights without a word (checked on 1.6.0, 1.7.2 and 1.9.1).
+_CHECKS_ZERO_WEIGHTS = "allow_all_zero_weights" in inspect.signature(_check_sample_weight).parameters
 
 #: The scikit-learn estimator checks this estimator fails on purpose, with the reason
 #: (pass it to ``check_estimator(..., expected_failed_checks=...)``). scikit-learn's own
@@ -286,8 +291,11 @@ default="k-means++"
             return None
         if isinstance(X, torch.Tensor):  # scikit-learn's check only needs the number of rows from X
             X = np.empty((len(x), 0))
+        shard = group_size() > 1  # (one rank's shard may weigh nothing at all; the whole data set may not)
         weights = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True,
-                                       allow_all_zero_weights=group_size() > 1)
+                                       **({"allow_all_zero_weights": shard} if _CHECKS_ZERO_WEIGHTS else {}))
+        if not shard and not weights.any():  # (what scikit-learn >= 1.8 says; before, its helper let it through)
+            raise ValueError("Sample weights must contain at least one non-zero number.")
         return torch.from_numpy(weights).to(x.device)
 
     def _fitted_inputs(self, X: Any) -> tuple[torch.Tensor, torch.Tensor]:
