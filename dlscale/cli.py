@@ -193,7 +193,8 @@ def _bench_kmeans(args: argparse.Namespace) -> int:
     from dlscale.bench.kmeans import bench_kmeans, format_kmeans
 
     rows = bench_kmeans(n=args.n, d=args.d, k=args.k, iterations=args.iters, procs=[int(p) for p in
-                        args.procs.split(",")] if args.procs else [], out_dir=args.out, rounds=args.rounds)
+                        args.procs.split(",")] if args.procs else [], out_dir=args.out, rounds=args.rounds,
+                        kinds=tuple(args.kinds.split(",")), photo_k=tuple(int(k) for k in args.photo_k.split(",")))
     print(format_kmeans(rows))
     print(f"kmeans.json and kmeans.png in {args.out}/")
     return 0
@@ -442,13 +443,17 @@ def _add_bench_memory(bench_commands: Any) -> None:
 def _add_bench_kmeans(bench_commands: Any) -> None:
     kmeans_bench = bench_commands.add_parser(
         "kmeans", help="K-Means: dlscale-torch, daal4py and scikit-learn side by side, and 1-vs-2-process scaling",
-        description="Fit the same data from the same initial centres for a fixed number of Lloyd iterations with "
-                    "each engine and print the time per iteration with ratios to scikit-learn; then strong scaling "
-                    "of the distributed backends over local processes (torchrun, mpirun).")
-    kmeans_bench.add_argument("--n", type=int, default=1_000_000, help="samples")
-    kmeans_bench.add_argument("--d", type=int, default=32, help="features")
-    kmeans_bench.add_argument("--k", type=int, default=64, help="clusters")
-    kmeans_bench.add_argument("--iters", type=int, default=10, help="Lloyd iterations per fit")
+        description="Fit the same data from the same initial centres with each engine, on blobs, on noise and on a "
+                    "photo's colours, for the first iterations and to convergence, and print iterations, inertia, "
+                    "seconds and the ratios to scikit-learn; then strong and weak scaling of the distributed "
+                    "backends over local processes (torchrun, mpirun) on the first kind.")
+    kmeans_bench.add_argument("--kinds", default="blobs,noise,china,flower",
+                              help="kinds of data: blobs, noise (no clusters), china and flower (a photo's colours)")
+    kmeans_bench.add_argument("--n", type=int, default=1_000_000, help="samples of blobs (noise: 0.4 n)")
+    kmeans_bench.add_argument("--d", type=int, default=32, help="features of blobs and noise")
+    kmeans_bench.add_argument("--k", type=int, default=64, help="clusters of blobs and noise")
+    kmeans_bench.add_argument("--photo-k", default="16,64", help="clusters (colours) of the photos")
+    kmeans_bench.add_argument("--iters", type=int, default=8, help="Lloyd iterations of the first phase")
     kmeans_bench.add_argument("--procs", default="1,2", help="process counts for the scaling runs ('' = none)")
     kmeans_bench.add_argument("--rounds", type=int, default=3, help="fits per engine; the median is reported")
     kmeans_bench.add_argument("--out", default="runs/bench_kmeans")

@@ -273,3 +273,26 @@ def test_auto_picks_torch_in_one_process_and_daal4py_for_mpi_ranks(monkeypatch):
     assert resolve_backend("auto", cpu) == "daal4py"  # ranks from mpirun, no torch process group
     with pytest.raises(KMeansError, match="auto, torch or daal4py"):
         resolve_backend("sklearn", cpu)
+
+
+def test_the_benchmark_fits_each_kind_of_data_in_both_phases_beside_scikit_learn(tmp_path):
+    from dlscale.bench.kmeans import FLOAT64_REFERENCE, bench_kmeans, format_kmeans
+
+    rows = bench_kmeans(n=4000, d=8, k=6, iterations=3, rounds=1, kinds=("blobs", "noise", "china"), photo_k=(4,),
+                        photo_copies=1, out_dir=tmp_path)
+    by = {(r["data"], r["phase"], r["engine"]): r for r in rows}
+    data = list(dict.fromkeys(r["data"] for r in rows))
+    assert data == ["blobs 4,000 × 8, k=6", "noise 1,600 × 8, k=6", "china.jpg colours 273,280 × 3, k=4"]
+    for label in data:
+        for phase in ("first iterations", "to convergence"):
+            ours, theirs = by[label, phase, "dlscale torch (cpu)"], by[label, phase, "scikit-learn"]
+            assert theirs["time_ratio_to_sklearn"] == 1.0
+            assert ours["time_ratio_to_sklearn"] == pytest.approx(ours["seconds"] / theirs["seconds"])
+            assert ours["inertia"] == pytest.approx(theirs["inertia"], rel=1e-3)  # the same clustering, roughly
+            if phase == "first iterations":
+                assert ours["iterations"] == theirs["iterations"] == 3
+    # a photo's many repeated colours: scikit-learn on the same data in float64, for the spread of its iterations
+    assert (data[2], "to convergence", FLOAT64_REFERENCE) in by and (data[0], "to convergence", FLOAT64_REFERENCE) \
+        not in by
+    assert "| china.jpg colours 273,280 × 3, k=4 | to convergence | dlscale torch (cpu) |" in format_kmeans(rows)
+    assert (tmp_path / "kmeans.png").stat().st_size > 10_000

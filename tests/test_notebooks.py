@@ -32,7 +32,7 @@ LESSONS = {
     "04_profiling.ipynb": {"config": "tiny", "profile_window": [3, 6], "ladder_steps": 8, "ladder_rounds": 2},
     "05_data_parallel.ipynb": {"allreduce_max_kib": 256, "scaling_steps": 10},
     "06_horovod.ipynb": {"steps": 20, "allreduce_max_kib": 256},
-    "08_distributed_kmeans.ipynb": {"colours": [4, 8], "bench_n": 20_000, "bench_iters": 3},
+    "08_distributed_kmeans.ipynb": {"colours": [4, 8], "bench_copies": 1, "bench_iters": 3, "bench_rounds": 1},
     "09_scaling_out.ipynb": {"sizes": [1, 2], "steps": 20, "target_r2": 0.0},
     "10_sharded_and_model_parallel.ipynb": {"steps": 12, "memory_width": 32, "memory_steps": 7,
                                             "memory_ranks": 2},

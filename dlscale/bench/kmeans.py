@@ -1,16 +1,25 @@
-"""``dlscale bench kmeans``: the K-Means engines side by side, and their scaling over processes.
+"""``dlscale bench kmeans``: the K-Means engines side by side on several kinds of data, and their scaling.
 
 Every engine fits the same data from the same initial centres, in one run, so the ratios to
-scikit-learn are measured under the same conditions, in two phases:
+scikit-learn are measured under the same conditions. Each kind of data people cluster is
+measured, because what pays differs between them (:data:`KINDS`):
+
+- **blobs**: well-separated clusters, where after a few iterations most rows keep their cluster
+  (and the torch engine's bounds skip them);
+- **noise**: isotropic Gaussian noise, no cluster structure: rows keep changing cluster;
+- **a photo's colours** (scikit-learn's ``china.jpg`` and ``flower.jpg``, each twice, as lesson
+  08 quantizes them): 3 features, many repeated values.
+
+and in two phases:
 
 - **the first iterations**: a fixed number of Lloyd iterations (``tol=0``) from the start, where
   the centres still move far and most rows change cluster;
-- **to convergence**: ``tol=1e-4`` (scikit-learn's default), where most rows keep their
-  cluster, which the torch engine's bounds skip.
+- **to convergence**: ``tol=1e-4`` (scikit-learn's default).
 
-The time per iteration is the whole fit divided by its iterations (each engine's set-up,
-validation and final assignment included). Then the distributed backends run the fixed
-iterations at each process count under ``torchrun`` (torch) and ``mpirun`` (daal4py).
+Each row gives the fit's seconds, its iterations and inertia, the time per iteration, and both
+ratios to scikit-learn on the same data: per iteration, and for the whole fit (what a user waits
+for; iterations can differ). Then the distributed backends run the fixed iterations at each
+process count under ``torchrun`` (torch) and ``mpirun`` (daal4py), on the first kind of data.
 """
 
 from __future__ import annotations
@@ -26,6 +35,9 @@ import torch
 from dlscale.errors import importable
 from dlscale.reporting.tables import markdown_table
 
+#: The kinds of data the benchmark can fit, in the order it fits them.
+KINDS = ("blobs", "noise", "china", "flower")
+
 
 def make_blobs(n: int, d: int, k: int, seed: int = 0) -> np.ndarray:
     """``n`` float32 samples around ``k`` random centres (unit noise, centres spread over ±5)."""
@@ -36,19 +48,52 @@ def make_blobs(n: int, d: int, k: int, seed: int = 0) -> np.ndarray:
     return data
 
 
-def _time_fit(fit) -> tuple[float, int]:
-    """Seconds and iterations of one fit. Timed by hand, once per round (round-robin over the engines):
+def make_noise(n: int, d: int, seed: int = 0) -> np.ndarray:
+    """``n`` float32 samples of isotropic Gaussian noise: no cluster structure at all."""
+    return np.random.default_rng(seed).standard_normal((n, d), dtype=np.float32)
+
+
+def photo_colours(name: str, copies: int = 2) -> np.ndarray:
+    """The pixels of one of scikit-learn's photos as float32 RGB rows in [0, 1], the image ``copies`` times."""
+    from dlscale.kmeans.command import load_sample_image
+
+    return np.tile(load_sample_image(f"{name}.jpg").reshape(-1, 3), (copies, 1))
+
+
+def benchmark_data(kinds: tuple[str, ...] = KINDS, n: int = 1_000_000, d: int = 32, k: int = 64,
+                   photo_k: tuple[int, ...] = (16, 64), seed: int = 0,
+                   photo_copies: int = 2) -> list[tuple[str, np.ndarray, int]]:
+    """(label, data, k) for each kind: blobs of ``n`` × ``d``, noise of 0.4 ``n`` × ``d`` (both with ``k``), and each
+    photo's colours (``photo_copies`` times) with each of ``photo_k``."""
+    out = []
+    for kind in kinds:
+        if kind == "blobs":
+            out.append((f"blobs {n:,} × {d}, k={k}", make_blobs(n, d, k, seed), k))
+        elif kind == "noise":
+            out.append((f"noise {2 * n // 5:,} × {d}, k={k}", make_noise(2 * n // 5, d, seed), k))
+        elif kind in ("china", "flower"):
+            x = photo_colours(kind, photo_copies)
+            out += [(f"{kind}.jpg colours {len(x):,} × 3, k={kk}", x, kk) for kk in photo_k]
+        else:
+            raise ValueError(f"unknown kind of data {kind!r}: choose from {', '.join(KINDS)}")
+    return out
+
+
+def _time_fit(fit) -> tuple[float, int, float]:
+    """Seconds, iterations and inertia of one fit. Timed by hand, once per round (round-robin over the engines):
     a fit lasts seconds, and torch.utils.benchmark.Timer's warm-up runs would triple the benchmark."""
     started = time.perf_counter()
-    iterations = fit()
-    return time.perf_counter() - started, iterations
+    iterations, inertia = fit()
+    return time.perf_counter() - started, iterations, inertia
 
 
 #: The two phases: (name, max_iter or None for the fixed iterations, tol).
 PHASES = (("first iterations", None, 0.0), ("to convergence", 300, 1e-4))
 
 
-def _engines(x: np.ndarray, init: np.ndarray, iterations: int, tol: float = 0.0) -> dict:
+def _engines(x: np.ndarray, init: np.ndarray, iterations: int, tol: float = 0.0, float64_reference: bool = False) -> dict:
+    """The fits to compare, each returning (iterations, inertia). With ``float64_reference`` also scikit-learn on the
+    same data in float64: how much its own iteration count moves with the rounding (many repeated values tie)."""
     from dlscale.kmeans.backend import resolve_backend
     from dlscale.kmeans.estimator import KMeans
     from dlscale.kmeans.daal import available as daal_available
@@ -56,16 +101,25 @@ def _engines(x: np.ndarray, init: np.ndarray, iterations: int, tol: float = 0.0)
     k = len(init)
 
     def ours(backend: str, device: str = "cpu"):
-        def fit() -> int:
-            return KMeans(k, init=init, max_iter=iterations, tol=tol, backend=backend, device=device).fit(x).n_iter_
+        def fit() -> tuple[int, float]:
+            model = KMeans(k, init=init, max_iter=iterations, tol=tol, backend=backend, device=device).fit(x)
+            return model.n_iter_, model.inertia_
         return fit
 
     engines = {}
     if importable("sklearn.cluster"):  # the kmeans extra; the comparison is left out without it
         from sklearn.cluster import KMeans as SklearnKMeans
 
-        engines["scikit-learn"] = lambda: SklearnKMeans(k, init=init, n_init=1, max_iter=iterations, tol=tol,
-                                                        algorithm="lloyd").fit(x).n_iter_
+        def theirs(data: np.ndarray):
+            def fit() -> tuple[int, float]:
+                model = SklearnKMeans(k, init=init.astype(data.dtype), n_init=1, max_iter=iterations, tol=tol,
+                                      algorithm="lloyd").fit(data)
+                return model.n_iter_, model.inertia_
+            return fit
+
+        engines["scikit-learn"] = theirs(x)
+        if float64_reference:
+            engines[FLOAT64_REFERENCE] = theirs(x.astype(np.float64))
     engines["dlscale torch (cpu)"] = ours("torch")
     if daal_available():
         engines["daal4py"] = ours("daal4py")
@@ -73,6 +127,10 @@ def _engines(x: np.ndarray, init: np.ndarray, iterations: int, tol: float = 0.0)
     if torch.cuda.is_available():
         engines["dlscale torch (cuda)"] = ours("torch", "cuda")
     return engines
+
+
+#: scikit-learn on the float64 copy of the data: not an engine to beat, the spread of iteration counts rounding makes.
+FLOAT64_REFERENCE = "scikit-learn, the data in float64"
 
 
 def _scaling_run(launcher: str, procs: int, data: Path, init: Path, k: int, iterations: int, out: Path,
@@ -97,7 +155,7 @@ def _scaling(x: np.ndarray, init: np.ndarray, procs: list[int], iterations: int,
         for count in procs:
             data = out_dir / f"data-{mode}-{count}.npy"
             size = len(x) * (count if mode == "weak" else 1)
-            np.save(data, x if size == len(x) else make_blobs(size, x.shape[1], len(init), seed))
+            np.save(data, x if size == len(x) else np.tile(x, (count, 1)))  # (weak: each rank as much as one had)
             for launcher in ["torchrun"] + (["mpirun"] if daal_available() else []):
                 summary = _scaling_run(launcher, count, data, out_dir / "init.npy", len(init), iterations,
                                        out_dir / f"{launcher}-{mode}-{count}", threads)
@@ -116,56 +174,74 @@ def _scaling(x: np.ndarray, init: np.ndarray, procs: list[int], iterations: int,
     return rows
 
 
-def _phase_rows(phase: str, engines: dict, rounds: int) -> list[dict]:
-    """Each engine's median round of one phase, and its time per iteration against scikit-learn's."""
+def _phase_rows(data: str, phase: str, engines: dict, rounds: int) -> list[dict]:
+    """Each engine's median round of one phase on one data set, and its times against scikit-learn's."""
     # Rounds go round-robin over the engines, so a slow spell of this shared machine hits all of them.
-    timings: dict[str, list[tuple[float, int]]] = {engine: [] for engine in engines}
+    timings: dict[str, list[tuple[float, int, float]]] = {engine: [] for engine in engines}
     for _ in range(rounds):
         for engine, fit in engines.items():
             timings[engine].append(_time_fit(fit))
     rows = []
     for engine, runs in timings.items():
-        seconds, done = sorted(runs)[len(runs) // 2]  # the median round
-        rows.append({"engine": engine, "kind": "engine", "phase": phase, "processes": 1,
+        seconds, done, inertia = sorted(runs)[len(runs) // 2]  # the median round
+        rows.append({"data": data, "engine": engine, "kind": "engine", "phase": phase, "processes": 1,
                      "threads_per_process": torch.get_num_threads(), "seconds": seconds, "iterations": done,
-                     "seconds_per_iteration": seconds / max(done, 1), "rounds": rounds})
-    reference = next((r["seconds_per_iteration"] for r in rows if r["engine"] == "scikit-learn"), None)
+                     "inertia": float(inertia), "seconds_per_iteration": seconds / max(done, 1), "rounds": rounds})
+    reference = next((r for r in rows if r["engine"] == "scikit-learn"), None)
     for row in rows:
-        row["ratio_to_sklearn"] = row["seconds_per_iteration"] / reference if reference else None
+        row["ratio_to_sklearn"] = row["seconds_per_iteration"] / reference["seconds_per_iteration"] if reference \
+            else None
+        row["time_ratio_to_sklearn"] = row["seconds"] / reference["seconds"] if reference else None
+        row["iterations_vs_sklearn"] = row["iterations"] / reference["iterations"] if reference else None
     return rows
 
 
-def bench_kmeans(n: int = 1_000_000, d: int = 32, k: int = 64, iterations: int = 10, procs: list[int] | None = None,
-                 out_dir: str | Path = "runs/bench_kmeans", seed: int = 0, rounds: int = 3) -> list[dict]:
-    """Rows ``{engine, seconds_per_iteration, iterations, ratio_to_sklearn, ...}``; also writes JSON and a plot.
+def bench_kmeans(n: int = 1_000_000, d: int = 32, k: int = 64, iterations: int = 8, procs: list[int] | None = None,
+                 out_dir: str | Path = "runs/bench_kmeans", seed: int = 0, rounds: int = 3,
+                 kinds: tuple[str, ...] = KINDS, photo_k: tuple[int, ...] = (16, 64), photo_copies: int = 2) -> list[dict]:
+    """Rows ``{data, engine, phase, seconds, iterations, inertia, ratio_to_sklearn, ...}``; also writes JSON and a plot.
 
-    Each engine's figure is the median of ``rounds`` fits.
+    Each engine's figure is the median of ``rounds`` fits; the data sets are :func:`benchmark_data`'s.
     """
-    from dlscale.reporting.plots import kmeans_timings
+    from dlscale.reporting.plots import kmeans_ratios
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    x = make_blobs(n, d, k, seed)
-    init = x[np.random.default_rng(seed + 1).choice(n, k, replace=False)].copy()
     rows = []
     warnings.filterwarnings("ignore", message="Number of distinct clusters")  # an empty cluster, re-seeded
-    for fit_small in _engines(x[:10 * k], init, 1).values():  # first-call costs (library loading) out of the timing
-        fit_small()
-    for phase, max_iter, tol in PHASES:
-        rows += _phase_rows(phase, _engines(x, init, max_iter or iterations, tol), rounds)
+    sets = benchmark_data(tuple(kinds), n, d, k, tuple(photo_k), seed, photo_copies)
+    for label, x, kk in sets:
+        init = x[np.random.default_rng(seed + 1).choice(len(x), kk, replace=False)].copy()
+        photo = x.shape[1] == 3
+        for fit_small in _engines(x[:10 * kk], init, 1).values():  # first-call costs (loading) out of the timing
+            fit_small()
+        for phase, max_iter, tol in PHASES:
+            rows += _phase_rows(label, phase, _engines(x, init, max_iter or iterations, tol, photo), rounds)
     if procs:
-        rows += _scaling(x, init, procs, iterations, out_dir, seed)
+        label, x, kk = sets[0]
+        init = x[np.random.default_rng(seed + 1).choice(len(x), kk, replace=False)].copy()
+        rows += [{"data": label, **row} for row in _scaling(x, init, procs, iterations, out_dir, seed)]
     (out_dir / "kmeans.json").write_text(json.dumps({"n": n, "d": d, "k": k, "rows": rows}, indent=1) + "\n")
-    kmeans_timings([r for r in rows if r["kind"] == "engine"]).savefig(out_dir / "kmeans.png", dpi=120)
+    kmeans_ratios([r for r in rows if r["kind"] == "engine"]).savefig(out_dir / "kmeans.png", dpi=120)
     return rows
 
 
 def format_kmeans(rows: list[dict]) -> str:
-    return markdown_table(
-        ["engine", "phase or scaling", "processes", "threads each", "iterations", "s per iteration",
-         "vs scikit-learn", "efficiency"],
-        [(row["engine"], row.get("phase") or row.get("mode", ""), row["processes"], row["threads_per_process"],
-          row["iterations"],
-          f"{row['seconds_per_iteration']:.3f}",
-          f"{row['ratio_to_sklearn']:.2f}×" if row.get("ratio_to_sklearn") else "",
-          f"{row['efficiency']:.0%}" if row.get("efficiency") else "") for row in rows])
+    """The comparison (per data set and phase: iterations, inertia, seconds, both ratios) and the scaling runs."""
+    def ratio(value: float | None) -> str:
+        return f"{value:.2f}×" if value else ""
+
+    engines = [r for r in rows if r["kind"] == "engine"]
+    table = markdown_table(
+        ["data", "phase", "engine", "iterations", "inertia", "seconds", "s per iteration", "per iteration vs sklearn",
+         "whole fit vs sklearn"],
+        [(r["data"], r["phase"], r["engine"], r["iterations"], f"{r['inertia']:.6g}", f"{r['seconds']:.3f}",
+          f"{r['seconds_per_iteration']:.4f}", ratio(r["ratio_to_sklearn"]), ratio(r["time_ratio_to_sklearn"]))
+         for r in engines])
+    scaling = [r for r in rows if r["kind"] == "scaling"]
+    if not scaling:
+        return table
+    return table + "\n\n" + markdown_table(
+        ["engine", "scaling", "processes", "threads each", "samples", "iterations", "s per iteration", "efficiency"],
+        [(r["engine"], r["mode"], r["processes"], r["threads_per_process"], f"{r['samples']:,}", r["iterations"],
+          f"{r['seconds_per_iteration']:.4f}", f"{r['efficiency']:.0%}") for r in scaling])

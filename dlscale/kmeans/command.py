@@ -64,11 +64,12 @@ def _rank_part(pattern: str, rank: int, world: int, read) -> tuple[np.ndarray, P
 
 
 def load_sample_image(name: str = "sample") -> np.ndarray:
-    """An RGB image as floats in [0, 1]: scikit-learn's ``china.jpg`` for ``sample``, else a file."""
-    if name == "sample":
+    """An RGB image as floats in [0, 1]: scikit-learn's ``china.jpg`` for ``sample`` (its ``flower.jpg`` too, by
+    name), else a file."""
+    if name in ("sample", "china.jpg", "flower.jpg"):
         datasets = import_optional("sklearn.datasets", "kmeans", "--image sample (scikit-learn's bundled photo)",
                                    InputError, "or pass --image PATH")
-        image = datasets.load_sample_image("china.jpg")
+        image = datasets.load_sample_image("china.jpg" if name == "sample" else name)
     else:
         from matplotlib import image as mpimg
 
