@@ -186,20 +186,6 @@ def test_skipping_rows_gives_the_labels_of_full_rescoring_and_skips_most_of_them
     assert skipping.rows_scored < 0.5 * full.rows_scored  # the bounds did skip rows
 
 
-def test_by_default_the_cpu_engine_scores_every_row_while_many_move_and_keeps_bounds_once_few_do():
-    x = torch.from_numpy(make_blobs(20_000, n_features=8, centers=12, cluster_std=1.5, random_state=6)[0])
-    init = x[torch.randperm(len(x), generator=torch.Generator().manual_seed(0))[:12]].clone()
-    chosen = lloyd(x, None, init.clone(), 100, 0.0, 1024)
-    full = lloyd(x, None, init.clone(), 100, 0.0, 1024, skip_rows=False)
-    assert chosen.n_iter == full.n_iter and torch.equal(chosen.labels, full.labels)
-    torch.testing.assert_close(chosen.centers, full.centers, rtol=1e-12, atol=1e-12)
-    # plain passes while the centres move far, then the bounds (set by one full pass) skip rows
-    assert chosen.passes[:2] == ("first", "plain") and "start bounds" in chosen.passes
-    assert chosen.passes[chosen.passes.index("start bounds") + 1:][:1] in (("bounds",), ())
-    assert chosen.rows_scored < full.rows_scored
-    assert full.passes == ("one-hot",) * full.n_iter
-
-
 def test_rows_near_a_tie_are_rescored_not_skipped():
     # Points within float32 rounding of the bisector of two centres: only exact scoring can place them.
     rng = np.random.default_rng(7)

@@ -38,7 +38,7 @@ import torch
 
 from dlscale import distributed
 from dlscale.kmeans.bounds import Bounds, changed_rows, rescore
-from dlscale.kmeans.scoring import argmin_rows, assign, inertia_of, reassign
+from dlscale.kmeans.scoring import argmin_rows, assign, inertia_of
 
 #: Bytes the blocks of one chunk may take when ``chunk_size`` is not given. On CPUs a
 #: block that stays in the L2 cache is 3-4x faster than a large one (measured in
@@ -67,8 +67,6 @@ class LloydFit:
     #: Distances computed, in rows (each row against every centre), over all passes on this rank:
     #: how much of the work the bounds saved.
     rows_scored: int
-    #: What each iteration's assignment did on this rank: first, plain, start bounds, bounds, or one-hot (GPUs).
-    passes: tuple[str, ...] = ()
 
 
 def global_mean(x: torch.Tensor, n_total: int, step: int = 2**16) -> torch.Tensor:
@@ -133,10 +131,8 @@ def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, 
           chunk: int, skip_rows: bool | None = None) -> LloydFit:
     """Lloyd's iterations from ``centers`` on this rank's rows ``x`` (weights float64, or None for ones).
 
-    ``skip_rows``: None (the default) chooses by device and by what pays — on CPUs plain passes
-    while many rows move and Hamerly's bounds once few do, on GPUs the one-hot pass that
-    re-scores every row; True keeps the bounds from the second pass on, False re-scores every
-    row with the one-hot pass. All give the same labels.
+    ``skip_rows`` chooses the bounds (default on CPUs) or the one-hot pass that re-scores
+    every row (default on GPUs); both give the same labels.
     """
     started = time.perf_counter()
     k, d = centers.shape
@@ -144,31 +140,22 @@ def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, 
     labels = torch.full((x.shape[0],), -1, dtype=torch.int64, device=x.device)
     local = _ClusterSums(k, d, x.device)
     bounds = Bounds(x) if use_bounds else None
-    adaptive = skip_rows is None  # (CPUs: plain passes while many rows move, bounds once few do: _next_pass)
-    pass_kind = "first"
     strict = False
     iterations = 0
     previous = centers
-    kinds = []
     for iterations in range(1, max_iter + 1):
-        kinds.append(pass_kind if use_bounds else "one-hot")
         if not use_bounds:
             changed = _one_hot_pass(x, weights, centers, labels, chunk, local)
-        elif pass_kind == "first":
+        elif iterations == 1:
             rescore(x, None, centers, bounds, chunk, labels)
             local.add(x, labels, weights)
             changed = x.shape[0]
         else:
-            scored = bounds.scored
-            rows, sources, targets = _cpu_pass(pass_kind, x, centers, previous, labels, bounds, chunk)
+            rows, sources, targets = changed_rows(x, centers, previous, labels, bounds, chunk)
             moved_rows = x.index_select(0, rows)
             local.add(moved_rows, targets, _pick(rows, weights))
             local.add(moved_rows, sources, _pick(rows, weights), sign=-1.0)
             changed = len(rows)
-            if adaptive:
-                pass_kind = _next_pass(pass_kind, changed, bounds.scored - scored, x.shape[0])
-        if pass_kind == "first":
-            pass_kind = "plain" if adaptive else "bounds"
         sums, totals, changed_everywhere = local.all_reduce(changed)
         if bool((totals == 0).any()):
             _relocate_empty_clusters(x, weights, centers, labels, sums, totals)
@@ -185,45 +172,14 @@ def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, 
     if strict or use_bounds:
         if not strict:  # the last pass's labels belong to the previous centres: assign once more
             passes += 1
-            _cpu_pass("plain" if pass_kind == "start bounds" else pass_kind, x, centers, previous, labels, bounds,
-                      chunk)
+            changed_rows(x, centers, previous, labels, bounds, chunk)
         inertia = inertia_of(x, centers, labels, chunk, weights)
     else:  # on GPUs a full assignment gives the labels and the inertia in one pass
         passes += 1
         labels, inertia = assign(x, centers, chunk, weights)
     inertia = float(distributed.all_reduce_sum(torch.tensor([inertia], dtype=torch.float64, device=x.device))[0])
     scored = bounds.scored if use_bounds else passes * x.shape[0]
-    return LloydFit(centers, labels, inertia, iterations, time.perf_counter() - started, scored, tuple(kinds))
-
-
-#: Switch from plain passes to the bounds when fewer rows than this share changed cluster in a pass, and back
-#: when the bounds could rule out fewer than (1 - this share) of the rows: keeping a row's bounds costs about as
-#: much as scoring it, so they pay only while they skip most rows (measured in docs/benchmarks.md).
-BOUNDS_PAY_BELOW = 0.25
-
-
-def _cpu_pass(kind: str, x: torch.Tensor, centers: torch.Tensor, previous: torch.Tensor, labels: torch.Tensor,
-              bounds: Bounds, chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One assignment on a CPU, the rows that changed cluster with their old and new labels.
-
-    ``plain``: every row scored, no bounds kept (they go stale); ``start bounds``: every row scored and its
-    bounds set; ``bounds``: only the rows the bounds cannot rule out (Hamerly)."""
-    if kind == "plain":
-        bounds.scored += x.shape[0]
-        return reassign(x, centers, labels, chunk)
-    if kind == "start bounds":
-        return rescore(x, torch.ones_like(labels, dtype=torch.bool), centers, bounds, chunk, labels)
-    return changed_rows(x, centers, previous, labels, bounds, chunk)
-
-
-def _next_pass(kind: str, changed: int, scored: int, rows: int) -> str:
-    """What the next pass does, from what this one saw: bounds once few rows move, plain passes when the bounds
-    rule out too few. Each rank decides for its own rows (the collectives are the same either way)."""
-    if kind == "plain":
-        return "start bounds" if changed < BOUNDS_PAY_BELOW * rows else "plain"
-    if kind == "start bounds":
-        return "bounds"
-    return "plain" if scored > (1 - BOUNDS_PAY_BELOW) * rows else "bounds"
+    return LloydFit(centers, labels, inertia, iterations, time.perf_counter() - started, scored)
 
 
 def _one_hot_pass(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, labels: torch.Tensor,

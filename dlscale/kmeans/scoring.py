@@ -54,27 +54,3 @@ def inertia_of(x: torch.Tensor, centers: torch.Tensor, labels: torch.Tensor, chu
         squared = ((xc - centers[labels[start:start + chunk]]) ** 2).sum(1)
         total += _weighted_inertia(squared, None if weights is None else weights[start:start + chunk])
     return float(total)
-
-
-def reassign(x: torch.Tensor, centers: torch.Tensor, labels: torch.Tensor,
-             chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every row's nearest centre, chunk by chunk, written into ``labels``; returns the rows whose label changed,
-    with their old and new labels. Scikit-learn's pass: no bounds to keep, so nothing but the GEMM, the argmin
-    and the comparison per row (what pays when most rows could move)."""
-    c_sq = (centers * centers).sum(1)
-    out = torch.empty(min(chunk, x.shape[0]), centers.shape[0], dtype=x.dtype, device=x.device)
-    moved, sources, targets = [], [], []
-    for start in range(0, x.shape[0], chunk):
-        xc = x[start:start + chunk]
-        new = argmin_rows(torch.addmm(c_sq, xc, centers.T, alpha=-2, out=out[:len(xc)]))
-        old = labels[start:start + chunk]
-        change = torch.nonzero(new != old).squeeze(1)
-        if len(change):
-            moved.append(change + start)
-            sources.append(old.index_select(0, change))
-            targets.append(new.index_select(0, change))
-            old.copy_(new)
-    if not moved:
-        empty = torch.empty(0, dtype=torch.int64, device=x.device)
-        return empty, empty, empty
-    return torch.cat(moved), torch.cat(sources), torch.cat(targets)
