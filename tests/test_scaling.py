@@ -2,7 +2,9 @@
 
 import json
 import math
+import os
 import random
+import shutil
 import subprocess
 import sys
 
@@ -131,27 +133,35 @@ def test_the_fit_recovers_alpha_and_beta_and_never_goes_negative():
         fit_link(rows[:1])
 
 
-#: How far the model fitted here may miss on message sizes it did not see: gloo on loopback has a floor of
-#: scheduler wake-ups below about 256 KiB that two parameters cannot follow exactly (measured within 2.1x on 2 quiet
-#: cores, docs/benchmarks.md; within 2.3x with two busy loops beside it).
-HELD_OUT_WITHIN = 3.0
+#: How far the model fitted here may miss on message sizes it did not see (measured: within 1.1x; docs/benchmarks.md).
+HELD_OUT_WITHIN = 2.0
+
+#: The link the test's ranks talk over: loopback in a network namespace of the test's own, shaped by the kernel's
+#: token-bucket filter. Then the wire, not the CPU, sets the time of every message from 64 KiB up, and a busy machine
+#: (the other test process, the suite's installs) cannot move the measurement as it moves gloo on plain loopback.
+#: The burst is above loopback's 64 KiB MTU (a packet larger than the burst would never leave).
+SHAPED_LINK = "tbf rate 200mbit burst 256kb latency 1s"
+
+
+def _allreduce_on_a_shaped_link(out) -> list[dict]:
+    script = (f"ip link set lo up && tc qdisc add dev lo root {SHAPED_LINK} && exec {sys.executable} -m dlscale bench "
+              f"allreduce --nproc 2 --max-mib 1 --out {out}")
+    done = subprocess.run(["unshare", "--net", "sh", "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads((out / "allreduce.json").read_text())
 
 
 def test_the_model_fitted_here_predicts_message_sizes_it_was_not_fitted_on(tmp_path):
-    # Three launches, and each size's fastest: a busy spell (the other test process, a laptop's browser) only ever
-    # slows a collective down, so the fastest of three is the least disturbed. Fitted on every other size of the
-    # same launches as the sizes it is checked on. (Rank counts beyond the cores are not checked: on 2 cores a
-    # third rank waits for a core, not for the network; docs/benchmarks.md gives the ratio measured there.)
-    launches = []
-    for turn in range(3):
-        out = tmp_path / f"launch{turn}"
-        done = subprocess.run([sys.executable, "-m", "dlscale", "bench", "allreduce", "--nproc", "2", "--max-mib", "4",
-                               "--out", str(out)], capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
-        launches.append(json.loads((out / "allreduce.json").read_text()))
-    measured = [{**rows[0], "ms": min(r["ms"] for r in rows)} for rows in zip(*launches)]
-    fitted_on, held_out = measured[::2], measured[1::2]
-    link = fit_link(fitted_on)
+    if os.geteuid() != 0 or not shutil.which("tc"):
+        pytest.skip("needs root and tc (iproute2) for a network namespace of its own with a shaped link")
+    # Each size's fastest of two launches (a busy spell only ever slows a collective down). Fitted on the smallest
+    # sizes (α) and the largest (β); checked on the sizes between, which neither term decides alone. (Rank counts:
+    # on one shaped loopback all ranks share one link, not a ring of links, so docs/benchmarks.md gives the ratio
+    # measured on plain loopback instead; on GPU nodes the check belongs there.)
+    launches = [_allreduce_on_a_shaped_link(tmp_path / f"launch{turn}") for turn in range(2)]
+    measured = {rows[0]["bytes"]: {**rows[0], "ms": min(r["ms"] for r in rows)} for rows in zip(*launches)}
+    held_out = [measured.pop(64 * 1024), measured.pop(256 * 1024)]
+    link = fit_link(measured.values())
     assert link.alpha > 0 and link.beta > 0
     assert worst_ratio(predictions(link, held_out)) <= HELD_OUT_WITHIN
 
