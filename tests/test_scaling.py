@@ -133,7 +133,7 @@ def test_the_fit_recovers_alpha_and_beta_and_never_goes_negative():
         fit_link(rows[:1])
 
 
-#: How far the model fitted here may miss on message sizes it did not see (measured: within 1.1x; docs/benchmarks.md).
+#: How far the model fitted here may miss on message sizes it did not see (measured: within 1.3x; docs/benchmarks.md).
 HELD_OUT_WITHIN = 2.0
 
 #: The link the test's ranks talk over: loopback in a network namespace of the test's own, shaped by the kernel's
