@@ -17,6 +17,7 @@ from typing import Any
 
 from dlscale.config import FIELDS, config_names, describe_field, load_config
 from dlscale.errors import DlscaleError
+from dlscale.scaling.sites import SITES
 
 TRAIN_EPILOG = """\
 CONFIG is a shipped config ({names}) or a YAML file; without one the defaults apply.
@@ -528,7 +529,7 @@ def _add_plan(commands: Any) -> None:
     plan.add_argument("--budget-node-hours", type=float, default=None)
     plan.add_argument("--allreduce", default=None, metavar="JSON",
                       help="allreduce.json of dlscale bench allreduce on this system: fit the model's alpha and beta")
-    plan.add_argument("--site", choices=("perlmutter", "frontier"), default=None,
+    plan.add_argument("--site", choices=sorted(SITES), default=None,
                       help="use this site's published links instead of a fit")
     plan.add_argument("--overlap", type=float, default=0.0, help="share of the communication hidden (the breakdown's)")
     plan.add_argument("--noise-scale", type=float, default=None, help="B_noise (default: what the largest run measured)")
@@ -543,7 +544,7 @@ def _add_project(commands: Any) -> None:
                     "time per sample you enter (measured on that GPU), with the share of communication hidden "
                     "(dlscale bench breakdown measures it). Prints the table and the assumptions; writes "
                     "projection.png.")
-    project.add_argument("--site", choices=("perlmutter", "frontier"), default="perlmutter")
+    project.add_argument("--site", choices=sorted(SITES), default="perlmutter")
     project.add_argument("--name", default="ResNet-50-sized gradient")
     project.add_argument("--parameters", type=int, default=0, help="parameter count (default: ResNet-50's 25.6 M)")
     project.add_argument("--ms-per-sample", type=float, required=True, help="one GPU's compute per sample, in ms")

@@ -80,8 +80,7 @@ def bucket_way(mb: float, static_graph: bool = False) -> str:
 
 def step_seconds(summary: dict) -> float:
     """A rank's seconds per optimizer step: its share of the global batch over its own samples/s."""
-    data_ranks = summary["applied"]["data_parallel_ranks"] if "applied" in summary else summary["world_size"]
-    return summary["global_batch_size"] / data_ranks / summary["samples_per_s_per_rank"]
+    return summary["global_batch_size"] / summary["applied"]["data_parallel_ranks"] / summary["samples_per_s_per_rank"]
 
 
 def collective_seconds(run_dir: Path) -> float:
