@@ -28,7 +28,7 @@ TORCH       ?= torch==2.13.0
 # Where pip looks for TORCH: empty is PyPI (CUDA builds on Linux). AMD GPUs (Frontier) need PyTorch's
 # ROCm index, e.g. TORCH_INDEX=https://download.pytorch.org/whl/rocm6.4 (the README's Frontier guide).
 TORCH_INDEX ?=
-TEST_EXTRAS ?= dev,notebooks,tracking,profiling,kmeans
+TEST_EXTRAS ?= dev,notebooks,tracking,profiling,kmeans,hpo
 PYTEST_ARGS ?=
 HOROVOD     ?= yes
 BIN         := $(VENV)/bin
@@ -93,7 +93,9 @@ OLDEST_PYTHON ?= $(shell for p in python3.10 $$HOME/.pyenv/versions/3.10*/bin/py
                    /usr/bin/python3.10; do "$$p" -c '' 2>/dev/null && { echo "$$p"; break; }; done)
 OLDEST_VENV ?= .venv-oldest
 OLDEST_TESTS ?= tests/test_config.py tests/test_kmeans_estimator.py tests/test_kmeans.py \
-                tests/test_train.py::test_model_learns_on_a_tiny_config
+                tests/test_train.py::test_model_learns_on_a_tiny_config \
+                tests/test_hpo.py::test_a_bad_search_space_is_refused_naming_the_parameter \
+                tests/test_hpo.py::test_a_pruned_trial_stops_through_the_engines_stop_path_and_keeps_its_folder
 TEST_OLDEST ?= yes
 
 $(OLDEST_VENV)/.installed: pyproject.toml scripts/floors.py

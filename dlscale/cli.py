@@ -570,6 +570,81 @@ def _add_experiment(commands: Any) -> None:
     sweep.set_defaults(handler=_experiment_large_batch)
 
 
+def _hpo_start(args: argparse.Namespace) -> int:
+    from dlscale.hpo.launch import search
+
+    settings = search(args.dir, args.space, args.trials, args.workers, args.overrides, sampler=args.sampler,
+                      pruner=args.pruner, seed=args.seed, storage=args.storage, grace_s=args.grace_s,
+                      ranks_per_node=args.ranks_per_node, threads=args.threads)
+    if args.workers:
+        return _hpo_show(args)
+    print(f"study {settings.name!r} ready in {args.dir} ({settings.trials} trials); start workers with "
+          f"`dlscale hpo worker --dir {args.dir}` (slurm/*/hpo.sbatch runs them as a job array)")
+    return 0
+
+
+def _hpo_worker(args: argparse.Namespace) -> int:
+    from dlscale.hpo.worker import run_worker
+
+    ran = run_worker(args.dir, args.overrides, max_trials=args.max_trials, quiet=not args.verbose)
+    print(f"worker done: trials {', '.join(map(str, ran)) or 'none'}")
+    return 0
+
+
+def _hpo_show(args: argparse.Namespace) -> int:
+    from dlscale.hpo.results import best_trial, format_trials, save_optuna_plots, trial_rows
+    from dlscale.hpo.study import read_settings
+
+    metric = read_settings(args.dir).search_space.metric
+    print(format_trials(trial_rows(args.dir), metric))
+    best = best_trial(args.dir)
+    print(f"best: trial {best['trial']}, {metric} {best['value']:.4f}, {best['params']} ({best['run_dir']})")
+    written = save_optuna_plots(args.dir)
+    print(f"plots: {', '.join(p.name for p in written)} in {args.dir}/")
+    if getattr(args, "rerun", False):
+        from dlscale.hpo.launch import rerun_best
+
+        stored, again = rerun_best(args.dir)
+        print(f"re-run of trial {best['trial']}: {metric} {again:.6f} (the study's: {stored:.6f})")
+    return 0
+
+
+def _add_hpo(commands: Any) -> None:
+    hpo = commands.add_parser("hpo", help="hyperparameter search with Optuna: pruned trials, workers, Slurm arrays",
+                              description="A study lives in a folder (--dir): study.json, the journal of its trials, "
+                                          "and each trial's run directory under trials/. See lesson 12.")
+    sub = hpo.add_subparsers(dest="hpo_command", required=True, metavar="ACTION")
+    start = sub.add_parser("start", help="create a study (or resume the one in --dir) and run workers on it",
+                           description="SPACE is a shipped search space or a YAML file; without it the study in "
+                                       "--dir resumes (its trials kept; --trials may raise the count).")
+    start.add_argument("space", nargs="?", default=None, metavar="SPACE")
+    start.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="for every trial, e.g. device=cuda")
+    start.add_argument("--dir", default="runs/hpo", help="the study's folder")
+    start.add_argument("--trials", type=int, default=None, help="trials to finish, complete or pruned (default 12)")
+    start.add_argument("--workers", type=int, default=2, help="worker processes here (0: only create the study)")
+    start.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe")
+    start.add_argument("--pruner", choices=("hyperband", "halving", "median", "none"), default="hyperband")
+    start.add_argument("--seed", type=int, default=0)
+    start.add_argument("--storage", default="", help="an RDB URL (default: the journal file in --dir)")
+    start.add_argument("--grace-s", type=float, default=20.0,
+                       help="a running trial silent this long is failed and retried (its worker died)")
+    start.add_argument("--ranks-per-node", type=int, default=1, help="ranks (GPUs) per node, for node-hours: "
+                       "a trial costs its seconds x its ranks / this")
+    start.add_argument("--threads", type=int, default=0,
+                       help="torch threads per trial (default: what each worker was given), kept in each config")
+    start.set_defaults(handler=_hpo_start)
+    worker = sub.add_parser("worker", help="one worker: ask, train, tell until the study has its trials")
+    worker.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    worker.add_argument("--dir", required=True)
+    worker.add_argument("--max-trials", type=int, default=None)
+    worker.add_argument("--verbose", action="store_true", help="print each trial's training, not only its result")
+    worker.set_defaults(handler=_hpo_worker)
+    show = sub.add_parser("show", help="the trials, the best one, and Optuna's plots as PNGs")
+    show.add_argument("--dir", required=True)
+    show.add_argument("--rerun", action="store_true", help="train the best trial again and compare")
+    show.set_defaults(handler=_hpo_show)
+
+
 def _add_info(commands: Any) -> None:
     info = commands.add_parser("info", help="show hardware, versions, site and launcher (lesson 00)")
     info.add_argument("--task", action="store_true",
@@ -582,7 +657,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlscale", description="Deep learning at scale: train, data, exercises.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_train, _add_data, _add_exercises, _add_recipes, _add_bench, _add_kmeans, _add_export, _add_report,
-                _add_plan, _add_project, _add_experiment, _add_info):
+                _add_plan, _add_project, _add_experiment, _add_hpo, _add_info):
         add(commands)
     return parser
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one launch body behind every submit script in slurm/:
 #
-#   launch.sh SITE JOB [ARGS...]      JOB = train | profile | kmeans | probe
+#   launch.sh SITE JOB [ARGS...]      JOB = train | profile | kmeans | hpo | probe
 #
 # It reads the site's settings (sites/SITE.env, then $DLSCALE_SITE_ENV if you keep your own:
 # account-free, path-free defaults live here, your choices live there), prepares the
@@ -14,8 +14,8 @@
 # resumes from the checkpoint (resume=true, same run directory: the job id does not change).
 set -euo pipefail
 
-site=${1:?usage: launch.sh SITE train|profile|kmeans|probe [ARGS...]}
-job=${2:?usage: launch.sh SITE train|profile|kmeans|probe [ARGS...]}
+site=${1:?usage: launch.sh SITE train|profile|kmeans|hpo|probe [ARGS...]}
+job=${2:?usage: launch.sh SITE train|profile|kmeans|hpo|probe [ARGS...]}
 shift 2
 # The repository (for the settings and .venv); runs and data go to the working directory,
 # which is where sbatch was called (or its --chdir).
@@ -102,12 +102,20 @@ print("\n".join(nsys_command(sys.argv[2:], output=sys.argv[1] + "/nsys/rank_%q{S
     probe)  # one line per task: what it was given (CPUs, affinity, threads, GPUs); checks a site's binding
         command=("$DLSCALE_PYTHON" -m dlscale info --task)
         ;;
+    hpo)  # workers of a search (dlscale hpo): the study must exist (dlscale hpo start SPACE --dir D --workers 0)
+        command=("$DLSCALE_PYTHON" -m dlscale hpo worker "$@" "${device_arg[@]}")
+        # Each task is a worker of its own, one trial at a time on its own GPU or CPUs; with
+        # DLSCALE_TRIAL_RANKS=all the tasks of this job train each trial together, data-parallel.
+        if [[ ${DLSCALE_TRIAL_RANKS:-1} != all ]]; then
+            export DLSCALE_LAUNCHER=single
+        fi
+        ;;
     kmeans)
         command=("$DLSCALE_PYTHON" -m dlscale kmeans "$@")
         [[ " $* " == *" --out "* ]] || command+=(--out "$run_dir")
         ;;
     *)
-        echo "launch.sh: unknown job '$job' (train, profile, kmeans or probe)" >&2
+        echo "launch.sh: unknown job '$job' (train, profile, kmeans, hpo or probe)" >&2
         exit 2
         ;;
 esac
@@ -120,7 +128,7 @@ if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then
     cpus_flag=(--cpus-per-task="$SLURM_CPUS_PER_TASK")  # (SRUN_CPUS_PER_TASK says the same, for nested sruns)
 fi
 if [[ ${DLSCALE_DRY_RUN:-0} == 1 ]]; then  # print what would run (tests, and checking a site's settings)
-    { env | grep -E '^(MASTER_|SRUN_|OMP_|NCCL_|FI_|MIOPEN_|CUDA_VISIBLE|DLSCALE_UNDER|DLSCALE_GPU_ORDER)' || true; } | sort | sed 's/^/env: /'
+    { env | grep -E '^(MASTER_|SRUN_|OMP_|NCCL_|FI_|MIOPEN_|CUDA_VISIBLE|DLSCALE_UNDER|DLSCALE_GPU_ORDER|DLSCALE_LAUNCHER)' || true; } | sort | sed 's/^/env: /'
     printf '%q ' srun --kill-on-bad-exit=0 "${cpus_flag[@]}" "${DLSCALE_SRUN_FLAGS[@]}" "${extra_flags[@]}" \
         "${DLSCALE_PREFIX[@]}" "${command[@]}"
     echo

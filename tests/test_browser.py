@@ -41,6 +41,7 @@ BROWSER_LESSONS = {
     "05_data_parallel.ipynb": (r"epoch 1: training loss [\d.]+, validation R² -?[\d.]+", False, True),
     "08_distributed_kmeans.ipynb": (None, True, True),
     "11_how_many_nodes.ipynb": (r"nodes: \d+ \(\d+ rank\(s\) per node|nothing to request", False, True),
+    "12_search_not_just_scale.ipynb": (r"re-run of trial \d+: R² (-?[\d.]+) \(the study's: \1\)", False, True),
 }
 
 
@@ -104,6 +105,26 @@ def test_a_lesson_runs_all_in_the_browser(lab, name, tmp_path):
     assert page.screenshot.stat().st_size > 20_000
     if name == "11_how_many_nodes.ipynb":
         _assert_lesson_11_measured(lab.work / "runs")
+    if name == "12_search_not_just_scale.ipynb":
+        _assert_lesson_12_searched(lab.work / "runs/lesson12", LESSONS[name])
+
+
+def _assert_lesson_12_searched(folder: Path, parameters: dict) -> None:
+    """Lesson 12's three studies reached their count; the worker it killed left a failed trial, retried."""
+    from optuna.trial import TrialState
+
+    from dlscale.hpo import open_study
+
+    finished = (TrialState.COMPLETE, TrialState.PRUNED)
+    for way in ("grid", "random", "tpe"):
+        study, settings = open_study(folder / way)
+        assert sum(t.state in finished for t in study.trials) >= parameters["trials"], way
+        assert settings.sampler == way
+    study, _ = open_study(folder / "tpe")
+    [dead] = [t for t in study.trials if t.state == TrialState.FAIL]
+    [retry] = [t for t in study.trials if t.system_attrs.get("failed_trial") == dead.number]
+    assert retry.state in finished and retry.params == dead.params
+    assert sum(t.state in finished for t in study.trials) == parameters["trials"] + parameters["extra_trials"]
 
 
 def _assert_lesson_11_measured(runs: Path) -> None:

@@ -40,12 +40,14 @@ LESSONS = {
                              "sweep_multiples": [8, 32]},
     "11_how_many_nodes.ipynb": {"steps": 80, "rounds": 2, "allreduce_max_kib": 1024, "sweep_epochs": 1,
                                 "node_breakdown": False, "target_r2": -1.0},
+    "12_search_not_just_scale.ipynb": {"trials": 8, "epochs": 4, "extra_trials": 2},
 }
 SOLUTION_PARAMETERS = {"01_single_device_baseline.ipynb": {"config": "tiny"}, "02_data_loading.ipynb": {},
                        "03_mixed_precision.ipynb": {}, "04_profiling.ipynb": {}, "05_data_parallel.ipynb": {},
                        "06_horovod.ipynb": {}, "07_large_batch.ipynb": {},
                        "08_distributed_kmeans.ipynb": {}, "09_scaling_out.ipynb": {"batches": [32, 128], "epochs": 2},
-                       "10_sharded_and_model_parallel.ipynb": {}, "11_how_many_nodes.ipynb": {}}
+                       "10_sharded_and_model_parallel.ipynb": {}, "11_how_many_nodes.ipynb": {},
+                       "12_search_not_just_scale.ipynb": {"budget": 6}}
 EXERCISES = {"01_single_device_baseline.ipynb": {"Exercise 01.1", "Exercise 01.2", "Exercise 01.3"},
              "02_data_loading.ipynb": {"Exercise 02.1"},
              "03_mixed_precision.ipynb": {"Exercise 03.1", "Exercise 03.2"},
@@ -55,7 +57,8 @@ EXERCISES = {"01_single_device_baseline.ipynb": {"Exercise 01.1", "Exercise 01.2
              "07_large_batch.ipynb": {"Exercise 07.1", "Exercise 07.2", "Exercise 07.3"},
              "08_distributed_kmeans.ipynb": {"Exercise 08.1"}, "09_scaling_out.ipynb": {"Exercise 09.1"},
              "10_sharded_and_model_parallel.ipynb": {"Exercise 10.1", "Exercise 10.2", "Exercise 10.3"},
-             "11_how_many_nodes.ipynb": {"Exercise 11.1", "Exercise 11.2", "Exercise 11.3"}}
+             "11_how_many_nodes.ipynb": {"Exercise 11.1", "Exercise 11.2", "Exercise 11.3"},
+             "12_search_not_just_scale.ipynb": {"Exercise 12.1"}}
 
 
 def test_every_lesson_is_covered_and_committed_without_outputs():
@@ -74,7 +77,8 @@ def test_every_lesson_is_covered_and_committed_without_outputs():
 #: the headless run would (no error, every figure drawn, widgets, the lesson's end state), so they are not
 #: executed headless a second time (in CI a skipped browser test fails the run, so nothing goes unrun).
 IN_THE_BROWSER = {"00_environment.ipynb", "01_single_device_baseline.ipynb", "03_mixed_precision.ipynb",
-                  "05_data_parallel.ipynb", "08_distributed_kmeans.ipynb", "11_how_many_nodes.ipynb"}
+                  "05_data_parallel.ipynb", "08_distributed_kmeans.ipynb", "11_how_many_nodes.ipynb",
+                  "12_search_not_just_scale.ipynb"}
 
 
 # A hang guard, not a speed target: lesson 07 takes ~4 min on 2 quiet cores and past 10 on a busy machine.

@@ -250,6 +250,40 @@ def test_a_breakdown_over_nodes_and_a_plan_from_a_two_node_sweep(two_nodes, tmp_
     assert (tmp_path / "runs/sweep/plan.png").stat().st_size > 10_000
 
 
+def test_a_study_runs_as_a_job_array_over_two_nodes_and_survives_a_killed_task(two_nodes, tmp_path):
+    """slurm/local/hpo.sbatch: two array tasks, one per node, work on one study; one is killed mid-trial (as a
+    node failure would), and the other fails its silent trial, retries it and finishes the study."""
+    optuna = pytest.importorskip("optuna")
+    small = ["epochs=2", "train_samples=256", "val_samples=128", "shard_size=128", "norm=group"]
+    created = run_cli("hpo", "start", "tiny", *small, "--dir", "study", "--trials", "4", "--workers", "0",
+                      "--grace-s", "6", "--pruner", "hyperband", cwd=tmp_path)
+    assert created.returncode == 0, created.stderr[-2000:]
+    submitted = _sbatch(two_nodes, tmp_path, "local/hpo.sbatch", "--dir", "study", wait=False,
+                        flags=("--array=0-1", "--cpus-per-task=2"))  # each node has 2 CPUs: one task on each
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip()
+    from dlscale.hpo.heartbeat import running_trials
+    beats, deadline = {}, time.time() + 180
+    while len({host for host, _ in beats.values()}) < 2 and time.time() < deadline:
+        beats = running_trials(tmp_path / "study")
+        time.sleep(0.05)
+    assert {host for host, _ in beats.values()} == {"node1", "node2"}, beats
+    killed = max(n for n, (host, _) in beats.items() if host == "node2")
+    subprocess.run(["scancel", "--signal=KILL", f"{job}_1"], env=_env(two_nodes), check=True)
+    _wait_for_state(two_nodes, f"{job}_0", "COMPLETED")
+    from dlscale.hpo import open_study
+    study, _ = open_study(tmp_path / "study")
+    states = {t.number: t.state for t in study.trials}
+    done = [n for n, s in states.items() if s in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)]
+    assert len(done) == 4
+    hosts = {t.user_attrs["host"] for t in study.trials}
+    assert hosts == {"node1", "node2"}
+    assert states[killed] == optuna.trial.TrialState.FAIL
+    assert "no heartbeat" in study.trials[killed].user_attrs["failed_because"]
+    [retry] = [t for t in study.trials if t.system_attrs.get("failed_trial") == killed]
+    assert retry.user_attrs["host"] == "node1" and retry.params == study.trials[killed].params
+
+
 def test_a_dead_node_ends_the_job_with_clear_messages_and_an_intact_checkpoint(tmp_path):
     import torch
 
@@ -419,6 +453,18 @@ def test_each_site_renders_one_task_per_gpu_and_a_world_the_config_splits_over(s
     world = len(("nid001000", "nid001001")) * tasks
     load_config("gpu").per_rank_batch(world)  # the gpu config's global batch splits evenly over the world
     assert "#SBATCH --signal=USR1@" in script.read_text() and "#SBATCH --requeue" in script.read_text()
+
+
+@pytest.mark.parametrize("width", ["1", "all"])
+def test_perlmutter_search_workers_take_one_gpu_each_or_the_whole_node(width, tmp_path):
+    """hpo.sbatch: four workers per node, each seeing only its GPU and training alone; or with
+    DLSCALE_TRIAL_RANKS=all one worker whose four ranks train each trial together."""
+    done, command, settings, _ = _render(tmp_path, "perlmutter/hpo.sbatch", "--dir", "hpo", hosts=("nid001000",),
+                                         env={"DLSCALE_TRIAL_RANKS": width})
+    assert done.returncode == 0, done.stderr
+    assert "-m dlscale hpo worker --dir hpo device=cuda" in command
+    assert ("--gpus-per-task=1" in command) == (width == "1")
+    assert settings.get("DLSCALE_LAUNCHER") == ("single" if width == "1" else None)
 
 
 def test_one_node_needs_no_network_plugin_and_conda_mode_loads_it(tmp_path):

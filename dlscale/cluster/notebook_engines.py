@@ -135,9 +135,11 @@ def _leave_no_group() -> None:
 
 
 def run_on_engines(function: Callable, n: int = 2, *args: Any, engines: str = "local", timeout: float | None = 900,
-                   cluster_options: dict | None = None, **kwargs: Any) -> list[Any]:
+                   cluster_options: dict | None = None, as_ranks: bool = True, **kwargs: Any) -> list[Any]:
     """Call ``function(*args, **kwargs)`` on ``n`` engines as ranks 0..n-1 of one job; return the results.
 
+    ``as_ranks=False`` calls it on each engine as a process of its own (no rank variables): workers
+    of a search, each training its own trials.
     ``engines`` is ipyparallel's engine launcher: ``local``, ``mpi`` or ``slurm`` (with Slurm the
     controller listens on all interfaces so engines on compute nodes can reach it).
     ``cluster_options`` go to :class:`ipyparallel.Cluster` (e.g. Slurm's account and time).
@@ -157,7 +159,7 @@ def run_on_engines(function: Callable, n: int = 2, *args: Any, engines: str = "l
         stop_engines()  # another shape's or another folder's: one set at a time
         cluster, client = _start(ipp, n, options)
     try:
-        results = _run_job(ipp, client, n, function, args, kwargs, timeout)
+        results = _run_job(ipp, client, n, function, args, kwargs, timeout, as_ranks)
     except BaseException:
         cluster.stop_cluster_sync()
         raise
@@ -166,11 +168,14 @@ def run_on_engines(function: Callable, n: int = 2, *args: Any, engines: str = "l
 
 
 def _run_job(ipp: Any, client: Any, n: int, function: Callable, args: tuple, kwargs: dict,
-             timeout: float | None) -> list[Any]:
+             timeout: float | None, as_ranks: bool = True) -> list[Any]:
     """The job on the first ``n`` engines of ``client``: the rank variables, the call, the results or one error."""
     ids = sorted(client.ids)[:n]
-    hosts_ports = client[ids].apply_sync(_host_and_port)
-    environments = rank_environments([host for host, _ in hosts_ports], hosts_ports[0][1])
+    if as_ranks:
+        hosts_ports = client[ids].apply_sync(_host_and_port)
+        environments = rank_environments([host for host, _ in hosts_ports], hosts_ports[0][1])
+    else:
+        environments = [{"DLSCALE_LAUNCHER": "single"}] * n
     pending = [client[engine].apply_async(_run_as_rank, environment, function, args, kwargs)
                for engine, environment in zip(ids, environments)]
     results, failures = [], []
@@ -178,7 +183,7 @@ def _run_job(ipp: Any, client: Any, n: int, function: Callable, args: tuple, kwa
         try:
             results.append(task.get(timeout=timeout))
         except ipp.error.RemoteError as err:
-            failures.append(f"rank {rank}: {err.ename}: {err.evalue}")
+            failures.append(f"{'rank' if as_ranks else 'engine'} {rank}: {err.ename}: {err.evalue}")
             results.append(None)
         except ipp.error.TimeoutError:
             failures.append(f"rank {rank}: no result after {timeout} s")

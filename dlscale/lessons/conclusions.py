@@ -167,3 +167,44 @@ def breakdown_conclusions(result: dict[str, Any]) -> list[str]:
             lines.append(f"buckets of {best} MiB left the least communication exposed ({exposed[best]:.2f} ms per "
                          f"step; {others})")
     return lines
+
+
+def search_conclusions(progress: dict[str, list[tuple[float, float]]], rows: dict[str, list[dict[str, Any]]],
+                       baseline: float) -> list[str]:
+    """What lesson 12's three searches show, read from their trials: best per cost, and what pruning saved."""
+    from dlscale.lessons.predictions import best_within
+
+    budget = min(points[-1][0] for points in progress.values() if points)
+    lines = [f"Within {budget * 3600:.1f} node-seconds (what the cheapest search spent in all), the best R²: "
+             + ", ".join(f"{name} {best_within(points, budget):.4f}" for name, points in progress.items())
+             + f"; the config's defaults give {baseline:.4f}."]
+    for name, trials in rows.items():
+        pruned = [r for r in trials if r["state"] == "pruned"]
+        if pruned:
+            full = max(r["epochs"] for r in trials)
+            saved = sum(full - r["epochs"] for r in pruned)
+            lines.append(f"{name}: {len(pruned)} of {len(trials)} trials pruned, {saved} of "
+                         f"{full * len(trials)} epochs never trained.")
+    return lines
+
+
+def width_conclusions(result: dict[str, Any]) -> list[str]:
+    """Concurrent trials against one wider trial on the same devices (dlscale.hpo.width)."""
+    many, wide, n = result["concurrent"], result["wide"], result["workers"]
+    efficiency = many["seconds"] / (n * wide["seconds"])  # (n trials alone take many_s; one over n ranks wide_s)
+    lines = [f"{n} trials at once, one rank each: {many['trials_per_hour']:.0f} trials per hour (R² {many['r2']:.4f} "
+             f"at global batch {many['global_batch']}).",
+             f"One trial at a time over {n} ranks: {wide['trials_per_hour']:.0f} trials per hour (R² {wide['r2']:.4f} "
+             f"at global batch {wide['global_batch']}), each in {wide['seconds']:.1f} s against "
+             f"{many['seconds']:.1f} s for the concurrent ones: {efficiency:.0%} scaling efficiency."]
+    if efficiency < 1:
+        lines.append("Below perfect scaling the concurrent trials finish more of the search per device-hour; a wider "
+                     "trial pays only when the search must wait for each result.")
+    b_simple = wide.get("noise_scale")
+    if b_simple:
+        relation = "above" if wide["global_batch"] > b_simple else "below"
+        lines.append(f"The wide trial's batch {wide['global_batch']} is {relation} its measured noise scale B_simple "
+                     f"≈ {b_simple:.0f}: " + ("past it, a wider trial needs more epochs for the same R², so widening "
+                                              "stops paying" if relation == "above" else
+                                              "widening can still keep the epochs per trial"))
+    return lines

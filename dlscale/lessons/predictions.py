@@ -119,3 +119,25 @@ def _largest_part(result: dict[str, Any]) -> str | None:
 LARGEST_LOSS = Question("at the largest size of the breakdown, the largest part of the lost efficiency is...",
                         {"a": "exposed I/O (the loader)", "b": "exposed communication (the all-reduce)",
                          "c": "the rest (compute that does not scale: ranks sharing cores)"}, _largest_part)
+
+
+#: The three searches of lesson 12, in the order of BEST_PER_COST's choices.
+SEARCHES = ("grid", "random", "tpe")
+
+
+def best_within(points: list[tuple[float, float]], budget: float) -> float:
+    """The best value a search had found once it had spent ``budget`` (points: (spent, best so far))."""
+    found = [best for spent, best in points if spent <= budget * (1 + 1e-9) and math.isfinite(best)]
+    return max(found, default=-math.inf)
+
+
+def _best_per_cost(progress: dict[str, list[tuple[float, float]]]) -> str | None:
+    if not all(progress.get(name) for name in SEARCHES):
+        return None
+    budget = min(points[-1][0] for points in progress.values())  # what the cheapest search spent in all
+    return "abc"[max(range(3), key=lambda i: best_within(progress[SEARCHES[i]], budget))]
+
+
+BEST_PER_COST = Question("with the same number of trials, the best validation R² for the node-hours spent comes from...",
+                         {"a": "the grid (lesson 07's kind of sweep)", "b": "random search",
+                          "c": "TPE with Hyperband pruning"}, _best_per_cost)

@@ -9,6 +9,7 @@ in Jupyter, so a notebook needs no ``%matplotlib`` magic to show them.
 from __future__ import annotations
 
 import io
+import math
 import textwrap
 from pathlib import Path
 
@@ -388,5 +389,38 @@ def allreduce_fit(measured: list[dict], predicted: list[dict], fitted_sizes: set
     ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="all-reduce time (ms)",
            title="the α–β model against the measurement")
     ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def search_progress(ways: dict[str, list[tuple[float, float]]], baseline: float | None = None,
+                    metric: str = "R²") -> NotebookFigure:
+    """Best value so far against node-hours spent, one line per way of searching (a grid, random, TPE...)."""
+    fig = NotebookFigure(figsize=(7, 4), layout="constrained")
+    ax = fig.subplots()
+    for name, points in ways.items():
+        shown = [(x * 3600, y) for x, y in points if math.isfinite(y)]  # (node-seconds: the lesson's trials are short)
+        ax.step([x for x, _ in shown], [y for _, y in shown], where="post", marker="o", markersize=3, label=name)
+    if baseline is not None:
+        ax.axhline(baseline, color="grey", linestyle="--", label="the config's defaults")
+    ax.set(xlabel="node-seconds spent", ylabel=f"best validation {metric} so far", title="what each search found per cost")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return fig
+
+
+def trial_curves(curves: dict[int, tuple[list[int], list[float], str]], metric: str = "R²") -> NotebookFigure:
+    """Every trial's validation metric by epoch; pruned trials end in a cross where the pruner stopped them."""
+    fig = NotebookFigure(figsize=(7, 4), layout="constrained")
+    ax = fig.subplots()
+    for number, (epochs, values, state) in sorted(curves.items()):
+        pruned = state == "pruned"
+        ax.plot(epochs, values, "-", color="tab:red" if pruned else "tab:blue", alpha=0.45 if pruned else 0.8)
+        if pruned:
+            ax.plot(epochs[-1], values[-1], "x", color="tab:red")
+    ax.plot([], [], "-", color="tab:blue", label="ran to the end")
+    ax.plot([], [], "-x", color="tab:red", label="pruned")
+    ax.set(xlabel="epoch", ylabel=f"validation {metric}", title="each trial's curve, and where pruning cut it")
+    ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return fig

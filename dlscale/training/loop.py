@@ -23,7 +23,7 @@ import io
 import json
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -49,11 +49,18 @@ from dlscale.training.setup import Run, build_run
 from dlscale.training.step import train_step
 
 
-def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
+#: ``on_epoch(epoch, metrics) -> stop``: called on rank 0 after each epoch's validation but the last; True
+#: stops the run the way a stop signal does (a checkpoint, then the end), as a search prunes a trial.
+EpochCallback = Callable[[int, dict[str, float]], bool]
+
+
+def train(cfg: TrainConfig | str | None = None, /, *, on_epoch: EpochCallback | None = None,
+          **overrides: Any) -> Result:
     """Train the model a config describes and return its :class:`Result`.
 
     ``cfg`` is a :class:`TrainConfig`, a config name or YAML path, or None (defaults);
-    keyword arguments override fields: ``train("tiny", epochs=2)``.
+    keyword arguments override fields: ``train("tiny", epochs=2)``. ``on_epoch`` sees each
+    epoch's validation metrics on rank 0 and may stop the run (:data:`EpochCallback`).
     """
     cfg = _as_config(cfg, overrides)
     started = time.perf_counter()
@@ -67,7 +74,7 @@ def train(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
     finished = False
     try:
         run = build_run(cfg, env)
-        preempted, meter = _loop(run)
+        preempted, meter = _loop(run, on_epoch)
         result = _finish(run, meter, preempted, started)
         finished = True
         return result
@@ -97,8 +104,8 @@ def _out_of_memory_message(cfg: TrainConfig, env: distributed.DistEnv, err: Base
             f"save memory too. ({str(err).splitlines()[0][:200]})")
 
 
-def _loop(run: Run) -> tuple[bool, ThroughputMeter]:
-    """Steps until the last one or a stop signal; returns (preempted, the throughput meter)."""
+def _loop(run: Run, on_epoch: EpochCallback | None = None) -> tuple[bool, ThroughputMeter]:
+    """Steps until the last one, a stop signal or ``on_epoch``'s stop; returns (stopped early, the meter)."""
     cfg, env = run.cfg, run.env
     sync = (lambda: torch.cuda.synchronize(run.device)) if run.device.type == "cuda" else None
     meter, preempted = ThroughputMeter(sync=sync), False
@@ -131,11 +138,14 @@ def _loop(run: Run) -> tuple[bool, ThroughputMeter]:
                 end_of_epoch = run.step % run.steps_per_epoch == 0 or run.step == run.total_steps
                 if end_of_epoch:
                     meter.pause()  # (first: the device finishes the steps, then validation runs untimed)
-                    _validate(run, epoch, say)
+                    metrics = _validate(run, epoch, say)
+                    if on_epoch is not None and env.is_main and run.step < run.total_steps \
+                            and on_epoch(epoch + 1, metrics):
+                        stop.request(f"stopped after epoch {epoch + 1} by {_name(on_epoch)}")
                 # A signal may reach only some ranks: with several, they agree at block boundaries.
                 if (stop.requested if not env.distributed else
                         run.step % LOG_BLOCK == 0 and all_reduce_max_flag(stop.requested, run.device)):
-                    say(f"dlscale: {stop.signal_name or 'a stop signal'} received; checkpointing at step "
+                    say(f"dlscale: {stop.reason}; checkpointing at step "
                         f"{run.step} and stopping")
                     preempted = True
                 every = cfg.checkpoint_every
@@ -149,11 +159,16 @@ def _loop(run: Run) -> tuple[bool, ThroughputMeter]:
     return preempted, meter
 
 
-def _validate(run: Run, epoch: int, say: Any) -> None:
+def _validate(run: Run, epoch: int, say: Any) -> dict[str, float]:
     run.log.flush()
     metrics = evaluate(run.model, run.val_loader, run.device, run.cfg.channels_last, run.names)
     run.logger.log_validation({"epoch": epoch + 1, "step": run.step, **metrics})
     say(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    return metrics
+
+
+def _name(callback: Any) -> str:
+    return str(getattr(callback, "name", None) or getattr(callback, "__name__", None) or "on_epoch")
 
 
 def _checkpoint(run: Run, lr: float) -> None:
@@ -229,7 +244,8 @@ def _finish(run: Run, meter: ThroughputMeter, preempted: bool, started: float) -
     return result
 
 
-def train_quietly(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> Result:
+def train_quietly(cfg: TrainConfig | str | None = None, /, *, on_epoch: EpochCallback | None = None,
+                  **overrides: Any) -> Result:
     """:func:`train` with its console lines kept in ``output.log`` in the run directory, not printed.
 
     For sweeps and repeated runs, in a notebook or a benchmark: the progress bar (if on) still
@@ -239,7 +255,7 @@ def train_quietly(cfg: TrainConfig | str | None = None, /, **overrides: Any) -> 
     output = io.StringIO()
     try:
         with contextlib.redirect_stdout(output):
-            return train(cfg)
+            return train(cfg, on_epoch=on_epoch)
     finally:  # (also when the run stops with an error: the log says why)
         cfg.resolved_run_dir.mkdir(parents=True, exist_ok=True)
         (cfg.resolved_run_dir / "output.log").write_text(output.getvalue())

@@ -24,11 +24,18 @@ class StopFlag:
     def __init__(self) -> None:
         self.requested = False
         self.signal_name: str | None = None
+        self.reason = "a stop signal received"
         self._previous: dict[int, object] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.requested = True
         self.signal_name = signal.Signals(signum).name
+        self.reason = f"{self.signal_name} received"
+
+    def request(self, reason: str) -> None:
+        """Stop as a signal would, for a reason of the caller's (a search pruning its trial)."""
+        self.requested = True
+        self.reason = reason
 
     def __enter__(self) -> "StopFlag":
         # Handlers can only be installed from the main thread (not, say, an ipyparallel engine's worker).

@@ -1,0 +1,79 @@
+"""Starting a study's workers on this machine: processes running ``dlscale hpo worker``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from dlscale.hpo.study import StudyError, StudySettings, create_study, read_settings
+
+
+def start_workers(study_dir: str | Path, n: int, threads: int = 1) -> list[subprocess.Popen]:
+    """``n`` worker processes on the study, each with ``threads`` torch threads; their output goes to
+    ``logs/`` in the study folder."""
+    study_dir = Path(study_dir)
+    (study_dir / "logs").mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "DLSCALE_LAUNCHER": "single"}
+    workers = []
+    for index in range(n):
+        log = open(study_dir / "logs" / f"worker-{os.getpid()}-{index}.log", "ab")  # noqa: SIM115 - the child's
+        workers.append(subprocess.Popen([sys.executable, "-m", "dlscale", "hpo", "worker", "--dir", str(study_dir)],
+                                        env=env, stdout=log, stderr=subprocess.STDOUT))
+        log.close()
+    return workers
+
+
+def wait_for_workers(workers: list[subprocess.Popen], timeout: float | None = None) -> list[int]:
+    """The workers' exit statuses once all have ended."""
+    return [worker.wait(timeout=timeout) for worker in workers]
+
+
+def search(study_dir: str | Path, space: str | Path | None = None, trials: int | None = None, workers: int = 2,
+           extra: list[str] | tuple[str, ...] = (), **settings: Any) -> StudySettings:
+    """Create the study (or resume the one in ``study_dir``), run ``workers`` worker processes until it has
+    its trials, and return its settings; ``workers=0`` only creates it (for a Slurm job array).
+    ``settings`` are :class:`StudySettings` fields (sampler, pruner, grace_s, threads ...).
+
+    A worker that fails makes this raise with the end of its log.
+    """
+    study_dir = Path(study_dir)
+    if space is None:  # resume: the study's own space; more trials if asked
+        held = read_settings(study_dir)
+        held_settings = {k: v for k, v in asdict(held).items() if k not in ("name", "space", "trials")}
+        chosen = create_study(held.search_space, study_dir, max(held.trials, trials or 0), name=held.name,
+                              **held_settings)
+    else:
+        chosen = create_study(space, study_dir, trials or 12, extra=list(extra), **settings)
+    if workers:
+        processes = start_workers(study_dir, workers, threads=chosen.threads or 1)
+        failed = [(p, status) for p, status in zip(processes, wait_for_workers(processes)) if status != 0]
+        if failed:
+            raise StudyError(f"{len(failed)} of {workers} workers failed (exit status {failed[0][1]}); "
+                             f"their logs are in {study_dir / 'logs'}")
+    return chosen
+
+
+def rerun_best(study_dir: str | Path, out: str | Path | None = None) -> tuple[float, float]:
+    """Train the best trial's config again, in a process of its own, into ``out`` (default ``best-rerun/`` in the
+    study); returns (the study's value, the re-run's value).
+
+    The config records the trial's thread count too, so on a CPU the two agree exactly: a trial's result
+    is a property of its settings, not of the search.
+    """
+    from dlscale.hpo.results import best_trial
+    from dlscale.metrics.tracking import VAL_FILE, read_rows
+
+    best = best_trial(study_dir)
+    metric = read_settings(study_dir).search_space.metric
+    out = Path(out or Path(study_dir) / "best-rerun")
+    env = {**os.environ, "DLSCALE_LAUNCHER": "single"}
+    done = subprocess.run([sys.executable, "-m", "dlscale.train", str(Path(best["run_dir"]) / "config.yaml"),
+                           f"run_dir={out}", "resume=false", "checkpoint_every=0"], env=env, capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        raise StudyError(f"re-running trial {best['trial']} failed: {done.stderr.strip()[-500:]}")
+    return float(best["value"]), float(read_rows(out / VAL_FILE)[-1][metric])

@@ -1,0 +1,195 @@
+"""A worker of a study: ask for a trial, train it on the one engine, tell the result; again until done.
+
+Any number of workers share a study through its folder (:mod:`dlscale.hpo.study`): processes
+started by ``dlscale hpo start``, tasks of a Slurm job array (``slurm/*/hpo.sbatch``) or
+notebook engines. Each trial is an ordinary ``dlscale.train`` run in ``trials/trial-NNNN``.
+Pruning uses the engine's stop path: after each epoch the trial reports the validation
+metric, and when the pruner says stop the run checkpoints and ends as on a signal.
+
+A worker launched with several ranks (``torchrun``, ``srun`` with ``DLSCALE_TRIAL_RANKS=all``)
+trains each trial data-parallel over all of them: rank 0 talks to the study and hands the
+trial's settings to the others.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from dlscale import distributed
+from dlscale.errors import DlscaleError
+from dlscale.runtime.threads import choose_threads
+from dlscale.hpo.heartbeat import Heartbeat, fail_stale_trials
+from dlscale.hpo.study import TRIALS_DIR, StudySettings, finished_trial_error, load_optuna, open_study
+
+WORKERS_DIR = "workers"
+
+
+class _Pruning:
+    """The engine's epoch callback: report the metric to the trial, stop when the pruner says so."""
+
+    name = "the search's pruner"
+
+    def __init__(self, trial: Any, metric: str) -> None:
+        self.trial, self.metric, self.pruned = trial, metric, False
+
+    def __call__(self, epoch: int, metrics: dict[str, float]) -> bool:
+        value = metrics.get(self.metric, math.nan)
+        try:
+            if math.isfinite(value):
+                self.trial.report(value, epoch)
+            self.pruned = self.trial.should_prune()
+        except finished_trial_error():  # failed as silent by another worker (this one was stalled): stop
+            return True
+        return self.pruned
+
+
+def claim_worker_number(study_dir: str | Path) -> int:
+    """The lowest worker number no other worker of this study took (a folder made atomically)."""
+    folder = Path(study_dir) / WORKERS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    number = 0
+    while True:
+        try:
+            (folder / str(number)).mkdir()
+        except FileExistsError:
+            number += 1
+            continue
+        (folder / str(number) / "where").write_text(f"{socket.gethostname()} pid {os.getpid()}\n")
+        return number
+
+
+def counts(study: Any) -> tuple[int, int]:
+    """(trials finished, complete or pruned; trials running now)."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    return done, sum(t.state == TrialState.RUNNING for t in trials)
+
+
+def run_worker(study_dir: str | Path, extra: list[str] | tuple[str, ...] = (), max_trials: int | None = None,
+               quiet: bool = True) -> list[int]:
+    """Work on the study in ``study_dir`` until it has its trials (or this worker ran ``max_trials``).
+
+    ``extra`` are ``key=value`` overrides for every trial of this worker (``device=cuda``).
+    Returns the numbers of the trials this worker ran.
+    """
+    optuna = load_optuna()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    env = distributed.detect()
+    if env.distributed:
+        env = distributed.init(timeout_s=600.0)
+    study_dir = Path(study_dir)
+    ran: list[int] = []
+    try:
+        if env.is_main:
+            study, settings = open_study(study_dir, claim_worker_number(study_dir))
+        stopping = False
+        while True:
+            task = None if stopping or not env.is_main else _next_trial(study, settings, study_dir, ran, max_trials)
+            overrides = task[1] if task else None
+            if env.distributed:  # rank 0 asked; every rank trains the same trial
+                overrides = distributed.broadcast_object(overrides)
+            if overrides is None:
+                break
+            if not env.is_main:
+                _train(overrides, None, None, quiet)
+                continue
+            trial = task[0]
+            with Heartbeat(study_dir, trial.number, settings.heartbeat_s):
+                value, state, stopping = _train(overrides, trial, settings, quiet)
+            study.tell(trial, value, state=state, skip_if_finished=True)
+            ran.append(trial.number)
+            if not quiet:
+                print(f"trial {trial.number}: {state.name.lower()}"
+                      + (f", {settings.search_space.metric} {value:.4f}" if value is not None else ""), flush=True)
+    finally:
+        if env.distributed:
+            distributed.shutdown(drain=False)
+    return ran
+
+
+def _next_trial(study: Any, settings: StudySettings, study_dir: Path, ran: list[int],
+                max_trials: int | None) -> tuple[Any, dict[str, Any]] | None:
+    """The next trial to train and its overrides, or None when the study (or this worker) is done."""
+    while max_trials is None or len(ran) < max_trials:
+        fail_stale_trials(study, study_dir, settings.grace_s, settings.max_retry)
+        done, running = counts(study)
+        if done >= settings.trials:
+            return None
+        if done + running >= settings.trials:  # the last trials are running elsewhere: wait, in case one dies
+            time.sleep(settings.heartbeat_s)
+            continue
+        trial = study.ask()
+        space = settings.search_space
+        run_dir = study_dir / TRIALS_DIR / f"trial-{trial.number:04d}"
+        # the thread count is fixed in each trial's config, so that a re-run of it computes in the same order
+        threads = settings.threads or choose_threads().count
+        overrides = {**space.overrides(trial), "name": run_dir.name, "run_dir": str(run_dir), "progress": False,
+                     "plot": False, "threads": threads, **_parse_extra(settings.extra), "_base": space.base}
+        trial.set_user_attr("run_dir", str(run_dir))
+        trial.set_user_attr("host", socket.gethostname())
+        return trial, overrides
+    return None
+
+
+def _parse_extra(items: list[str]) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in items)
+
+
+def _train(overrides: dict[str, Any], trial: Any, settings: StudySettings | None,
+           quiet: bool) -> tuple[float | None, Any, bool]:
+    """Train one trial; returns (value, state, whether this worker must stop)."""
+    from optuna.trial import TrialState
+
+    from dlscale.training.loop import train, train_quietly
+
+    overrides = dict(overrides)
+    base = overrides.pop("_base")
+    pruning = _Pruning(trial, settings.search_space.metric) if trial is not None else None
+    started = time.perf_counter()
+    try:
+        result = (train_quietly if quiet else train)(base, on_epoch=pruning, **overrides)
+    except DlscaleError as err:  # diverged, or settings the engine refuses: a finding, and the search goes on
+        if trial is not None:
+            trial.set_user_attr("failed_because", str(err).splitlines()[0][:300])
+            trial.set_user_attr("node_hours", (time.perf_counter() - started) / max(1, settings.ranks_per_node) / 3600)
+        return None, TrialState.FAIL, False
+    if trial is None:
+        return None, TrialState.COMPLETE, False
+    try:
+        return _outcome(result, trial, settings, time.perf_counter() - started, pruning.pruned)
+    except finished_trial_error():  # another worker failed it as silent meanwhile: it is retried there
+        return None, TrialState.FAIL, False
+
+
+def _outcome(result: Any, trial: Any, settings: StudySettings, seconds: float,
+             pruned: bool) -> tuple[float | None, Any, bool]:
+    """Record what the trial cost; its (value, state, whether this worker must stop)."""
+    from optuna.trial import TrialState
+
+    ranks = distributed.detect().world_size
+    trial.set_user_attr("seconds", seconds)
+    trial.set_user_attr("ranks", ranks)
+    trial.set_user_attr("node_hours", seconds * ranks / max(1, settings.ranks_per_node) / 3600)
+    trial.set_user_attr("epochs", len(result.history))
+    if pruned:
+        return None, TrialState.PRUNED, False
+    if result.preempted:  # a stop signal (scancel, the time limit): give the trial back and end this worker
+        trial.set_user_attr("failed_because", "its worker was stopped by a signal")
+        from optuna.storages import RetryFailedTrialCallback
+
+        study = trial.study
+        study.tell(trial, state=TrialState.FAIL)
+        RetryFailedTrialCallback(max_retry=settings.max_retry)(study, study._storage.get_trial(trial._trial_id))
+        return None, TrialState.FAIL, True
+    value = result.final.get(settings.search_space.metric, math.nan)
+    if not math.isfinite(value):
+        trial.set_user_attr("failed_because", f"the final {settings.search_space.metric} is {value}")
+        return None, TrialState.FAIL, False
+    return float(value), TrialState.COMPLETE, False

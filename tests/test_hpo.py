@@ -1,0 +1,138 @@
+"""Hyperparameter search (dlscale.hpo): spaces refused with a clear message, pruning through the engine's stop
+path, workers that die, a study that resumes, and the best trial re-run to the same value.
+
+The job-array path on the two-node Slurm cluster is in test_slurm.py.
+"""
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from dlscale.hpo import SearchSpaceError, create_study, load_space, open_study
+from dlscale.metrics.tracking import read_rows
+
+optuna = pytest.importorskip("optuna")
+
+#: Trials of about a second on one core: what the tests need to see several finish.
+SMALL = {"epochs": 2, "train_samples": 256, "val_samples": 128, "shard_size": 128, "checkpoint_every": 0,
+         "keep_checkpoints": 1, "norm": "group"}
+
+
+def _space(**parameters):
+    return load_space({"name": "test", "base": "tiny", "fixed": SMALL,
+                       "parameters": parameters or {"lr": {"low": 1e-3, "high": 1e-2, "log": True},
+                                                    "warmup_steps": {"low": 0, "high": 8}}})
+
+
+@pytest.mark.parametrize("parameters, message", [
+    ({"lrr": {"low": 1e-3, "high": 1e-2}}, "'lrr', which is not a config key (did you mean 'lr'?)"),
+    ({"lr": {"low": 1e-2, "high": 1e-3}}, "parameter 'lr': the range is inverted (low 0.01 > high 0.001)"),
+    ({"lr": {"low": 1e-3, "high": 1e-3}}, "parameter 'lr': the range [0.001, 0.001] is empty"),
+    ({"lr": {"low": 0.0, "high": 1e-2, "log": True}}, "parameter 'lr': a log range must stay above zero"),
+    ({"optimizer": {"choices": []}}, "parameter 'optimizer': the list of choices is empty"),
+    ({"optimizer": {"choices": ["adamw", "adam"]}}, "parameter 'optimizer': the value 'adam' is refused"),
+    ({"optimizer": {"low": 1, "high": 2}}, "optimizer is not a number"),
+    ({"warmup_steps": {"low": 0.5, "high": 8}}, "warmup_steps is an integer key"),
+    ({"run_dir": {"choices": ["a", "b"]}}, "'run_dir', which each trial sets itself"),
+    ({"lr": {"low": 1e-3, "hi": 1e-2}}, "unknown setting 'hi'"),
+    ({}, "'parameters' is empty"),
+])
+def test_a_bad_search_space_is_refused_naming_the_parameter(parameters, message):
+    with pytest.raises(SearchSpaceError) as caught:
+        load_space({"base": "tiny", "parameters": parameters})
+    assert message in str(caught.value)
+
+
+def test_a_shipped_space_loads_and_each_draw_is_a_valid_config(tmp_path):
+    space = load_space("tiny")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(5):
+        values = {p.key: p.suggest(study.ask()) for p in space.parameters}
+        cfg = space.config(values, run_dir=str(tmp_path))
+        assert cfg.optimizer in ("adamw", "lamb", "lars") and 3e-4 <= cfg.lr <= 3e-2
+    with pytest.raises(SearchSpaceError, match="no search space 'nope'"):
+        load_space("nope")
+
+
+def test_a_pruned_trial_stops_through_the_engines_stop_path_and_keeps_its_folder(in_tmp, monkeypatch):
+    """A pruner that prunes everything below R² 0.99: each trial stops after its first epoch, checkpointed."""
+    from dlscale.hpo import study as study_module
+    from dlscale.hpo.worker import run_worker
+
+    monkeypatch.setattr(study_module, "make_pruner", lambda *args: optuna.pruners.ThresholdPruner(lower=0.99))
+    create_study(_space(), "study", trials=2)
+    assert run_worker("study") == [0, 1]
+    study, _ = open_study("study")
+    for trial in study.trials:
+        assert trial.state == optuna.trial.TrialState.PRUNED
+        run_dir = Path(trial.user_attrs["run_dir"])
+        history = read_rows(run_dir / "validation.csv")
+        assert [row["epoch"] for row in history] == [1]  # of 2: stopped after the first
+        assert trial.intermediate_values == {1: pytest.approx(history[0]["r2"])}
+        assert list((run_dir / "checkpoints").glob("ckpt-*.pt"))  # stopped as on a signal: checkpoint first
+
+
+def _heartbeats(study_dir, count):
+    """(trial number, worker pid) of ``count`` running trials, once their workers have said they run them."""
+    from dlscale.hpo.heartbeat import wait_for_running
+    return [(number, pid) for number, (_, pid) in sorted(wait_for_running(study_dir, count).items())][:count]
+
+
+def test_a_killed_worker_is_retried_a_killed_study_resumes_and_the_best_reruns_the_same(in_tmp):
+    from dlscale.hpo.launch import rerun_best, search, start_workers, wait_for_workers
+    from dlscale.hpo.results import trial_rows
+
+    TrialState = optuna.trial.TrialState
+    search("study", _space(), trials=4, workers=0, grace_s=6.0, heartbeat_s=0.3, pruner="none")
+    workers = start_workers("study", 2)
+    [(killed, pid)] = _heartbeats("study", 1)
+    os.kill(pid, signal.SIGKILL)  # mid-trial: its trial stays RUNNING, and silent
+    statuses = sorted(wait_for_workers(workers, timeout=300))
+    assert statuses == [-signal.SIGKILL, 0]
+    study, _ = open_study("study")
+    dead = study.trials[killed]
+    assert dead.state == TrialState.FAIL and "no heartbeat" in dead.user_attrs["failed_because"]
+    [retry] = [t for t in study.trials if t.system_attrs.get("failed_trial") == killed]
+    assert retry.state == TrialState.COMPLETE and retry.params == dead.params
+    assert sum(t.state == TrialState.COMPLETE for t in study.trials) == 4
+    kept = {t.number: t.value for t in study.trials if t.state == TrialState.COMPLETE}
+
+    # every worker killed mid-study: started again, the study carries on from where it stood
+    search("study", trials=6, workers=0)
+    workers = start_workers("study", 2)
+    for _, pid in _heartbeats("study", 2):
+        os.kill(pid, signal.SIGKILL)
+    wait_for_workers(workers, timeout=60)
+    search("study", workers=1)
+    study, _ = open_study("study")
+    complete = {t.number: t.value for t in study.trials if t.state == TrialState.COMPLETE}
+    assert len(complete) == 6 and all(complete[n] == v for n, v in kept.items())  # nothing lost, nothing redone
+    assert sum(t.state == TrialState.FAIL for t in study.trials) == 3  # the three killed trials, each retried
+    rows = trial_rows("study")
+    assert all(Path(r["run_dir"], "summary.json").is_file() for r in rows if r["state"] == "complete")
+    stored, again = rerun_best("study")
+    assert again == stored  # CPU runs are deterministic: the best trial's R² is its settings', not luck's
+
+
+def test_a_worker_of_two_ranks_trains_each_trial_data_parallel(in_tmp):
+    """Under torchrun (or srun with DLSCALE_TRIAL_RANKS=all) rank 0 asks and both ranks train the trial."""
+    import subprocess
+    import sys
+
+    from dlscale.distributed import free_port
+
+    create_study(_space(), "study", trials=1, pruner="none", ranks_per_node=2)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("DLSCALE_LAUNCHER", None)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}",
+                           "-m", "dlscale",
+                           "hpo", "worker", "--dir", "study"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [trial] = open_study("study")[0].trials
+    assert trial.state == optuna.trial.TrialState.COMPLETE and trial.user_attrs["ranks"] == 2
+    summary = (Path(trial.user_attrs["run_dir"]) / "summary.json").read_text()
+    assert '"world_size": 2' in summary
+    assert trial.user_attrs["node_hours"] == pytest.approx(trial.user_attrs["seconds"] / 3600)  # 2 ranks of 2 a node
