@@ -57,15 +57,19 @@ def test_a_shipped_space_loads_and_each_draw_is_a_valid_config(tmp_path):
         load_space("nope")
 
 
-def test_a_pruned_trial_stops_through_the_engines_stop_path_and_keeps_its_folder(in_tmp, monkeypatch):
-    """A pruner that prunes everything below R² 0.99: each trial stops after its first epoch, checkpointed."""
+@pytest.mark.parametrize("storage", ["journal", "database"])
+def test_a_pruned_trial_stops_through_the_engines_stop_path_and_keeps_its_folder(storage, in_tmp, monkeypatch):
+    """A pruner that prunes everything below R² 0.99: each trial stops after its first epoch, checkpointed;
+    in the default journal file, or in a database named by its URL (recorded in study.json for the workers)."""
     from dlscale.hpo import study as study_module
     from dlscale.hpo.worker import run_worker
 
     monkeypatch.setattr(study_module, "make_pruner", lambda *args: optuna.pruners.ThresholdPruner(lower=0.99))
-    create_study(_space(), "study", trials=2)
+    url = f"sqlite:///{in_tmp / 'trials.db'}" if storage == "database" else ""
+    create_study(_space(), "study", trials=2, storage=url)
     assert run_worker("study") == [0, 1]
     study, _ = open_study("study")
+    assert (in_tmp / "study/study.journal").exists() == (storage == "journal")
     for trial in study.trials:
         assert trial.state == optuna.trial.TrialState.PRUNED
         run_dir = Path(trial.user_attrs["run_dir"])
@@ -118,7 +122,8 @@ def test_a_killed_worker_is_retried_a_killed_study_resumes_and_the_best_reruns_t
 
 
 def test_a_worker_of_two_ranks_trains_each_trial_data_parallel(in_tmp):
-    """Under torchrun (or srun with DLSCALE_TRIAL_RANKS=all) rank 0 asks and both ranks train the trial."""
+    """Under torchrun (or srun with DLSCALE_TRIAL_RANKS=all) rank 0 asks and both ranks train the trial, with the
+    worker's own key=value overrides."""
     import subprocess
     import sys
 
@@ -129,10 +134,12 @@ def test_a_worker_of_two_ranks_trains_each_trial_data_parallel(in_tmp):
     env.pop("DLSCALE_LAUNCHER", None)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}",
                            "-m", "dlscale",
-                           "hpo", "worker", "--dir", "study"], env=env, capture_output=True, text=True, timeout=300)
+                           "hpo", "worker", "--dir", "study", "epochs=1"], env=env, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     [trial] = open_study("study")[0].trials
     assert trial.state == optuna.trial.TrialState.COMPLETE and trial.user_attrs["ranks"] == 2
     summary = (Path(trial.user_attrs["run_dir"]) / "summary.json").read_text()
     assert '"world_size": 2' in summary
+    assert trial.user_attrs["epochs"] == 1  # the worker's own overrides (as launch.sh passes device=cuda) apply
     assert trial.user_attrs["node_hours"] == pytest.approx(trial.user_attrs["seconds"] / 3600)  # 2 ranks of 2 a node

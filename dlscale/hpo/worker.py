@@ -24,7 +24,7 @@ from dlscale import distributed
 from dlscale.errors import DlscaleError
 from dlscale.runtime.threads import choose_threads
 from dlscale.hpo.heartbeat import Heartbeat, fail_stale_trials
-from dlscale.hpo.study import TRIALS_DIR, StudySettings, finished_trial_error, load_optuna, open_study
+from dlscale.hpo.study import TRIALS_DIR, StudyError, StudySettings, finished_trial_error, load_optuna, open_study
 
 WORKERS_DIR = "workers"
 
@@ -91,7 +91,8 @@ def run_worker(study_dir: str | Path, extra: list[str] | tuple[str, ...] = (), m
             study, settings = open_study(study_dir, claim_worker_number(study_dir))
         stopping = False
         while True:
-            task = None if stopping or not env.is_main else _next_trial(study, settings, study_dir, ran, max_trials)
+            task = None if stopping or not env.is_main else _next_trial(study, settings, study_dir, ran, max_trials,
+                                                                        [*settings.extra, *extra])
             overrides = task[1] if task else None
             if env.distributed:  # rank 0 asked; every rank trains the same trial
                 overrides = distributed.broadcast_object(overrides)
@@ -114,9 +115,10 @@ def run_worker(study_dir: str | Path, extra: list[str] | tuple[str, ...] = (), m
     return ran
 
 
-def _next_trial(study: Any, settings: StudySettings, study_dir: Path, ran: list[int],
-                max_trials: int | None) -> tuple[Any, dict[str, Any]] | None:
-    """The next trial to train and its overrides, or None when the study (or this worker) is done."""
+def _next_trial(study: Any, settings: StudySettings, study_dir: Path, ran: list[int], max_trials: int | None,
+                extra: list[str]) -> tuple[Any, dict[str, Any]] | None:
+    """The next trial to train and its overrides (``extra``'s last), or None when the study (or this worker) is
+    done."""
     while max_trials is None or len(ran) < max_trials:
         fail_stale_trials(study, study_dir, settings.grace_s, settings.max_retry)
         done, running = counts(study)
@@ -131,7 +133,7 @@ def _next_trial(study: Any, settings: StudySettings, study_dir: Path, ran: list[
         # the thread count is fixed in each trial's config, so that a re-run of it computes in the same order
         threads = settings.threads or choose_threads().count
         overrides = {**space.overrides(trial), "name": run_dir.name, "run_dir": str(run_dir), "progress": False,
-                     "plot": False, "threads": threads, **_parse_extra(settings.extra), "_base": space.base}
+                     "plot": False, "threads": threads, **_parse_extra(extra), "_base": space.base}
         trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("host", socket.gethostname())
         return trial, overrides
@@ -139,7 +141,13 @@ def _next_trial(study: Any, settings: StudySettings, study_dir: Path, ran: list[
 
 
 def _parse_extra(items: list[str]) -> dict[str, str]:
-    return dict(item.split("=", 1) for item in items)
+    parsed = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise StudyError(f"{item!r} is not a key=value override for the trials (e.g. device=cuda)")
+        parsed[key.strip()] = value.strip()
+    return parsed
 
 
 def _train(overrides: dict[str, Any], trial: Any, settings: StudySettings | None,
