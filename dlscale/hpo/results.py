@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from dlscale.hpo.study import open_study
+from dlscale.hpo.study import StudyError, open_study
 from dlscale.metrics.tracking import VAL_FILE, read_rows
 
 
@@ -55,7 +55,12 @@ def curves(rows: list[dict[str, Any]], metric: str = "r2") -> dict[int, tuple[li
 
 def best_trial(study_dir: str | Path) -> dict[str, Any]:
     """The best complete trial's number, parameters, value and run folder."""
+    from optuna.trial import TrialState
+
     study, _ = open_study(study_dir)
+    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        raise StudyError(f"the study in {study_dir} has no complete trial yet: start workers on it "
+                         f"(`dlscale hpo worker --dir {study_dir}`), or wait for them")
     best = study.best_trial
     return {"trial": best.number, "params": dict(best.params), "value": best.value,
             "run_dir": best.user_attrs.get("run_dir", "")}
