@@ -86,6 +86,7 @@ def run_worker(study_dir: str | Path, extra: list[str] | tuple[str, ...] = (), m
         env = distributed.init(timeout_s=600.0)
     study_dir = Path(study_dir)
     ran: list[int] = []
+    finished = False
     try:
         if env.is_main:
             study, settings = open_study(study_dir, claim_worker_number(study_dir))
@@ -109,9 +110,12 @@ def run_worker(study_dir: str | Path, extra: list[str] | tuple[str, ...] = (), m
             if not quiet:
                 print(f"trial {trial.number}: {state.name.lower()}"
                       + (f", {settings.search_space.metric} {value:.4f}" if value is not None else ""), flush=True)
+        finished = True
     finally:
         if env.distributed:
-            distributed.shutdown(drain=False)
+            # drained at a normal end (a barrier, then a pause: else a rank can die of SIGABRT at exit, see
+            # distributed.shutdown); after a failure a peer may be gone, so no barrier
+            distributed.shutdown(drain=finished)
     return ran
 
 
