@@ -5,6 +5,7 @@ build a config (:mod:`~dlscale.config.train_config`). The config keys are public
 """
 
 from dlscale.config.train_config import (CONFIG_DIR, FIELDS, ConfigError, TrainConfig, config_names, describe_field,
-                                         load_config)
+                                         load_config, parse_overrides)
 
-__all__ = ["CONFIG_DIR", "FIELDS", "ConfigError", "TrainConfig", "config_names", "describe_field", "load_config"]
+__all__ = ["CONFIG_DIR", "FIELDS", "ConfigError", "TrainConfig", "config_names", "describe_field", "load_config",
+           "parse_overrides"]

@@ -249,7 +249,7 @@ class TrainConfig:
 
     def override(self, overrides: Iterable[str] | Mapping[str, Any]) -> "TrainConfig":
         """A new config with ``key=value`` strings (or a mapping) applied and validated."""
-        changes = _parse_overrides(overrides)
+        changes = parse_overrides(overrides)
         return dataclasses.replace(self, **{k: _coerce(k, v) for k, v in changes.items()})
 
     def save(self, path: str | Path) -> Path:
@@ -326,7 +326,8 @@ def _coerce(key: str, value: Any) -> Any:
                       f"(default is {FIELDS[key].default!r})")
 
 
-def _parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> dict[str, Any]:
+def parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> dict[str, Any]:
+    """``key=value`` strings (the CLI's, a batch script's) or a mapping, as a dict of raw values."""
     if isinstance(overrides, Mapping):
         return dict(overrides)
     parsed: dict[str, Any] = {}
@@ -387,5 +388,5 @@ def load_config(name_or_path: str | None = None,
     None for the defaults. ``overrides`` are ``"key=value"`` strings or a mapping.
     """
     values = _read_chain(_find(name_or_path)) if name_or_path else {}
-    values.update(_parse_overrides(overrides))
+    values.update(parse_overrides(overrides))
     return TrainConfig(**{key: _coerce(key, val) for key, val in values.items()})

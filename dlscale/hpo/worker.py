@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from dlscale import distributed
+from dlscale.config import parse_overrides
 from dlscale.errors import DlscaleError
 from dlscale.runtime.threads import choose_threads
 from dlscale.hpo.heartbeat import Heartbeat, fail_stale_trials
-from dlscale.hpo.study import TRIALS_DIR, StudyError, StudySettings, finished_trial_error, load_optuna, open_study
+from dlscale.hpo.study import TRIALS_DIR, StudySettings, finished_trial_error, load_optuna, open_study
 
 WORKERS_DIR = "workers"
 
@@ -90,10 +91,11 @@ def run_worker(study_dir: str | Path, extra: list[str] | tuple[str, ...] = (), m
     try:
         if env.is_main:
             study, settings = open_study(study_dir, claim_worker_number(study_dir))
+            overrides_for_all = parse_overrides([*settings.extra, *extra])  # (a bad one fails before a trial starts)
         stopping = False
         while True:
             task = None if stopping or not env.is_main else _next_trial(study, settings, study_dir, ran, max_trials,
-                                                                        [*settings.extra, *extra])
+                                                                        overrides_for_all)
             overrides = task[1] if task else None
             if env.distributed:  # rank 0 asked; every rank trains the same trial
                 overrides = distributed.broadcast_object(overrides)
@@ -120,7 +122,7 @@ def run_worker(study_dir: str | Path, extra: list[str] | tuple[str, ...] = (), m
 
 
 def _next_trial(study: Any, settings: StudySettings, study_dir: Path, ran: list[int], max_trials: int | None,
-                extra: list[str]) -> tuple[Any, dict[str, Any]] | None:
+                extra: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
     """The next trial to train and its overrides (``extra``'s last), or None when the study (or this worker) is
     done."""
     while max_trials is None or len(ran) < max_trials:
@@ -137,21 +139,11 @@ def _next_trial(study: Any, settings: StudySettings, study_dir: Path, ran: list[
         # the thread count is fixed in each trial's config, so that a re-run of it computes in the same order
         threads = settings.threads or choose_threads().count
         overrides = {**space.overrides(trial), "name": run_dir.name, "run_dir": str(run_dir), "progress": False,
-                     "plot": False, "threads": threads, **_parse_extra(extra), "_base": space.base}
+                     "plot": False, "threads": threads, **extra, "_base": space.base}
         trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("host", socket.gethostname())
         return trial, overrides
     return None
-
-
-def _parse_extra(items: list[str]) -> dict[str, str]:
-    parsed = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise StudyError(f"{item!r} is not a key=value override for the trials (e.g. device=cuda)")
-        parsed[key.strip()] = value.strip()
-    return parsed
 
 
 def _train(overrides: dict[str, Any], trial: Any, settings: StudySettings | None,
