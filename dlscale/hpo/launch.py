@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.hpo.study import StudyError, StudySettings, create_study, read_settings
+from dlscale.runtime.threads import per_process_env
 
 
 def start_workers(study_dir: str | Path, n: int, threads: int = 1) -> list[subprocess.Popen]:
@@ -17,7 +18,7 @@ def start_workers(study_dir: str | Path, n: int, threads: int = 1) -> list[subpr
     ``logs/`` in the study folder."""
     study_dir = Path(study_dir)
     (study_dir / "logs").mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "DLSCALE_LAUNCHER": "single"}
+    env = {**per_process_env(threads), "DLSCALE_LAUNCHER": "single"}
     workers = []
     for index in range(n):
         log = open(study_dir / "logs" / f"worker-{os.getpid()}-{index}.log", "ab")  # noqa: SIM115 - the child's

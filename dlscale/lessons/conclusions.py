@@ -172,9 +172,9 @@ def breakdown_conclusions(result: dict[str, Any]) -> list[str]:
 def search_conclusions(progress: dict[str, list[tuple[float, float]]], rows: dict[str, list[dict[str, Any]]],
                        baseline: float) -> list[str]:
     """What lesson 12's three searches show, read from their trials: best per cost, and what pruning saved."""
-    from dlscale.lessons.predictions import best_within
+    from dlscale.lessons.predictions import best_within, common_budget
 
-    budget = min(points[-1][0] for points in progress.values() if points)
+    budget = common_budget(progress)
     lines = [f"Within {budget * 3600:.1f} node-seconds (what the cheapest search spent in all), the best R²: "
              + ", ".join(f"{name} {best_within(points, budget):.4f}" for name, points in progress.items())
              + f"; the config's defaults give {baseline:.4f}."]

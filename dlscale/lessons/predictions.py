@@ -131,10 +131,15 @@ def best_within(points: list[tuple[float, float]], budget: float) -> float:
     return max(found, default=-math.inf)
 
 
+def common_budget(progress: dict[str, list[tuple[float, float]]]) -> float:
+    """What the cheapest search spent in all: the budget at which the searches are compared."""
+    return min(points[-1][0] for points in progress.values() if points)
+
+
 def _best_per_cost(progress: dict[str, list[tuple[float, float]]]) -> str | None:
     if not all(progress.get(name) for name in SEARCHES):
         return None
-    budget = min(points[-1][0] for points in progress.values())  # what the cheapest search spent in all
+    budget = common_budget(progress)
     return "abc"[max(range(3), key=lambda i: best_within(progress[SEARCHES[i]], budget))]
 
 
