@@ -203,6 +203,53 @@ def test_rows_near_a_tie_are_rescored_not_skipped():
     assert ours.inertia_ == pytest.approx(reference.inertia_, rel=1e-5)
 
 
+def _pass_shares(x: torch.Tensor, k: int, passes: int) -> list[float]:
+    """The share of rows each CPU pass scored, over ``passes`` Lloyd's iterations from the first k rows."""
+    from dlscale.kmeans.hamerly import HamerlyPass
+
+    state, centers, previous = HamerlyPass(x, None), x[:k].clone(), None
+    labels = torch.full((len(x),), -1, dtype=torch.int64)
+    sums, totals = torch.zeros(k, x.shape[1], dtype=torch.float64), torch.zeros(k, dtype=torch.float64)
+    shares = []
+    for _ in range(passes):
+        before = state.scored
+        state.run(centers, previous, labels, sums, totals)
+        shares.append((state.scored - before) / len(x))
+        previous, centers = centers, (sums / totals.clamp(min=1)[:, None]).to(x.dtype)
+    assert torch.equal(labels, _assign(x, previous, 512)[0])  # skipping or not, the labels of a full argmin
+    return shares
+
+
+def test_the_cpu_pass_tests_the_bounds_only_while_they_skip_enough_rows():
+    from dlscale.kmeans.hamerly import HamerlyPass
+
+    # No cluster structure and many centres: the centres keep moving and the bounds skip few rows.
+    noise = _pass_shares(torch.rand(20_000, 16, generator=torch.Generator().manual_seed(0)), 48, 10)
+    probe = HamerlyPass.PROBE_EVERY
+    assert noise[1] > 1 - HamerlyPass.MIN_SKIPPED  # the second pass tested the bounds, which did not pay ...
+    assert noise[2:1 + probe] == [1.0] * (probe - 1)  # ... so the next passes score every row without testing
+    assert noise[1 + probe] < 1.0  # and then test them again
+    blobs = _pass_shares(torch.from_numpy(make_blobs(20_000, n_features=16, centers=48, random_state=0)[0]), 48, 10)
+    assert max(blobs[1 + probe:]) < 0.5  # where they pay, they are tested every pass
+
+
+def test_without_numba_the_cpu_rescores_every_row_and_asking_for_bounds_names_the_extra():
+    code = ("import sys; sys.modules['numba'] = None\n"
+            "import torch\n"
+            "from dlscale.kmeans.lloyd import lloyd\n"
+            "from dlscale.kmeans.errors import KMeansError\n"
+            "x = torch.randn(3000, 4, generator=torch.Generator().manual_seed(0))\n"
+            "fit = lloyd(x, None, x[:5].clone(), 50, 0.0, 512)\n"
+            "print(fit.rows_scored == len(x) * (fit.n_iter + 1) or fit.rows_scored == len(x) * fit.n_iter)\n"
+            "try:\n    lloyd(x, None, x[:5].clone(), 50, 0.0, 512, skip_rows=True)\n"
+            "except KMeansError as err:\n    print(err)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    every_row, message = done.stdout.splitlines()
+    assert every_row == "True"
+    assert "Hamerly's bounds needs numba" in message and "pip install 'dlscale[kmeans]'" in message
+
+
 def test_two_gloo_ranks_with_weights_equal_one_process(in_tmp):
     from dlscale.cluster.launch import torchrun_command
 

@@ -2,7 +2,7 @@
 
 - :mod:`~dlscale.kmeans.estimator`: :class:`KMeans`, a scikit-learn estimator (needs the ``kmeans`` extra);
 - :mod:`~dlscale.kmeans.lloyd`: the torch engine (Lloyd's algorithm, in one process or over a job's ranks);
-- :mod:`~dlscale.kmeans.bounds`, :mod:`~dlscale.kmeans.scoring`: the rows it may skip, and scoring rows against centres;
+- :mod:`~dlscale.kmeans.hamerly`, :mod:`~dlscale.kmeans.scoring`: the compiled CPU pass that skips rows, and scoring rows against centres;
 - :mod:`~dlscale.kmeans.initialization`: k-means++, k-means|| and random initial centres, over ranks;
 - :mod:`~dlscale.kmeans.daal`: Intel oneDAL's SPMD K-Means (daal4py) under ``mpirun`` or ``srun``;
 - :mod:`~dlscale.kmeans.backend`: which of the two engines ``backend="auto"`` picks;

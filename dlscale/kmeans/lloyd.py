@@ -2,21 +2,18 @@
 
 :func:`lloyd` runs the iterations from given centres on this rank's rows (optionally
 weighted) and returns a :class:`LloydFit`; the estimator validates, initialises and keeps
-the best of its ``n_init`` runs. It needs torch only (no scikit-learn).
+the best of its ``n_init`` runs. It needs torch (and numba on CPUs, to skip rows), not scikit-learn.
 
-- **Chunks.** Distances are ``‖c‖² − 2·x·cᵀ`` (one GEMM per chunk of rows), so memory is
-  chunk × k, never N × k.
+- **Chunks.** Distances are ``‖c‖² − 2·x·cᵀ``, a chunk (GPUs) or a tile (CPUs) of rows at a
+  time, so memory is chunk × k, never N × k.
 - **One collective per iteration.** Each rank keeps its per-cluster weighted sums and
   weights in float64; one all-reduce of ``[sums, weights, labels changed]`` gives every rank
   the same new centres.
-- **Rows that cannot change cluster are skipped** (CPUs). Hamerly's bounds (Hamerly 2010,
-  "Making k-means even faster") keep, per row, an upper bound on the distance to its centre
-  and a lower bound on the distance to any other centre; after the centres move by δ, the
-  upper bound grows by its centre's δ and the lower one shrinks by the largest other δ. A
-  row is skipped only when its centre is nearer than every other by more than the rounding
-  error of the GEMM formula (:mod:`~dlscale.kmeans.bounds`), so the labels are those a full argmin gives:
-  exact against scikit-learn, which recomputes every distance. The rest are re-scored, and
-  only the rows that changed cluster update the sums.
+- **Rows that cannot change cluster are skipped** (CPUs): Hamerly's bounds, in one compiled
+  pass that also scores the rest and moves the rows that changed cluster between the sums
+  (:mod:`~dlscale.kmeans.hamerly`). A row is skipped only when its centre is nearer than
+  every other by more than the rounding error of the distance formula, so the labels are
+  those a full argmin gives: exact against scikit-learn, which recomputes every distance.
 - **On GPUs** every row is re-scored each iteration and the sums are a one-hot GEMM: free of
   the atomics that make ``index_add_`` differ from run to run there, and a GPU does the
   whole GEMM faster than it could gather the few rows that need it.
@@ -37,7 +34,9 @@ from dataclasses import dataclass
 import torch
 
 from dlscale import distributed
-from dlscale.kmeans.bounds import Bounds, changed_rows, rescore
+from dlscale.errors import import_optional
+from dlscale.kmeans import hamerly
+from dlscale.kmeans.errors import KMeansError
 from dlscale.kmeans.scoring import argmin_rows, assign, inertia_of
 
 #: Bytes the blocks of one chunk may take when ``chunk_size`` is not given. On CPUs a
@@ -100,21 +99,6 @@ class _ClusterSums:
         self.sums = self.packed[:k * d].view(k, d)
         self.weights = self.packed[k * d:k * d + k]
 
-    def add(self, rows: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None, sign: float = 1.0,
-            chunk: int = 8192) -> None:
-        """Add (``sign=-1``: take away) weighted rows to their clusters' sums, by cache-sized chunks.
-
-        In float64 throughout: sums of float32 rows are then exact to far more digits than the
-        data has, so one rank and N ranks (whose chunks start elsewhere) find the same centres.
-        """
-        part = torch.empty(self.k, self.d, dtype=torch.float64, device=rows.device)
-        for start in range(0, len(rows), chunk):
-            block, into = rows[start:start + chunk].double(), labels[start:start + chunk]
-            if weights is not None:  # not in place: .double() of float64 rows is the data itself
-                block = block * weights[start:start + chunk, None]
-            self.sums.add_(part.zero_().index_add_(0, into, block), alpha=sign)
-        self.weights.add_(torch.bincount(labels, weights=weights, minlength=self.k).double(), alpha=sign)
-
     def all_reduce(self, changed: int) -> tuple[torch.Tensor, torch.Tensor, float]:
         """The sums and weights over all ranks, and the number of labels changed on all ranks."""
         self.packed[-1] = changed
@@ -123,39 +107,28 @@ class _ClusterSums:
         return total[:k * d].view(k, d), total[k * d:k * d + k], float(total[-1])
 
 
-def _pick(rows: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor | None:
-    return None if weights is None else weights.index_select(0, rows)
-
-
 def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, max_iter: int, threshold: float,
           chunk: int, skip_rows: bool | None = None) -> LloydFit:
     """Lloyd's iterations from ``centers`` on this rank's rows ``x`` (weights float64, or None for ones).
 
-    ``skip_rows`` chooses the bounds (default on CPUs) or the one-hot pass that re-scores
-    every row (default on GPUs); both give the same labels.
+    ``skip_rows`` chooses Hamerly's bounds in one compiled pass (default on CPUs where numba,
+    of the ``kmeans`` extra, is installed) or the one-hot pass that re-scores every row
+    (default on GPUs); both give the same labels.
     """
     started = time.perf_counter()
     k, d = centers.shape
-    use_bounds = x.device.type == "cpu" if skip_rows is None else skip_rows
+    use_bounds = _use_bounds(x.device, skip_rows)
     labels = torch.full((x.shape[0],), -1, dtype=torch.int64, device=x.device)
     local = _ClusterSums(k, d, x.device)
-    bounds = Bounds(x) if use_bounds else None
+    bounds = hamerly.HamerlyPass(x, weights) if use_bounds else None
     strict = False
     iterations = 0
-    previous = centers
+    previous = None
     for iterations in range(1, max_iter + 1):
-        if not use_bounds:
-            changed = _one_hot_pass(x, weights, centers, labels, chunk, local)
-        elif iterations == 1:
-            rescore(x, None, centers, bounds, chunk, labels)
-            local.add(x, labels, weights)
-            changed = x.shape[0]
+        if use_bounds:
+            changed = bounds.run(centers, previous, labels, local.sums, local.weights)
         else:
-            rows, sources, targets = changed_rows(x, centers, previous, labels, bounds, chunk)
-            moved_rows = x.index_select(0, rows)
-            local.add(moved_rows, targets, _pick(rows, weights))
-            local.add(moved_rows, sources, _pick(rows, weights), sign=-1.0)
-            changed = len(rows)
+            changed = _one_hot_pass(x, weights, centers, labels, chunk, local)
         sums, totals, changed_everywhere = local.all_reduce(changed)
         if bool((totals == 0).any()):
             _relocate_empty_clusters(x, weights, centers, labels, sums, totals)
@@ -172,14 +145,25 @@ def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, 
     if strict or use_bounds:
         if not strict:  # the last pass's labels belong to the previous centres: assign once more
             passes += 1
-            changed_rows(x, centers, previous, labels, bounds, chunk)
+            bounds.run(centers, previous, labels, torch.zeros_like(local.sums), torch.zeros_like(local.weights))
         inertia = inertia_of(x, centers, labels, chunk, weights)
     else:  # on GPUs a full assignment gives the labels and the inertia in one pass
         passes += 1
-        labels, inertia = assign(x, centers, chunk, weights)
+        labels, inertia = assign(x, centers, chunk, weights, compiled=False)
     inertia = float(distributed.all_reduce_sum(torch.tensor([inertia], dtype=torch.float64, device=x.device))[0])
     scored = bounds.scored if use_bounds else passes * x.shape[0]
     return LloydFit(centers, labels, inertia, iterations, time.perf_counter() - started, scored)
+
+
+def _use_bounds(device: torch.device, skip_rows: bool | None) -> bool:
+    """Whether to skip rows by Hamerly's bounds: on CPUs with numba, unless told."""
+    if skip_rows is None:
+        return device.type == "cpu" and hamerly.available()
+    if skip_rows:
+        if device.type != "cpu":
+            raise KMeansError(f"skipping rows by bounds runs on CPUs; on {device} every row is re-scored")
+        import_optional("numba", "kmeans", "K-Means skipping rows by Hamerly's bounds", KMeansError)
+    return skip_rows
 
 
 def _one_hot_pass(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, labels: torch.Tensor,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dlscale.kmeans import hamerly
+
 
 def argmin_rows(block: torch.Tensor) -> torch.Tensor:
     """The column of each row's smallest value (the first one on ties, as scikit-learn).
@@ -29,9 +31,16 @@ def _weighted_inertia(squared: torch.Tensor, weights: torch.Tensor | None) -> to
     return (squared if weights is None else squared * weights).sum()
 
 
-def assign(x: torch.Tensor, centers: torch.Tensor, chunk: int,
-           weights: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
-    """Closest centre of every local row, and the local (weighted) inertia, chunk by chunk."""
+def assign(x: torch.Tensor, centers: torch.Tensor, chunk: int, weights: torch.Tensor | None = None,
+           compiled: bool | None = None) -> tuple[torch.Tensor, float]:
+    """Closest centre of every local row, and the local (weighted) inertia, chunk by chunk.
+
+    On CPUs with numba (``compiled`` None or True) by the compiled loop of the CPU engine, so
+    ``predict`` gives exactly the labels a fit found; otherwise one GEMM per chunk.
+    """
+    if compiled or (compiled is None and x.device.type == "cpu" and hamerly.available()):
+        labels, squared = hamerly.nearest(x, centers)
+        return labels, float(_weighted_inertia(squared, weights))
     c_sq = (centers * centers).sum(1)
     labels = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
     inertia = torch.zeros((), dtype=torch.float64, device=x.device)

@@ -1,0 +1,148 @@
+"""The loops of the CPU pass, compiled by numba: imported only by :mod:`dlscale.kmeans.hamerly` (numba is optional).
+
+Rows are scored a tile at a time: the tile's rows are copied transposed (d × tile) so the
+loops over a tile's rows are unit-stride, and the compiler turns them into SIMD over rows
+(8 float32 rows per AVX2 instruction), whatever d and k are. A row's distances are never
+written to memory: each centre's distances for the tile update the nearest and second
+nearest in place. Neither ``fastmath`` nor FMA contraction is allowed, so every call (the
+fit, ``predict``, one rank or N) rounds a row's distances the same way.
+"""
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+#: Rows per tile: a tile's transposed rows, distances and nearest two stay in the L1 cache.
+TILE = 256
+
+
+@njit(cache=True, inline="always")
+def _nearest_two(rows_t, m, cm2, c_sq, best, first, second, acc):
+    """For the tile's first ``m`` rows: the nearest centre, and ``‖c‖² − 2·x·c`` for it and the second nearest.
+
+    Ties go to the lower-numbered centre, as a row-wise argmin (and scikit-learn) gives.
+    """
+    k, d = cm2.shape
+    for r in range(m):
+        first[r] = np.inf
+        second[r] = np.inf
+        best[r] = 0
+    for j in range(k):
+        label = np.int32(j)
+        for r in range(m):
+            acc[r] = c_sq[j]
+        for t in range(d):
+            factor = cm2[j, t]
+            for r in range(m):
+                acc[r] += rows_t[t, r] * factor
+        for r in range(m):  # branch-free (min, max, arithmetic), so the loop over rows stays SIMD
+            v, a = acc[r], first[r]
+            second[r] = min(second[r], max(v, a))
+            first[r] = min(v, a)
+            best[r] += (label - best[r]) * np.int32(v < a)
+
+
+@njit(cache=True, inline="always")
+def _tile_buffers(x):
+    """A tile's rows transposed (d × TILE), and per row: the nearest centre, the two smallest values, a scratch."""
+    d = x.shape[1]
+    return (np.empty((d, TILE), x.dtype), np.empty(TILE, np.int32), np.empty(TILE, x.dtype),
+            np.empty(TILE, x.dtype), np.empty(TILE, x.dtype))
+
+
+@njit(parallel=True, cache=True)
+def lloyd_pass(x, w, cm2, c_sq, labels, upper, lower, x_sq, scale, shift, other, gap, c_slack, skip_slack,
+               score_all, sums, totals, changed, scored):
+    """One Lloyd's pass over this rank's rows with Hamerly's bounds (see :mod:`dlscale.kmeans.hamerly`).
+
+    Rows whose bounds rule out a new centre are skipped; the others are scored, their bounds
+    reset, and each row that changed cluster moves its weighted features from the old
+    cluster's sums to the new one's (``sums``/``totals`` per part, float64). ``changed`` and
+    ``scored`` count per part. With ``score_all`` every row is scored (its bounds are then
+    set afresh); on the first pass (labels −1) every row is also added to its cluster.
+    """
+    n, d = x.shape
+    parts = sums.shape[0]
+    tiles = (n + TILE - 1) // TILE
+    per_part = (tiles + parts - 1) // parts
+    weighted = w.shape[0] > 0
+    for p in prange(parts):
+        rows_t, best, first, second, acc = _tile_buffers(x)
+        index = np.empty(TILE, np.int64)
+        norms = np.empty(TILE, np.float64)
+        upper_t = np.empty(TILE, np.float64)
+        lower_t = np.empty(TILE, np.float64)
+        part_sums, part_totals = sums[p], totals[p]
+        for tile in range(p * per_part, min(tiles, (p + 1) * per_part)):
+            m = 0
+            for i in range(tile * TILE, min(n, (tile + 1) * TILE)):
+                if not score_all:
+                    a = labels[i]
+                    u = upper[i] + shift[a]
+                    low = lower[i] - other[a]
+                    upper[i], lower[i] = u, low
+                    floor = max(gap[a] - u, low, 0.0)
+                    if u * u + 2 * scale * x_sq[i] + skip_slack < floor * floor:
+                        continue  # its centre is nearer than any other by more than rounding could undo
+                index[m] = i
+                norms[m] = x_sq[i]
+                for t in range(d):
+                    rows_t[t, m] = x[i, t]
+                m += 1
+            if m == 0:
+                continue
+            _nearest_two(rows_t, m, cm2, c_sq, best, first, second, acc)
+            scored[p] += m
+            for r in range(m):  # (a loop of its own, so the square roots are SIMD too)
+                # with ‖x‖² added these are squared distances, each within the slack of the exact one
+                upper_t[r] = math.sqrt(max(first[r] + norms[r] * (1 + scale) + c_slack, 0.0))
+                lower_t[r] = math.sqrt(max(second[r] + norms[r] * (1 - scale) - c_slack, 0.0))
+            for r in range(m):
+                i = index[r]
+                upper[i], lower[i] = upper_t[r], lower_t[r]
+                old, new = labels[i], best[r]
+                if old == new:
+                    continue
+                labels[i] = new
+                changed[p] += 1
+                weight = w[i] if weighted else 1.0
+                for t in range(d):
+                    part_sums[new, t] += weight * x[i, t]
+                part_totals[new] += weight
+                if old >= 0:
+                    for t in range(d):
+                        part_sums[old, t] -= weight * x[i, t]
+                    part_totals[old] -= weight
+
+
+@njit(parallel=True, cache=True)
+def nearest(x, cm2, c_sq, labels, distance):
+    """Every row's nearest centre, by the same arithmetic as :func:`lloyd_pass`, and its squared distance (float64)."""
+    n, d = x.shape
+    tiles = (n + TILE - 1) // TILE
+    for tile in prange(tiles):
+        rows_t, best, first, second, acc = _tile_buffers(x)
+        start = tile * TILE
+        m = min(n, start + TILE) - start
+        for r in range(m):
+            for t in range(d):
+                rows_t[t, r] = x[start + r, t]
+        _nearest_two(rows_t, m, cm2, c_sq, best, first, second, acc)
+        for r in range(m):
+            x_sq = 0.0
+            for t in range(d):
+                x_sq += np.float64(x[start + r, t]) ** 2
+            labels[start + r] = best[r]
+            distance[start + r] = max(first[r] + x_sq, 0.0)
+
+
+@njit(parallel=True, cache=True)
+def squared_norms(x, out):
+    """``‖x‖²`` of every row, in float64."""
+    n, d = x.shape
+    for i in prange(n):
+        total = 0.0
+        for t in range(d):
+            total += np.float64(x[i, t]) ** 2
+        out[i] = total

@@ -1,0 +1,143 @@
+"""Lloyd's iteration on CPUs as one compiled pass: Hamerly's bounds, scoring and the sums together.
+
+Per row, ``upper`` ≥ the distance to its centre and ``lower`` ≤ the distance to any other
+(Hamerly 2010, "Making k-means even faster"). When the centres move by δ, the upper bound
+grows by its centre's δ and the lower one shrinks by the largest other δ; the triangle
+inequality also gives ``gap − upper`` (``gap``: from the row's centre to its nearest other
+centre) as a lower bound. A row is re-scored only when the bounds leave less than twice the
+rounding error of the distance formula (:func:`slack_scale`) between its centre and the
+others, so every skipped row is one a full argmin would leave where it is.
+
+Why compiled (numba, in the ``kmeans`` extra): with few features (a photo's 3 colours) the
+distances are little arithmetic, and a pass made of torch calls spends its time writing
+the rows × k block of distances, reading it back for the argmin, and indexing the rows the
+bounds keep (docs/benchmarks.md). One loop over tiles of rows does the bounds test, the
+scoring, the nearest two and the sums, with no block and no per-row Python; its arithmetic
+per distance is the GEMM formula's, ``‖c‖² − 2·x·c``, in the data's precision, like
+scikit-learn's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from types import ModuleType
+
+import torch
+
+from dlscale.errors import importable
+
+#: Parts the rows are split into for the threads: each keeps its own float64 sums. At least
+#: this many, so the order of the sums (their last bits) does not depend on up to 16 threads.
+MIN_PARTS = 64
+
+
+def available() -> bool:
+    """Whether the compiled pass can run here (numba is installed: the ``kmeans`` extra)."""
+    return importable("numba")
+
+
+def slack_scale(dtype: torch.dtype, d: int) -> float:
+    """The rounding error of a squared distance ``‖x‖² − 2·x·c + ‖c‖²`` is at most this × (‖x‖² + ‖c‖²).
+
+    Each term is a sum of d + 2 products in the data's precision: the error is at most about
+    (d + 2)·ε·(‖x‖² + ‖c‖²) (Higham's γ bound, doubled for the cross term); 4× that is kept.
+    A row is skipped only when its centre wins by twice this, so no rounding can reverse it.
+    """
+    return 4 * (d + 2) * torch.finfo(dtype).eps
+
+
+def _compiled_loops() -> ModuleType:
+    """The compiled loops, numba's threads set up first (imported here: numba is optional)."""
+    import numba
+
+    if "NUMBA_THREADING_LAYER" not in os.environ:
+        # OpenMP first, as torch's own threads: beside torch's OpenMP threads, still spinning after
+        # its last call, numba's TBB or workqueue threads made each pass twice as slow here
+        # (docs/benchmarks.md). It takes effect at the process's first parallel call.
+        numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
+    from dlscale.kmeans import compiled
+
+    # numba's own pool, sized as torch's (the kit's thread choice for this process)
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    return compiled
+
+
+def _formula(centers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``−2·c`` and ``‖c‖²`` in the data's precision: the distance of x to c is ``‖c‖² + Σ x·(−2c)`` (+ ‖x‖²)."""
+    return (-2 * centers).contiguous(), (centers * centers).sum(1)
+
+
+class HamerlyPass:
+    """The per-row bounds of one fit, and the pass that uses them (CPU tensors, float32 or float64)."""
+
+    #: When a pass's bounds skip fewer than this share of the rows, testing them costs more than it
+    #: saves: the next passes score every row, and every ``PROBE_EVERY``-th pass tests the bounds again.
+    MIN_SKIPPED = 0.25
+    PROBE_EVERY = 4
+
+    def __init__(self, x: torch.Tensor, weights: torch.Tensor | None):
+        self.x, self.weights = x.contiguous(), weights
+        self.loops = _compiled_loops()
+        self.scale = slack_scale(x.dtype, x.shape[1])
+        # ‖x‖² only scales the rounding slack: float64 of the data's values is plenty
+        self.x_sq = torch.empty(len(x), dtype=torch.float64)
+        self.loops.squared_norms(self.x.numpy(), self.x_sq.numpy())
+        self.upper = torch.full_like(self.x_sq, math.inf)
+        self.lower = torch.zeros_like(self.x_sq)
+        tiles = -(-len(x) // self.loops.TILE)
+        self.parts = max(1, min(tiles, max(MIN_PARTS, 4 * torch.get_num_threads())))
+        #: rows scored so far (each against every centre): how much of the work the bounds saved
+        self.scored = 0
+        self._passes_scoring_all = 0  # since the bounds last skipped too few rows (0: they pay)
+
+    def run(self, centers: torch.Tensor, previous: torch.Tensor | None, labels: torch.Tensor,
+            sums: torch.Tensor, totals: torch.Tensor) -> int:
+        """One pass after the centres moved from ``previous`` (None: the first pass, every row scored).
+
+        Relabels the rows that changed cluster, moves their weighted features between the clusters'
+        ``sums`` and ``totals`` (float64, in place) and returns how many changed.
+        """
+        k, d = centers.shape
+        new64 = centers.double()
+        score_all = previous is None or self._passes_scoring_all % self.PROBE_EVERY != 0
+        if score_all:
+            shift = other = gap = torch.zeros(k, dtype=torch.float64)
+        else:
+            shift = ((new64 - previous.double()) ** 2).sum(1).sqrt_().mul_(1 + 1e-9)
+            other = torch.zeros_like(shift)
+            if k > 1:
+                top = torch.topk(shift, 2)
+                other.fill_(float(top.values[0]))
+                other[top.indices[0]] = top.values[1]
+            gap = torch.cdist(new64, new64).fill_diagonal_(math.inf).amin(1)
+        c_max = float((new64 ** 2).sum(1).max())
+        cm2, c_sq = _formula(centers)
+        part_sums = torch.zeros(self.parts, k, d, dtype=torch.float64)
+        part_totals = torch.zeros(self.parts, k, dtype=torch.float64)
+        changed = torch.zeros(self.parts, dtype=torch.int64)
+        scored = torch.zeros(self.parts, dtype=torch.int64)
+        weights = torch.empty(0, dtype=torch.float64) if self.weights is None else self.weights
+        self.loops.lloyd_pass(
+            self.x.numpy(), weights.numpy(), cm2.numpy(), c_sq.numpy(), labels.numpy(), self.upper.numpy(),
+            self.lower.numpy(), self.x_sq.numpy(), self.scale, shift.numpy(), other.numpy(), gap.numpy(),
+            self.scale * c_max, 2 * self.scale * c_max, score_all, part_sums.numpy(), part_totals.numpy(),
+            changed.numpy(), scored.numpy())
+        sums += part_sums.sum(0)
+        totals += part_totals.sum(0)
+        n_scored = int(scored.sum())
+        self.scored += n_scored
+        if previous is not None:
+            pays = not score_all and n_scored < (1 - self.MIN_SKIPPED) * len(self.x)
+            self._passes_scoring_all = 0 if pays else self._passes_scoring_all + 1
+        return int(changed.sum())
+
+
+def nearest(x: torch.Tensor, centers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's nearest centre, by the arithmetic of :class:`HamerlyPass`, and its squared distance (float64)."""
+    x = x.contiguous()
+    labels = torch.empty(len(x), dtype=torch.int64)
+    distance = torch.empty(len(x), dtype=torch.float64)
+    cm2, c_sq = _formula(centers)
+    _compiled_loops().nearest(x.numpy(), cm2.numpy(), c_sq.numpy(), labels.numpy(), distance.numpy())
+    return labels, distance
