@@ -89,7 +89,10 @@ class HamerlyPass:
         self.parts = max(1, min(tiles, max(MIN_PARTS, 4 * torch.get_num_threads())))
         #: rows scored so far (each against every centre): how much of the work the bounds saved
         self.scored = 0
-        self._passes_scoring_all = 0  # since the bounds last skipped too few rows (0: they pay)
+        # Passes since the bounds last skipped too few rows (0: they pay). The first pass counts as one:
+        # after it the centres move far, and on every kind of data measured the second pass's bounds
+        # skipped under a quarter of the rows (docs/benchmarks.md).
+        self._passes_scoring_all = 0
 
     def run(self, centers: torch.Tensor, previous: torch.Tensor | None, labels: torch.Tensor,
             sums: torch.Tensor, totals: torch.Tensor) -> int:
@@ -131,6 +134,12 @@ class HamerlyPass:
             pays = not score_all and n_scored < (1 - self.MIN_SKIPPED) * len(self.x)
             self._passes_scoring_all = 0 if pays else self._passes_scoring_all + 1
         return int(changed.sum())
+
+    def inertia(self, centers: torch.Tensor, labels: torch.Tensor) -> float:
+        """This rank's Σ w·‖x − c_label‖², in float64."""
+        weights = torch.empty(0, dtype=torch.float64) if self.weights is None else self.weights
+        return float(self.loops.inertia(self.x.numpy(), weights.numpy(), centers.contiguous().numpy(),
+                                        labels.numpy(), self.parts))
 
 
 def nearest(x: torch.Tensor, centers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
