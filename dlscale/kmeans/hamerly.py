@@ -68,6 +68,19 @@ def _formula(centers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (-2 * centers).contiguous(), (centers * centers).sum(1)
 
 
+def _motion(old: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """How far each centre moved (``shift``), the largest move of any other centre (``other``), and the
+    distance from each centre to its nearest other (``gap``): what loosens the bounds (float64)."""
+    shift = ((new - old) ** 2).sum(1).sqrt_().mul_(1 + 1e-9)
+    other = torch.zeros_like(shift)
+    if len(shift) > 1:
+        top = torch.topk(shift, 2)
+        other.fill_(float(top.values[0]))
+        other[top.indices[0]] = top.values[1]
+    gap = torch.cdist(new, new).fill_diagonal_(math.inf).amin(1)
+    return shift, other, gap
+
+
 class HamerlyPass:
     """The per-row bounds of one fit, and the pass that uses them (CPU tensors, float32 or float64)."""
 
@@ -77,7 +90,7 @@ class HamerlyPass:
     PROBE_EVERY = 4
 
     def __init__(self, x: torch.Tensor, weights: torch.Tensor | None):
-        self.x, self.weights = x.contiguous(), weights
+        self.x = x.contiguous()
         self.loops = _compiled_loops()
         self.scale = slack_scale(x.dtype, x.shape[1])
         # ‖x‖² only scales the rounding slack: float64 of the data's values is plenty
@@ -89,10 +102,9 @@ class HamerlyPass:
         self.parts = max(1, min(tiles, max(MIN_PARTS, 4 * torch.get_num_threads())))
         #: rows scored so far (each against every centre): how much of the work the bounds saved
         self.scored = 0
-        # Passes since the bounds last skipped too few rows (0: they pay). The first pass counts as one:
-        # after it the centres move far, and on every kind of data measured the second pass's bounds
-        # skipped under a quarter of the rows (docs/benchmarks.md).
-        self._passes_scoring_all = 0
+        self._passes_scoring_all = 0  # since the bounds last skipped too few rows (0: they pay)
+        # (empty: weights of one, as the compiled loops read it)
+        self._weights = torch.empty(0, dtype=torch.float64) if weights is None else weights.double().contiguous()
 
     def run(self, centers: torch.Tensor, previous: torch.Tensor | None, labels: torch.Tensor,
             sums: torch.Tensor, totals: torch.Tensor) -> int:
@@ -104,25 +116,16 @@ class HamerlyPass:
         k, d = centers.shape
         new64 = centers.double()
         score_all = previous is None or self._passes_scoring_all % self.PROBE_EVERY != 0
-        if score_all:
-            shift = other = gap = torch.zeros(k, dtype=torch.float64)
-        else:
-            shift = ((new64 - previous.double()) ** 2).sum(1).sqrt_().mul_(1 + 1e-9)
-            other = torch.zeros_like(shift)
-            if k > 1:
-                top = torch.topk(shift, 2)
-                other.fill_(float(top.values[0]))
-                other[top.indices[0]] = top.values[1]
-            gap = torch.cdist(new64, new64).fill_diagonal_(math.inf).amin(1)
+        zeros = torch.zeros(k, dtype=torch.float64)
+        shift, other, gap = (zeros, zeros, zeros) if score_all else _motion(previous.double(), new64)
         c_max = float((new64 ** 2).sum(1).max())
         cm2, c_sq = _formula(centers)
         part_sums = torch.zeros(self.parts, k, d, dtype=torch.float64)
         part_totals = torch.zeros(self.parts, k, dtype=torch.float64)
         changed = torch.zeros(self.parts, dtype=torch.int64)
         scored = torch.zeros(self.parts, dtype=torch.int64)
-        weights = torch.empty(0, dtype=torch.float64) if self.weights is None else self.weights
         self.loops.lloyd_pass(
-            self.x.numpy(), weights.numpy(), cm2.numpy(), c_sq.numpy(), labels.numpy(), self.upper.numpy(),
+            self.x.numpy(), self._weights.numpy(), cm2.numpy(), c_sq.numpy(), labels.numpy(), self.upper.numpy(),
             self.lower.numpy(), self.x_sq.numpy(), self.scale, shift.numpy(), other.numpy(), gap.numpy(),
             self.scale * c_max, 2 * self.scale * c_max, score_all, part_sums.numpy(), part_totals.numpy(),
             changed.numpy(), scored.numpy())
@@ -137,8 +140,7 @@ class HamerlyPass:
 
     def inertia(self, centers: torch.Tensor, labels: torch.Tensor) -> float:
         """This rank's Σ w·‖x − c_label‖², in float64."""
-        weights = torch.empty(0, dtype=torch.float64) if self.weights is None else self.weights
-        return float(self.loops.inertia(self.x.numpy(), weights.numpy(), centers.contiguous().numpy(),
+        return float(self.loops.inertia(self.x.numpy(), self._weights.numpy(), centers.contiguous().numpy(),
                                         labels.numpy(), self.parts))
 
 
