@@ -63,6 +63,16 @@ def _compiled_loops() -> ModuleType:
     return compiled
 
 
+def _weights_for_loops(weights: torch.Tensor | None) -> torch.Tensor:
+    """Contiguous float64 weights, or an empty array for weights of one (as the compiled loops read them)."""
+    return torch.empty(0, dtype=torch.float64) if weights is None else weights.double().contiguous()
+
+
+def _parts(rows: int) -> int:
+    """How many parts the rows are split into for the threads (see :data:`MIN_PARTS`)."""
+    return max(1, min(rows, max(MIN_PARTS, 4 * torch.get_num_threads())))
+
+
 def _formula(centers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``−2·c`` and ``‖c‖²`` in the data's precision: the distance of x to c is ``‖c‖² + Σ x·(−2c)`` (+ ‖x‖²)."""
     return (-2 * centers).contiguous(), (centers * centers).sum(1)
@@ -98,13 +108,11 @@ class HamerlyPass:
         self.loops.squared_norms(self.x.numpy(), self.x_sq.numpy())
         self.upper = torch.full_like(self.x_sq, math.inf)
         self.lower = torch.zeros_like(self.x_sq)
-        tiles = -(-len(x) // self.loops.TILE)
-        self.parts = max(1, min(tiles, max(MIN_PARTS, 4 * torch.get_num_threads())))
+        self.parts = _parts(-(-len(x) // self.loops.TILE))  # (in whole tiles)
         #: rows scored so far (each against every centre): how much of the work the bounds saved
         self.scored = 0
         self._passes_scoring_all = 0  # since the bounds last skipped too few rows (0: they pay)
-        # (empty: weights of one, as the compiled loops read it)
-        self._weights = torch.empty(0, dtype=torch.float64) if weights is None else weights.double().contiguous()
+        self._weights = _weights_for_loops(weights)
 
     def run(self, centers: torch.Tensor, previous: torch.Tensor | None, labels: torch.Tensor,
             sums: torch.Tensor, totals: torch.Tensor) -> int:
@@ -138,11 +146,6 @@ class HamerlyPass:
             self._passes_scoring_all = 0 if pays else self._passes_scoring_all + 1
         return int(changed.sum())
 
-    def inertia(self, centers: torch.Tensor, labels: torch.Tensor) -> float:
-        """This rank's Σ w·‖x − c_label‖², in float64."""
-        return float(self.loops.inertia(self.x.numpy(), self._weights.numpy(), centers.contiguous().numpy(),
-                                        labels.numpy(), self.parts))
-
 
 def nearest(x: torch.Tensor, centers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's nearest centre, by the arithmetic of :class:`HamerlyPass`, and its squared distance (float64)."""
@@ -152,3 +155,10 @@ def nearest(x: torch.Tensor, centers: torch.Tensor) -> tuple[torch.Tensor, torch
     cm2, c_sq = _formula(centers)
     _compiled_loops().nearest(x.numpy(), cm2.numpy(), c_sq.numpy(), labels.numpy(), distance.numpy())
     return labels, distance
+
+
+def inertia(x: torch.Tensor, centers: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None) -> float:
+    """Σ w·‖x − c_label‖² over the rows, each term and the sum in float64, by a compiled loop."""
+    x = x.contiguous()
+    return float(_compiled_loops().inertia(x.numpy(), _weights_for_loops(weights).numpy(),
+                                           centers.contiguous().numpy(), labels.numpy(), _parts(len(x))))

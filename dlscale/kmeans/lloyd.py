@@ -146,7 +146,7 @@ def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, 
         if not strict:  # the last pass's labels belong to the previous centres: assign once more
             passes += 1
             bounds.run(centers, previous, labels, torch.zeros_like(local.sums), torch.zeros_like(local.weights))
-        inertia = bounds.inertia(centers, labels) if use_bounds else inertia_of(x, centers, labels, chunk, weights)
+        inertia = inertia_of(x, centers, labels, chunk, weights)
     else:  # on GPUs a full assignment gives the labels and the inertia in one pass
         passes += 1
         labels, inertia = assign(x, centers, chunk, weights, compiled=False)

@@ -56,7 +56,12 @@ def assign(x: torch.Tensor, centers: torch.Tensor, chunk: int, weights: torch.Te
 
 def inertia_of(x: torch.Tensor, centers: torch.Tensor, labels: torch.Tensor, chunk: int,
                weights: torch.Tensor | None = None) -> float:
-    """Sum of (weighted) squared distances of the local rows to the centres of their labels."""
+    """Sum of (weighted) squared distances of the local rows to the centres of their labels.
+
+    On CPUs with numba by a compiled loop in float64 (no chunk-sized temporaries); otherwise by chunks.
+    """
+    if x.device.type == "cpu" and hamerly.available():
+        return hamerly.inertia(x, centers, labels, weights)
     total = torch.zeros((), dtype=torch.float64, device=x.device)
     for start in range(0, x.shape[0], chunk):
         xc = x[start:start + chunk]
