@@ -48,9 +48,10 @@ def missing() -> str | None:
     try:
         import selenium  # noqa: F401
     except ImportError:
-        return "selenium is not installed: pip install -e '.[dev]'"
+        return "selenium is not installed (pip install -e '.[dev]'); the lessons ran headless instead"
     if not (CHROMIUM and CHROMEDRIVER):
-        return "Chromium or chromedriver is missing: make browser-packages (as root on Debian/Ubuntu)"
+        return ("Chromium or chromedriver is missing: make browser-packages (as root on Debian/Ubuntu); "
+                "their lessons ran headless instead")
     return None
 
 

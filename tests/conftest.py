@@ -67,9 +67,34 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
+#: Each skipped test's reason, for the one line at the end that says what this run left out.
+_skip_reasons: list[str] = []
+
+
 def pytest_runtest_logreport(report):
-    if report.skipped and IN_CI and "gpu" not in report.keywords:
+    if not report.skipped:
+        return
+    if IN_CI and "gpu" not in report.keywords:
         _skipped_in_ci.append(report.nodeid)
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    _skip_reasons.append(reason.removeprefix("Skipped: "))
+
+
+def left_out_line(reasons: list[str]) -> str | None:
+    """One line naming what a run left out: how many tests for each reason, the commonest first."""
+    if not reasons:
+        return None
+    counts: dict[str, int] = {}
+    for reason in reasons:
+        counts[reason] = counts.get(reason, 0) + 1
+    parts = [f"{n} test{'s' if n > 1 else ''}: {reason}" for reason, n in sorted(counts.items(), key=lambda kv: -kv[1])]
+    return "left out here: " + "; ".join(parts)
+
+
+def pytest_terminal_summary(terminalreporter):
+    line = left_out_line(_skip_reasons)
+    if line:
+        terminalreporter.write_line(line, yellow=True)
 
 
 def pytest_sessionfinish(session, exitstatus):
