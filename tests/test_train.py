@@ -172,11 +172,27 @@ def test_an_exploding_lr_stops_the_run_without_a_non_finite_checkpoint(tiny):
     assert all(_finite(path) for path in list_checkpoints("runs/tiny"))
 
 
-def test_unavailable_gpu_is_one_clear_error():
-    spec = "cuda:99" if torch.cuda.is_available() else "cuda"
-    with pytest.raises(DeviceError, match="use device=auto or device=cpu|only .* GPU"):
-        resolve_device(spec)
-    assert resolve_device("cpu").type == "cpu"
+# The two torches a machine without a GPU has: a CPU-only build, and PyPI's CUDA build for Linux (most
+# laptops and login nodes), which sees no GPU. Each gets its own fix; neither a traceback nor a CPU run.
+@pytest.mark.parametrize("cuda, says", [(None, r"is a CPU-only build\. Install a GPU build.*or train on the CPU "
+                                               r"with device=cpu"),
+                                        ("13.0", r"sees no GPU on this node: run on a GPU node .*CUDA_VISIBLE_DEVICES"
+                                                 r".*device=cpu")])
+def test_unavailable_gpu_is_one_clear_error_on_either_build(cuda, says, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(torch.version, "hip", None)
+    with pytest.raises(DeviceError, match=says) as caught:
+        resolve_device("cuda")
+    assert "\n" not in str(caught.value) and str(caught.value).startswith("device=cuda was asked for, but this torch")
+    assert resolve_device("auto").type == resolve_device("cpu").type == "cpu"
+
+
+def test_a_gpu_index_past_those_visible_names_the_count(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(DeviceError, match=r"device=cuda:3 was asked for, but only 1 GPU\(s\) are visible"):
+        resolve_device("cuda:3")
 
 
 # -- in a separate process: a hard kill, and a polite signal --------------------------------------
