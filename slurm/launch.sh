@@ -19,7 +19,7 @@ job=${2:?usage: launch.sh SITE train|profile|kmeans|hpo|probe [ARGS...]}
 shift 2
 # The repository (for the settings and .venv); runs and data go to the working directory,
 # which is where sbatch was called (or its --chdir).
-root=${DLSCALE_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}
+root=${DLSCALE_ROOT:-${SLURM_SUBMIT_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}}
 
 # Defaults a site file may change.
 DLSCALE_PYTHON=python
@@ -37,6 +37,29 @@ conda_activate() {
     set -u
     return "$status"
 }
+
+# DLSCALE_DRY_RUN=1 outside an allocation (a laptop, a login node): stand in for what Slurm would give
+# the job, from its submit script's #SBATCH lines, so a site's srun line can be read before submitting.
+# Site commands this machine lacks (module, conda, scontrol) are printed to stderr instead of run.
+if [[ ${DLSCALE_DRY_RUN:-0} == 1 && -z ${SLURM_JOB_ID:-} ]]; then
+    script=$(compgen -G "$root/slurm/$site/$job*.sbatch" | head -n 1 || true)
+    header() { sed -n "s/^#SBATCH --$1=\([^ ]*\).*/\1/p" "${script:-/dev/null}" | tail -n 1; }
+    SLURM_JOB_NAME=$(header job-name)
+    SLURM_JOB_NUM_NODES=${DLSCALE_DRY_RUN_NODES:-$(header nodes)}
+    export SLURM_JOB_ID=0 SLURM_JOB_NAME SLURM_JOB_NUM_NODES=${SLURM_JOB_NUM_NODES:-1} SLURM_JOB_NODELIST=dry-run-node
+    tasks=$(header ntasks-per-node)
+    export SLURM_NTASKS=$((SLURM_JOB_NUM_NODES * ${tasks:-1}))
+    cpus=$(header cpus-per-task)
+    [[ -z $cpus ]] || export SLURM_CPUS_PER_TASK=$cpus
+    for tool in module conda; do
+        if ! type "$tool" > /dev/null 2>&1; then
+            eval "$tool() { echo \"dry run, not run here: $tool \$*\" >&2; }"
+        fi
+    done
+    scontrol() { seq -f 'dry-run-node%g' "$SLURM_JOB_NUM_NODES"; }  # the node names, without a controller
+    echo "launch.sh: a dry run outside an allocation: ${SLURM_JOB_NUM_NODES} node(s) and the CPUs per task" \
+         "from ${script:-no submit script}" >&2
+fi
 
 # shellcheck source=/dev/null
 source "$root/slurm/sites/$site.env"

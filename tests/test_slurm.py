@@ -33,7 +33,7 @@ TRAIN = ["tiny", "norm=group", "progress=false", "plot=false"]
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     if missing_programs():
-        pytest.skip(f"Slurm is not installed here ({', '.join(missing_programs())}): make slurm-packages")
+        pytest.skip(f"Slurm is not installed here ({', '.join(missing_programs())}): sudo make slurm-packages")
     slurm = LocalSlurm(tmp_path_factory.mktemp("slurm")).start()
     yield slurm
     slurm.stop()
@@ -44,7 +44,7 @@ def cluster(tmp_path_factory):
 def two_nodes(tmp_path_factory):
     """Two slurmds, each in its own UTS and mount namespace (hostnames node1 and node2)."""
     if missing_programs():
-        pytest.skip(f"Slurm is not installed here ({', '.join(missing_programs())}): make slurm-packages")
+        pytest.skip(f"Slurm is not installed here ({', '.join(missing_programs())}): sudo make slurm-packages")
     if multi_node_unavailable():
         pytest.skip(multi_node_unavailable())
     slurm = LocalSlurm(tmp_path_factory.mktemp("slurm2"), nodes=2).start()
@@ -290,7 +290,7 @@ def test_a_dead_node_ends_the_job_with_clear_messages_and_an_intact_checkpoint(t
     from dlscale.checkpoint import list_checkpoints
 
     if missing_programs() or multi_node_unavailable():
-        pytest.skip(multi_node_unavailable() or "Slurm is not installed here: make slurm-packages")
+        pytest.skip(multi_node_unavailable() or "Slurm is not installed here: sudo make slurm-packages")
     cluster = LocalSlurm(tmp_path / "slurm", nodes=2)  # its own: this test kills a node
     cluster.slurmd_timeout = 10  # how long the controller waits before it declares the silent node2 DOWN
     with cluster:
@@ -376,7 +376,7 @@ def test_report_says_where_it_looked_when_there_are_no_runs(tmp_path):
 
 # -- every script, without a cluster ----------------------------------------------------------------
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed (make slurm-packages)")
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed (sudo make slurm-packages)")
 def test_every_script_is_shellcheck_clean():
     done = subprocess.run(["shellcheck", "-x", *map(str, SCRIPTS)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
@@ -414,6 +414,21 @@ def _render(tmp_path, script, *args, env=None, hosts=("nid001000", "nid001001"),
     calls = (tmp_path / "calls.log").read_text() if (tmp_path / "calls.log").exists() else ""
     command = shlex.join(shlex.split(lines[-1])) if lines else ""  # printf %q's escapes undone
     return done, command, settings, calls
+
+
+def test_a_dry_run_outside_an_allocation_renders_the_job_from_its_own_headers(tmp_path):
+    """The README's DLSCALE_DRY_RUN on a laptop: no SLURM_* variables, no module, no scontrol, another folder."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DLSCALE_DRY_RUN": "1", "DLSCALE_DRY_RUN_NODES": "2"}
+    done = subprocess.run(["bash", str(ROOT / "slurm/perlmutter/train.sbatch"), "gpu", "epochs=1"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    command = shlex.join(shlex.split(done.stdout.strip().splitlines()[-1]))
+    assert command.startswith("srun --kill-on-bad-exit=0 --cpus-per-task=32 ")  # the script's own -c 32
+    assert "-m dlscale.train gpu epochs=1 device=cuda run_dir=runs/dlscale-train-0 resume=true" in command
+    assert "2 node(s), 8 task(s), master dry-run-node1:10000" in done.stdout
+    assert "env: NCCL_NET=AWS Libfabric" in done.stdout  # two nodes: the network plugin is required
+    assert "dry run, not run here: module load pytorch" in done.stderr
+    assert not (tmp_path / "runs").exists()  # nothing written
 
 
 @pytest.mark.parametrize("site, gpus_per_node", [("perlmutter", 4), ("frontier", 8), ("local", 0)])
