@@ -7,7 +7,8 @@
 # asks CMake for C++14, while torch >= 2.1 headers need C++17, so a plain
 # `pip install horovod` fails to compile. Horovod's master branch raised the standard to 17;
 # this script applies that same change to the released sdist from PyPI and builds it for
-# CPU training over gloo (no MPI, TensorFlow or MXNet). About 8 minutes on 2 cores.
+# CPU training over gloo (no MPI, TensorFlow or MXNet, no CUDA even with a CUDA build of torch).
+# About 8 minutes on 2 cores.
 #
 # On NERSC, OLCF and most sites, use PyTorch DDP (the kit's default) or the Horovod that
 # the site's container or module provides; this build is for laptops and CI.
@@ -37,6 +38,13 @@ if ! ls "$wheels"/horovod-$VERSION-*.whl >/dev/null 2>&1; then
             echo "build_horovod: no C++14 setting in $f; the sdist changed, check the patch" >&2; exit 1; }
         sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/$f"
     done
+    # This build is for CPU tensors over gloo. Horovod would compile its CUDA parts whenever torch is a
+    # CUDA build and torch guesses a CUDA_HOME, as PyPI's torch for Linux does on a laptop without the
+    # CUDA toolkit, and then fail to find cudart. Tell its CMake that this torch has no CUDA.
+    find=$src/cmake/Modules/FindPytorch.cmake
+    grep -q 'print(True if ((torch.version.cuda is not None) and (CUDA_HOME is not None)) else False)' "$find" || {
+        echo "build_horovod: FindPytorch.cmake changed; check the CPU-only patch" >&2; exit 1; }
+    sed -i 's/print(True if ((torch.version.cuda is not None) and (CUDA_HOME is not None)) else False)/print(False)/' "$find"
     echo "build_horovod: compiling horovod $VERSION for torch $torch_version (several minutes)"
     HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
     HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
