@@ -20,14 +20,14 @@ def import_optional(module: str, extra: str, purpose: str, error: type[DlscaleEr
     ipyparallel, scikit-learn); every module that needs one imports it here, where it is used,
     so the message reads the same everywhere::
 
-        tracking=wandb needs wandb, which is not installed here: pip install 'dlscale[tracking]' (or set tracking=csv)
+        tracking=wandb needs wandb, which is not installed here: pip install -e '.[tracking]' in the dlscale folder (or set tracking=csv)
     """
     try:
         return importlib.import_module(module)
     except ImportError as err:
         instead = f" ({alternative})" if alternative else ""
         raise error(f"{purpose} needs {module.split('.')[0]}, which is not installed here: "
-                    f"pip install 'dlscale[{extra}]'{instead} [{err}]") from None
+                    f"pip install -e '.[{extra}]' in the dlscale folder{instead} [{err}]") from None
 
 
 def importable(module: str) -> bool:

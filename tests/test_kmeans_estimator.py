@@ -169,7 +169,7 @@ def test_package_imports_without_scikit_learn_and_the_estimator_names_the_extra(
             "try:\n    dlscale.kmeans.KMeans\nexcept dlscale.kmeans.KMeansError as err:\n    print(err)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "dlscale.kmeans.KMeans needs sklearn" in done.stdout and "pip install 'dlscale[kmeans]'" in done.stdout
+    assert "dlscale.kmeans.KMeans needs sklearn" in done.stdout and "pip install -e '.[kmeans]' in the dlscale folder" in done.stdout
 
 
 # -- the bounds that skip rows ------------------------------------------------------------------------
@@ -247,7 +247,7 @@ def test_without_numba_the_cpu_rescores_every_row_and_asking_for_bounds_names_th
     assert done.returncode == 0, done.stderr[-2000:]
     every_row, message = done.stdout.splitlines()
     assert every_row == "True"
-    assert "Hamerly's bounds needs numba" in message and "pip install 'dlscale[kmeans]'" in message
+    assert "Hamerly's bounds needs numba" in message and "pip install -e '.[kmeans]' in the dlscale folder" in message
 
 
 def test_two_gloo_ranks_with_weights_equal_one_process(in_tmp):

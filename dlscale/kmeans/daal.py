@@ -3,7 +3,7 @@
 :func:`fit_daal4py` takes the data and the settings and returns a :class:`~dlscale.kmeans.result.KMeansFit`; the
 estimator sets its own attributes from it (no module writes another's object).
 
-daal4py ships inside ``scikit-learn-intelex`` (``pip install 'dlscale[kmeans]'``, which also
+daal4py ships inside ``scikit-learn-intelex`` (``pip install -e '.[kmeans]'``, which also
 brings Intel MPI's ``mpirun`` from the ``impi-rt`` wheel). Launched by ``mpirun -n N`` or
 ``srun``, every rank passes its own shard and oneDAL runs the iterations with MPI
 collectives (``distributed=True``); in a single process it runs on the local data.
