@@ -654,7 +654,9 @@ def _add_info(commands: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``dlscale`` parser: one builder per subcommand."""
-    parser = argparse.ArgumentParser(prog="dlscale", description="Deep learning at scale: train, data, exercises.")
+    parser = argparse.ArgumentParser(
+        prog="dlscale",
+        description="Deep learning at scale: train (one engine for lessons, jobs and notebooks), data, benchmarks, K-Means, reports, node planning, hyperparameter search, and the lessons' exercises and recipes.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_train, _add_data, _add_exercises, _add_recipes, _add_bench, _add_kmeans, _add_export, _add_report,
                 _add_plan, _add_project, _add_experiment, _add_hpo, _add_info):
