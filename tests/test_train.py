@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,12 +132,47 @@ def test_unreadable_newest_checkpoint_falls_back_to_the_previous(tiny, capsys):
     assert losses(resumed) == losses(first)  # steps 21-40 were run again, identically
 
 
+def test_pruning_after_a_fallback_keeps_the_good_checkpoint_and_sets_the_corrupt_one_aside(tiny, capsys):
+    """keep_checkpoints=1 once counted the corrupt newest file as the one to keep and deleted every good one."""
+    train(tiny(max_steps=40, checkpoint_every=10, keep_checkpoints=5))
+    corrupt = list_checkpoints("runs/tiny")[-1]
+    corrupt.write_bytes(b"a copy that broke off")
+    with pytest.warns(UserWarning, match="ckpt-00000040.pt could not be loaded"):
+        train(tiny(max_steps=35, resume=True, checkpoint_every=10, keep_checkpoints=1))
+    assert [p.name for p in list_checkpoints("runs/tiny")] == ["ckpt-00000035.pt"]  # the one just written
+    assert (Path("runs/tiny/checkpoints/unreadable") / corrupt.name).read_bytes() == b"a copy that broke off"
+    assert f"{corrupt} could not be loaded when this run resumed; moved to" in capsys.readouterr().out
+    train(tiny(max_steps=10, checkpoint_every=10))  # a fresh start clears what was set aside too
+    assert not Path("runs/tiny/checkpoints/unreadable").exists()
+
+
 def test_every_checkpoint_unreadable_is_one_clear_error(tiny):
     train(tiny(max_steps=20, checkpoint_every=20))
     for path in list_checkpoints("runs/tiny"):
         path.write_bytes(b"")
     with pytest.warns(UserWarning), pytest.raises(CheckpointError, match="no checkpoint in .* could be loaded"):
         train(tiny(resume=True))
+
+
+def test_a_resume_on_other_data_is_refused_and_the_same_data_moved_is_not(tiny, capsys):
+    """data_dir may change (data move, or are staged), but the shards must be the ones the run trained on."""
+    import shutil
+    from dlscale.config import ConfigError
+    from dlscale.data import FieldSpec, generate_dataset, synthetic_dir
+    cfg = tiny()
+    train(tiny(max_steps=1))  # (makes the synthetic set, copied as "the user's data")
+    shutil.copytree(synthetic_dir(cfg), "mine")
+    generate_dataset("other", FieldSpec(image_size=cfg.image_size, noise=cfg.noise), cfg.train_samples,
+                     cfg.val_samples, cfg.shard_size, seed=1, progress=False)
+    first = train(tiny(max_steps=40, checkpoint_every=20, data_dir="mine"))
+    list_checkpoints("runs/tiny")[-1].unlink()  # (resume from step 20)
+    with pytest.raises(ConfigError, match="belongs to another run: the shards in data_dir=other are not the data it "
+                                          "trained on"):
+        train(tiny(max_steps=40, resume=True, data_dir="other"))
+    shutil.move("mine", "moved")
+    resumed = train(tiny(max_steps=40, resume=True, data_dir="moved"))
+    assert "resuming from ckpt-00000020.pt" in capsys.readouterr().out
+    assert losses(resumed) == losses(first)
 
 
 def test_resume_with_another_batch_size_is_refused(tiny):

@@ -51,7 +51,7 @@ def save_sharded_checkpoint(run_dir: str | Path, step: int, model: nn.Module, op
     barrier()  # every rank's files are on disk
     if me == 0:
         os.replace(tmp, final)
-        keep_newest(run_dir, keep)
+        keep_newest(run_dir, keep, written=step)
     barrier()  # nobody goes on (or resumes) before the folder has its name
     return final
 

@@ -58,11 +58,13 @@ def training_state(step: int, steps_per_epoch: int, cfg: Any, model: torch.nn.Mo
 
 
 def training_extras(step: int, steps_per_epoch: int, cfg: Any, scheduler: Any, scaler: torch.amp.GradScaler,
-                    noise: Any) -> dict[str, Any]:
-    """The state beside the weights and the optimizer: schedule, scaler, random generators, position, config."""
+                    noise: Any, data_identity: str | None = None) -> dict[str, Any]:
+    """The state beside the weights and the optimizer: schedule, scaler, random generators, position, config
+    (with the data's identity, :func:`dlscale.data.data_identity`, where the run read a ``data_dir``)."""
+    config = {**cfg.to_dict(), **({"data_identity": data_identity} if data_identity else {})}
     return {"scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(),
             "position": {"step": step, "steps_per_epoch": steps_per_epoch, "global_batch_size": cfg.global_batch_size},
-            "config": cfg.to_dict(), "noise_scale": dict(noise.__dict__)}
+            "config": config, "noise_scale": dict(noise.__dict__)}
 
 
 def restore_training(ckpt: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,

@@ -8,7 +8,9 @@ leaves the previous checkpoint intact and resume never reads half a checkpoint.
 
 Only a fresh start (``resume=false``) removes an earlier run's checkpoints
 (:func:`clear_checkpoints`); a resumed run keeps the one it resumed from until a newer one
-has been renamed into place, so a job that dies twice loses nothing.
+has been renamed into place, so a job that dies twice loses nothing. Pruning (:func:`keep_newest`)
+counts only checkpoints up to the one just written: a newer-numbered one that the resume could not
+load is set aside in ``checkpoints/unreadable/``, and can never push the good ones out.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     """Checkpoints of a run, files and sharded folders, oldest first (by step, not by file time)."""
     folder = checkpoint_dir(run_dir)
     found = [p for p in folder.glob("ckpt-*") if _NAME.search(p.name)] if folder.is_dir() else []
-    return sorted(found, key=lambda p: int(_NAME.search(p.name).group(1)))
+    return sorted(found, key=step_of)
 
 
 def clear_checkpoints(run_dir: str | Path) -> int:
@@ -56,6 +58,7 @@ def clear_checkpoints(run_dir: str | Path) -> int:
     doomed = [*list_checkpoints(run_dir), *folder.glob(".ckpt-*.tmp")]
     for path in doomed:
         remove_checkpoint(path)
+    shutil.rmtree(folder / "unreadable", ignore_errors=True)  # (the earlier run's, set aside by keep_newest)
     return len(doomed)
 
 
@@ -67,10 +70,36 @@ def remove_checkpoint(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def keep_newest(run_dir: str | Path, keep: int) -> None:
-    """Remove all but the ``keep`` newest checkpoints."""
-    for old in list_checkpoints(run_dir)[:-keep]:
+def step_of(path: Path) -> int:
+    """The step a checkpoint's name records."""
+    return int(_NAME.search(path.name).group(1))
+
+
+def keep_newest(run_dir: str | Path, keep: int, written: int) -> list[Path]:
+    """Remove all but the ``keep`` newest checkpoints up to step ``written``, the one just written (it always stays).
+
+    A checkpoint numbered after ``written`` can only be one the resume could not load (it would have
+    continued from it otherwise): it is moved to ``checkpoints/unreadable/``, never counted as the newest
+    and never deleted, so a corrupt file cannot push the good ones out. Returns the paths moved there.
+    """
+    paths = list_checkpoints(run_dir)
+    later = [path for path in paths if step_of(path) > written]
+    for old in [path for path in paths if step_of(path) <= written][:-keep]:
         remove_checkpoint(old)
+    return [set_aside(path) for path in later]
+
+
+def set_aside(path: Path) -> Path:
+    """Move a checkpoint that could not be loaded to ``checkpoints/unreadable/`` (kept for a post-mortem)."""
+    folder = path.parent / "unreadable"
+    folder.mkdir(exist_ok=True)
+    target = folder / path.name
+    copies = 1
+    while target.exists():
+        target, copies = folder / f"{path.name}.{copies}", copies + 1
+    os.replace(path, target)
+    print(f"dlscale: {path} could not be loaded when this run resumed; moved to {target}", flush=True)
+    return target
 
 
 def save_synced(obj: Any, path: Path) -> None:

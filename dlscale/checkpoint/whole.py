@@ -22,7 +22,7 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], keep:
     path.parent.mkdir(parents=True, exist_ok=True)
     save_synced(state, tmp)  # on disk before the rename makes it visible
     os.replace(tmp, path)
-    keep_newest(run_dir, keep)
+    keep_newest(run_dir, keep, written=step)
     return path
 
 
