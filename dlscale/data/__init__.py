@@ -7,11 +7,12 @@
 
 from dlscale.data.loader import (ResumableDistributedSampler, ShardDataset, make_loader, mini_cosmoflow, pack_data,
                                  prepare_data, stage_data, synthetic_dir)
-from dlscale.data.shards import DataError, generate_dataset, non_finite_values, read_manifest, write_shards
+from dlscale.data.shards import (DataError, data_identity, generate_dataset, non_finite_values, read_manifest,
+                                 write_shards)
 from dlscale.data.synthetic import TARGET_NAMES, FieldSpec, denormalize_targets, generate_fields, normalize_targets
 
 __all__ = [
-    "DataError", "FieldSpec", "ResumableDistributedSampler", "ShardDataset", "TARGET_NAMES",
+    "DataError", "FieldSpec", "data_identity", "ResumableDistributedSampler", "ShardDataset", "TARGET_NAMES",
     "denormalize_targets", "generate_dataset", "generate_fields", "make_loader", "mini_cosmoflow", "non_finite_values",
     "normalize_targets",
     "pack_data", "prepare_data", "read_manifest", "stage_data", "synthetic_dir", "write_shards",

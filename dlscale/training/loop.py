@@ -185,7 +185,8 @@ def _checkpoint(run: Run, lr: float) -> None:
         raise DivergedError(f"the weights became non-finite by step {run.step} (lr {lr:.3g}); the checkpoint of "
                             f"this step was not written and the last good one is kept. Try a lower lr, a "
                             f"longer warmup, grad_clip=1.0 or precision=fp32, then resume=true", step=run.step)
-    extras = training_extras(run.step, run.steps_per_epoch, run.cfg, run.scheduler, run.scaler, run.noise_scale)
+    extras = training_extras(run.step, run.steps_per_epoch, run.cfg, run.scheduler, run.scaler, run.noise_scale,
+                             run.data_identity)
     save_training_checkpoint(run.run_dir, run.step, run.model, run.optimizer, extras, sharded=run.plan.sharded,
                              is_main=run.env.is_main, keep=run.cfg.keep_checkpoints)
 

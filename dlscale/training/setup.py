@@ -24,6 +24,7 @@ from dlscale.checkpoint import CheckpointError, clear_checkpoints, load_latest_c
 from dlscale.config import ConfigError, TrainConfig
 from dlscale.config.resume_check import check_resume
 from dlscale.data.loader import InMemoryBatches, rank_loaders, target_names
+from dlscale.data.shards import data_identity
 from dlscale.distributed import DistEnv, horovod_backend
 from dlscale.distributed.grad_sync import GradientSync, gradient_sync
 from dlscale.distributed.parallelize import (ParallelPlan, build_step_model, cuda_graph_skips, plan_parallelism,
@@ -60,6 +61,7 @@ class Run:
     train_loader: Any
     val_loader: Any
     data_root: Path
+    data_identity: str | None      # a user's data_dir: its shards' digest, checked on a resume
     names: list[str]
     steps_per_epoch: int
     total_steps: int
@@ -112,6 +114,8 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
     check_fits(cfg, device, plan)
 
     train_loader, val_loader, data_root = rank_loaders(cfg, env, device, plan.data_rank, plan.data_ranks)
+    # (the synthetic set is named by the keys that made it, which the resume check compares already)
+    identity = data_identity(data_root) if cfg.data_dir else None
     dataset = train_loader.dataset
     model = build_model(cfg, dataset.input_shape[0], dataset.num_targets)
     if cfg.sync_batchnorm:
@@ -142,7 +146,7 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
     noise_scale = NoiseScaleEstimator(decay=0.9)
 
     step, resumed_from = _resume_or_start_afresh(cfg, env, plan, model, optimizer, scheduler, scaler,
-                                                 noise_scale)
+                                                 noise_scale, identity)
     if plan.data_parallel == "horovod":  # Horovod's idiom: every rank starts from rank 0's state
         horovod_backend.broadcast_initial_state(model, optimizer, resumed=resumed_from is not None)
     if env.is_main:
@@ -155,7 +159,8 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
                   if hasattr(optimizer, "trust_ratios") else [])
     run = Run(cfg=cfg, env=env, plan=plan, device=device, model=model, step_model=step_model, loss_fn=loss_fn,
               optimizer=optimizer, grad_sync=grad_sync, scheduler=scheduler, scaler=scaler, policy=policy,
-              train_loader=train_loader, val_loader=val_loader, data_root=data_root, names=names,
+              train_loader=train_loader, val_loader=val_loader, data_root=data_root, data_identity=identity,
+              names=names,
               steps_per_epoch=steps_per_epoch, total_steps=total_steps, peak_lr=peak_lr, flops=flops,
               noise_scale=noise_scale, logger=logger, log=log, threads=threads, step=step, first_step=step,
               resumed_from=resumed_from, graph_skips=cuda_graph_skips() if cfg.cuda_graphs else 0,
@@ -169,7 +174,8 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
 
 def _resume_or_start_afresh(cfg: TrainConfig, env: DistEnv, plan: ParallelPlan,
                             model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                            scaler: torch.amp.GradScaler, noise_scale: NoiseScaleEstimator) -> tuple[int, Path | None]:
+                            scaler: torch.amp.GradScaler, noise_scale: NoiseScaleEstimator,
+                            identity: str | None = None) -> tuple[int, Path | None]:
     """Load the newest checkpoint (``resume=true``) or clear an earlier run's; every rank waits for both.
 
     Returns (the step to continue from, the checkpoint's path or None). A resume never removes
@@ -181,7 +187,7 @@ def _resume_or_start_afresh(cfg: TrainConfig, env: DistEnv, plan: ParallelPlan,
     if cfg.resume:
         changes: list[str] = []
         found = load_latest_checkpoint(cfg.resolved_run_dir, model, optimizer,
-                                       check=lambda saved, path: changes.extend(check_resume(saved, cfg, path)))
+                                       check=lambda saved, path: changes.extend(check_resume(saved, cfg, path, identity)))
         if changes and env.is_main:
             print(f"dlscale: resuming with changed settings: {'; '.join(changes)}", flush=True)
         if found:
