@@ -79,6 +79,29 @@ def test_a_pruned_trial_stops_through_the_engines_stop_path_and_keeps_its_folder
         assert list((run_dir / "checkpoints").glob("ckpt-*.pt"))  # stopped as on a signal: checkpoint first
 
 
+def test_a_journal_torn_mid_record_is_cut_back_and_never_joined_by_the_next_write(in_tmp, capsys):
+    """A crash mid-write leaves the journal's last record cut short. Optuna reads past it silently, and a
+    worker's next append used to join it, making the study unreadable for good."""
+    create_study(_space(), "study", trials=8)
+    first, _ = open_study("study")
+    for value in (0.1, 0.2, 0.3):
+        first.tell(first.ask(), value)
+    journal, torn = in_tmp / "study/study.journal", in_tmp / "study/study.journal.torn"
+    whole = journal.read_bytes()
+    journal.write_bytes(whole[:-25])  # trial 2's result, torn by a crash (the issue's reproduction)
+    live, _ = open_study("study")  # the next worker: the torn record is cut off when it opens the study
+    assert "ended in a record torn mid-write (" in capsys.readouterr().out
+    assert torn.read_bytes() == whole[whole.rstrip(b"\n").rfind(b"\n") + 1:-25] + b"\n"
+    with journal.open("ab") as dying:  # another worker dies mid-write while this one runs on
+        dying.write(whole.splitlines()[-1][:-25])
+    live.tell(live.ask(), 0.4)  # this worker's next write cuts the torn record first, never joins it
+    assert "ended in a record torn mid-write (" in capsys.readouterr().out and torn.read_bytes().count(b"\n") == 2
+    study, _ = open_study("study")  # readable: every line whole
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE", "RUNNING", "COMPLETE"]
+    assert [t.value for t in study.trials if t.value is not None] == [0.1, 0.2, 0.4]  # only trial 2's result lost
+    assert journal.read_bytes().endswith(b"\n")
+
+
 def _heartbeats(study_dir, count):
     """(trial number, worker pid) of ``count`` running trials, once their workers have said they run them."""
     from dlscale.hpo.heartbeat import wait_for_running

@@ -111,9 +111,11 @@ def open_storage(url: str, study_dir: str | Path) -> Any:
     """Optuna storage: the journal file in ``study_dir`` for '', else the database at ``url``."""
     optuna = load_optuna()
     if not url:
-        from optuna.storages.journal import JournalFileBackend, JournalStorage
+        from optuna.storages.journal import JournalStorage
 
-        return JournalStorage(JournalFileBackend(str(Path(study_dir) / JOURNAL_FILE)))
+        from dlscale.hpo.journal import GuardedJournal  # (a record torn by a crash is cut off, never joined)
+
+        return JournalStorage(GuardedJournal(Path(study_dir) / JOURNAL_FILE))
     return optuna.storages.RDBStorage(url)
 
 
