@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.config import FIELDS, config_names, describe_field, load_config
-from dlscale.errors import DlscaleError
+from dlscale.errors import DlscaleError, RangeError, check_range
 from dlscale.scaling.sites import SITES
 
 TRAIN_EPILOG = """\
@@ -227,7 +227,11 @@ def _bench_breakdown(args: argparse.Namespace) -> int:
     from dlscale.runtime.threads import fair_threads
 
     cfg = load_config(args.config, args.overrides)
-    sizes = [int(n) for n in args.sizes.split(",")]
+    sizes = args.sizes
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if not args.slurm and max(sizes) > cpus:  # (local ranks beyond the CPUs measure contention, not scaling)
+        raise RangeError(f"--sizes {max(sizes)}: this process has {cpus} CPU(s), so at most {cpus} local ranks; "
+                         f"use --slurm SCRIPT for nodes")
     runner = (slurm_runner(cfg, args.slurm, dict(os.environ), args.tasks_per_node) if args.slurm
               else local_runner(cfg, args.threads or fair_threads(max(sizes))))
     result = bench_breakdown(cfg, sizes, runner, steps=args.steps,
@@ -285,6 +289,38 @@ def _info(args: argparse.Namespace) -> int:
 
     print(task_line() if args.task else report(), flush=True)
     return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a mistake on the command line said in one line (not the usage block, then the error)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _number(kind: type, low: float | None = None, high: float | None = None, above: bool = False) -> Any:
+    """An argparse type: a number of ``kind`` in its range, else argparse's one line naming the argument
+    ("argument --batch: must be at least 1, not -64")."""
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{'a whole number' if kind is int else 'a number'} is needed, "
+                                             f"not {text!r}") from None
+        try:
+            return check_range("it", value, low, high, above=above)
+        except RangeError as err:
+            raise argparse.ArgumentTypeError(str(err).removeprefix("it ")) from None
+    return parse
+
+
+def _sizes(text: str) -> list[int]:
+    """``--sizes 1,2,4``: whole numbers of ranks or nodes, each at least 1."""
+    return [_number(int, 1)(part) for part in text.split(",")]
+
+
+#: A measured stretch needs steps after the 5 that warm up (and the profiled window's own).
+MIN_MEASURED_STEPS = 10
 
 
 def _config_arguments(parser: argparse.ArgumentParser, default: str | None = "demo") -> None:
@@ -351,8 +387,8 @@ def _add_bench_optim(bench_commands: Any) -> None:
                                       description="Time optimizer.step() of each optimizer in turns, on the lesson "
                                                   "model and a ~25 M parameter model, and print ratios to AdamW.")
     optim.add_argument("--models", default="lesson,25M", help="comma-separated: lesson, 25M")
-    optim.add_argument("--steps", type=int, default=10, help="steps per timed round")
-    optim.add_argument("--rounds", type=int, default=5, help="rounds (the median is reported)")
+    optim.add_argument("--steps", type=_number(int, 1), default=10, help="steps per timed round")
+    optim.add_argument("--rounds", type=_number(int, 1), default=5, help="rounds (the median is reported)")
     optim.add_argument("--device", default="cpu", help="cpu or cuda")
     optim.set_defaults(handler=_bench_optim)
 
@@ -364,8 +400,8 @@ def _add_bench_ladder(bench_commands: Any) -> None:
                     "fused optimizer -> torch.compile -> CUDA graphs (GPU only); prints samples/s and speedups, "
                     "writes ladder.json and ladder.png.")
     _config_arguments(ladder)
-    ladder.add_argument("--steps", type=int, default=60, help="training steps per rung")
-    ladder.add_argument("--rounds", type=int, default=1, help="train every rung this many times, in turns (median)")
+    ladder.add_argument("--steps", type=_number(int, MIN_MEASURED_STEPS), default=60, help="training steps per rung")
+    ladder.add_argument("--rounds", type=_number(int, 1), default=1, help="train every rung this many times, in turns (median)")
     ladder.add_argument("--out", default="runs/ladder")
     ladder.set_defaults(handler=_bench_ladder)
 
@@ -373,7 +409,7 @@ def _add_bench_ladder(bench_commands: Any) -> None:
 def _add_bench_loader(bench_commands: Any) -> None:
     loader = bench_commands.add_parser("loader", help="samples/s of the input pipeline alone (no model)")
     _config_arguments(loader)
-    loader.add_argument("--batches", type=int, default=50)
+    loader.add_argument("--batches", type=_number(int, 1), default=50)
     loader.set_defaults(handler=_bench_loader)
 
 
@@ -384,12 +420,12 @@ def _add_bench_allreduce(bench_commands: Any) -> None:
                     "on CPUs and NCCL on GPUs, or Horovod with --horovod) and report the algorithm and bus "
                     "bandwidth (bus = 2(n-1)/n x bytes/time, as nccl-tests). Run it under torchrun/srun/mpirun/"
                     "horovodrun, or with --nproc N for N local processes.")
-    allreduce.add_argument("--nproc", type=int, default=2, help="local processes when not launched by a launcher")
-    allreduce.add_argument("--max-mib", type=float, default=256, help="largest message in MiB")
+    allreduce.add_argument("--nproc", type=_number(int, 1), default=2, help="local processes when not launched by a launcher")
+    allreduce.add_argument("--max-mib", type=_number(float, 0, above=True), default=256, help="largest message in MiB")
     allreduce.add_argument("--device", default="auto")
     allreduce.add_argument("--horovod", action="store_true",
                            help="time Horovod's all-reduce (local ranks start under horovodrun --gloo)")
-    allreduce.add_argument("--rounds", type=int, default=1, help="the sizes take turns this many times (median)")
+    allreduce.add_argument("--rounds", type=_number(int, 1), default=1, help="the sizes take turns this many times (median)")
     allreduce.add_argument("--out", default="runs/allreduce")
     allreduce.set_defaults(handler=_bench_allreduce)
 
@@ -401,7 +437,7 @@ def _add_bench_scaling(bench_commands: Any) -> None:
                     "scaling keeps the per-rank batch. Prints throughput, speedup and efficiency.")
     _config_arguments(scaling)
     scaling.add_argument("--procs", default="1,2", help="comma-separated process counts")
-    scaling.add_argument("--steps", type=int, default=60)
+    scaling.add_argument("--steps", type=_number(int, MIN_MEASURED_STEPS), default=60)
     scaling.add_argument("--out", default="runs/scaling")
     scaling.set_defaults(handler=_bench_scaling)
 
@@ -415,15 +451,15 @@ def _add_bench_breakdown(bench_commands: Any) -> None:
                     "under torchrun, or nodes through a Slurm script with --slurm. Writes breakdown.json and "
                     "breakdown.png.")
     _config_arguments(breakdown)
-    breakdown.add_argument("--sizes", default="1,2", help="comma-separated ranks (or nodes with --slurm)")
-    breakdown.add_argument("--steps", type=int, default=150, help="steps per run (the first 5 are not timed)")
-    breakdown.add_argument("--rounds", type=int, default=2, help="every way runs once per round, in turns (median)")
+    breakdown.add_argument("--sizes", type=_sizes, default=[1, 2], help="comma-separated ranks (or nodes with --slurm)")
+    breakdown.add_argument("--steps", type=_number(int, MIN_MEASURED_STEPS), default=150, help="steps per run (the first 5 are not timed)")
+    breakdown.add_argument("--rounds", type=_number(int, 1), default=2, help="every way runs once per round, in turns (median)")
     breakdown.add_argument("--buckets", default="1", help="other bucket_cap_mb values to try (comma-separated)")
     breakdown.add_argument("--static-graph", action="store_true", help="also set static_graph in the bucket runs")
-    breakdown.add_argument("--threads", type=int, default=0, help="torch threads per rank (0 = the CPUs shared)")
+    breakdown.add_argument("--threads", type=_number(int, 0), default=0, help="torch threads per rank (0 = the CPUs shared)")
     breakdown.add_argument("--slurm", default=None, metavar="SCRIPT",
                            help="submit each run as a job of SIZE nodes with this script (slurm/SITE/train.sbatch)")
-    breakdown.add_argument("--tasks-per-node", type=int, default=1, help="with --slurm: ranks per node")
+    breakdown.add_argument("--tasks-per-node", type=_number(int, 1), default=1, help="with --slurm: ranks per node")
     breakdown.add_argument("--out", default="runs/breakdown")
     breakdown.set_defaults(handler=_bench_breakdown)
 
@@ -436,7 +472,7 @@ def _add_bench_memory(bench_commands: Any) -> None:
                     "Prints per rank the parameter, gradient and optimizer-state bytes counted from the tensors it "
                     "holds, the peak memory and the step time, with the ratios to DDP on as many ranks.")
     _config_arguments(memory, default="vit")
-    memory.add_argument("--steps", type=int, default=10, help="steps per layout (the first 5 are not timed)")
+    memory.add_argument("--steps", type=_number(int, MIN_MEASURED_STEPS), default=10, help="steps per layout (the first 5 are not timed)")
     memory.add_argument("--out", default="runs/memory")
     memory.set_defaults(handler=_bench_memory)
 
@@ -450,13 +486,13 @@ def _add_bench_kmeans(bench_commands: Any) -> None:
                     "backends over local processes (torchrun, mpirun) on the first kind.")
     kmeans_bench.add_argument("--kinds", default="blobs,noise,china,flower",
                               help="kinds of data: blobs, noise (no clusters), china and flower (a photo's colours)")
-    kmeans_bench.add_argument("--n", type=int, default=1_000_000, help="samples of blobs (noise: 0.4 n)")
-    kmeans_bench.add_argument("--d", type=int, default=32, help="features of blobs and noise")
-    kmeans_bench.add_argument("--k", type=int, default=64, help="clusters of blobs and noise")
+    kmeans_bench.add_argument("--n", type=_number(int, 1), default=1_000_000, help="samples of blobs (noise: 0.4 n)")
+    kmeans_bench.add_argument("--d", type=_number(int, 1), default=32, help="features of blobs and noise")
+    kmeans_bench.add_argument("--k", type=_number(int, 1), default=64, help="clusters of blobs and noise")
     kmeans_bench.add_argument("--photo-k", default="16,64", help="clusters (colours) of the photos")
-    kmeans_bench.add_argument("--iters", type=int, default=8, help="Lloyd iterations of the first phase")
+    kmeans_bench.add_argument("--iters", type=_number(int, 1), default=8, help="Lloyd iterations of the first phase")
     kmeans_bench.add_argument("--procs", default="1,2", help="process counts for the scaling runs ('' = none)")
-    kmeans_bench.add_argument("--rounds", type=int, default=3, help="fits per engine; the median is reported")
+    kmeans_bench.add_argument("--rounds", type=_number(int, 1), default=3, help="fits per engine; the median is reported")
     kmeans_bench.add_argument("--out", default="runs/bench_kmeans")
     kmeans_bench.set_defaults(handler=_bench_kmeans)
 
@@ -479,16 +515,16 @@ def _add_kmeans(commands: Any) -> None:
     source.add_argument("--input", nargs=1, default=[], help="a .npy/.csv file split by rank, or a pattern such as "
                                                             "data_{rank}.npy with one file per rank")
     source.add_argument("--image", help="'sample' (scikit-learn's photo) or an image file: quantize its colours")
-    kmeans.add_argument("--k", type=int, default=8, help="clusters (colours for an image)")
+    kmeans.add_argument("--k", type=_number(int, 1), default=8, help="clusters (colours for an image)")
     kmeans.add_argument("--sample-weight", default=None, help="a .npy file of one weight per sample, split by rank "
                                                              "like --input, or a pattern with {rank}")
     kmeans.add_argument("--backend", choices=("auto", "torch", "daal4py"), default="auto")
     kmeans.add_argument("--init", default="k-means++", help="k-means++, k-means||, random, or a .npy file of centres")
-    kmeans.add_argument("--max-iter", type=int, default=300)
-    kmeans.add_argument("--tol", type=float, default=1e-4)
+    kmeans.add_argument("--max-iter", type=_number(int, 1), default=300)
+    kmeans.add_argument("--tol", type=_number(float, 0), default=1e-4)
     kmeans.add_argument("--seed", type=int, default=0)
     kmeans.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    kmeans.add_argument("--chunk-size", type=int, default=None, help="rows scored at a time (default from memory)")
+    kmeans.add_argument("--chunk-size", type=_number(int, 1), default=None, help="rows scored at a time (default from memory)")
     kmeans.add_argument("--out", default="runs/kmeans")
     kmeans.set_defaults(handler=_kmeans)
 
@@ -511,7 +547,7 @@ def _add_report(commands: Any) -> None:
                     "table: nodes, ranks, global batch, samples/s, efficiency relative to the group's smallest "
                     "run, final R², and training time to a target R². Writes report.csv and report.png.")
     report.add_argument("paths", nargs="+", metavar="PATH")
-    report.add_argument("--target-r2", type=float, default=0.9)
+    report.add_argument("--target-r2", type=_number(float, high=1), default=0.9)
     report.add_argument("--out", default=None, help="folder for report.csv and report.png (default: the first PATH)")
     report.set_defaults(handler=_report)
 
@@ -524,15 +560,15 @@ def _add_plan(commands: Any) -> None:
                     "predict the next size up (twice the nodes) from the alpha-beta model and the gradient noise "
                     "scale, with a range. Writes plan.json and plan.png (fastest against cheapest).")
     plan.add_argument("paths", nargs="+", metavar="PATH")
-    plan.add_argument("--target-r2", type=float, default=0.9)
-    plan.add_argument("--deadline-hours", type=float, default=None)
-    plan.add_argument("--budget-node-hours", type=float, default=None)
+    plan.add_argument("--target-r2", type=_number(float, high=1), default=0.9)
+    plan.add_argument("--deadline-hours", type=_number(float, 0, above=True), default=None)
+    plan.add_argument("--budget-node-hours", type=_number(float, 0, above=True), default=None)
     plan.add_argument("--allreduce", default=None, metavar="JSON",
                       help="allreduce.json of dlscale bench allreduce on this system: fit the model's alpha and beta")
     plan.add_argument("--site", choices=sorted(SITES), default=None,
                       help="use this site's published links instead of a fit")
-    plan.add_argument("--overlap", type=float, default=0.0, help="share of the communication hidden (the breakdown's)")
-    plan.add_argument("--noise-scale", type=float, default=None, help="B_noise (default: what the largest run measured)")
+    plan.add_argument("--overlap", type=_number(float, 0, 1), default=0.0, help="share of the communication hidden (the breakdown's)")
+    plan.add_argument("--noise-scale", type=_number(float, 0, above=True), default=None, help="B_noise (default: what the largest run measured)")
     plan.add_argument("--out", default=None, help="folder for plan.json and plan.png (default: the first PATH)")
     plan.set_defaults(handler=_plan)
 
@@ -546,12 +582,12 @@ def _add_project(commands: Any) -> None:
                     "projection.png.")
     project.add_argument("--site", choices=sorted(SITES), default="perlmutter")
     project.add_argument("--name", default="ResNet-50-sized gradient")
-    project.add_argument("--parameters", type=int, default=0, help="parameter count (default: ResNet-50's 25.6 M)")
-    project.add_argument("--ms-per-sample", type=float, required=True, help="one GPU's compute per sample, in ms")
-    project.add_argument("--batch", type=int, default=64, help="batch per GPU")
-    project.add_argument("--bytes-per-value", type=int, default=4, help="4 for fp32 gradients, 2 for bf16")
+    project.add_argument("--parameters", type=_number(int, 0), default=0, help="parameter count (default: ResNet-50's 25.6 M)")
+    project.add_argument("--ms-per-sample", type=_number(float, 0, above=True), required=True, help="one GPU's compute per sample, in ms")
+    project.add_argument("--batch", type=_number(int, 1), default=64, help="batch per GPU")
+    project.add_argument("--bytes-per-value", type=_number(int, 1, 8), default=4, help="4 for fp32 gradients, 2 for bf16")
     project.add_argument("--layout", choices=("ddp", "fsdp"), default="ddp")
-    project.add_argument("--overlap", type=float, default=0.0)
+    project.add_argument("--overlap", type=_number(float, 0, 1), default=0.0)
     project.add_argument("--out", default="runs/projection")
     project.set_defaults(handler=_project)
 
@@ -620,23 +656,23 @@ def _add_hpo(commands: Any) -> None:
     start.add_argument("space", nargs="?", default=None, metavar="SPACE")
     start.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="for every trial, e.g. device=cuda")
     start.add_argument("--dir", default="runs/hpo", help="the study's folder")
-    start.add_argument("--trials", type=int, default=None, help="trials to finish, complete or pruned (default 12)")
-    start.add_argument("--workers", type=int, default=2, help="worker processes here (0: only create the study)")
+    start.add_argument("--trials", type=_number(int, 1), default=None, help="trials to finish, complete or pruned (default 12)")
+    start.add_argument("--workers", type=_number(int, 0), default=2, help="worker processes here (0: only create the study)")
     start.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe")
     start.add_argument("--pruner", choices=("hyperband", "halving", "median", "none"), default="hyperband")
     start.add_argument("--seed", type=int, default=0)
     start.add_argument("--storage", default="", help="an RDB URL (default: the journal file in --dir)")
-    start.add_argument("--grace-s", type=float, default=20.0,
+    start.add_argument("--grace-s", type=_number(float, 0, above=True), default=20.0,
                        help="a running trial silent this long is failed and retried (its worker died)")
-    start.add_argument("--ranks-per-node", type=int, default=1, help="ranks (GPUs) per node, for node-hours: "
+    start.add_argument("--ranks-per-node", type=_number(int, 1), default=1, help="ranks (GPUs) per node, for node-hours: "
                        "a trial costs its seconds x its ranks / this")
-    start.add_argument("--threads", type=int, default=0,
+    start.add_argument("--threads", type=_number(int, 0), default=0,
                        help="torch threads per trial (default: what each worker was given), kept in each config")
     start.set_defaults(handler=_hpo_start)
     worker = sub.add_parser("worker", help="one worker: ask, train, tell until the study has its trials")
     worker.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     worker.add_argument("--dir", required=True)
-    worker.add_argument("--max-trials", type=int, default=None)
+    worker.add_argument("--max-trials", type=_number(int, 1), default=None)
     worker.add_argument("--verbose", action="store_true", help="print each trial's training, not only its result")
     worker.set_defaults(handler=_hpo_worker)
     show = sub.add_parser("show", help="the trials, the best one, and Optuna's plots as PNGs")
@@ -654,7 +690,7 @@ def _add_info(commands: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``dlscale`` parser: one builder per subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dlscale",
         description="Deep learning at scale: train (one engine for lessons, jobs and notebooks), data, benchmarks, K-Means, reports, node planning, hyperparameter search, and the lessons' exercises and recipes.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -5,11 +5,29 @@ so the CLI prints it alone, without a traceback.
 """
 
 import importlib
+import math
 from types import ModuleType
 
 
 class DlscaleError(Exception):
     """A problem the user can fix: a bad config, missing data, an unavailable device..."""
+
+
+class RangeError(DlscaleError, ValueError):
+    """A number outside the values it can take; the message names it and its range."""
+
+
+def check_range(name: str, value: float, low: float | None = None, high: float | None = None, *,
+                above: bool = False) -> float:
+    """``value`` if it is a finite number in [low, high] (``above``: strictly above ``low``), else a :class:`RangeError`
+    naming ``name`` ("--batch must be at least 1, not -64")."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RangeError(f"{name} must be a finite number, not {value!r}")
+    if low is not None and (value <= low if above else value < low):
+        raise RangeError(f"{name} must be {'above' if above else 'at least'} {low:g}, not {value:g}")
+    if high is not None and value > high:
+        raise RangeError(f"{name} must be at most {high:g}, not {value:g}")
+    return value
 
 
 def import_optional(module: str, extra: str, purpose: str, error: type[DlscaleError] = DlscaleError,

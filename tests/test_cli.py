@@ -98,3 +98,54 @@ def test_data_check_names_shards_with_nan_or_inf(in_tmp):
     assert "val: mydata/val/shard-00000-y.npy holds 1 NaN or infinite value(s)" in done.stdout
     assert "train: 200 maps of shape (1, 8, 8), 3 targets, 2 shards: NOT ok" in done.stdout
     assert "2 shard file(s) in mydata hold NaN or infinite values" in done.stderr
+
+
+def _fake_run(folder, **summary):
+    """A run folder as `dlscale report` and `plan` read it: summary.json, and an R² of 0.5 at step 10."""
+    folder.mkdir(parents=True)
+    fields = {"world_size": 1, "nodes": 1, "samples_per_s": 100.0, "global_batch_size": 32, "r2": 0.5,
+              "seconds": 10.0, **summary}
+    (folder / "summary.json").write_text(json.dumps(fields))
+    (folder / "validation.csv").write_text("epoch,step,mse,r2\n1,10,0.1,0.5\n")
+    (folder / "metrics.csv").write_text("step,loss,lr,samples_per_s\n" + "".join(f"{s},0.1,0.001,100.0\n"
+                                                                                   for s in range(1, 11)))
+    return folder
+
+
+# Numbers out of range, and files a hostile user (or a crash) leaves behind: each is one line naming the argument,
+# key or file, and exit status 2, never a traceback nor a result that looks valid (a 110% efficiency).
+MISTAKES = [
+    (["project", "--ms-per-sample", "-1"], "argument --ms-per-sample: must be above 0, not -1"),
+    (["project", "--ms-per-sample", "0.26", "--batch", "-64"], "argument --batch: must be at least 1, not -64"),
+    (["project", "--ms-per-sample", "0.26", "--overlap", "2"], "argument --overlap: must be at most 1, not 2"),
+    (["project", "--ms-per-sample", "nan"], "argument --ms-per-sample: must be a finite number, not nan"),
+    (["plan", "sweep", "--overlap", "5"], "argument --overlap: must be at most 1, not 5"),
+    (["bench", "breakdown", "tiny", "--sizes=-1"], "argument --sizes: must be at least 1, not -1"),
+    (["bench", "breakdown", "tiny", "--sizes", "1,x"], "argument --sizes: a whole number is needed, not 'x'"),
+    (["bench", "breakdown", "tiny", "--steps", "0"], "argument --steps: must be at least 10, not 0"),
+    (["bench", "breakdown", "tiny", "--rounds", "0"], "argument --rounds: must be at least 1, not 0"),
+    (["bench", "breakdown", "tiny", "--sizes", "1000000000"], "--sizes 1000000000: this process has"),
+    (["hpo", "start", "tiny", "--dir", "study", "--workers", "0", "--grace-s", "1"],
+     "grace_s=1 must be at least 3 heartbeats (6 s with heartbeat_s=2)"),
+    (["plan", "negative", "--site", "perlmutter"], "negative/run-n1/summary.json: nodes must be a whole number of at "
+                                                   "least 1, not -2"),
+    (["report", "cut"], "cut/run-n1/summary.json cannot be read ("),
+    (["plan", "low", "--site", "perlmutter", "--target-r2", "0.99"], "no run of the series reached the target R²"),
+]
+
+
+def test_every_mistake_in_the_table_is_one_line_without_a_traceback(in_tmp, capfd):
+    from dlscale.cli import main
+    _fake_run(in_tmp / "negative/run-n1", nodes=-2)
+    (_fake_run(in_tmp / "cut/run-n1") / "summary.json").write_text('{"world_size": 1, "nod')
+    _fake_run(in_tmp / "low/run-n1")
+    for args, message in MISTAKES:
+        try:
+            code = main(args)
+        except SystemExit as exit:  # (argparse exits on a bad argument)
+            code = exit.code
+        lines = capfd.readouterr().err.strip().splitlines()
+        assert code == 2, (args, lines)
+        assert message in lines[-1], (args, lines)
+        assert len(lines) == 1, (args, lines)
+    assert not (in_tmp / "study").exists()  # a refused study leaves no folder behind

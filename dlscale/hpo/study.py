@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlscale.errors import DlscaleError, import_optional
+from dlscale.errors import DlscaleError, RangeError, check_range, import_optional
 from dlscale.hpo.space import SearchSpace, load_space
 
 STUDY_FILE = "study.json"
@@ -23,6 +23,8 @@ JOURNAL_FILE = "study.journal"
 TRIALS_DIR = "trials"
 SAMPLERS = ("tpe", "random", "grid")
 PRUNERS = ("hyperband", "halving", "median", "none")
+#: The least grace, in heartbeats, before a silent trial is taken for dead.
+GRACE_BEATS = 3
 
 
 class StudyError(DlscaleError):
@@ -57,6 +59,18 @@ class StudySettings:
     ranks_per_node: int = 1      # ranks (GPUs) per node: a trial costs seconds x its ranks / this, in node-hours
     threads: int = 0             # torch threads per trial (0: what each worker was given); recorded in each config
     extra: list[str] = field(default_factory=list)  # key=value overrides for every trial (device=cuda)
+
+    def __post_init__(self) -> None:
+        for key, low in (("heartbeat_s", 0), ("max_retry", 0), ("ranks_per_node", 1), ("threads", 0)):
+            try:
+                check_range(key, getattr(self, key), low, above=key == "heartbeat_s")
+            except RangeError as err:
+                raise StudyError(str(err)) from None
+        # A beat can come late on a busy node; a grace shorter than a few of them fails live trials (each one run twice).
+        if not self.grace_s >= GRACE_BEATS * self.heartbeat_s:
+            raise StudyError(f"grace_s={self.grace_s:g} must be at least {GRACE_BEATS} heartbeats "
+                             f"({GRACE_BEATS * self.heartbeat_s:g} s with heartbeat_s={self.heartbeat_s:g}): a shorter "
+                             f"grace fails trials whose workers are alive")
 
     @property
     def search_space(self) -> SearchSpace:

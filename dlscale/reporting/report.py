@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def time_to_target(run: Path, target_r2: float) -> float | None:
                    None)
     if reached is None:
         return None
-    summary = json.loads((run / "summary.json").read_text())
+    summary = read_summary(run)
     batch = summary.get("global_batch_size")
     seconds = 0.0
     for row in read_rows(run / TRAIN_FILE):
@@ -61,11 +62,33 @@ def time_to_target(run: Path, target_r2: float) -> float | None:
     return seconds
 
 
+def read_summary(run: Path) -> dict:
+    """A run's ``summary.json``, checked: ranks and nodes whole numbers of at least 1, samples/s a number >= 0.
+
+    A file cut short (a run killed while writing it) or edited by hand is one :class:`ReportError` naming it.
+    """
+    path = Path(run) / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ReportError(f"{path} cannot be read ({err}): re-run that run, or leave its folder out") from None
+    if not isinstance(summary, dict):
+        raise ReportError(f"{path} is not a run summary (a JSON object): re-run that run, or leave its folder out")
+    for key in ("world_size", "nodes"):
+        value = summary.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ReportError(f"{path}: {key} must be a whole number of at least 1, not {value!r}")
+    speed = summary.get("samples_per_s")
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not math.isfinite(speed) or speed < 0:
+        raise ReportError(f"{path}: samples_per_s must be a number of at least 0, not {speed!r}")
+    return summary
+
+
 def collect(paths: list[str | Path], target_r2: float = 0.9) -> list[dict]:
     """One row per run: group, nodes, ranks, global batch, samples/s, efficiency, R², time to target."""
     rows = []
     for run in find_runs(paths):
-        summary = json.loads((run / "summary.json").read_text())
+        summary = read_summary(run)
         ranks = int(summary.get("world_size", 1))
         rows.append({"run": run.name, "group": _group(run.name), "path": str(run),
                      "nodes": int(summary.get("nodes", 1)), "ranks": ranks,

@@ -26,10 +26,15 @@ import json
 import math
 from pathlib import Path
 
-from dlscale.reporting.report import collect
+from dlscale.errors import DlscaleError, check_range
+from dlscale.reporting.report import collect, read_summary
 from dlscale.reporting.tables import markdown_table
 from dlscale.scaling.collectives import hierarchical_allreduce
 from dlscale.scaling.sites import Site
+
+
+class PlanError(DlscaleError, ValueError):
+    """A sweep that cannot be planned from; the message says why and what to run."""
 
 
 def cost_rows(paths: list[str | Path], target_r2: float) -> list[dict]:
@@ -38,7 +43,7 @@ def cost_rows(paths: list[str | Path], target_r2: float) -> list[dict]:
     rows = collect(paths, target_r2)
     for row in rows:
         seconds = row["time_to_target_s"]
-        summary = json.loads((Path(row["path"]) / "summary.json").read_text())
+        summary = read_summary(Path(row["path"]))
         row["gradient_bytes"] = (summary.get("memory_per_rank") or [{}])[0].get("parameters")
         row["noise_scale"] = summary.get("noise_scale")
         row["hours_to_target"] = None if seconds is None else seconds / 3600
@@ -122,9 +127,11 @@ def predict_next(rows: list[dict], site: Site, overlap: float = 0.0, noise_scale
     measured, if it did), ``model_error`` the link fit's worst miss (:func:`~dlscale.scaling.fit.worst_ratio`).
     Returns the prediction with its low and high ends and the lines it rests on.
     """
+    check_range("overlap (the share of communication hidden)", overlap, 0, 1)
     series = [r for r in rows if r["group"] == (group or _weak_group(rows)) and r["hours_to_target"] is not None]
     if not series:
-        raise ValueError("no run of the series reached the target: there is nothing to predict from")
+        raise PlanError("no run of the series reached the target R²: there is nothing to predict from. Lower "
+                        "--target-r2 (dlscale report shows each run's R²) or train the runs longer")
     last = max(series, key=lambda r: (r["nodes"], r["ranks"]))
     per_node = last["ranks"] // last["nodes"]
     weak = len({r["global_batch_size"] / r["ranks"] for r in series}) == 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dlscale.errors import RangeError, check_range
 from dlscale.reporting.tables import markdown_table
 from dlscale.scaling.collectives import Link, allreduce, layout_seconds
 from dlscale.scaling.sites import Site
@@ -42,6 +43,16 @@ class Workload:
     layout: str = "ddp"             # or "fsdp"
     overlap: float = 0.0            # share of the communication hidden behind compute (0 = none)
     compute_source: str = "entered"  # where seconds_per_sample comes from
+
+    def __post_init__(self) -> None:
+        check_range("parameters", self.parameters, 1)
+        check_range("seconds per sample", self.seconds_per_sample, 0, above=True)
+        check_range("per-GPU batch", self.per_gpu_batch, 1)
+        check_range("bytes per value", self.bytes_per_value, 1, 8)
+        # At most all of the communication can hide behind compute: more would give an efficiency above 100%.
+        check_range("overlap (the share of communication hidden)", self.overlap, 0, 1)
+        if self.layout not in ("ddp", "fsdp"):
+            raise RangeError(f"layout must be ddp or fsdp, not {self.layout!r}")
 
     @property
     def gradient_bytes(self) -> float:
