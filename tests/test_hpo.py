@@ -38,6 +38,8 @@ def _space(**parameters):
     ({"warmup_steps": {"low": 0.5, "high": 8}}, "warmup_steps is an integer key"),
     ({"run_dir": {"choices": ["a", "b"]}}, "'run_dir', which each trial sets itself"),
     ({"lr": {"low": 1e-3, "hi": 1e-2}}, "unknown setting 'hi'"),
+    ({"lr": {"low": float("nan"), "high": 1e-2}}, "parameter 'lr': low and high must be finite numbers, got nan"),
+    ({"lr": {"low": 1e-3, "high": float("inf")}}, "parameter 'lr': low and high must be finite numbers"),
     ({}, "'parameters' is empty"),
 ])
 def test_a_bad_search_space_is_refused_naming_the_parameter(parameters, message):
@@ -166,3 +168,21 @@ def test_a_worker_of_two_ranks_trains_each_trial_data_parallel(in_tmp):
     assert '"world_size": 2' in summary
     assert trial.user_attrs["epochs"] == 1  # the worker's own overrides (as launch.sh passes device=cuda) apply
     assert trial.user_attrs["node_hours"] == pytest.approx(trial.user_attrs["seconds"] / 3600)  # 2 ranks of 2 a node
+
+
+def test_a_setting_every_trial_shares_is_checked_before_any_trial_and_a_repeated_refusal_stops_the_worker(
+        in_tmp, capsys):
+    """A typo in the per-trial overrides once made thousands of failed trials in minutes, without a word."""
+    from dlscale.config import ConfigError
+    from dlscale.hpo.worker import FAILURES_IN_A_ROW, WorkerError, run_worker
+    with pytest.raises(ConfigError, match="unknown config key 'lrr'"):
+        create_study(_space(), "typo", trials=4, extra=["lrr=0.1"])
+    assert not (in_tmp / "typo").exists()
+    create_study(_space(), "study", trials=20)
+    with pytest.raises(ConfigError, match="unknown config key 'lrr'"):
+        run_worker("study", extra=["lrr=0.1"])  # a worker's own overrides too
+    with pytest.raises(WorkerError, match=f"{FAILURES_IN_A_ROW} trials in a row failed the same way, so this worker "
+                                          f"stopped: data_dir nowhere does not exist"):
+        run_worker("study", extra=["data_dir=nowhere"])  # refused by the engine only when a trial starts
+    study, _ = open_study("study")
+    assert len(study.trials) == FAILURES_IN_A_ROW and {t.state.name for t in study.trials} == {"FAIL"}

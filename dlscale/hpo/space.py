@@ -21,6 +21,7 @@ config itself refuses each get one message naming the parameter.
 from __future__ import annotations
 
 import difflib
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,6 +210,8 @@ def _parameter(where: str, base: str, fixed: dict[str, Any], key: str, spec: Any
         low, high = spec["low"], spec["high"]
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)):
             raise SearchSpaceError(f"{at}: low and high must be numbers, got {low!r} and {high!r}")
+        if not all(math.isfinite(v) for v in (low, high)):  # (YAML reads .nan and .inf as numbers)
+            raise SearchSpaceError(f"{at}: low and high must be finite numbers, got {low!r} and {high!r}")
         if hint is int and not all(float(v).is_integer() for v in (low, high)):
             raise SearchSpaceError(f"{at}: {key} is an integer key; low and high must be whole numbers")
         if low == high:

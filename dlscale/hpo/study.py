@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlscale.config import parse_overrides
 from dlscale.errors import DlscaleError, RangeError, check_range, import_optional
 from dlscale.hpo.space import SearchSpace, load_space
 
@@ -93,6 +94,8 @@ def create_study(space: SearchSpace | str | Path, study_dir: str | Path, trials:
         raise StudyError(f"a study needs at least one trial, got trials={trials}")
     study_dir = Path(study_dir)
     wanted = StudySettings(name or space.name, space.to_dict(), trials, sampler, pruner, seed, storage, **settings)
+    # Every trial's shared overrides, checked once here: a typo (lrr=0.1) would otherwise fail every trial.
+    space.config({}, **parse_overrides(wanted.extra))
     path = study_dir / STUDY_FILE
     if path.is_file():
         held = read_settings(study_dir)

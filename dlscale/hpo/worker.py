@@ -23,6 +23,7 @@ from typing import Any
 from dlscale import distributed
 from dlscale.config import parse_overrides
 from dlscale.errors import DlscaleError
+from dlscale.metrics.steplog import DivergedError
 from dlscale.runtime.threads import choose_threads
 from dlscale.hpo.heartbeat import Heartbeat, fail_stale_trials
 from dlscale.hpo.study import TRIALS_DIR, StudySettings, finished_trial_error, load_optuna, open_study
@@ -91,7 +92,9 @@ def run_worker(study_dir: str | Path, extra: list[str] | tuple[str, ...] = (), m
     try:
         if env.is_main:
             study, settings = open_study(study_dir, claim_worker_number(study_dir))
-            overrides_for_all = parse_overrides([*settings.extra, *extra])  # (a bad one fails before a trial starts)
+            overrides_for_all = parse_overrides([*settings.extra, *extra])
+            _check_overrides(settings, overrides_for_all)  # (before a trial starts: a bad one would fail them all)
+        failures = _FailureStreak()
         stopping = False
         while True:
             task = None if stopping or not env.is_main else _next_trial(study, settings, study_dir, ran, max_trials,
@@ -108,17 +111,55 @@ def run_worker(study_dir: str | Path, extra: list[str] | tuple[str, ...] = (), m
             with Heartbeat(study_dir, trial.number, settings.heartbeat_s):
                 value, state, stopping = _train(overrides, trial, settings, quiet)
             study.tell(trial, value, state=state, skip_if_finished=True)
+            stopping = failures.add(trial.user_attrs.get("refused_because")) or stopping
             ran.append(trial.number)
             if not quiet:
                 print(f"trial {trial.number}: {state.name.lower()}"
                       + (f", {settings.search_space.metric} {value:.4f}" if value is not None else ""), flush=True)
         finished = True
+        if env.is_main and failures.stopped:
+            raise WorkerError(failures.stopped)
     finally:
         if env.distributed:
             # drained at a normal end (a barrier, then a pause: else a rank can die of SIGABRT at exit, see
             # distributed.shutdown); after a failure a peer may be gone, so no barrier
             distributed.shutdown(drain=finished)
     return ran
+
+
+class WorkerError(DlscaleError):
+    """A worker that stopped: every trial it ran failed the same way."""
+
+
+#: Trials in a row that fail for the same reason before a worker stops (the reason is the same setting's fault).
+FAILURES_IN_A_ROW = 3
+
+
+class _FailureStreak:
+    """Counts the trials in a row that the engine refused for one reason (a divergence is a finding, and does not
+    count); ``stopped`` says why the worker should stop."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.count = 0
+        self.stopped: str | None = None
+
+    def add(self, reason: str | None) -> bool:
+        """Record a trial's failure reason (None: it did not fail); True when the worker must stop."""
+        self.count = self.count + 1 if reason is not None and reason == self.reason else int(reason is not None)
+        self.reason = reason
+        if self.count >= FAILURES_IN_A_ROW:
+            self.stopped = (f"{self.count} trials in a row failed the same way, so this worker stopped: {reason}. "
+                            f"Fix the setting, then `dlscale hpo start --dir` again resumes the study")
+        return self.stopped is not None
+
+
+def _check_overrides(settings: StudySettings, extra: dict[str, Any]) -> None:
+    """The overrides every trial of this worker shares, on the study's base: known keys of the right type, and a
+    device this node has (a config error or a DeviceError, before any trial runs)."""
+    from dlscale.runtime.devices import resolve_device
+
+    resolve_device(settings.search_space.config({}, **extra).device)
 
 
 def _next_trial(study: Any, settings: StudySettings, study_dir: Path, ran: list[int], max_trials: int | None,
@@ -162,6 +203,8 @@ def _train(overrides: dict[str, Any], trial: Any, settings: StudySettings | None
     except DlscaleError as err:  # diverged, or settings the engine refuses: a finding, and the search goes on
         if trial is not None:
             trial.set_user_attr("failed_because", str(err).splitlines()[0][:300])
+            if not isinstance(err, DivergedError):  # (refused, not diverged: the same refusal again stops the worker)
+                trial.set_user_attr("refused_because", str(err).splitlines()[0][:300])
             trial.set_user_attr("node_hours", (time.perf_counter() - started) / max(1, settings.ranks_per_node) / 3600)
         return None, TrialState.FAIL, False
     if trial is None:
