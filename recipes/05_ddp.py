@@ -12,6 +12,7 @@ one process each, with DistributedDataParallel:
     srun python recipes/05_ddp.py                                # a Slurm job (recipes/09_job.sbatch)
 """
 import argparse
+import datetime
 import os
 import time
 
@@ -63,7 +64,10 @@ def main(config: str = "tiny", epochs: int = 2, batch_size: int = 32, lr: float 
     if device.startswith("cuda"):
         device = f"cuda:{local_rank}"  # one GPU per process
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", rank=rank, world_size=world_size)
+    # a rank waits at most 5 minutes for the others to join, and later for each collective: a peer that never
+    # started, or died, ends the job with an error naming the timeout, not a hang until the time limit
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(minutes=5))
     torch.manual_seed(seed)  # the same initial weights on every rank (DDP also copies rank 0's)
     train_set, val_set = mini_cosmoflow(config)
     # each rank a disjoint share: the sampler shuffles as stage 01 did (a permutation seeded by seed + epoch)

@@ -20,6 +20,7 @@ shards in parallel. Compared with stage 05 it drops compile, channels-last, auto
     torchrun --standalone --nproc-per-node 4 recipes/10_fsdp_tp.py --tp 2 --resume
 """
 import argparse
+import datetime
 import os
 import time
 
@@ -64,7 +65,10 @@ def main(config: str = "tiny", epochs: int = 2, batch_size: int = 32, lr: float 
     if device.startswith("cuda"):
         device = f"cuda:{local_rank}"  # one GPU per process
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", rank=rank, world_size=world_size)
+    # a rank waits at most 5 minutes for the others to join, and later for each collective: a peer that never
+    # started, or died, ends the job with an error naming the timeout, not a hang until the time limit
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(minutes=5))
     torch.manual_seed(seed)  # the same initial weights on every rank (each then keeps its shards)
     train_set, val_set = mini_cosmoflow(config)
     # ranks in a grid of (data parallel) x (tensor parallel); the tp ranks of a row read the same samples

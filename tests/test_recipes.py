@@ -211,3 +211,15 @@ def test_the_lessons_run_the_pytorch_an_attendee_writes():
                  "torch.autocast(", "GradScaler(", "unscale_(", "torch.compile(", "fully_shard(", "parallelize_module(",
                  "init_device_mesh(", "dcp.save(", "dcp.load(", "LambdaLR("):
         assert call in code, f"no lesson runs {call}"
+
+
+def test_every_recipe_that_joins_a_process_group_bounds_the_wait():
+    """Without timeout=, a rank whose peer never starts waits silently for torch's default (30 min on gloo)."""
+    import ast
+    calls = []
+    for path in sorted((ROOT / "recipes").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "init_process_group":
+                calls.append((path.name, {k.arg for k in node.keywords}))
+    assert len(calls) >= 3  # 05, 07, 10
+    assert all("timeout" in keywords for _, keywords in calls), calls
