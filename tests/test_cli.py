@@ -131,7 +131,23 @@ MISTAKES = [
                                                    "least 1, not -2"),
     (["report", "cut"], "cut/run-n1/summary.json cannot be read ("),
     (["plan", "low", "--site", "perlmutter", "--target-r2", "0.99"], "no run of the series reached the target R²"),
+    (["train", "tiny", "lr=nan"], "config key 'lr' must be a finite number, got nan"),
+    (["hpo", "start", "tiny", "--dir", "afile", "--workers", "0"], "afile is a file, not a study folder"),
+    (["hpo", "worker", "--dir", "typo"], "no study in typo (no study.json)"),
+    (["hpo", "start", "choices.yaml", "--dir", "s"], "parameter 'optimizer': choices must be a list, e.g. choices: "
+                                                      "['adamw']"),
+    (["hpo", "start", "count.yaml", "--dir", "s"], "parameter 'optimizer': choices must be a list"),
+    (["hpo", "start", "step.yaml", "--dir", "s"], "step applies to integer keys and must be a whole number of at "
+                                                  "least 1, got 'two'"),
+    (["hpo", "start", "log.yaml", "--dir", "s"], "parameter 'lr': log must be true or false, got 'false'"),
+    (["hpo", "start", "fixed.yaml", "--dir", "s"], "'fixed' must map config keys to values"),
+    (["hpo", "start", "latin1.yaml", "--dir", "s"], "latin1.yaml is not valid YAML text (UTF-8)"),
 ]
+
+#: Search spaces a hand can get wrong: a string for a list, a word for a number, a quoted boolean, a list for a map.
+BAD_SPACES = {"choices.yaml": "optimizer: {choices: adamw}", "count.yaml": "optimizer: {choices: 5}",
+              "step.yaml": "warmup_steps: {low: 0, high: 8, step: two}",
+              "log.yaml": 'lr: {low: 0.001, high: 0.01, log: "false"}'}
 
 
 def test_every_mistake_in_the_table_is_one_line_without_a_traceback(in_tmp, capfd):
@@ -139,6 +155,11 @@ def test_every_mistake_in_the_table_is_one_line_without_a_traceback(in_tmp, capf
     _fake_run(in_tmp / "negative/run-n1", nodes=-2)
     (_fake_run(in_tmp / "cut/run-n1") / "summary.json").write_text('{"world_size": 1, "nod')
     _fake_run(in_tmp / "low/run-n1")
+    (in_tmp / "afile").write_text("not a folder")
+    for name, parameter in BAD_SPACES.items():
+        (in_tmp / name).write_text(f"name: s\nbase: tiny\nparameters:\n  {parameter}\n")
+    (in_tmp / "fixed.yaml").write_text("name: s\nbase: tiny\nfixed: [epochs, 2]\nparameters:\n  lr: [0.001, 0.01]\n")
+    (in_tmp / "latin1.yaml").write_bytes("name: s\nbase: tiny  # réglé\n".encode("latin-1"))
     for args, message in MISTAKES:
         try:
             code = main(args)
@@ -148,4 +169,4 @@ def test_every_mistake_in_the_table_is_one_line_without_a_traceback(in_tmp, capf
         assert code == 2, (args, lines)
         assert message in lines[-1], (args, lines)
         assert len(lines) == 1, (args, lines)
-    assert not (in_tmp / "study").exists()  # a refused study leaves no folder behind
+    assert not (in_tmp / "study").exists() and not (in_tmp / "typo").exists()  # refused: no folder left behind

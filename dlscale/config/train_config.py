@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -158,6 +159,9 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Check ranges and relations between fields; raise :class:`ConfigError` naming the key."""
+        for key, value in vars(self).items():  # NaN passes every comparison below: refuse it (and infinities) first
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"config key '{key}' must be a finite number, got {value}")
         positive = ["image_size", "train_samples", "val_samples", "shard_size", "width", "depth", "heads", "patch_size",
                     "tensor_parallel", "grad_accumulation",
                     "epochs", "global_batch_size", "prefetch_factor", "keep_checkpoints"]

@@ -138,9 +138,9 @@ def load_space(source: str | Path | dict[str, Any]) -> SearchSpace:
                                    f"({', '.join(space_names())})")
         where = str(path)
         try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise SearchSpaceError(f"{where} is not valid YAML: {err}") from None
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as err:
+            raise SearchSpaceError(f"{where} is not valid YAML text (UTF-8): {err}") from None
     if not isinstance(data, dict):
         raise SearchSpaceError(f"{where} must be a mapping with base, parameters (and fixed, metric)")
     return _checked(where, data)
@@ -151,7 +151,10 @@ def _checked(where: str, data: dict[str, Any]) -> SearchSpace:
     if unknown:
         raise SearchSpaceError(f"{where}: unknown entry {unknown[0]!r}; a space has {', '.join(sorted(_SPACE_KEYS))}")
     base = str(data.get("base") or "demo")
-    fixed = dict(data.get("fixed") or {})
+    fixed = data.get("fixed") or {}
+    if not isinstance(fixed, dict):
+        raise SearchSpaceError(f"{where}: 'fixed' must map config keys to values (key: value), got {fixed!r}")
+    fixed = dict(fixed)
     metric = str(data.get("metric", "r2"))
     direction = str(data.get("direction", "minimize" if metric == "mse" else "maximize"))
     if metric not in METRICS:
@@ -195,7 +198,10 @@ def _parameter(where: str, base: str, fixed: dict[str, Any], key: str, spec: Any
         raise SearchSpaceError(f"{at}: unknown setting {unknown[0]!r} (low, high, log, step or choices)")
     hint = _HINTS[key]
     if "choices" in spec:
-        choices = tuple(spec["choices"] or ())
+        if not isinstance(spec["choices"], list):  # (a bare string would be split into its letters)
+            raise SearchSpaceError(f"{at}: choices must be a list, e.g. choices: [{spec['choices']!r}], "
+                                   f"got {spec['choices']!r}")
+        choices = tuple(spec["choices"])
         if not choices:
             raise SearchSpaceError(f"{at}: the list of choices is empty")
         if set(spec) - {"choices"}:
@@ -218,12 +224,15 @@ def _parameter(where: str, base: str, fixed: dict[str, Any], key: str, spec: Any
             raise SearchSpaceError(f"{at}: the range [{low}, {high}] is empty; widen it, or move {key} to fixed")
         if low > high:
             raise SearchSpaceError(f"{at}: the range is inverted (low {low} > high {high}); swap them")
-        log = bool(spec.get("log", False))
+        log = spec.get("log", False)
+        if not isinstance(log, bool):  # (bool("false") is True)
+            raise SearchSpaceError(f"{at}: log must be true or false, got {log!r}")
         if log and low <= 0:
             raise SearchSpaceError(f"{at}: a log range must stay above zero, got low {low}")
         step = spec.get("step")
-        if step is not None and (hint is not int or int(step) < 1):
-            raise SearchSpaceError(f"{at}: step applies to integer keys and must be at least 1")
+        if step is not None and (hint is not int or isinstance(step, bool) or not isinstance(step, int) or step < 1):
+            raise SearchSpaceError(f"{at}: step applies to integer keys and must be a whole number of at least 1, "
+                                   f"got {step!r}")
         values = (low, high)
         parameter = Parameter(key, low=low, high=high, log=log, step=int(step) if step else None)
     for value in values:  # the config's own checks, with the parameter named

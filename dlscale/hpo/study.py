@@ -104,10 +104,16 @@ def create_study(space: SearchSpace | str | Path, study_dir: str | Path, trials:
                              f"choose a new folder, or resume it with `dlscale hpo start --dir {study_dir}`")
         held.trials = max(held.trials, trials)  # asking for more trials extends it
         wanted = held
-    study_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(asdict(wanted), indent=2) + "\n")
-    os.replace(tmp, path)
+    if study_dir.exists() and not study_dir.is_dir():
+        raise StudyError(f"{study_dir} is a file, not a study folder: choose another --dir")
+    try:
+        study_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(asdict(wanted), indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as err:  # (a read-only folder, a full disk)
+        raise StudyError(f"cannot write the study into {study_dir}: {err.strerror or err}; choose a folder you "
+                         f"can write (on a cluster, under $SCRATCH)") from None
     optuna = load_optuna()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     optuna.create_study(study_name=wanted.name, storage=open_storage(wanted.storage, study_dir),

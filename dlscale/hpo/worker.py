@@ -26,7 +26,8 @@ from dlscale.errors import DlscaleError
 from dlscale.metrics.steplog import DivergedError
 from dlscale.runtime.threads import choose_threads
 from dlscale.hpo.heartbeat import Heartbeat, fail_stale_trials
-from dlscale.hpo.study import TRIALS_DIR, StudySettings, finished_trial_error, load_optuna, open_study
+from dlscale.hpo.study import (TRIALS_DIR, StudySettings, finished_trial_error, load_optuna, open_study,
+                               read_settings)
 
 WORKERS_DIR = "workers"
 
@@ -91,6 +92,7 @@ def run_worker(study_dir: str | Path, extra: list[str] | tuple[str, ...] = (), m
     finished = False
     try:
         if env.is_main:
+            read_settings(study_dir)  # (no study there: say so before a worker folder is made)
             study, settings = open_study(study_dir, claim_worker_number(study_dir))
             overrides_for_all = parse_overrides([*settings.extra, *extra])
             _check_overrides(settings, overrides_for_all)  # (before a trial starts: a bad one would fail them all)
