@@ -142,6 +142,10 @@ MISTAKES = [
     (["hpo", "start", "log.yaml", "--dir", "s"], "parameter 'lr': log must be true or false, got 'false'"),
     (["hpo", "start", "fixed.yaml", "--dir", "s"], "'fixed' must map config keys to values"),
     (["hpo", "start", "latin1.yaml", "--dir", "s"], "latin1.yaml is not valid YAML text (UTF-8)"),
+    (["plan", "low", "--allreduce", "missing.json"], "missing.json cannot be read (No such file or directory)"),
+    (["plan", "low", "--allreduce", "one-size.json"], "one-size.json has fewer than two message sizes timed"),
+    (["plan", "low", "--allreduce", "zero.json"], "zero.json is not an all-reduce result: every row needs bytes and "
+                                                  "ms above 0"),
 ]
 
 #: Search spaces a hand can get wrong: a string for a list, a word for a number, a quoted boolean, a list for a map.
@@ -156,6 +160,9 @@ def test_every_mistake_in_the_table_is_one_line_without_a_traceback(in_tmp, capf
     (_fake_run(in_tmp / "cut/run-n1") / "summary.json").write_text('{"world_size": 1, "nod')
     _fake_run(in_tmp / "low/run-n1")
     (in_tmp / "afile").write_text("not a folder")
+    row = {"bytes": 4096, "ms": 0.1, "world_size": 2}
+    (in_tmp / "one-size.json").write_text(json.dumps([row, {**row, "ms": 0.2}]))
+    (in_tmp / "zero.json").write_text(json.dumps([{**row, "ms": 0.0}, {**row, "bytes": 8192, "ms": 0.0}]))
     for name, parameter in BAD_SPACES.items():
         (in_tmp / name).write_text(f"name: s\nbase: tiny\nparameters:\n  {parameter}\n")
     (in_tmp / "fixed.yaml").write_text("name: s\nbase: tiny\nfixed: [epochs, 2]\nparameters:\n  lr: [0.001, 0.01]\n")

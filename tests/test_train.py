@@ -146,6 +146,31 @@ def test_pruning_after_a_fallback_keeps_the_good_checkpoint_and_sets_the_corrupt
     assert not Path("runs/tiny/checkpoints/unreadable").exists()
 
 
+def test_export_of_a_run_whose_newest_checkpoint_is_corrupt_falls_back_as_a_resume_does(tiny):
+    from dlscale.checkpoint import load_model
+    train(tiny(max_steps=40, checkpoint_every=20))
+    older, newest = list_checkpoints("runs/tiny")
+    expected = torch.load(older, weights_only=True)["model"]
+    newest.write_bytes(b"a copy that broke off")
+    with pytest.warns(UserWarning, match="ckpt-00000040.pt could not be loaded"):
+        model = load_model("runs/tiny")
+    assert all(torch.equal(model.state_dict()[name], value) for name, value in expected.items())
+
+
+def test_a_run_folder_that_cannot_be_written_stops_before_training_in_one_line(in_tmp):
+    """As an ordinary user (a user namespace where this account is not root, so the mode bits hold)."""
+    (in_tmp / "runs/copy/checkpoints").mkdir(parents=True)
+    (in_tmp / "runs/copy/checkpoints").chmod(0o555)
+    command = [sys.executable, "-m", "dlscale", "train", "tiny", "run_dir=runs/copy", "progress=false"]
+    if os.geteuid() == 0:
+        command = ["unshare", "--user", "--map-user=1000", "--map-group=1000", *command]
+    done = subprocess.run(command, cwd=in_tmp, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip() == ("dlscale: error: runs/copy/checkpoints cannot be written (Permission denied): "
+                                   "choose a run_dir you can write (run_dir=runs/<name>; on a cluster, under $SCRATCH)")
+    assert not (in_tmp / "data").exists()  # refused before the data were made
+
+
 def test_every_checkpoint_unreadable_is_one_clear_error(tiny):
     train(tiny(max_steps=20, checkpoint_every=20))
     for path in list_checkpoints("runs/tiny"):

@@ -89,8 +89,9 @@ def load_model(run_dir: str | Path, in_channels: int = 1, num_outputs: int | Non
     if newest.is_dir():
         from dlscale.checkpoint import sharded
         shapes = sharded.weight_shapes(newest)  # (from the metadata: no tensor is read)
-    else:
-        state = whole.read_weights(newest)  # (read once, for the shapes and the weights)
+    else:  # the newest file that loads: a corrupt newest one falls back to the one before, as a resume does
+        newest, checkpoint = whole.load_newest_file([p for p in paths if not p.is_dir()], run_dir)
+        state = checkpoint["model"]  # (read once, for the shapes and the weights)
         shapes = {name: (tuple(value.shape), value.dtype) for name, value in state.items()}
     outputs, dtype = _head_outputs(shapes)
     model = build_model(cfg, in_channels, num_outputs or outputs).to(dtype)

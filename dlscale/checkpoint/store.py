@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,20 @@ def checkpoint_paths(run_dir: str | Path, step: int, sharded: bool) -> tuple[Pat
     name = f"ckpt-{step:08d}" + ("" if sharded else ".pt")
     folder = checkpoint_dir(run_dir)
     return folder / name, folder / f".{name}.tmp"
+
+
+def check_writable(run_dir: str | Path) -> None:
+    """Fail at the start, naming the folder, where the run folder or its checkpoints cannot be written (a read-only
+    copy, a full quota), rather than at the first checkpoint, after the training it was meant to keep."""
+    for folder in (Path(run_dir), checkpoint_dir(run_dir)):
+        probe = folder / f".write-test-{socket.gethostname()}-{os.getpid()}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as err:
+            raise CheckpointError(f"{folder} cannot be written ({err.strerror or err}): choose a run_dir you can "
+                                  f"write (run_dir=runs/<name>; on a cluster, under $SCRATCH)") from None
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:

@@ -86,11 +86,11 @@ def links_for(rows: list[dict], allreduce: str | Path | None = None, site: str |
     """The links a prediction uses, and how far their model missed: α and β fitted to a ``dlscale bench allreduce``
     result (``allreduce.json``; the miss measured on every other size, held out of a first fit), or a site's
     published links (miss 1: unknown until measured), or None."""
-    from dlscale.scaling.fit import fit_link, predictions, worst_ratio
+    from dlscale.scaling.fit import fit_link, predictions, read_allreduce, worst_ratio
     from dlscale.scaling.sites import SITES, here
 
     if allreduce:
-        measured = json.loads(Path(allreduce).read_text())
+        measured = read_allreduce(allreduce)
         held_out = worst_ratio(predictions(fit_link(measured[::2]), measured[1::2])) if len(measured) >= 4 else 1.0
         return here(fit_link(measured), max(r["ranks"] // r["nodes"] for r in rows)), held_out
     if site:

@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from dlscale import distributed
-from dlscale.checkpoint import CheckpointError, clear_checkpoints, load_latest_checkpoint, restore_training
+from dlscale.checkpoint import (CheckpointError, check_writable, clear_checkpoints, load_latest_checkpoint,
+                                restore_training)
 from dlscale.config import ConfigError, TrainConfig
 from dlscale.config.resume_check import check_resume
 from dlscale.data.loader import InMemoryBatches, rank_loaders, target_names
@@ -108,6 +109,7 @@ def check_fits(cfg: TrainConfig, device: torch.device, plan: ParallelPlan) -> No
 def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
     """Check, then build the :class:`Run`: data, model, optimizer, schedule, precision, resume or start afresh."""
     device = torch.device(env.device)
+    check_writable(cfg.resolved_run_dir)  # (before the data and the training, not at the first checkpoint)
     threads = apply_threads(requested=cfg.threads)  # before any kernel runs: from the CPUs this process was given
     seed_everything(cfg.seed)
     plan = plan_parallelism(cfg, env)
