@@ -609,9 +609,12 @@ def _add_experiment(commands: Any) -> None:
 def _hpo_start(args: argparse.Namespace) -> int:
     from dlscale.hpo.launch import search
 
-    settings = search(args.dir, args.space, args.trials, args.workers, args.overrides, sampler=args.sampler,
-                      pruner=args.pruner, seed=args.seed, storage=args.storage, grace_s=args.grace_s,
-                      ranks_per_node=args.ranks_per_node, threads=args.threads)
+    if args.space and "=" in args.space and not Path(args.space).exists():  # (`start --dir D key=value`: no SPACE)
+        args.space, args.overrides = None, [args.space, *args.overrides]
+    # (only the options given: an existing study keeps its own, and a different one given is refused by name)
+    given = {key: getattr(args, key) for key in ("sampler", "pruner", "seed", "storage", "grace_s", "ranks_per_node",
+                                                 "threads") if getattr(args, key) is not None}
+    settings = search(args.dir, args.space, args.trials, args.workers, args.overrides, **given)
     if args.workers:
         return _hpo_show(args)
     print(f"study {settings.name!r} ready in {args.dir} ({settings.trials} trials); start workers with "
@@ -658,15 +661,16 @@ def _add_hpo(commands: Any) -> None:
     start.add_argument("--dir", default="runs/hpo", help="the study's folder")
     start.add_argument("--trials", type=_number(int, 1), default=None, help="trials to finish, complete or pruned (default 12)")
     start.add_argument("--workers", type=_number(int, 0), default=2, help="worker processes here (0: only create the study)")
-    start.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe")
-    start.add_argument("--pruner", choices=("hyperband", "halving", "median", "none"), default="hyperband")
-    start.add_argument("--seed", type=int, default=0)
-    start.add_argument("--storage", default="", help="an RDB URL (default: the journal file in --dir)")
-    start.add_argument("--grace-s", type=_number(float, 0, above=True), default=20.0,
-                       help="a running trial silent this long is failed and retried (its worker died)")
-    start.add_argument("--ranks-per-node", type=_number(int, 1), default=1, help="ranks (GPUs) per node, for node-hours: "
-                       "a trial costs its seconds x its ranks / this")
-    start.add_argument("--threads", type=_number(int, 0), default=0,
+    start.add_argument("--sampler", choices=("tpe", "random", "grid"), default=None, help="default tpe")
+    start.add_argument("--pruner", choices=("hyperband", "halving", "median", "none"), default=None,
+                       help="default hyperband")
+    start.add_argument("--seed", type=int, default=None, help="default 0")
+    start.add_argument("--storage", default=None, help="an RDB URL (default: the journal file in --dir)")
+    start.add_argument("--grace-s", type=_number(float, 0, above=True), default=None,
+                       help="a running trial silent this long is failed and retried (its worker died; default 20)")
+    start.add_argument("--ranks-per-node", type=_number(int, 1), default=None, help="ranks (GPUs) per node, for node-hours: "
+                       "a trial costs its seconds x its ranks / this (default 1)")
+    start.add_argument("--threads", type=_number(int, 0), default=None,
                        help="torch threads per trial (default: what each worker was given), kept in each config")
     start.set_defaults(handler=_hpo_start)
     worker = sub.add_parser("worker", help="one worker: ask, train, tell until the study has its trials")

@@ -186,3 +186,20 @@ def test_a_setting_every_trial_shares_is_checked_before_any_trial_and_a_repeated
         run_worker("study", extra=["data_dir=nowhere"])  # refused by the engine only when a trial starts
     study, _ = open_study("study")
     assert len(study.trials) == FAILURES_IN_A_ROW and {t.state.name for t in study.trials} == {"FAIL"}
+
+
+def test_starting_an_existing_study_again_keeps_its_settings_and_says_what_changes(in_tmp, capfd):
+    """It used to raise a finished 4-trial study to 12 and ignore a new grace, seed or override without a word."""
+    from dlscale.cli import main
+    from dlscale.hpo import read_settings
+    assert main(["hpo", "start", "tiny", "--dir", "s", "--trials", "4", "--workers", "0", "--grace-s", "30"]) == 0
+    assert main(["hpo", "start", "tiny", "--dir", "s", "--workers", "0"]) == 0  # the same, resumed: nothing changes
+    assert read_settings("s").trials == 4 and read_settings("s").grace_s == 30
+    capfd.readouterr()
+    assert main(["hpo", "start", "--dir", "s", "--workers", "0", "--grace-s", "6", "--seed", "3", "epochs=1"]) == 2
+    assert capfd.readouterr().err.strip() == (
+        "dlscale: error: s holds study 'tiny-search', created with other settings: seed 0 -> 3; grace_s 30.0 -> 6.0; "
+        "extra [] -> ['epochs=1']. Resume it without them (`dlscale hpo start --dir s`; --trials may change), or "
+        "start the new search in a new folder")
+    assert main(["hpo", "start", "--dir", "s", "--workers", "0", "--trials", "6"]) == 0
+    assert "6 trials to finish (it had 4)" in capfd.readouterr().out and read_settings("s").trials == 6

@@ -9,7 +9,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from dlscale.hpo.study import StudyError, StudySettings, create_study, read_settings
+from dlscale.hpo.space import load_space
+from dlscale.hpo.study import STUDY_FILE, StudyError, StudySettings, create_study, read_settings
 from dlscale.runtime.threads import per_process_env
 
 
@@ -42,11 +43,13 @@ def search(study_dir: str | Path, space: str | Path | None = None, trials: int |
     A worker that fails makes this raise with the end of its log.
     """
     study_dir = Path(study_dir)
-    if space is None:  # resume: the study's own space; more trials if asked
+    if space is None or (study_dir / STUDY_FILE).is_file():  # resume the study there, its settings as stored
         held = read_settings(study_dir)
+        _check_unchanged(held, study_dir, space, list(extra), settings)
+        if trials is not None and trials != held.trials:
+            print(f"study {held.name!r} in {study_dir}: {trials} trials to finish (it had {held.trials})", flush=True)
         held_settings = {k: v for k, v in asdict(held).items() if k not in ("name", "space", "trials")}
-        chosen = create_study(held.search_space, study_dir, max(held.trials, trials or 0), name=held.name,
-                              **held_settings)
+        chosen = create_study(held.search_space, study_dir, trials or held.trials, name=held.name, **held_settings)
     else:
         chosen = create_study(space, study_dir, trials or 12, extra=list(extra), **settings)
     if workers:
@@ -56,6 +59,22 @@ def search(study_dir: str | Path, space: str | Path | None = None, trials: int |
             raise StudyError(f"{len(failed)} of {workers} workers failed (exit status {failed[0][1]}); "
                              f"their logs are in {study_dir / 'logs'}")
     return chosen
+
+
+def _check_unchanged(held: StudySettings, study_dir: Path, space: str | Path | None, extra: list[str],
+                     settings: dict[str, Any]) -> None:
+    """Refuse, naming them, settings given for an existing study that differ from those it was created with
+    (a resumed study keeps its space, sampler, seeds and per-trial overrides: its trials must stay comparable)."""
+    asked = {key: value for key, value in settings.items() if value is not None}
+    if extra:
+        asked["extra"] = extra
+    changed = [f"{key} {getattr(held, key)!r} -> {value!r}" for key, value in asked.items() if getattr(held, key) != value]
+    if space is not None and load_space(space).to_dict() != held.space:
+        changed.insert(0, "the search space")
+    if changed:
+        raise StudyError(f"{study_dir} holds study {held.name!r}, created with other settings: {'; '.join(changed)}. "
+                         f"Resume it without them (`dlscale hpo start --dir {study_dir}`; --trials may change), or "
+                         f"start the new search in a new folder")
 
 
 def rerun_best(study_dir: str | Path, out: str | Path | None = None) -> tuple[float, float]:
