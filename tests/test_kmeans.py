@@ -119,7 +119,7 @@ def test_bad_arguments_get_clear_errors():
 
 def test_a_missing_daal4py_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "daal4py", None)
-    with pytest.raises(KMeansError, match=r"dlscale\[kmeans\]"):
+    with pytest.raises(KMeansError, match=r"pip install -e '\.\[kmeans\]' in the dlscale folder"):
         KMeans(3, backend="daal4py").fit(np.zeros((10, 2)))
 
 

@@ -3,7 +3,9 @@
 The engine (``dlscale.train``) is the reference. With the settings :func:`engine_settings` gives,
 a stage and the engine run the same kernels in the same order on a CPU, so their losses agree to
 the last bit here; the tests allow 1e-6, room for AdamW's multi-tensor update (the engine's)
-against the per-tensor one (the recipe's on a CPU), which may add in another order elsewhere.
+against the per-tensor one (the recipe's on a CPU), which may add in another order elsewhere. The
+validation R² gets the same room: on PyPI's CUDA build of torch 2.13 running on a CPU (Python 3.13),
+stage 01's sixth loss differed from the engine's by one float32 ulp, and its R² by 1.3e-8.
 """
 
 import json
@@ -42,7 +44,7 @@ def checks_folder(tmp_path_factory):
 
 def _assert_equal_runs(recipe: dict, engine: dict) -> None:
     assert largest_loss_gap(recipe["losses"], engine["losses"]) <= TOLERANCE
-    assert recipe["r2"] == pytest.approx(engine["r2"], abs=1e-9)
+    assert recipe["r2"] == pytest.approx(engine["r2"], abs=TOLERANCE)
 
 
 def test_recipe_files_are_the_lessons_cells(tmp_path):

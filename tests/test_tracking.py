@@ -77,5 +77,5 @@ def test_wandb_mode_from_the_environment_wins(tiny, monkeypatch):
 
 def test_missing_wandb_is_one_clear_error(tiny, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if it were not installed
-    with pytest.raises(TrackingError, match=r"pip install 'dlscale\[tracking\]'"):
+    with pytest.raises(TrackingError, match=r"pip install -e '\.\[tracking\]' in the dlscale folder"):
         train(tiny(tracking="wandb"))
