@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import shutil
+import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +32,11 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 _skipped_in_ci: list[str] = []
 
 
+#: Marks every process the session starts (the variable is inherited): what is still running at the end was left.
+SESSION_MARK = "DLSCALE_TEST_SESSION"
+_own_mark: list[str] = []  # set in the process that made the mark (a nested session, as make test in a test, did not)
+
+
 def pytest_configure(config):
     # Two test processes (pytest-xdist) share the two cores: each runs torch on one thread, so that neither
     # waits at an OpenMP barrier for a thread the other process has pushed off its core. The ranks and
@@ -35,6 +44,13 @@ def pytest_configure(config):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
+    elif not os.environ.get(SESSION_MARK):
+        # One temporary folder for everything the session's processes put in the system's (torchrun's
+        # torchelastic_* logs, clusters' sockets, kernels' files), removed at the end; the workers inherit it.
+        folder = tempfile.mkdtemp(prefix="dlscale-tests-")
+        os.environ.update(TMPDIR=folder, **{SESSION_MARK: folder})
+        tempfile.tempdir = None  # (gettempdir() caches its answer)
+        _own_mark.append(folder)
 
 
 @pytest.fixture(autouse=True)
@@ -97,7 +113,45 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(line, yellow=True)
 
 
+def left_running(mark: str) -> list[tuple[int, str]]:
+    """(pid, command) of the processes that carry this session's mark, other than this one and its test workers
+    (pytest-xdist's): what a test or a notebook started and did not stop."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, ValueError, IndexError):  # (gone meanwhile, or not ours to read)
+            continue
+        worker = parent == os.getpid() and any(v.startswith(b"PYTEST_XDIST_WORKER=") for v in environ)
+        if f"{SESSION_MARK}={mark}".encode() in environ and not worker:
+            found.append((int(entry.name), command[:160]))
+    return found
+
+
+def _stop_what_was_left(session) -> None:
+    """Stop (and in CI fail on) every process the session left running; remove the session's temporary folder."""
+    if not _own_mark or not Path("/proc/self/environ").exists():
+        return
+    mark = _own_mark[0]
+    left = left_running(mark)
+    for pid, _ in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    if left:
+        print(f"\n{len(left)} process(es) started by the tests were still running, and were killed:", file=sys.stderr)
+        for pid, command in left:
+            print(f"  {pid} {command}", file=sys.stderr)
+        if IN_CI:
+            session.exitstatus = 1
+    shutil.rmtree(mark, ignore_errors=True)
+
+
 def pytest_sessionfinish(session, exitstatus):
+    _stop_what_was_left(session)
     if _skipped_in_ci:
         print(f"\nCI: {len(_skipped_in_ci)} test(s) that must run in CI were skipped:", file=sys.stderr)
         for nodeid in _skipped_in_ci:

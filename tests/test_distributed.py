@@ -323,6 +323,24 @@ def _left_running(pids: set[int], wait: float = 20) -> set[int]:
     return alive
 
 
+def test_engines_stop_when_their_kernel_is_killed_instead_of_exiting(tmp_path):
+    """A kernel killed (a shutdown that outlasts the kernel manager's wait, a restart, a hub culling it) used to
+    leave its controller and engines running, orphaned, each in a process session of its own."""
+    from dlscale.cluster.engine_watchdog import _running
+    kernel_code = ("import os, sys\nfrom dlscale.cluster.notebook_engines import run_on_engines\n"
+                   "print(*run_on_engines(os.getpid, 2), flush=True)\nsys.stdin.read()\n")
+    kernel = subprocess.Popen([sys.executable, "-c", kernel_code], cwd=tmp_path, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    engines = [int(pid) for pid in kernel.stdout.readline().split()]
+    assert len(engines) == 2 and all(_running(pid) for pid in engines)
+    kernel.kill()
+    kernel.wait()
+    deadline = time.time() + 30
+    while any(_running(pid) for pid in engines) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(_running(pid) for pid in engines), "the killed kernel's engines are still running"
+
+
 def test_engine_log_cleanup_race_stays_out_of_the_notebook(caplog):
     """ipyparallel's harmless "Failed to remove" error is dropped; its other errors still show."""
     import ipyparallel as ipp

@@ -74,11 +74,17 @@ def test_a_pruned_trial_stops_through_the_engines_stop_path_and_keeps_its_folder
     assert (in_tmp / "study/study.journal").exists() == (storage == "journal")
     for trial in study.trials:
         assert trial.state == optuna.trial.TrialState.PRUNED
-        run_dir = Path(trial.user_attrs["run_dir"])
+        run_dir = in_tmp / "study" / trial.user_attrs["run_dir"]  # (recorded relative to the study)
         history = read_rows(run_dir / "validation.csv")
         assert [row["epoch"] for row in history] == [1]  # of 2: stopped after the first
         assert trial.intermediate_values == {1: pytest.approx(history[0]["r2"])}
         assert list((run_dir / "checkpoints").glob("ckpt-*.pt"))  # stopped as on a signal: checkpoint first
+    if storage == "journal":  # the study moves whole: its trials' folders are recorded relative to it
+        from dlscale.hpo.results import trial_rows
+        (in_tmp / "elsewhere").mkdir()
+        (in_tmp / "study").rename(in_tmp / "elsewhere/study")
+        monkeypatch.chdir(in_tmp / "elsewhere")
+        assert all(Path(row["run_dir"], "validation.csv").is_file() for row in trial_rows(in_tmp / "elsewhere/study"))
 
 
 def test_a_journal_torn_mid_record_is_cut_back_and_never_joined_by_the_next_write(in_tmp, capsys):
@@ -164,7 +170,7 @@ def test_a_worker_of_two_ranks_trains_each_trial_data_parallel(in_tmp):
     assert done.returncode == 0, done.stderr[-2000:]
     [trial] = open_study("study")[0].trials
     assert trial.state == optuna.trial.TrialState.COMPLETE and trial.user_attrs["ranks"] == 2
-    summary = (Path(trial.user_attrs["run_dir"]) / "summary.json").read_text()
+    summary = (Path("study") / trial.user_attrs["run_dir"] / "summary.json").read_text()
     assert '"world_size": 2' in summary
     assert trial.user_attrs["epochs"] == 1  # the worker's own overrides (as launch.sh passes device=cuda) apply
     assert trial.user_attrs["node_hours"] == pytest.approx(trial.user_attrs["seconds"] / 3600)  # 2 ranks of 2 a node

@@ -52,6 +52,17 @@ def two_nodes(tmp_path_factory):
     slurm.stop()
 
 
+def test_a_cluster_in_temporary_folders_of_its_own_removes_them_when_it_stops():
+    """A lesson's LocalSlurm() left a dlscale-slurm-* folder in the system's temporary folder at every run."""
+    if missing_programs():
+        pytest.skip(f"Slurm is not installed here ({', '.join(missing_programs())}): sudo make slurm-packages")
+    cluster = LocalSlurm().start()
+    folders = [cluster.root, cluster.sockets]
+    assert all(folder.is_dir() for folder in folders)
+    cluster.stop()
+    assert not any(folder.exists() for folder in folders)
+
+
 def _env(cluster):
     from dlscale.cluster.queue import job_environ
     return cluster.environ(job_environ(ROOT))

@@ -134,6 +134,7 @@ class LocalSlurm:
 
     def __init__(self, root: str | Path | None = None, cpus: int | None = None, nodes: int = 1):
         self.root = Path(root or tempfile.mkdtemp(prefix="dlscale-slurm-"))
+        self._own_root = root is None  # a temporary root it made goes at stop(); a folder it was given stays
         self.cpus = cpus or os.cpu_count() or 1
         self.host = socket.gethostname().split(".")[0]
         self.nodes = nodes
@@ -267,7 +268,7 @@ class LocalSlurm:
         return len(victims)
 
     def stop(self) -> None:
-        """Stop the daemons this object started, newest first, by PID."""
+        """Stop the daemons this object started, newest first, by PID; remove the temporary folders it made."""
         for process in reversed(self.processes):
             if process.poll() is None:
                 process.terminate()
@@ -280,6 +281,8 @@ class LocalSlurm:
         if self.sockets is not None:
             shutil.rmtree(self.sockets, ignore_errors=True)
             self.sockets = None
+        if self._own_root:  # (the jobs' outputs are in the folders they were submitted from, not here)
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> LocalSlurm:
         return self.start()

@@ -26,6 +26,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from dlscale.cluster.engine_watchdog import watch
 from dlscale.errors import DlscaleError, import_optional
 
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -114,7 +115,17 @@ def _start(ipp: Any, n: int, options: dict) -> tuple[Any, Any]:
     except BaseException:
         cluster.stop_cluster_sync()
         raise
+    if options["engines"] == "local":  # (processes here: a kernel killed instead of exiting would leave them)
+        watch(os.getpid(), _local_sessions(cluster))
     return cluster, client
+
+
+def _local_sessions(cluster: Any) -> list[int]:
+    """The process sessions of a local cluster's controller and engines (ipyparallel starts each in its own)."""
+    launchers = [cluster.controller, *(engine for engine_set in cluster.engines.values()
+                                       for engine in getattr(engine_set, "launchers", {}).values())]
+    return [launcher.pid for launcher in launchers if isinstance(getattr(launcher, "pid", None), int)
+            and launcher.pid > 0]
 
 
 def stop_engines() -> None:

@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from dlscale.hpo.study import StudyError, open_study
+from dlscale.hpo.study import StudyError, open_study, trial_folder
 from dlscale.metrics.tracking import VAL_FILE, read_rows
 
 
@@ -26,7 +26,8 @@ def trial_rows(study_dir: str | Path) -> list[dict[str, Any]]:
                      "value": t.value if t.value is not None else math.nan,
                      "epochs": attrs.get("epochs", 0), "seconds": attrs.get("seconds", math.nan),
                      "node_hours": attrs.get("node_hours", 0.0), "retry_of": t.system_attrs.get("failed_trial"),
-                     "why": attrs.get("failed_because", ""), "run_dir": attrs.get("run_dir", ""),
+                     "why": attrs.get("failed_because", ""),
+                     "run_dir": str(trial_folder(study_dir, attrs["run_dir"])) if attrs.get("run_dir") else "",
                      "finished": t.datetime_complete.timestamp() if t.datetime_complete else math.inf})
     return sorted(rows, key=lambda r: (r["finished"], r["trial"]))
 
@@ -63,7 +64,7 @@ def best_trial(study_dir: str | Path) -> dict[str, Any]:
                          f"(`dlscale hpo worker --dir {study_dir}`), or wait for them")
     best = study.best_trial
     return {"trial": best.number, "params": dict(best.params), "value": best.value,
-            "run_dir": best.user_attrs.get("run_dir", "")}
+            "run_dir": str(trial_folder(study_dir, best.user_attrs["run_dir"])) if best.user_attrs.get("run_dir") else ""}
 
 
 def save_optuna_plots(study_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:

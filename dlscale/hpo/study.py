@@ -121,6 +121,13 @@ def create_study(space: SearchSpace | str | Path, study_dir: str | Path, trials:
     return wanted
 
 
+def trial_folder(study_dir: str | Path, recorded: str) -> Path:
+    """A trial's run folder from what the study recorded: relative to the study (so the study may move and be read
+    from any directory), or, in studies from before that, relative to the worker's directory."""
+    path = Path(study_dir) / recorded
+    return path if path.exists() or not Path(recorded).exists() else Path(recorded)
+
+
 def read_settings(study_dir: str | Path) -> StudySettings:
     """The settings of the study in ``study_dir``, or a :class:`StudyError` saying how to make one."""
     path = Path(study_dir) / STUDY_FILE

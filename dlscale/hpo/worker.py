@@ -183,7 +183,7 @@ def _next_trial(study: Any, settings: StudySettings, study_dir: Path, ran: list[
         threads = settings.threads or choose_threads().count
         overrides = {**space.overrides(trial), "name": run_dir.name, "run_dir": str(run_dir), "progress": False,
                      "plot": False, "threads": threads, **extra, "_base": space.base}
-        trial.set_user_attr("run_dir", str(run_dir))
+        trial.set_user_attr("run_dir", run_dir.relative_to(study_dir).as_posix())  # (the study may move)
         trial.set_user_attr("host", socket.gethostname())
         return trial, overrides
     return None

@@ -1,0 +1,76 @@
+"""Stop a notebook's engines when its kernel is gone, however it went.
+
+ipyparallel stops a cluster when the Python process that started it exits normally. A kernel that is
+killed instead (a shutdown that outlasts the kernel manager's wait, a restart, a JupyterHub culling an
+idle server) leaves its controller and engines running, each in a process session of its own, on a
+node others share. :func:`watch` starts a small process that waits for the kernel to go, then ends
+those sessions (TERM, then KILL); it ends by itself when the engines stop first.
+
+This file imports only the standard library: it runs as a script, so the watchdog does not load torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+#: How often the watchdog looks, and how long the engines get between TERM and KILL.
+POLL_S = 0.5
+GRACE_S = 5.0
+
+
+def watch(kernel: int, sessions: list[int]) -> subprocess.Popen:
+    """Start the watchdog that ends the process sessions ``sessions`` once the process ``kernel`` is gone."""
+    return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(kernel), *map(str, sessions)],
+                            start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def _session_running(session: int) -> bool:
+    try:
+        os.killpg(session, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal(sessions: list[int], sig: int) -> None:
+    for session in sessions:
+        with contextlib.suppress(OSError):
+            os.killpg(session, sig)
+
+
+def main(kernel: int, sessions: list[int]) -> None:
+    while _running(kernel) and any(_session_running(s) for s in sessions):
+        time.sleep(POLL_S)
+    if not any(_session_running(s) for s in sessions):
+        return  # stopped by the kernel itself
+    _signal(sessions, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_S
+    while any(_session_running(s) for s in sessions) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    _signal(sessions, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), [int(arg) for arg in sys.argv[2:]])
