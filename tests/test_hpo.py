@@ -209,3 +209,19 @@ def test_starting_an_existing_study_again_keeps_its_settings_and_says_what_chang
         "start the new search in a new folder")
     assert main(["hpo", "start", "--dir", "s", "--workers", "0", "--trials", "6"]) == 0
     assert "6 trials to finish (it had 4)" in capfd.readouterr().out and read_settings("s").trials == 6
+
+
+def test_a_space_whose_choices_are_lists_is_drawn_stored_and_shown(in_tmp):
+    """Optuna keeps plain values only: its plots failed on a list choice (profile_steps), so hpo show did too."""
+    from dlscale.cli import main
+    space = load_space({"name": "lists", "base": "tiny", "parameters": {"profile_steps": {"choices": [[1, 2], [2, 3]]}}})
+    create_study(space, "study", trials=2)
+    study, settings = open_study("study")
+    drawn = []
+    for value in (0.1, 0.2):
+        trial = study.ask()
+        drawn.append(settings.search_space.overrides(trial)["profile_steps"])
+        study.tell(trial, value)
+    assert all(isinstance(steps, list) and steps in ([1, 2], [2, 3]) for steps in drawn)  # the config gets the list
+    assert main(["hpo", "show", "--dir", "study"]) == 0
+    assert (in_tmp / "study/parallel_coordinates.png").is_file()

@@ -21,6 +21,7 @@ config itself refuses each get one message naming the parameter.
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import typing
 from dataclasses import dataclass, field
@@ -63,10 +64,19 @@ class Parameter:
             return "categorical"
         return "int" if _HINTS[self.key] is int else "float"
 
+    @property
+    def categories(self) -> list:
+        """The choices as Optuna holds them: as they are, or all as JSON text where one is not a plain value (a
+        list, as ``profile_steps`` takes), which Optuna's storage, table and plots cannot handle."""
+        if all(c is None or isinstance(c, (bool, int, float, str)) for c in self.choices):
+            return list(self.choices)
+        return [json.dumps(c) for c in self.choices]
+
     def suggest(self, trial: Any) -> Any:
         """The value an Optuna trial draws for this key."""
         if self.kind == "categorical":
-            return trial.suggest_categorical(self.key, list(self.choices))
+            drawn = trial.suggest_categorical(self.key, self.categories)
+            return self.choices[self.categories.index(drawn)]
         if self.kind == "int":
             return trial.suggest_int(self.key, int(self.low), int(self.high), step=self.step or 1, log=self.log)
         return trial.suggest_float(self.key, float(self.low), float(self.high), log=self.log)
@@ -74,7 +84,7 @@ class Parameter:
     def grid(self, points: int) -> list:
         """``points`` values across the range (log-spaced for a log range), or the choices: a grid search's axis."""
         if self.kind == "categorical":
-            return list(self.choices)
+            return self.categories
         import numpy as np
 
         values = (np.geomspace if self.log else np.linspace)(float(self.low), float(self.high), points)
