@@ -5,6 +5,7 @@ temporary folder, the environment a Slurm step gives); docs/benchmarks.md's "sti
 the real thing" lists what only the real machines can confirm.
 """
 
+import os
 import types
 
 import pytest
@@ -13,7 +14,7 @@ import torch.distributed as dist
 
 from dlscale import profiling
 from dlscale.config import ConfigError, load_config
-from dlscale.distributed import process_group
+from dlscale.distributed import DistributedError, process_group
 from dlscale.runtime.devices import DeviceError, gpu_index, resolve_device
 from dlscale.train import train
 
@@ -265,3 +266,48 @@ def test_a_resume_refuses_another_runs_checkpoint_and_says_what_changed(tiny, ca
     out = capsys.readouterr().out
     assert "resuming with changed settings: max_steps 4 -> 6" in out and "resuming from ckpt-00000004.pt" in out
     assert first.steps_done == 4 and again.steps_done == 6
+
+
+def _init_recorded(monkeypatch, environ, device, gpus, fail=None):
+    """process_group.init with ``gpus`` faked and init_process_group recorded (or raising ``fail``)."""
+    chosen = _fake_gpus(monkeypatch, gpus)
+    calls = []
+
+    def record(*args, **kwargs):
+        calls.append((args, kwargs, os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING")))
+        if fail:
+            raise fail
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", record)
+    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
+    base = {"MASTER_ADDR": "n1", "MASTER_PORT": "29500"}
+    return process_group.init(device, environ={**base, **environ}), chosen, calls
+
+
+TWO_TORCHRUN_RANKS = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+
+
+def test_more_ranks_than_gpus_is_refused_naming_both_counts_or_trains_on_the_cpu_under_auto(monkeypatch, capsys):
+    """Two ranks on a one-GPU node (a shared Jupyter node, two engines) used to land on one GPU, which NCCL refuses
+    with an error the kit then blamed on MASTER_ADDR."""
+    with pytest.raises(DistributedError, match=r"2 ranks on this node but 1 GPU\(s\) visible: NCCL cannot put two "
+                                               r"ranks on one GPU"):
+        _init_recorded(monkeypatch, TWO_TORCHRUN_RANKS, "cuda", gpus=1)
+    env, chosen, calls = _init_recorded(monkeypatch, {**TWO_TORCHRUN_RANKS, "LOCAL_RANK": "0", "RANK": "0"}, "auto", 1)
+    assert env.device == "cpu" and chosen == [] and calls[0][0] == ("gloo",)
+    assert "2 ranks on this node and 1 GPU(s): the ranks train on the CPU (gloo)" in capsys.readouterr().out
+    # Slurm's binding: every task of 8 sees its own one GPU, which is not sharing
+    slurm = {"SLURM_PROCID": "5", "SLURM_LOCALID": "5", "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "8",
+             "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "n1"}
+    env, chosen, calls = _init_recorded(monkeypatch, slurm, "cuda", gpus=1)
+    assert env.device == "cuda:0" and calls[0][0] == ("nccl",)
+
+
+def test_nccl_error_handling_keeps_torchs_default_and_a_failure_keeps_its_own_words_first(monkeypatch):
+    """Forcing TORCH_NCCL_ASYNC_ERROR_HANDLING=1 (abort) can hang (pytorch#110723); torch's default is 3."""
+    _, _, calls = _init_recorded(monkeypatch, TWO_TORCHRUN_RANKS, "cuda", gpus=2)
+    assert calls[0][2] is None  # not set by the kit
+    failure = RuntimeError("NCCL error: invalid usage (run with NCCL_DEBUG=WARN for details)")
+    with pytest.raises(DistributedError, match=r"^rank 1 of 2 could not join the nccl process group: RuntimeError: "
+                                               r"NCCL error: invalid usage"):
+        _init_recorded(monkeypatch, TWO_TORCHRUN_RANKS, "cuda", gpus=2, fail=failure)

@@ -466,6 +466,7 @@ def test_each_site_renders_one_task_per_gpu_and_a_world_the_config_splits_over(s
     assert settings.get("NCCL_NET") == ("AWS Libfabric" if gpus_per_node else None)
     if site == "frontier":
         assert "--gpu-bind=closest" in command
+        assert headers["network"] == "disable_rdzv_get"  # OLCF's PyTorch guide, with the RCCL network plugin
         # ROCm first, then the plugin built against it (else RCCL talks TCP between nodes)
         assert calls.index("module load rocm") < calls.index("module load rccl-net-plugin")
         assert settings["NCCL_SOCKET_IFNAME"] == "hsn0,hsn1,hsn2,hsn3"
@@ -474,6 +475,8 @@ def test_each_site_renders_one_task_per_gpu_and_a_world_the_config_splits_over(s
         assert Path(settings["MIOPEN_USER_DB_PATH"]).is_dir()  # MIOpen does not create it
     if site == "perlmutter":
         assert "module load pytorch" in calls
+        # HPE's settings for NCCL over Slingshot
+        assert settings["NCCL_CROSS_NIC"] == "1" and settings["FI_CXI_DEFAULT_CQ_SIZE"] == "131072"
         # each rank picks its GPU from this order; CUDA_VISIBLE_DEVICES is Slurm's to set per task
         assert settings["DLSCALE_GPU_ORDER"] == "3,2,1,0" and "CUDA_VISIBLE_DEVICES" not in settings
     world = len(("nid001000", "nid001001")) * tasks

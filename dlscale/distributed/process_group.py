@@ -73,6 +73,8 @@ def init(device: str = "auto", backend: str | None = None, timeout_s: float = 30
                       local_world_size=hvd.local_size(), backend="horovod")
     environ = os.environ if environ is None else environ
     wants_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if wants_cuda and torch.cuda.is_available() and device in ("auto", "cuda") and _ranks_share_a_gpu(env, device):
+        wants_cuda = False  # (device=auto: the ranks of a notebook on a one-GPU node train on the CPU instead)
     if wants_cuda and torch.cuda.is_available():
         index = (gpu_index(env.local_rank, torch.cuda.device_count(), environ.get(GPU_ORDER_VARIABLE))
                  if device in ("auto", "cuda") else torch.device(device).index)
@@ -86,19 +88,40 @@ def init(device: str = "auto", backend: str | None = None, timeout_s: float = 30
     backend = backend or ("nccl" if resolved.startswith("cuda") else "gloo")
     if dist.is_initialized():
         return replace(env, backend=dist.get_backend())
-    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # NCCL errors end the job instead of hanging it
+    # (TORCH_NCCL_ASYNC_ERROR_HANDLING keeps PyTorch's default, 3: a failed collective tears the process down
+    # without aborting the communicators, because an abort can itself hang; pytorch#110723, NVIDIA/nccl#829)
     try:
         # device_id binds the group to this rank's GPU: without it NCCL guesses the GPU from the global rank,
         # which is wrong with cyclic task layouts or tasks per node other than GPUs per node, and can hang.
         dist.init_process_group(backend, init_method=f"tcp://{env.master_addr}:{env.master_port}", rank=env.rank,
                                 world_size=env.world_size, timeout=datetime.timedelta(seconds=timeout_s),
                                 device_id=torch.device(resolved) if backend == "nccl" else None)
-    except Exception as err:  # noqa: BLE001 - any failure to form the group gets the same explanation
+    except Exception as err:  # noqa: BLE001 - any failure to form the group: its own words first
         raise DistributedError(
-            f"rank {env.rank} of {env.world_size} could not join the process group at {env.master_addr}:"
-            f"{env.master_port} within {timeout_s:.0f} s ({type(err).__name__}: {err}). Check that every rank "
-            f"started, that MASTER_ADDR is a compute node every rank can reach, and that the port is free") from None
+            f"rank {env.rank} of {env.world_size} could not join the {backend} process group: {type(err).__name__}: "
+            f"{err}. (If it waited for the other ranks: check that every rank started within {timeout_s:.0f} s and "
+            f"that MASTER_ADDR {env.master_addr}:{env.master_port} is a compute node every rank can reach.)") from None
     return replace(env, backend=backend)
+
+
+def _ranks_share_a_gpu(env: DistEnv, device: str) -> bool:
+    """Whether this node's ranks outnumber its visible GPUs, so two would share one (which NCCL refuses).
+
+    Under Slurm a task bound to its own GPU (``--gpus-per-task``, ``--gpu-bind``) sees one, whatever the
+    ranks per node: only more ranks than GPUs that each task sees, several, is sharing there. With
+    ``device=auto`` the ranks then train on the CPU, said in one line; asked for ``cuda``, it is an error.
+    """
+    visible = torch.cuda.device_count()
+    if env.local_world_size <= visible or (env.launcher == "slurm" and visible == 1):
+        return False
+    if device != "auto":
+        raise DistributedError(f"{env.local_world_size} ranks on this node but {visible} GPU(s) visible: NCCL cannot "
+                               f"put two ranks on one GPU. Start at most {visible} rank(s) per node "
+                               f"(--nproc-per-node, --ntasks-per-node, the engines' count), or use device=cpu")
+    if env.local_rank == 0:
+        print(f"dlscale: {env.local_world_size} ranks on this node and {visible} GPU(s): the ranks train on the CPU "
+              f"(gloo); start one rank per GPU to train on them", flush=True)
+    return True
 
 
 def is_peer_failure(err: BaseException) -> bool:
