@@ -24,9 +24,13 @@
 
 PYTHON      ?= python3
 VENV        ?= .venv
-VENV_FLAGS  ?=
+# Under a site's PyTorch module (NERSC's `module load pytorch`: LOADEDMODULES names it) the environment keeps the
+# module's torch, built for the site's GPUs and network: a venv on top of the module's packages, and no second
+# torch from PyPI over it. TORCH=torch==X still asks for one.
+SITE_TORCH  := $(filter pytorch pytorch/%,$(subst :, ,$(LOADEDMODULES)))
+VENV_FLAGS  ?= $(if $(SITE_TORCH),--system-site-packages)
 # A release the kit is tested with. On Linux, PyPI's build runs on both CUDA GPUs and CPUs.
-TORCH       ?= torch==2.13.0
+TORCH       ?= $(if $(SITE_TORCH),,torch==2.13.0)
 # Where pip looks for TORCH: empty is PyPI (CUDA builds on Linux). AMD GPUs (Frontier) need PyTorch's
 # ROCm index, e.g. TORCH_INDEX=https://download.pytorch.org/whl/rocm6.4 (the README's Frontier guide).
 TORCH_INDEX ?=

@@ -311,3 +311,18 @@ def test_nccl_error_handling_keeps_torchs_default_and_a_failure_keeps_its_own_wo
     with pytest.raises(DistributedError, match=r"^rank 1 of 2 could not join the nccl process group: RuntimeError: "
                                                r"NCCL error: invalid usage"):
         _init_recorded(monkeypatch, TWO_TORCHRUN_RANKS, "cuda", gpus=2, fail=failure)
+
+
+def test_horovod_without_nccl_is_refused_on_a_gpu_in_one_line(monkeypatch):
+    """The CPU build of scripts/build_horovod.sh crashed at the first all-reduce of GPU tensors (horovod#2478)."""
+    from dlscale.distributed import horovod_backend
+    from dlscale.distributed.horovod_backend import HorovodError
+    inited = []
+    stub = types.SimpleNamespace(nccl_built=lambda: False, mpi_built=lambda: False, is_initialized=lambda: False,
+                                 init=lambda: inited.append(True))
+    monkeypatch.setattr(horovod_backend, "load", lambda: stub)
+    with pytest.raises(HorovodError, match=r"built without NCCL .* Use the site's Horovod .*data_parallel=ddp"):
+        horovod_backend.init("horovodrun", 60, on_gpu=True)
+    assert inited == []  # refused before hvd.init()
+    horovod_backend.init("horovodrun", 60, on_gpu=False)  # on CPUs, the gloo build is what it is for
+    assert inited == [True]

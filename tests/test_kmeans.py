@@ -298,3 +298,12 @@ def test_the_benchmark_fits_each_kind_of_data_in_both_phases_beside_scikit_learn
         not in by
     assert "| china.jpg colours 273,280 × 3, k=4 | to convergence | dlscale torch (cpu) |" in format_kmeans(rows)
     assert (tmp_path / "kmeans.png").stat().st_size > 10_000
+
+
+def test_the_gpu_chunk_counts_the_float64_copy_of_its_rows():
+    """The GPU pass adds each chunk's rows in float64 too: without them, 784 features overran the budget ~35 times."""
+    from dlscale.kmeans.lloyd import GPU_CHUNK_BUDGET, default_chunk_size
+    rows = default_chunk_size(16, 4, "cuda", n_features=784)
+    assert rows * (16 * (4 + 8) + 784 * 8) <= GPU_CHUNK_BUDGET
+    assert default_chunk_size(16, 4, "cuda") * 784 * 8 > 30 * GPU_CHUNK_BUDGET  # what the old count allowed
+    assert default_chunk_size(16, 4, "cpu", n_features=784) == default_chunk_size(16, 4, "cpu")  # CPUs: unchanged

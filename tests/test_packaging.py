@@ -1,5 +1,6 @@
 """The install story stays true: pyproject and environment.yml agree, the README's commands are CI's."""
 
+import os
 import re
 import sys
 
@@ -96,3 +97,17 @@ def test_the_readme_layout_lists_exactly_what_is_in_the_package():
               if line.startswith("  ") and not line.startswith("   ")}  # (deeper lines continue an entry)
     present = {path.name for path in (ROOT / "dlscale").iterdir() if path.name not in ("__pycache__", "__init__.py")}
     assert listed == present, f"README lists {sorted(listed - present)} that are not there, misses {sorted(present - listed)}"
+
+
+def test_under_a_sites_pytorch_module_setup_keeps_the_modules_torch(tmp_path):
+    """NERSC's `module load pytorch`: make setup used to pip a second torch over the module's (issue 45)."""
+    import subprocess
+    lines = {}
+    for modules in ("", "craype-x86-milan:gpu:pytorch/2.6.0"):
+        done = subprocess.run(["make", "-n", "-C", str(ROOT), "setup", f"VENV={tmp_path / 'venv'}"],
+                              env={**os.environ, "LOADEDMODULES": modules}, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        lines[modules] = done.stdout
+    assert '"torch==' in lines[""] and "--system-site-packages" not in lines[""]
+    with_module = lines["craype-x86-milan:gpu:pytorch/2.6.0"]
+    assert "-m venv --system-site-packages" in with_module and '"torch==' not in with_module

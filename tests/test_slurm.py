@@ -496,6 +496,18 @@ def test_perlmutter_search_workers_take_one_gpu_each_or_the_whole_node(width, tm
     assert settings.get("DLSCALE_LAUNCHER") == ("single" if width == "1" else None)
 
 
+@pytest.mark.parametrize("mode", ["module", "conda", "container", "shifter"])
+def test_a_search_worker_is_one_trial_per_gpu_in_every_software_mode(mode, tmp_path):
+    """In container mode podman-hpc forwarded no DLSCALE_LAUNCHER: each task took itself for one of four ranks."""
+    env = {"DLSCALE_ENV": mode, "DLSCALE_IMAGE": "registry/dlscale:1", "BASH_FUNC_conda%%": "() { :; }"}
+    done, command, settings, _ = _render(tmp_path, "perlmutter/hpo.sbatch", "--dir", "hpo", hosts=("nid001000",),
+                                         env=env)
+    assert done.returncode == 0, done.stderr
+    assert settings["DLSCALE_LAUNCHER"] == "single"  # in the environment srun starts the tasks with
+    if mode == "container":  # and through the container's wall
+        assert "-e DLSCALE_LAUNCHER" in command.split(" python ")[0]
+
+
 def test_one_node_needs_no_network_plugin_and_conda_mode_loads_it(tmp_path):
     done, _, settings, calls = _render(tmp_path, "perlmutter/train.sbatch", "gpu", hosts=("nid001000",))
     assert done.returncode == 0, done.stderr

@@ -48,9 +48,17 @@ def available() -> bool:
     return importable("horovod.torch")
 
 
-def init(launcher: str, timeout_s: float) -> ModuleType:
-    """``hvd.init()`` with a gloo timeout, so that a rank that never arrives ends the job with an error."""
+def init(launcher: str, timeout_s: float, on_gpu: bool = False) -> ModuleType:
+    """``hvd.init()`` with a gloo timeout, so that a rank that never arrives ends the job with an error.
+
+    ``on_gpu``: the ranks will all-reduce GPU tensors, which needs a Horovod built with NCCL.
+    """
     hvd = load()
+    if on_gpu and not hvd.nccl_built():
+        raise HorovodError("this Horovod was built without NCCL (as scripts/build_horovod.sh builds it, for CPUs), so "
+                           "its first all-reduce of GPU tensors would fail ('Requested ReadyEvent with GPU device but "
+                           "not compiled with CUDA'). Use the site's Horovod (built with HOROVOD_GPU_OPERATIONS=NCCL), "
+                           "data_parallel=ddp, or device=cpu")
     if launcher in ("mpi", "slurm") and not hvd.mpi_built():
         raise HorovodError(f"this job was started by {launcher}, but this Horovod was built without MPI "
                            f"(the gloo build of scripts/build_horovod.sh); launch it with `horovodrun --gloo -np N`, "

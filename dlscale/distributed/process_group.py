@@ -68,7 +68,8 @@ def init(device: str = "auto", backend: str | None = None, timeout_s: float = 30
     """
     env = detect(environ)
     if resolve_data_parallel(data_parallel, env.launcher) == "horovod":
-        hvd = horovod_backend.init(env.launcher, timeout_s)
+        on_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+        hvd = horovod_backend.init(env.launcher, timeout_s, on_gpu)
         env = replace(env, rank=hvd.rank(), local_rank=hvd.local_rank(), world_size=hvd.size(),
                       local_world_size=hvd.local_size(), backend="horovod")
     environ = os.environ if environ is None else environ

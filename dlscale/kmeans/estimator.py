@@ -304,7 +304,7 @@ default="k-means++"
         return self._check_data(X, centers.device, reset=False).to(centers.dtype), centers
 
     def _chunk(self, x: torch.Tensor) -> int:
-        return self.chunk_size or default_chunk_size(self.n_clusters, x.element_size(), x.device)
+        return self.chunk_size or default_chunk_size(self.n_clusters, x.element_size(), x.device, x.shape[1])
 
     def _n_runs(self) -> int:
         explicit = not isinstance(self.init, str)

@@ -46,12 +46,12 @@ CPU_CHUNK_BUDGET = 2 * 2**20
 GPU_CHUNK_BUDGET = 256 * 2**20
 
 
-def default_chunk_size(n_clusters: int, itemsize: int, device: torch.device | str = "cpu") -> int:
-    """Rows per chunk so that the chunk's distance block (chunk × k) fits the device's budget."""
+def default_chunk_size(n_clusters: int, itemsize: int, device: torch.device | str = "cpu", n_features: int = 0) -> int:
+    """Rows per chunk so that the chunk's blocks fit the device's budget: its distance block (chunk × k) on a CPU;
+    on a GPU also its float64 one-hot block (chunk × k) and its float64 copy for the sums (chunk × d)."""
     if torch.device(device).type == "cpu":
         return int(min(16384, max(256, CPU_CHUNK_BUDGET // (n_clusters * itemsize))))
-    # (the GPU pass holds the chunk's distance block and its float64 one-hot block together)
-    return max(1024, GPU_CHUNK_BUDGET // (n_clusters * (itemsize + 8)))
+    return max(1024, GPU_CHUNK_BUDGET // (n_clusters * (itemsize + 8) + n_features * 8))
 
 
 @dataclass
