@@ -178,12 +178,27 @@ def test_without_the_nvtx_package_ranges_go_through_torch_cuda_nvtx(monkeypatch)
     ("NVIDIA A100-SXM4-40GB", False, "fp32", "fp32", 19.5e12),
     ("NVIDIA A100-SXM4-40GB", True, "bf16", "bf16", 312e12),
     ("Tesla V100-SXM2-16GB", True, "fp32", "fp32", 15.7e12),   # no TF32 on Volta
+    ("NVIDIA H100 80GB HBM3", True, "bf16", "bf16", 989e12),    # the SXM card
+    ("NVIDIA H100 PCIe", True, "bf16", "bf16", 756e12),         # was divided by the SXM peak
+    ("NVIDIA H100 NVL", True, "fp32", "tf32", 417.5e12),
 ])
 def test_mfu_divides_by_the_peak_the_run_really_had(monkeypatch, gpu, tf32, precision, expected, peak):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: gpu)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", tf32)
     assert profiling.peak_precision("cuda", precision) == expected
     assert peak_flops("cuda", expected) == peak
+
+
+def test_activation_checkpointings_recomputation_is_counted_apart_from_the_models_flops(tiny):
+    """With activation checkpointing the counted FLOPs included the recomputed forward: MFU was hardware utilisation."""
+    plain = train(tiny(model="vit", width=32, depth=2, heads=2, patch_size=4, max_steps=2))
+    checkpointed = train(tiny(model="vit", width=32, depth=2, heads=2, patch_size=4, max_steps=2,
+                              activation_checkpointing=True, run_dir="runs/ac"))
+    summary = json.loads((checkpointed.run_dir / "summary.json").read_text())
+    plain_summary = json.loads((plain.run_dir / "summary.json").read_text())
+    assert summary["flops_per_sample"] == plain_summary["flops_per_sample"]  # the model's own
+    assert 0 < summary["recomputed_flops_per_sample"] < summary["flops_per_sample"]  # a forward pass of the blocks
+    assert "recomputed_flops_per_sample" not in plain_summary
 
 
 def test_the_summary_names_the_peak_and_the_nvtx_backend(tiny):

@@ -8,8 +8,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+#: Dense peaks from NVIDIA's and AMD's data sheets, by a part of the name torch reports; the first match wins,
+#: so the PCIe and NVL cards (lower clocks and power) come before the SXM H100's plain "H100".
 PEAK_FLOPS = {
     ("A100", "bf16"): 312e12, ("A100", "fp16"): 312e12, ("A100", "tf32"): 156e12, ("A100", "fp32"): 19.5e12,
+    ("H100 PCIe", "bf16"): 756e12, ("H100 PCIe", "fp16"): 756e12, ("H100 PCIe", "tf32"): 378e12,
+    ("H100 PCIe", "fp32"): 51e12,
+    ("H100 NVL", "bf16"): 835e12, ("H100 NVL", "fp16"): 835e12, ("H100 NVL", "tf32"): 417.5e12,
+    ("H100 NVL", "fp32"): 60e12,
     ("H100", "bf16"): 989e12, ("H100", "fp16"): 989e12, ("H100", "tf32"): 494.7e12, ("H100", "fp32"): 67e12,
     ("H200", "bf16"): 989e12, ("H200", "fp16"): 989e12, ("H200", "tf32"): 494.7e12, ("H200", "fp32"): 67e12,
     ("V100", "fp16"): 125e12, ("V100", "fp32"): 15.7e12,
@@ -43,10 +49,14 @@ def peak_precision(device: torch.device | str, precision: str, convolutions: boo
 
 @dataclass(frozen=True)
 class FlopCount:
-    """A training step's FLOPs per sample, and the share of them in convolutions (cuDNN) rather than matmuls."""
+    """A training step's FLOPs per sample, the share of them in convolutions (cuDNN) rather than matmuls, and what
+    recomputation adds."""
 
     per_sample: float
     convolution_share: float = 0.0
+    #: FLOPs per sample that activation checkpointing adds by running forward passes again in the backward: work
+    #: the hardware does but the model does not need (MFU leaves them out; hardware utilisation counts them).
+    recomputed: float = 0.0
 
 
 def count_flops(model: nn.Module, input_shape: Sequence[int], loss_fn: Callable | None = None,

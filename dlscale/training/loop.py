@@ -231,6 +231,9 @@ def _finish(run: Run, meter: ThroughputMeter, preempted: bool, started: float) -
                    "global_batch_size": cfg.global_batch_size, "steps_done": run.step, "total_steps": run.total_steps,
                    "seconds": result.seconds, "device": str(device), "preempted": preempted, "peak_lr": run.peak_lr,
                    "flops_per_sample": run.flops.per_sample, "mfu": utilisation,
+                   **({"recomputed_flops_per_sample": run.flops.recomputed,  # (activation checkpointing's)
+                       "hardware_utilisation": mfu(meter.samples_per_s, run.flops.per_sample + run.flops.recomputed,
+                                                   peak, run.plan.tensor_parallel)} if run.flops.recomputed else {}),
                    "mfu_peak": {"precision": peak_name, "flops_per_s": peak}, "applied": applied,
                    "threads": run.threads.to_dict(), "memory_per_rank": memory,
                    **({"noise_scale": run.noise_scale.b_simple} if cfg.noise_scale_every else {}), **final}

@@ -130,10 +130,16 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
         train_loader = InMemoryBatches(train_loader, lambda x, y: to_device(x, y, device, cfg.channels_last,
                                                                            policy.param_dtype))
     loss_fn = nn.MSELoss()
-    # Counted on a twin on the meta device: no memory, no kernel on the GPU, nothing collective.
+    # Counted on a twin on the meta device: no memory, no kernel on the GPU, nothing collective. The model's own
+    # FLOPs leave out what activation checkpointing recomputes (counted apart: it is hardware work, not the model's).
     with torch.device("meta"):
-        flops = count_flops(build_model(cfg, dataset.input_shape[0], dataset.num_targets), dataset.input_shape,
-                            loss_fn, dataset.num_targets)
+        def counted(checkpointing: bool) -> FlopCount:
+            twin = build_model(cfg.override({"activation_checkpointing": checkpointing}), dataset.input_shape[0],
+                               dataset.num_targets)
+            return count_flops(twin, dataset.input_shape, loss_fn, dataset.num_targets)
+        flops = counted(False)
+        if cfg.activation_checkpointing:
+            flops = dataclasses.replace(flops, recomputed=counted(True).per_sample - flops.per_sample)
     step_model = build_step_model(model, env, cfg, plan, policy)  # (before the optimizer: FSDP/TP make DTensors)
     reset_peak(device)  # the memory table's peak is the sharded layout's, not the whole model's before it
     peak_lr = scale_lr(cfg.lr, cfg.base_batch, cfg.global_batch_size, cfg.lr_scaling)
