@@ -39,6 +39,13 @@ def _torchrun(cwd, *extra, ranks=2):
     return done
 
 
+def test_a_rank_with_no_validation_map_does_not_leave_the_others_waiting(tmp_path):
+    """One map to validate on and two ranks: rank 1's share is empty, and it used to skip the reduction that rank 0
+    then waited in until dist_timeout_s (then the job failed)."""
+    done = _torchrun(tmp_path, "val_samples=1", "max_steps=2", "checkpoint_every=0", "dist_timeout_s=60")
+    assert "validation: mse" in done.stdout
+
+
 def _difference(one, other):
     """The largest difference between two runs' final weights, each read back whole in this process."""
     expected, got = load_model(one).state_dict(), load_model(other).state_dict()

@@ -20,22 +20,24 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device, channels_
              names: list[str] | None = None) -> dict[str, float]:
     """MSE and R² (mean and per target) of ``model`` over ``loader``.
 
-    Built from sums (count, Σy, Σy², Σ squared error per target) so that ranks can
-    add theirs before the division.
+    Built from sums (count, Σy, Σy², Σ squared error per target) so that ranks can add theirs before the
+    division; a rank whose share is empty adds zeros, so the others never wait for it. (Under FSDP or
+    tensor parallelism every forward pass is collective: the training refuses a validation set that
+    does not split evenly over the ranks, so each runs as many.)
     """
     model.eval()
-    sums = None
+    targets = getattr(getattr(loader, "dataset", None), "num_targets", None) or len(names or ())
+    sums = torch.zeros(4, targets, dtype=torch.float64, device=device)
     dtype = next(model.parameters()).dtype
     for x, y in loader:
         x, y = to_device(x, y, device, channels_last, dtype)
         pred = model(x).double()
         y = y.double()
-        batch = torch.stack([torch.full_like(y[0], len(y)), y.sum(0), (y * y).sum(0), ((pred - y) ** 2).sum(0)])
-        sums = batch if sums is None else sums + batch
+        sums += torch.stack([torch.full_like(y[0], len(y)), y.sum(0), (y * y).sum(0), ((pred - y) ** 2).sum(0)])
     model.train()
-    if sums is None:
-        return {}
     count, total, squares, errors = all_reduce_sum(sums).cpu()  # every rank scored its own slice
+    if count.sum() == 0:
+        return {}
     variance_sum = squares - total * total / count
     r2 = 1.0 - errors / variance_sum
     metrics = {"mse": float(errors.sum() / count.sum()), "r2": float(r2.mean())}
