@@ -326,3 +326,11 @@ def test_horovod_without_nccl_is_refused_on_a_gpu_in_one_line(monkeypatch):
     assert inited == []  # refused before hvd.init()
     horovod_backend.init("horovodrun", 60, on_gpu=False)  # on CPUs, the gloo build is what it is for
     assert inited == [True]
+
+
+def test_cudnns_autotuner_is_on_for_the_gpu_config_and_set_per_run_on_a_gpu(tiny, monkeypatch):
+    """The gpu config's batches all have one shape, so cuDNN's benchmark mode pays; a CPU run leaves the flag alone."""
+    assert load_config("gpu").cudnn_benchmark and not load_config("tiny").cudnn_benchmark
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    result = train(tiny(max_steps=2))  # on the CPU: nothing to tune, and it says so
+    assert result.applied["cudnn_benchmark"] is False and torch.backends.cudnn.benchmark is True

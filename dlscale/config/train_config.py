@@ -82,6 +82,8 @@ class TrainConfig:
         False, "ViT: keep only each block's input and recompute its activations in the backward pass "
                "(less memory, about one more forward pass of time).")
     channels_last: bool = _knob(False, "Use the NHWC memory format (faster convolutions on tensor-core GPUs).")
+    cudnn_benchmark: bool = _knob(False, "On a GPU, let cuDNN time its convolution algorithms on the first steps and "
+                                         "keep the fastest (worth it when every batch has the same shape).")
     norm: Literal["batch", "group"] = _knob(
         "batch", "Normalisation layers: batch norm, or group norm (independent of how the batch is split).")
     sync_batchnorm: bool = _knob(False, "With several GPUs, compute batch-norm statistics over all ranks (CUDA only).")

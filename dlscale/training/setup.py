@@ -123,6 +123,8 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
     if cfg.sync_batchnorm:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     policy = Precision.resolve(cfg.precision, device)
+    if device.type == "cuda":  # (cuDNN's autotuner: set per run, since a notebook's earlier run may have set it)
+        torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
     if plan.data_parallel == "fsdp" and policy.name == "bf16":
         policy = dataclasses.replace(policy, fsdp_casts=True)
     model = model.to(device, policy.param_dtype)
@@ -219,6 +221,7 @@ def applied_settings(run: Run) -> dict[str, Any]:
     return {
         "device": str(run.device), "precision": run.policy.name, "grad_scaler": run.scaler.is_enabled(),
         "channels_last": is_channels_last(run.model),
+        "cudnn_benchmark": run.device.type == "cuda" and torch.backends.cudnn.benchmark,
         "compiled": run.cfg.compile, "cuda_graphs": False,  # known after the first steps (the loop's finish)
         "world_size": run.env.world_size, "launcher": run.env.launcher, "backend": run.env.backend,
         "ddp": isinstance(uncompiled(run.step_model), nn.parallel.DistributedDataParallel), "horovod": horovod,
