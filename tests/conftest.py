@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
 import random
 import shutil
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +49,9 @@ def pytest_configure(config):
     elif not os.environ.get(SESSION_MARK):
         # One temporary folder for everything the session's processes put in the system's (torchrun's
         # torchelastic_* logs, clusters' sockets, kernels' files), removed at the end; the workers inherit it.
+        # (torch.compile's cache stays where torch keeps it, in the system's temporary folder, shared by runs)
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                              str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"))
         folder = tempfile.mkdtemp(prefix="dlscale-tests-")
         os.environ.update(TMPDIR=folder, **{SESSION_MARK: folder})
         tempfile.tempdir = None  # (gettempdir() caches its answer)
@@ -137,7 +142,9 @@ def _stop_what_was_left(session) -> None:
     if not _own_mark or not Path("/proc/self/environ").exists():
         return
     mark = _own_mark[0]
-    left = left_running(mark)
+    deadline = time.monotonic() + 15  # (what is exiting, as an engine being stopped or multiprocessing's tracker)
+    while (left := left_running(mark)) and time.monotonic() < deadline:
+        time.sleep(0.5)
     for pid, _ in left:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
