@@ -36,13 +36,18 @@ keys:
 """
 
 
+def _name_and_overrides(name: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
+    """An optional NAME before KEY=VALUE overrides: `dlscale train epochs=2` names no config, only an override."""
+    if name is not None and "=" in name and not Path(name).exists():
+        return None, [name, *overrides]
+    return name, list(overrides)
+
+
 def _train(args: argparse.Namespace) -> int:
     from dlscale.training.loop import train
     from dlscale.training.preemption import PREEMPTED_EXIT_CODE
 
-    config, overrides = args.config, list(args.overrides)
-    if config is not None and "=" in config:  # `dlscale train epochs=2`: no config named, only overrides
-        config, overrides = None, [config, *overrides]
+    config, overrides = _name_and_overrides(args.config, args.overrides)
     result = train(load_config(config, overrides))
     return PREEMPTED_EXIT_CODE if result.preempted else 0
 
@@ -609,8 +614,7 @@ def _add_experiment(commands: Any) -> None:
 def _hpo_start(args: argparse.Namespace) -> int:
     from dlscale.hpo.launch import search
 
-    if args.space and "=" in args.space and not Path(args.space).exists():  # (`start --dir D key=value`: no SPACE)
-        args.space, args.overrides = None, [args.space, *args.overrides]
+    args.space, args.overrides = _name_and_overrides(args.space, args.overrides)
     # (only the options given: an existing study keeps its own, and a different one given is refused by name)
     given = {key: getattr(args, key) for key in ("sampler", "pruner", "seed", "storage", "grace_s", "ranks_per_node",
                                                  "threads") if getattr(args, key) is not None}

@@ -31,27 +31,28 @@ def watch(kernel: int, sessions: list[int]) -> subprocess.Popen:
                             stderr=subprocess.DEVNULL)
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+def _exists(kill: object, target: int) -> bool:
+    """Whether a process (``kill=os.kill``) or a process session (``os.killpg``) is there, by signal 0."""
     try:
-        os.kill(pid, 0)
+        kill(target, 0)  # type: ignore[operator]
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    return True
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    if not _exists(os.kill, pid):
+        return False
     with contextlib.suppress(OSError, IndexError):
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     return True
 
 
 def _session_running(session: int) -> bool:
-    try:
-        os.killpg(session, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return _exists(os.killpg, session)
 
 
 def _signal(sessions: list[int], sig: int) -> None:
