@@ -128,7 +128,8 @@ $(OLDEST_VENV)/.installed: pyproject.toml scripts/floors.py
 oldest-env: $(OLDEST_VENV)/.installed
 
 test-oldest: oldest-env
-	$(OLDEST_VENV)/bin/python -m pytest $(OLDEST_TESTS) -m "not extras" -p no:cacheprovider
+	$(OLDEST_VENV)/bin/python -m pytest $(OLDEST_TESTS) -m "not extras" -p no:cacheprovider \
+	  $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 
 # Run the oldest-Python tests only where a Python 3.10 was found (oldest-check has said the rest).
 RUN_OLDEST := $(if $(filter yes,$(TEST_OLDEST)),$(if $(OLDEST_PYTHON),yes))

@@ -1,19 +1,20 @@
 # recipes/02_data_loading.py
 """A plain PyTorch training loop for the mini-CosmoFlow maps: stage 02 of the recipe (lesson 02).
 
-Copy it into your own project: only the data set comes from dlscale (any Dataset of (input,
-target) pairs will do). Each later stage adds one capability; `diff` two stages to see it.
-Stage 02 reads the batches in worker processes, into pinned memory on a GPU.
+Copy it, with training_tools.py beside it, into your own project: only the data set comes from dlscale
+(any Dataset of (input, target) pairs will do). Each stage logs the loss and samples/s per block of
+steps and resumes from its checkpoint; each later stage adds one capability (`diff` two stages).
+Stage 02 reads the batches in worker processes, into pinned memory on a GPU:
 
     python recipes/02_data_loading.py --epochs 2 --workers 2
 """
-import argparse
-
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
 from dlscale.data import mini_cosmoflow  # (map, targets) pairs read from shard files
+# the plumbing every stage shares, plain PyTorch in this folder: the device, logged losses and samples/s, checkpoints
+from training_tools import Progress, load_checkpoint, parse_args, pick_device, save_checkpoint
 
 
 def make_model(width: int = 8, depth: int = 2, outputs: int = 3) -> nn.Sequential:
@@ -29,7 +30,7 @@ def make_model(width: int = 8, depth: int = 2, outputs: int = 3) -> nn.Sequentia
 
 
 @torch.no_grad()
-def r2_score(model: nn.Module, loader: DataLoader, device: str) -> float:
+def r2_score(model: nn.Module, loader: DataLoader, device: torch.device) -> float:
     """Validation R²: 1 - squared error / variance, per target, averaged over the targets."""
     model.eval()
     ys, preds = zip(*[(y.double(), model(x.to(device)).double().cpu()) for x, y in loader])
@@ -39,46 +40,46 @@ def r2_score(model: nn.Module, loader: DataLoader, device: str) -> float:
 
 
 def main(config: str = "tiny", epochs: int = 2, batch_size: int = 32, lr: float = 2e-3, weight_decay: float = 1e-4,
-         seed: int = 0, device: str = "cuda" if torch.cuda.is_available() else "cpu",
-         checkpoint: str = "checkpoint.pt", workers: int = 2) -> dict:
+         seed: int = 0, device: str = "cuda" if torch.cuda.is_available() else "cpu", width: int = 8, depth: int = 2,
+         checkpoint: str = "checkpoint.pt", resume: bool = False, log_every: int = 10,
+         workers: int = 2) -> dict:
+    device = pick_device(device)
     torch.manual_seed(seed)  # the same initial weights in every run
     train_set, val_set = mini_cosmoflow(config)
     # Workers read and decode the next batches while the model trains on this one; pinned (page-locked)
     # host memory lets the copy to the GPU run asynchronously (non_blocking below).
-    loading = dict(num_workers=workers, pin_memory=device.startswith("cuda"))
+    loading = dict(num_workers=workers, pin_memory=device.type == "cuda")
     val_loader = DataLoader(val_set, batch_size=batch_size, **loading)
-    model = make_model().to(device)
+    model = make_model(width, depth).to(device)
     # weights decay; biases and norm scales do not (decaying them regularizes nothing)
     groups = [{"params": [p for p in model.parameters() if p.ndim > 1], "weight_decay": weight_decay},
               {"params": [p for p in model.parameters() if p.ndim <= 1], "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=lr)
     loss_fn = nn.MSELoss()
-    losses, r2 = [], []
-    for epoch in range(epochs):
+    run = dict(config=config, batch_size=batch_size, lr=lr, weight_decay=weight_decay, seed=seed, width=width)
+    state = load_checkpoint(checkpoint, run, device) if resume else None
+    if state:  # the weights, the optimizer's moments, and the epoch to go on from
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+    progress, r2 = Progress(log_every, batch_size), []
+    for epoch in range(state["epoch"] if state else 0, epochs):
         # a new order every epoch, the same one in every run
         order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+        progress.begin()
         for x, y in DataLoader(train_set, batch_size=batch_size, sampler=order, drop_last=True, **loading):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             optimizer.zero_grad()
             loss = loss_fn(model(x), y)
             loss.backward()
             optimizer.step()
-            losses.append(loss.item())
+            progress.step(loss)
+        progress.step()
         r2.append(r2_score(model, val_loader, device))
-        torch.save({"epoch": epoch + 1, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, checkpoint)
-        print(f"epoch {epoch + 1}: training loss {losses[-1]:.4f}, validation R² {r2[-1]:.4f}")
-    return {"losses": losses, "r2": r2}
-
-
-def parse_args() -> dict:
-    parser = argparse.ArgumentParser(description="Train the lesson's CNN in plain PyTorch.")
-    parser.add_argument("--config", default="tiny", help="the data set's size: a dlscale config (tiny, demo)")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes (0 = read in this one)")
-    return vars(parser.parse_args())
+        save_checkpoint({"run": run, "epoch": epoch + 1, "model": model.state_dict(),
+                         "optimizer": optimizer.state_dict()}, checkpoint)
+        print(f"epoch {epoch + 1}: training loss {progress.losses[-1]:.4f}, validation R² {r2[-1]:.4f}")
+    return {"losses": progress.losses, "r2": r2, "throughput": progress.throughput}
 
 
 if __name__ == "__main__":
-    main(**parse_args())
+    main(**parse_args(main))

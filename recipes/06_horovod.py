@@ -1,17 +1,20 @@
 # recipes/06_horovod.py
 """A plain PyTorch training loop for the mini-CosmoFlow maps: stage 06 of the recipe (lesson 06).
 
-Copy it into your own project: only the data set comes from dlscale (any Dataset of (input,
-target) pairs will do). Each later stage adds one capability; `diff` two stages to see it.
+Copy it, with training_tools.py beside it, into your own project: only the data set comes from dlscale
+(any Dataset of (input, target) pairs will do). Each stage logs the loss and samples/s per block of
+steps and resumes from its checkpoint; each later stage adds one capability (`diff` two stages).
 Stage 02 reads the batches in worker processes, into pinned memory on a GPU. Stage 03 runs the
-forward pass in bf16 or fp16 (with loss scaling) and clips the gradient norm. Stage 04 keeps the
-maps in the channels-last layout and compiles the model. Stage 05 trains on every GPU of the job,
-one process each, with DistributedDataParallel; stage 06 does the same with Horovod's five changes
+forward pass in bf16 or fp16 (with loss scaling) and clips the gradient norm. Stage 04 names the
+forward, backward and optimizer step for the profilers, records a window of steps, and compiles.
+Stage 05 trains on every GPU of the job, one process each, with DistributedDataParallel, and can
+accumulate gradients over micro-batches; stage 06 does the same with Horovod's five changes
 (hvd.init, one GPU per rank, the rank's share of the data, DistributedOptimizer, rank 0's start):
 
     horovodrun -np 4 python recipes/06_horovod.py         # or srun / mpirun
 """
-import argparse
+import os
+from typing import Literal
 
 import torch
 import horovod.torch as hvd
@@ -19,6 +22,8 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from dlscale.data import mini_cosmoflow  # (map, targets) pairs read from shard files
+# the plumbing every stage shares, plain PyTorch in this folder: the device, logged losses and samples/s, checkpoints
+from training_tools import Progress, ProfilingWindow, load_checkpoint, marked, parse_args, pick_device, save_checkpoint
 
 
 def make_model(width: int = 8, depth: int = 2, outputs: int = 3) -> nn.Sequential:
@@ -34,7 +39,7 @@ def make_model(width: int = 8, depth: int = 2, outputs: int = 3) -> nn.Sequentia
 
 
 @torch.no_grad()
-def r2_score(model: nn.Module, loader: DataLoader, device: str) -> float:
+def r2_score(model: nn.Module, loader: DataLoader, device: torch.device) -> float:
     """Validation R² over every rank's share: each rank's sums, added over the ranks, then the ratio."""
     model.eval()
     sums = 0
@@ -48,14 +53,17 @@ def r2_score(model: nn.Module, loader: DataLoader, device: str) -> float:
 
 
 def main(config: str = "tiny", epochs: int = 2, batch_size: int = 32, lr: float = 2e-3, weight_decay: float = 1e-4,
-         seed: int = 0, device: str = "cuda" if torch.cuda.is_available() else "cpu",
-         checkpoint: str = "checkpoint.pt", workers: int = 2, precision: str = "bf16", clip: float = 1.0,
-         compile: bool = True) -> dict:
+         seed: int = 0, device: str = "cuda" if torch.cuda.is_available() else "cpu", width: int = 8, depth: int = 2,
+         checkpoint: str = "checkpoint.pt", resume: bool = False, log_every: int = 10,
+         workers: int = 2, precision: Literal["bf16", "fp16", "fp32"] = "bf16",
+         clip: float = 1.0, compile: bool = True, profile_steps: str = "",
+         accumulate: int = 1) -> dict:
     hvd.init()  # 1: join the job (horovodrun, srun or mpirun started the processes)
     rank, world_size, local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
-    if device.startswith("cuda"):
-        device = f"cuda:{local_rank}"  # 2: one GPU per process
-        torch.cuda.set_device(device)
+    if batch_size % (world_size * accumulate):
+        raise SystemExit(f"--batch-size {batch_size} is the global batch: it must split evenly over {world_size} "
+                         f"ranks x {accumulate} micro-batches")
+    device = pick_device(device, local_rank)  # 2: one GPU per process
     torch.manual_seed(seed)
     train_set, val_set = mini_cosmoflow(config)
     # 3: each rank a disjoint share: the sampler shuffles as stage 01 did (a permutation seeded by seed + epoch)
@@ -63,66 +71,66 @@ def main(config: str = "tiny", epochs: int = 2, batch_size: int = 32, lr: float 
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=seed, drop_last=True)
     # Workers read and decode the next batches while the model trains on this one; pinned (page-locked)
     # host memory lets the copy to the GPU run asynchronously (non_blocking below).
-    loading = dict(num_workers=workers, pin_memory=device.startswith("cuda"))
-    train_loader = DataLoader(train_set, batch_size=batch_size // world_size, sampler=sampler, drop_last=True,
-                              **loading)
+    loading = dict(num_workers=workers, pin_memory=device.type == "cuda")
     val_loader = DataLoader(Subset(val_set, range(rank, len(val_set), world_size)), batch_size=batch_size, **loading)
     # (the default layout: Horovod reduces contiguous tensors only, which channels-last weights are not)
-    model = make_model().to(device)
+    model = make_model(width, depth).to(device)
     step_model = torch.compile(model) if compile else model
     # weights decay; biases and norm scales do not (decaying them regularizes nothing)
     groups = [{"params": [p for p in model.parameters() if p.ndim > 1], "weight_decay": weight_decay},
               {"params": [p for p in model.parameters() if p.ndim <= 1], "weight_decay": 0.0}]
-    # 4: the optimizer all-reduces (averages) each gradient as soon as the backward pass has produced it
+    # 4: the optimizer all-reduces (averages) each gradient as soon as the backward pass has produced it, after
+    # `accumulate` backward passes
     optimizer = hvd.DistributedOptimizer(torch.optim.AdamW(groups, lr=lr), named_parameters=model.named_parameters(),
-                                         op=hvd.Average)
-    # 5: every rank starts from rank 0's weights (the optimizer's state too when resuming from a checkpoint:
-    # hvd.broadcast_optimizer_state; on an empty state it would take a step, which weight decay makes real)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+                                         op=hvd.Average, backward_passes_per_step=accumulate)
     loss_fn = nn.MSELoss()
-    device_type = torch.device(device).type
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
     # fp16 keeps 5 exponent bits: small gradients underflow to 0 unless the loss is scaled up first.
     # bf16 has fp32's range and needs no scaler; disabled, the scaler's calls pass straight through.
-    scaler = torch.amp.GradScaler(device_type, enabled=precision == "fp16")
-    losses, r2 = [], []
-    for epoch in range(epochs):
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    run = dict(config=config, batch_size=batch_size, lr=lr, weight_decay=weight_decay, seed=seed, width=width)
+    state = load_checkpoint(checkpoint, run, device) if resume else None
+    if state:  # the weights, the optimizer's moments, and the epoch to go on from
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
+    # 5: every rank starts from rank 0's weights (resuming, every rank has read the same checkpoint)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    average = lambda block: hvd.allreduce(block, op=hvd.Average)  # noqa: E731  (the ranks' mean, once per block)
+    progress, r2, window = Progress(log_every, batch_size, average), [], ProfilingWindow(profile_steps)
+    for epoch in range(state["epoch"] if state else 0, epochs):
         sampler.set_epoch(epoch)  # a new order every epoch (without it every epoch repeats the first one's)
-        for x, y in train_loader:
+        progress.begin()
+        for x, y in DataLoader(train_set, batch_size=batch_size // world_size, sampler=sampler, drop_last=True,
+                               **loading):
             x = x.to(device, non_blocking=True)
             y = y.to(device, non_blocking=True)
             optimizer.zero_grad()
-            with torch.autocast(device_type, dtype=dtype, enabled=dtype is not None):
-                loss = loss_fn(step_model(x), y)  # matmuls and convolutions in dtype, the loss in fp32
-            scaler.scale(loss).backward()
-            optimizer.synchronize()  # wait for the all-reduce before reading the gradients
+            loss = 0
+            for i, (xs, ys) in enumerate(zip(x.chunk(accumulate), y.chunk(accumulate))):
+                # each micro-batch's gradients add up in .grad; Horovod all-reduces after the last one's backward
+                with marked("forward"), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                    micro_loss = loss_fn(step_model(xs), ys) / accumulate  # dtype's matmuls, an fp32 loss
+                with marked("backward"):
+                    scaler.scale(micro_loss).backward()
+                loss = loss + micro_loss.detach()
+            optimizer.synchronize()  # wait for the all-reduces before reading the gradients
             scaler.unscale_(optimizer)  # the true gradients, before clipping compares them with `clip`
             nn.utils.clip_grad_norm_(model.parameters(), clip)
-            with optimizer.skip_synchronize():  # (already waited)
-                scaler.step(optimizer)  # skipped when a gradient overflowed (and the scale is lowered)
+            with marked("optimizer step"):
+                with optimizer.skip_synchronize():  # (already waited)
+                    scaler.step(optimizer)  # skipped when a gradient overflowed (and the scale is lowered)
             scaler.update()
-            # the mean over the ranks is the loss of the whole (global) batch
-            losses.append(hvd.allreduce(loss.detach(), op=hvd.Average).item())
+            progress.step(loss)
+            window.step()
+        progress.step()
         r2.append(r2_score(model, val_loader, device))
         if rank == 0:  # the ranks hold the same weights: one writes, the others would only race it
-            torch.save({"epoch": epoch + 1, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "scaler": scaler.state_dict()}, checkpoint)
-            print(f"epoch {epoch + 1}: training loss {losses[-1]:.4f}, validation R² {r2[-1]:.4f}")
-    return {"losses": losses, "r2": r2}
-
-
-def parse_args() -> dict:
-    parser = argparse.ArgumentParser(description="Train the lesson's CNN in plain PyTorch.")
-    parser.add_argument("--config", default="tiny", help="the data set's size: a dlscale config (tiny, demo)")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=32, help="the global batch, over all ranks")
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes (0 = read in this one)")
-    parser.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
-    parser.add_argument("--clip", type=float, default=1.0, help="the largest gradient norm")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
-    return vars(parser.parse_args())
+            save_checkpoint({"run": run, "epoch": epoch + 1, "model": model.state_dict(),
+                             "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()}, checkpoint)
+            print(f"epoch {epoch + 1}: training loss {progress.losses[-1]:.4f}, validation R² {r2[-1]:.4f}")
+    return {"losses": progress.losses, "r2": r2, "throughput": progress.throughput}
 
 
 if __name__ == "__main__":
-    main(**parse_args())
+    main(**parse_args(main))

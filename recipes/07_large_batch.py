@@ -1,24 +1,25 @@
 # recipes/07_large_batch.py
 """A plain PyTorch training loop for the mini-CosmoFlow maps: stage 07 of the recipe (lesson 07).
 
-Copy it into your own project: only the data set comes from dlscale (any Dataset of (input,
-target) pairs will do). Each later stage adds one capability; `diff` two stages to see it.
+Copy it, with training_tools.py beside it, into your own project: only the data set comes from dlscale
+(any Dataset of (input, target) pairs will do). Each stage logs the loss and samples/s per block of
+steps and resumes from its checkpoint; each later stage adds one capability (`diff` two stages).
 Stage 02 reads the batches in worker processes, into pinned memory on a GPU. Stage 03 runs the
-forward pass in bf16 or fp16 (with loss scaling) and clips the gradient norm. Stage 04 keeps the
-maps in the channels-last layout and compiles the model. Stage 05 trains on every GPU of the job,
-one process each, with DistributedDataParallel:
+forward pass in bf16 or fp16 (with loss scaling) and clips the gradient norm. Stage 04 names the
+forward, backward and optimizer step for the profilers, records a window of steps, and compiles.
+Stage 05 trains on every GPU of the job, one process each, with DistributedDataParallel, and can
+accumulate gradients over micro-batches. Stage 07 scales the learning rate with the global batch,
+warms it up, and offers the layer-wise LAMB and LARS (one more import from dlscale):
 
     torchrun --standalone --nproc-per-node 4 recipes/05_ddp.py   # one node
-    srun python recipes/05_ddp.py                                # a Slurm job (recipes/09_job.sbatch)
-
-Stage 07 scales the learning rate with the global batch, warms it up, and offers the layer-wise
-LAMB and LARS (the one more import from dlscale) for batches where AdamW and SGD fall behind.
+    torchrun --standalone --nproc-per-node 4 recipes/07_large_batch.py --batch-size 256 --optimizer-name lamb
 """
-import argparse
+import contextlib
 import datetime
 import math
 import os
 import time
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -29,6 +30,9 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from dlscale.data import mini_cosmoflow  # (map, targets) pairs read from shard files
 from dlscale.optim import LAMB, LARS  # layer-wise optimizers, correct on sharded parameters too
+# the plumbing every stage shares, plain PyTorch in this folder: the device, logged losses and samples/s, checkpoints
+from training_tools import (Progress, ProfilingWindow, from_launcher, load_checkpoint, marked, parse_args,
+                            pick_device, save_checkpoint)
 
 
 def make_model(width: int = 8, depth: int = 2, outputs: int = 3) -> nn.Sequential:
@@ -44,7 +48,7 @@ def make_model(width: int = 8, depth: int = 2, outputs: int = 3) -> nn.Sequentia
 
 
 @torch.no_grad()
-def r2_score(model: nn.Module, loader: DataLoader, device: str) -> float:
+def r2_score(model: nn.Module, loader: DataLoader, device: torch.device) -> float:
     """Validation R² over every rank's share: each rank's sums, added over the ranks, then the ratio."""
     model.eval()
     sums = 0
@@ -58,22 +62,25 @@ def r2_score(model: nn.Module, loader: DataLoader, device: str) -> float:
 
 
 def main(config: str = "tiny", epochs: int = 2, batch_size: int = 32, lr: float = 2e-3, weight_decay: float = 1e-4,
-         seed: int = 0, device: str = "cuda" if torch.cuda.is_available() else "cpu",
-         checkpoint: str = "checkpoint.pt", workers: int = 2, precision: str = "bf16", clip: float = 1.0,
-         compile: bool = True, base_batch: int = 32, scaling: str = "linear", warmup_steps: int = 5,
-         optimizer_name: str = "adamw") -> dict:
-    # torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; srun sets SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID
-    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
-    world_size = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", 1)))
-    local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", 0)))
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # (the job script sets both for several nodes)
+         seed: int = 0, device: str = "cuda" if torch.cuda.is_available() else "cpu", width: int = 8, depth: int = 2,
+         checkpoint: str = "checkpoint.pt", resume: bool = False, log_every: int = 10,
+         workers: int = 2, precision: Literal["bf16", "fp16", "fp32"] = "bf16",
+         clip: float = 1.0, compile: bool = True, profile_steps: str = "",
+         accumulate: int = 1, base_batch: int = 32, scaling: Literal["auto", "linear", "sqrt", "none"] = "auto",
+         warmup_steps: int = 5, optimizer_name: Literal["adamw", "lamb", "sgd", "lars"] = "adamw") -> dict:
+    # the launcher numbers the processes: torchrun (RANK...), srun (SLURM_PROCID...), mpiexec on Polaris (PMI_RANK...)
+    rank = from_launcher("RANK", "SLURM_PROCID", "PMI_RANK")
+    world_size = from_launcher("WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE", default=1)
+    local_rank = from_launcher("LOCAL_RANK", "SLURM_LOCALID", "PMI_LOCAL_RANK")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # (a job script sets both for several nodes)
     os.environ.setdefault("MASTER_PORT", "29500")
-    if device.startswith("cuda"):
-        device = f"cuda:{local_rank}"  # one GPU per process
-        torch.cuda.set_device(device)
+    if batch_size % (world_size * accumulate):
+        raise SystemExit(f"--batch-size {batch_size} is the global batch: it must split evenly over {world_size} "
+                         f"ranks x {accumulate} micro-batches")
+    device = pick_device(device, local_rank)  # one GPU per process
     # a rank waits at most 5 minutes for the others to join, and later for each collective: a peer that never
     # started, or died, ends the job with an error naming the timeout, not a hang until the time limit
-    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", rank=rank, world_size=world_size,
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(minutes=5))
     torch.manual_seed(seed)  # the same initial weights on every rank (DDP also copies rank 0's)
     train_set, val_set = mini_cosmoflow(config)
@@ -82,26 +89,27 @@ def main(config: str = "tiny", epochs: int = 2, batch_size: int = 32, lr: float 
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=seed, drop_last=True)
     # Workers read and decode the next batches while the model trains on this one; pinned (page-locked)
     # host memory lets the copy to the GPU run asynchronously (non_blocking below).
-    loading = dict(num_workers=workers, pin_memory=device.startswith("cuda"))
-    train_loader = DataLoader(train_set, batch_size=batch_size // world_size, sampler=sampler, drop_last=True,
-                              **loading)
+    loading = dict(num_workers=workers, pin_memory=device.type == "cuda")
     val_loader = DataLoader(Subset(val_set, range(rank, len(val_set), world_size)), batch_size=batch_size, **loading)
     # NHWC, the layout tensor cores read without transposing (the maps follow in the loop)
-    model = make_model().to(device, memory_format=torch.channels_last)
+    model = make_model(width, depth).to(device, memory_format=torch.channels_last)
     # DDP all-reduces each bucket of gradients as soon as the backward pass has filled it; compiled after
     # wrapping, so that the compiled backward still lets each bucket's all-reduce start early
-    ddp_model = DistributedDataParallel(model, device_ids=[local_rank] if device.startswith("cuda") else None)
+    ddp_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     step_model = torch.compile(ddp_model) if compile else ddp_model
     # weights decay; biases and norm scales do not (decaying them regularizes nothing)
     groups = [{"params": [p for p in model.parameters() if p.ndim > 1], "weight_decay": weight_decay},
               {"params": [p for p in model.parameters() if p.ndim <= 1], "weight_decay": 0.0}]
     # lr was tuned at base_batch; a k times larger batch takes k times fewer steps, so each step goes further:
-    # k times (linear, for SGD) or sqrt(k) times (for Adam-like optimizers at large k)
+    # k times (linear: SGD, LARS) or sqrt(k) times (Adam-like: AdamW, LAMB), as lesson 07 measures
+    if scaling == "auto":
+        scaling = "sqrt" if optimizer_name in ("adamw", "lamb") else "linear"
     k = batch_size / base_batch
     peak_lr = lr * {"linear": k, "sqrt": math.sqrt(k), "none": 1.0}[scaling]
-    make = {"adamw": torch.optim.AdamW, "lamb": LAMB, "lars": lambda g, lr: LARS(g, lr=lr, momentum=0.9)}
+    make = {"adamw": torch.optim.AdamW, "lamb": LAMB, "sgd": lambda g, lr: torch.optim.SGD(g, lr=lr, momentum=0.9),
+            "lars": lambda g, lr: LARS(g, lr=lr, momentum=0.9)}
     optimizer = make[optimizer_name](groups, lr=peak_lr)
-    total_steps = epochs * len(train_loader)
+    total_steps = epochs * (len(train_set) // world_size // (batch_size // world_size))
     start = lr / peak_lr if peak_lr > lr else 1.0 / max(1, warmup_steps)
 
     def lr_factor(step: int) -> float:
@@ -112,58 +120,57 @@ def main(config: str = "tiny", epochs: int = 2, batch_size: int = 32, lr: float 
 
     scheduler = LambdaLR(optimizer, lr_factor)  # the factor of peak_lr after each optimizer step
     loss_fn = nn.MSELoss()
-    device_type = torch.device(device).type
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
     # fp16 keeps 5 exponent bits: small gradients underflow to 0 unless the loss is scaled up first.
     # bf16 has fp32's range and needs no scaler; disabled, the scaler's calls pass straight through.
-    scaler = torch.amp.GradScaler(device_type, enabled=precision == "fp16")
-    losses, r2 = [], []
-    for epoch in range(epochs):
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    run = dict(config=config, batch_size=batch_size, lr=lr, weight_decay=weight_decay, seed=seed, width=width)
+    state = load_checkpoint(checkpoint, run, device) if resume else None
+    if state:  # the weights, the optimizer's moments, and the epoch to go on from
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
+        scheduler.load_state_dict(state["scheduler"])
+    progress, r2, window = Progress(log_every, batch_size), [], ProfilingWindow(profile_steps)
+    for epoch in range(state["epoch"] if state else 0, epochs):
         sampler.set_epoch(epoch)  # a new order every epoch (without it every epoch repeats the first one's)
-        for x, y in train_loader:
+        progress.begin()
+        for x, y in DataLoader(train_set, batch_size=batch_size // world_size, sampler=sampler, drop_last=True,
+                               **loading):
             x = x.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
             y = y.to(device, non_blocking=True)
             optimizer.zero_grad()
-            with torch.autocast(device_type, dtype=dtype, enabled=dtype is not None):
-                loss = loss_fn(step_model(x), y)  # matmuls and convolutions in dtype, the loss in fp32
-            scaler.scale(loss).backward()
+            loss = 0
+            for i, (xs, ys) in enumerate(zip(x.chunk(accumulate), y.chunk(accumulate))):
+                # each micro-batch's gradients add up in .grad; DDP all-reduces only in the last one's backward
+                with ddp_model.no_sync() if i < accumulate - 1 else contextlib.nullcontext():
+                    with marked("forward"), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                        micro_loss = loss_fn(step_model(xs), ys) / accumulate  # dtype's matmuls, an fp32 loss
+                    with marked("backward"):
+                        scaler.scale(micro_loss).backward()
+                loss = loss + micro_loss.detach()
             scaler.unscale_(optimizer)  # the true gradients, before clipping compares them with `clip`
             nn.utils.clip_grad_norm_(model.parameters(), clip)
-            scaler.step(optimizer)  # skipped when a gradient overflowed (and the scale is lowered)
+            with marked("optimizer step"):
+                scaler.step(optimizer)  # skipped when a gradient overflowed (and the scale is lowered)
             scaler.update()
             scheduler.step()
-            global_loss = loss.detach().clone()
-            dist.all_reduce(global_loss)  # the mean over the ranks is the loss of the whole (global) batch
-            losses.append(global_loss.item() / world_size)
+            progress.step(loss)
+            window.step()
+        progress.step()
         r2.append(r2_score(model, val_loader, device))
         if rank == 0:  # the ranks hold the same weights: one writes, the others would only race it
-            torch.save({"epoch": epoch + 1, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "scaler": scaler.state_dict(), "scheduler": scheduler.state_dict()}, checkpoint)
-            print(f"epoch {epoch + 1}: training loss {losses[-1]:.4f}, validation R² {r2[-1]:.4f}")
+            save_checkpoint({"run": run, "epoch": epoch + 1, "model": model.state_dict(),
+                             "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                             "scheduler": scheduler.state_dict()}, checkpoint)
+            print(f"epoch {epoch + 1}: training loss {progress.losses[-1]:.4f}, validation R² {r2[-1]:.4f}")
     # every rank done with its collectives before any leaves; then a moment without the GIL, in which gloo
     # frees the barrier's buffers (destroyed at once, a rank can hang in the group's destructor)
     dist.barrier()
     time.sleep(0.1)
     dist.destroy_process_group()
-    return {"losses": losses, "r2": r2}
-
-
-def parse_args() -> dict:
-    parser = argparse.ArgumentParser(description="Train the lesson's CNN in plain PyTorch.")
-    parser.add_argument("--config", default="tiny", help="the data set's size: a dlscale config (tiny, demo)")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=32, help="the global batch, over all ranks")
-    parser.add_argument("--lr", type=float, default=2e-3, help="the learning rate tuned at --base-batch")
-    parser.add_argument("--base-batch", type=int, default=32)
-    parser.add_argument("--scaling", choices=["linear", "sqrt", "none"], default="linear")
-    parser.add_argument("--warmup-steps", type=int, default=5)
-    parser.add_argument("--optimizer", dest="optimizer_name", choices=["adamw", "lamb", "lars"], default="adamw")
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes (0 = read in this one)")
-    parser.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
-    parser.add_argument("--clip", type=float, default=1.0, help="the largest gradient norm")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
-    return vars(parser.parse_args())
+    return {"losses": progress.losses, "r2": r2, "throughput": progress.throughput}
 
 
 if __name__ == "__main__":
-    main(**parse_args())
+    main(**parse_args(main))

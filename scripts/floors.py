@@ -18,7 +18,8 @@ except ModuleNotFoundError:  # (Python 3.10: the same parser, from PyPI)
     import tomli as tomllib
 
 #: What the oldest run installs beyond the base dependencies: (extra, package) pairs of pyproject.toml.
-CORE = (("kmeans", "scikit-learn"), ("kmeans", "numba"), ("hpo", "optuna"), ("dev", "pytest"), ("dev", "pytest-timeout"), ("dev", "pandas"),
+CORE = (("kmeans", "scikit-learn"), ("kmeans", "numba"), ("hpo", "optuna"), ("dev", "pytest"), ("dev", "pytest-timeout"),
+        ("dev", "pytest-xdist"), ("dev", "pandas"),
         ("dev", "array-api-compat"))
 
 

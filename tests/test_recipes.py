@@ -225,3 +225,200 @@ def test_every_recipe_that_joins_a_process_group_bounds_the_wait():
                 calls.append((path.name, {k.arg for k in node.keywords}))
     assert len(calls) >= 3  # 05, 07, 10
     assert all("timeout" in keywords for _, keywords in calls), calls
+
+
+# -- what a site run needs: resume, the device, the batch, accumulation, a profiling window ----------------
+
+def _stage(name: str) -> dict:
+    return runpy.run_path(str(RECIPES / name), run_name="recipe")
+
+
+def test_a_resumed_stage_equals_an_uninterrupted_one_and_refuses_another_runs_checkpoint(in_tmp):
+    main = _stage("01_baseline.py")["main"]
+    common = {"device": "cpu", "log_every": 5}
+    straight = main(epochs=2, checkpoint="straight.pt", **common)
+    main(epochs=1, checkpoint="cut.pt", **common)
+    resumed = main(epochs=2, checkpoint="cut.pt", resume=True, **common)
+    assert resumed["losses"] == straight["losses"][len(straight["losses"]) // 2:]
+    assert resumed["r2"] == straight["r2"][1:]
+    assert not (in_tmp / "cut.pt.tmp").exists()  # written to a temporary file, then renamed
+    with pytest.raises(SystemExit, match=r"cut.pt is another run's .*resume with its settings"):
+        main(epochs=3, checkpoint="cut.pt", resume=True, lr=0.1, **common)
+
+
+def test_a_resumed_data_parallel_stage_equals_an_uninterrupted_one(ranks_folder):
+    recipe = str(RECIPES / "05_ddp.py")
+    common = {"device": "cpu", "workers": 0, "precision": "fp32", "compile": False}
+    straight = run_on_engines(run_file, 2, recipe, epochs=2, checkpoint="straight05.pt", **common)[0]
+    run_on_engines(run_file, 2, recipe, epochs=1, checkpoint="cut05.pt", **common)
+    resumed = run_on_engines(run_file, 2, recipe, epochs=2, resume=True, checkpoint="cut05.pt", **common)[0]
+    assert resumed["losses"] == straight["losses"][len(straight["losses"]) // 2:]
+    assert resumed["r2"] == straight["r2"][1:]
+
+
+def test_accumulated_micro_batches_train_as_the_engine_does(ranks_folder):
+    arguments = {"epochs": 1, "device": "cpu", "workers": 0, "precision": "fp32", "compile": False, "accumulate": 2}
+    recipe = run_on_engines(run_file, 2, str(RECIPES / "05_ddp.py"), **arguments)
+    engine = run_on_engines(engine_twin, 2, "05_ddp.py", **arguments)
+    _assert_equal_runs(recipe[0], engine[0])
+
+
+class _FakeCuda:
+    """torch.cuda as a node with `visible` GPUs shows it to one process."""
+
+    def __init__(self, monkeypatch, visible: int):
+        import torch
+
+        self.chosen = []
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+        monkeypatch.setattr(torch.cuda, "set_device", self.chosen.append)
+
+
+@pytest.mark.parametrize("visible, local_rank, chosen", [(1, 3, 0), (4, 3, 3)])
+def test_a_rank_takes_its_only_gpu_or_the_one_at_its_local_rank(monkeypatch, visible, local_rank, chosen):
+    from training_tools import pick_device
+
+    cuda = _FakeCuda(monkeypatch, visible)
+    assert str(pick_device("cuda", local_rank)) == f"cuda:{chosen}" and cuda.chosen == [chosen]
+
+
+@pytest.mark.parametrize("visible, local_rank, message", [
+    (0, 0, r"local rank 0, and this node shows 0 GPUs"),
+    (4, 5, r"local rank 5, and this node shows 4 GPUs .* fewer ranks per node"),
+])
+def test_a_gpu_asked_for_and_missing_stops_the_stage_naming_the_counts(monkeypatch, visible, local_rank, message):
+    from training_tools import pick_device
+
+    _FakeCuda(monkeypatch, visible)
+    with pytest.raises(SystemExit, match=message):
+        pick_device("cuda", local_rank)
+    assert str(pick_device("cpu", local_rank)) == "cpu"
+
+
+@pytest.mark.parametrize("stage, arguments, message", [
+    ("05_ddp.py", {"batch_size": 3}, r"--batch-size 3 is the global batch: it must split evenly over 2 ranks x 1"),
+    ("05_ddp.py", {"batch_size": 32, "accumulate": 3}, r"over 2 ranks x 3 micro-batches"),
+    ("10_fsdp_tp.py", {"batch_size": 1}, r"--batch-size 1 split evenly over 2 data ranks"),
+])
+def test_a_global_batch_the_ranks_cannot_share_stops_the_stage_before_it_starts(monkeypatch, stage, arguments,
+                                                                                 message):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit, match=message):
+        _stage(stage)["main"](device="cpu", **arguments)
+
+
+def test_the_profiling_window_names_the_forward_backward_and_step(in_tmp, capsys):
+    _stage("04_compile.py")["main"](epochs=1, device="cpu", workers=0, precision="fp32", compile=False,
+                                    profile_steps="3,5")
+    trace = json.loads((in_tmp / "trace.json").read_text())
+    names = {event.get("name") for event in trace["traceEvents"]}
+    assert {"forward", "backward", "optimizer step"} <= names
+    assert "optimizer step" in capsys.readouterr().out  # the table, printed when the window closes
+
+
+def test_each_stage_logs_samples_per_second_once_per_block(in_tmp, capsys):
+    result = _stage("01_baseline.py")["main"](epochs=1, device="cpu", log_every=10)
+    steps = len(result["losses"])  # 1,024 samples / 32 = 32 steps: blocks of 10, 10, 10 and 2
+    assert len(result["throughput"]) == -(-steps // 10) and all(rate > 0 for rate in result["throughput"])
+    assert capsys.readouterr().out.count("samples/s") == len(result["throughput"])
+
+
+@pytest.mark.parametrize("config", ["tiny", "demo"])
+@pytest.mark.parametrize("stage", ["01_baseline.py", "05_ddp.py", "07_large_batch.py", "10_fsdp_tp.py"])
+def test_the_engine_twin_trains_the_recipes_own_model_on_every_config(stage, config):
+    """The twin takes the stage's model settings, not the config's (demo's CNN is wider and deeper)."""
+    from dlscale.config import load_config
+    from dlscale.lessons.recipes import engine_settings
+    from dlscale.models import build_model
+
+    name, overrides = engine_settings(stage, config=config)
+    cfg = load_config(name).override({k: v for k, v in overrides.items() if k != "config"})
+    engine = build_model(cfg)
+    if stage == "10_fsdp_tp.py":
+        from dlscale.models import ViTRegressor
+        recipe = ViTRegressor(image_size=cfg.image_size, width=32, depth=2, heads=4)
+    else:
+        recipe = _stage(stage)["make_model"](8, 2)
+    assert [p.shape for p in engine.parameters()] == [p.shape for p in recipe.parameters()]
+
+
+def test_stage_07_scales_adam_like_optimizers_by_the_square_root_and_sgd_linearly():
+    from dlscale.lessons.recipes import engine_settings
+
+    assert engine_settings("07_large_batch.py")[1]["lr_scaling"] == "sqrt"
+    assert engine_settings("07_large_batch.py", optimizer_name="lamb")[1]["lr_scaling"] == "sqrt"
+    assert engine_settings("07_large_batch.py", optimizer_name="lars")[1]["lr_scaling"] == "linear"
+    assert engine_settings("07_large_batch.py", optimizer_name="sgd")[1]["lr_scaling"] == "linear"
+
+
+UNEVEN_VALIDATION = '''
+import datetime, os, runpy
+import torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from torch.utils.data import DataLoader, TensorDataset
+from dlscale.models import ViTRegressor
+
+def main(recipe):
+    r2_score = runpy.run_path(recipe, run_name="recipe")["r2_score"]
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    x, y = torch.randn(40, 1, 8, 8, generator=torch.Generator().manual_seed(1)), torch.randn(40, 3)
+    whole = ViTRegressor(image_size=8, width=16, depth=2, heads=2)
+    with torch.device("meta"):
+        model = ViTRegressor(image_size=8, width=16, depth=2, heads=2)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    model.to_empty(device="cpu")
+    model.init_weights(0)
+    share = slice(0, 30) if rank == 0 else slice(30, 40)  # rank 0: 4 batches of 8, rank 1: 2
+    sharded = r2_score(model, DataLoader(TensorDataset(x[share], y[share]), batch_size=8), torch.device("cpu"))
+    with torch.no_grad():
+        error = ((whole(x).double() - y.double()) ** 2).sum(0)
+    reference = float((1 - error / ((y.double() - y.double().mean(0)) ** 2).sum(0)).mean())
+    dist.destroy_process_group()
+    return sharded, reference
+'''
+
+
+def test_sharded_validation_over_uneven_shares_ends_and_counts_every_map_once(ranks_folder, tmp_path):
+    """Rank 0 has 4 validation batches, rank 1 has 2: FSDP's gathers need both ranks in each forward pass."""
+    script = tmp_path / "uneven.py"
+    script.write_text(UNEVEN_VALIDATION)
+    results = run_on_engines(run_file, 2, str(script), recipe=str(RECIPES / "10_fsdp_tp.py"), timeout=120)
+    for sharded, reference in results:
+        assert sharded == pytest.approx(reference, abs=1e-6)
+
+
+def test_a_rank_killed_under_torchrun_ends_the_job_within_seconds(in_tmp):
+    """torchrun's agent sees a rank die and stops the others: nobody waits for the collective timeout.
+    (Under srun the job scripts ask for the same with --kill-on-bad-exit=1.)"""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               str(RECIPES / "05_ddp.py"), "--device", "cpu", "--workers", "0", "--no-compile", "--precision", "fp32",
+               "--epochs", "200", "--log-every", "4"]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    try:
+        for line in job.stdout:  # both ranks are in the training loop once a block is logged
+            if "samples/s" in line:
+                break
+        ranks = [p for p in psutil.Process(job.pid).children(recursive=True) if "05_ddp.py" in " ".join(p.cmdline())]
+        victim = next(p for p in ranks if p.environ().get("LOCAL_RANK") == "1")
+        victim.kill()
+        killed = time.monotonic()
+        output, _ = job.communicate(timeout=120)
+        ended = time.monotonic() - killed
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode != 0
+    assert ended < 30, f"the job took {ended:.1f} s to end after a rank died"
+    print(f"the job ended {ended:.1f} s after rank 1 was killed")
+    assert "ChildFailedError" in output or "failed" in output.lower()

@@ -26,7 +26,8 @@ from dlscale.metrics.tracking import read_rows
 from .conftest import ROOT, run_cli
 
 SCRIPTS = sorted([*ROOT.glob("slurm/*.sh"), *ROOT.glob("slurm/*/*.sbatch"), ROOT / "slurm/summit/train.lsf",
-                  *ROOT.glob("slurm/sites/*.env"), *ROOT.glob("recipes/*.sbatch")])
+                  *ROOT.glob("slurm/sites/*.env"), *ROOT.glob("recipes/*.sbatch"),
+                  *ROOT.glob("recipes/jobs/*")])
 TRAIN = ["tiny", "norm=group", "progress=false", "plot=false"]
 
 
@@ -143,7 +144,8 @@ def test_a_two_task_training_job_runs_through_srun_and_only_rank0_writes(cluster
 def test_the_recipe_job_runs_the_ddp_stage_under_srun_on_two_ranks(cluster, tmp_path):
     """recipes/09_job.sbatch: srun's variables make the plain-PyTorch recipe two ranks of one job."""
     bin_dir = os.path.dirname(sys.executable)
-    command = ["sbatch", "--parsable", f"--chdir={tmp_path}", "--ntasks=2", str(ROOT / "recipes/09_job.sbatch"),
+    command = ["sbatch", "--parsable", f"--chdir={tmp_path}", "--ntasks=2", "--cpus-per-task=1",
+               str(ROOT / "recipes/09_job.sbatch"),
                "--epochs", "1", "--workers", "0", "--precision", "fp32", "--no-compile"]
     env = cluster.environ({**os.environ, "RECIPES": str(ROOT / "recipes"), "PATH": f"{bin_dir}:{os.environ['PATH']}"})
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
@@ -153,6 +155,30 @@ def test_the_recipe_job_runs_the_ddp_stage_under_srun_on_two_ranks(cluster, tmp_
     assert done.returncode == 0, output
     assert output.count("epoch 1: training loss") == 1, output  # rank 0 prints, rank 1 does not
     assert (tmp_path / "checkpoint.pt").is_file()
+
+
+def test_the_plain_optuna_recipe_runs_two_array_workers_to_the_studys_count(cluster, tmp_path):
+    """recipes/jobs/12_search.sbatch: two array tasks share one journal and stop once 4 trials have finished."""
+    optuna = pytest.importorskip("optuna")
+    bin_dir = os.path.dirname(sys.executable)
+    command = ["sbatch", "--parsable", f"--chdir={tmp_path}", "--array=0-1", "--cpus-per-task=1",
+               str(ROOT / "recipes/jobs/12_search.sbatch"), "--trials", "4", "--epochs", "2", "--precision", "fp32",
+               "--workers", "0"]
+    env = cluster.environ({**os.environ, "RECIPES": str(ROOT / "recipes"), "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip()
+    for task in (0, 1):
+        _wait_for_state(cluster, f"{job}_{task}", "COMPLETED")
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    study = optuna.load_study(study_name="recipe-search",
+                              storage=JournalStorage(JournalFileBackend(str(tmp_path / "search.journal"))))
+    finished = [t for t in study.trials if t.state.is_finished()]
+    assert 4 <= len(finished) <= 5  # (a trial the other worker had begun may end after the fourth)
+    outputs = [(tmp_path / f"search-{job}_{task}.out").read_text() for task in (0, 1)]
+    assert all("trials finished; the best" in text for text in outputs), outputs
+    assert len({t.params["lr"] for t in study.trials}) == len(study.trials)  # the workers' seeds differ
 
 
 # float64, so that the two-node job and one process agree to rounding (as in test_distributed)

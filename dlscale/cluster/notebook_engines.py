@@ -73,7 +73,11 @@ def run_file(path: str, function: str = "main", /, **kwargs: Any) -> Any:
     """``function(**kwargs)`` of the Python file at ``path``, loaded afresh: a recipe script on the engines,
     as in ``run_on_engines(run_file, 2, "recipes/05_ddp.py", epochs=1)`` (its ``__main__`` block does not run)."""
     import runpy
+    import sys
 
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in sys.path:  # as python does for a script: the stages import training_tools beside them
+        sys.path.insert(0, folder)
     return runpy.run_path(str(path), run_name="recipe")[function](**kwargs)
 
 

@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import difflib
 import json
+import sys
 from pathlib import Path
 
 #: What a recipe file has after its cell: the command line (a kernel must not run it, its argv is Jupyter's).
-SCRIPT_FOOTER = '\n\nif __name__ == "__main__":\n    main(**parse_args())\n'
+SCRIPT_FOOTER = '\n\nif __name__ == "__main__":\n    main(**parse_args(main))\n'
 
 #: The repository's recipes/ folder (the recipes are not part of the installed package).
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+# The stages import their shared plumbing (recipes/training_tools.py) from their own folder, which python
+# puts first on the path for a script it runs; a kernel that runs a stage's cell (any lesson imports
+# dlscale.lessons first), or a test that loads a stage, finds it here.
+if str(RECIPES) not in sys.path:
+    sys.path.append(str(RECIPES))
 
 
 class RecipeError(ValueError):
@@ -84,9 +90,10 @@ def write_recipes(notebooks: Path, recipes: Path, check: bool = False) -> list[P
 
 #: Recipe arguments whose config key has another name.
 _CONFIG_KEYS = {"batch_size": "global_batch_size", "workers": "num_workers", "clip": "grad_clip",
-                "tp": "tensor_parallel", "scaling": "lr_scaling", "optimizer_name": "optimizer"}
-#: Recipe arguments with no effect on what is computed (where it runs, where it writes).
-_NOT_COMPUTED = {"device", "checkpoint", "resume", "config"}
+                "tp": "tensor_parallel", "scaling": "lr_scaling", "optimizer_name": "optimizer",
+                "accumulate": "grad_accumulation"}
+#: Recipe arguments with no effect on what is computed (where it runs, where it writes, what it logs).
+_NOT_COMPUTED = {"device", "checkpoint", "resume", "config", "log_every", "profile_steps"}
 
 
 def recipe_defaults(stage: str) -> dict:
@@ -112,6 +119,8 @@ def engine_settings(stage: str, **arguments) -> tuple[str, dict]:
     values = {**recipe_defaults(stage), **arguments}
     overrides = {_CONFIG_KEYS.get(k, k): v for k, v in values.items() if k not in _NOT_COMPUTED}
     overrides.setdefault("num_workers", 0)
+    if overrides.get("lr_scaling") == "auto":  # stage 07's rule: square root for Adam-like optimizers
+        overrides["lr_scaling"] = "sqrt" if overrides.get("optimizer", "adamw") in ("adamw", "lamb") else "linear"
     if number < 7 or number == 10:
         overrides.update(warmup_steps=0, decay="none")
     if number < 3:

@@ -23,7 +23,7 @@ def build_model(cfg: TrainConfig, in_channels: int = 1, num_outputs: int = len(T
     if cfg.model == "vit":
         return ViTRegressor(in_channels, num_outputs, image_size=cfg.image_size, patch_size=cfg.patch_size,
                             width=cfg.width, depth=cfg.depth, heads=cfg.heads,
-                            activation_checkpointing=cfg.activation_checkpointing)
+                            activation_checkpointing=cfg.activation_checkpointing, seed=cfg.seed)
     model = CNNRegressor(in_channels, num_outputs, width=cfg.width, depth=cfg.depth, norm=cfg.norm)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)

@@ -7,12 +7,17 @@ tensor parallelism addresses them (:func:`dlscale.distributed.parallelize.apply_
 attention's ``wq``/``wk``/``wv`` and the MLP's ``w1`` split column-wise, ``wo`` and ``w2``
 row-wise. The attention reads its number of heads from the width of ``wq``'s output, so a
 rank that holds half of the columns computes half of the heads without knowing it.
+
+Its weights come from :meth:`ViTRegressor.init_weights`, one parameter at a time from a seed, so that
+a model built whole and one built on the meta device, sharded, then materialized (FSDP2's pattern:
+no rank ever holds the whole model) start from the same values.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
@@ -74,7 +79,7 @@ class ViTRegressor(nn.Module):
 
     def __init__(self, in_channels: int = 1, num_outputs: int = len(TARGET_NAMES), image_size: int = 32,
                  patch_size: int = 4, width: int = 64, depth: int = 2, heads: int = 4,
-                 activation_checkpointing: bool = False):
+                 activation_checkpointing: bool = False, seed: int = 0):
         super().__init__()
         self.heads = heads
         self.patch = nn.Conv2d(in_channels, width, patch_size, stride=patch_size)
@@ -82,6 +87,26 @@ class ViTRegressor(nn.Module):
         self.blocks = nn.ModuleList(Block(width, heads, activation_checkpointing) for _ in range(depth))
         self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, num_outputs)
+        if not self.head.weight.is_meta:  # (on the meta device: after sharding and to_empty, by the caller)
+            self.init_weights(seed)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0) -> None:
+        """Every parameter from ``seed``: weights from a normal distribution of std 0.02 cut at 2 std (ViT's
+        usual start), biases 0, norm scales 1. Each parameter's whole value is drawn on the CPU from a
+        generator of its own, and a sharded parameter (a DTensor) keeps its shard of it: the same start
+        whole, on the meta device then materialized, or sharded any way."""
+        for index, (name, parameter) in enumerate(self.named_parameters()):
+            generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
+            if "norm" in name:
+                whole = torch.ones(parameter.shape) if name.endswith("weight") else torch.zeros(parameter.shape)
+            elif name.endswith("bias"):
+                whole = torch.zeros(parameter.shape)
+            else:
+                whole = torch.randn(parameter.shape, generator=generator).clamp_(-2, 2) * 0.02
+            if isinstance(parameter, DTensor):  # every rank holds the same whole value: no data to send
+                whole = distribute_tensor(whole, parameter.device_mesh, parameter.placements, src_data_rank=None)
+            parameter.copy_(whole.to(parameter.dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = self.patch(x).flatten(2).transpose(1, 2) + self.position

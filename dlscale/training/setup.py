@@ -9,6 +9,7 @@ DTensors), optimizer and gradient sync, schedule; then resume or a fresh start, 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 from dataclasses import dataclass, field
@@ -119,7 +120,11 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
     # (the synthetic set is named by the keys that made it, which the resume check compares already)
     identity = data_identity(data_root) if cfg.data_dir else None
     dataset = train_loader.dataset
-    model = build_model(cfg, dataset.input_shape[0], dataset.num_targets)
+    # A sharded transformer is built on the meta device (no memory), sharded, then each rank allocates and
+    # initializes its own shards only: no rank ever holds the whole model (FSDP2's pattern).
+    on_meta = plan.sharded and cfg.model == "vit"
+    with torch.device("meta") if on_meta else contextlib.nullcontext():
+        model = build_model(cfg, dataset.input_shape[0], dataset.num_targets)
     if cfg.sync_batchnorm:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     policy = Precision.resolve(cfg.precision, device)
@@ -127,7 +132,7 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
         torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
     if plan.data_parallel == "fsdp" and policy.name == "bf16":
         policy = dataclasses.replace(policy, fsdp_casts=True)
-    model = model.to(device, policy.param_dtype)
+    model = model.to(policy.param_dtype) if on_meta else model.to(device, policy.param_dtype)
     if cfg.data_in_memory:  # (the breakdown's run without a loader: the batches already on the device)
         train_loader = InMemoryBatches(train_loader, lambda x, y: to_device(x, y, device, cfg.channels_last,
                                                                            policy.param_dtype))
@@ -143,6 +148,9 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
         if cfg.activation_checkpointing:
             flops = dataclasses.replace(flops, recomputed=counted(True).per_sample - flops.per_sample)
     step_model = build_step_model(model, env, cfg, plan, policy)  # (before the optimizer: FSDP/TP make DTensors)
+    if on_meta:
+        model.to_empty(device=device)
+        model.init_weights(cfg.seed)
     reset_peak(device)  # the memory table's peak is the sharded layout's, not the whole model's before it
     peak_lr = scale_lr(cfg.lr, cfg.base_batch, cfg.global_batch_size, cfg.lr_scaling)
     optimizer, grad_sync = gradient_sync(plan.data_parallel, step_model, build_optimizer(cfg, model, lr=peak_lr),

@@ -1,0 +1,127 @@
+"""The plumbing every stage of the recipe shares, in plain PyTorch: the device, the logged losses and
+samples/s, checkpoint files, named ranges and a profiling window, and the command line.
+
+Copy it beside the stage you take into your own project (the stages import it from their folder).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import os
+import sys
+import time
+from typing import Callable, Literal, get_args, get_origin
+
+import torch
+import torch.distributed as dist
+
+
+def from_launcher(*names: str, default: int = 0) -> int:
+    """The first of the environment variables `names` that is set, as a number: what the launcher told this
+    process (its rank, the number of ranks, its rank on the node), else `default`."""
+    return int(next((os.environ[name] for name in names if name in os.environ), default))
+
+
+def pick_device(device: str, local_rank: int = 0) -> torch.device:
+    """This process's device: a GPU asked for and missing is an error, not a CPU run. A process that sees one
+    GPU (srun --gpus-per-task=1, --gpu-bind=closest) takes it; one that sees several, the local_rank-th."""
+    if not device.startswith("cuda"):
+        return torch.device(device)
+    visible = torch.cuda.device_count()
+    if visible == 0 or (visible > 1 and local_rank >= visible):
+        raise SystemExit(f"--device {device}: local rank {local_rank}, and this node shows {visible} GPUs to this "
+                         f"torch (CUDA {torch.version.cuda}): use a GPU node, fewer ranks per node, or --device cpu")
+    index = 0 if visible == 1 else local_rank
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+class Progress:
+    """Every step's loss, read from the device once per block of `every` steps (not once per step), and each
+    block's samples/s: its clock stops when the block's losses have arrived, so its work is done. With several
+    ranks the block is averaged over them in one all-reduce (torch.distributed's, or `average`'s: Horovod's)."""
+
+    def __init__(self, every: int, samples_per_step: int, average: Callable | None = None):
+        self.every, self.samples_per_step, self.losses, self.throughput = every, samples_per_step, [], []
+        self.average = average or (_all_reduce_mean if dist.is_available() and dist.is_initialized() else None)
+        self.speak = (dist.get_rank() == 0) if self.average is _all_reduce_mean else True
+        self.begin()
+
+    def begin(self) -> None:  # at each epoch: validation and checkpoints are not training time
+        self.pending, self.start = [], time.perf_counter()
+
+    def step(self, loss: torch.Tensor | None = None) -> None:
+        """Keep a step's loss; without one (an epoch's end), read the block so far."""
+        self.pending += [] if loss is None else [loss.detach()]
+        if self.pending and (loss is None or len(self.pending) == self.every):
+            block = torch.stack(self.pending)
+            self.losses += (self.average(block) if self.average else block).tolist()
+            self.throughput.append(len(self.pending) * self.samples_per_step / (time.perf_counter() - self.start))
+            if self.speak:
+                print(f"step {len(self.losses)}: loss {self.losses[-1]:.4f}, {self.throughput[-1]:.1f} samples/s")
+            self.begin()
+
+
+def _all_reduce_mean(block: torch.Tensor) -> torch.Tensor:
+    """The mean over the ranks: each rank's loss is its share's, their mean the global batch's."""
+    dist.all_reduce(block)
+    return block / dist.get_world_size()
+
+
+def save_checkpoint(state: dict, path: str) -> None:
+    """A temporary file renamed over the old one: a crash mid-write leaves the previous checkpoint whole."""
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_checkpoint(path: str, run: dict, device: torch.device) -> dict | None:
+    """The checkpoint to resume from (None if there is none); one written with other settings is refused."""
+    state = torch.load(path, map_location=device) if os.path.exists(path) else None
+    if state and state["run"] != run:
+        raise SystemExit(f"{path} is another run's ({state['run']}): resume with its settings, or move it away")
+    return state
+
+
+@contextlib.contextmanager
+def marked(name: str):
+    """A named range: a row of torch.profiler's table and, on a GPU, an NVTX range on Nsight Systems' timeline."""
+    with torch.profiler.record_function(name), (torch.cuda.nvtx.range(name) if torch.cuda.is_available()
+                                                 else contextlib.nullcontext()):
+        yield
+
+
+class ProfilingWindow:
+    """Steps [first, last) of `steps` ("10,15"; "" for none) recorded by torch.profiler (its table printed, a trace
+    for Perfetto written) and, on a GPU, by Nsight Systems run with --capture-range=cudaProfilerApi."""
+
+    def __init__(self, steps: str, trace: str = "trace.json"):
+        self.first, self.last = (int(s) for s in steps.split(",")) if steps else (0, 0)
+        self.trace, self.done, self.profiler = trace, 0, torch.profiler.profile(record_shapes=True)
+
+    def step(self) -> None:
+        """After each training step: start or end the recording at the window's edges."""
+        self.done, gpu = self.done + 1, torch.cuda.is_available()
+        if self.done in (self.first, self.last) and gpu:
+            (torch.cuda.profiler.start if self.done == self.first else torch.cuda.profiler.stop)()
+        if self.done == self.first:
+            self.profiler.start()
+        elif self.done == self.last:
+            self.profiler.stop()
+            self.profiler.export_chrome_trace(self.trace)
+            print(self.profiler.key_averages().table(sort_by="cpu_time_total", row_limit=20))
+
+
+def parse_args(main: Callable) -> dict:
+    """The command line of a stage: --name value for each argument of its main (--resume, --no-resume for a
+    switch, the values of a Literal for one annotated so)."""
+    summary = (getattr(sys.modules.get(main.__module__), "__doc__", None) or "\n").splitlines()[0]
+    parser = argparse.ArgumentParser(description=summary)
+    for name, argument in inspect.signature(main).parameters.items():
+        flag, default = "--" + name.replace("_", "-"), argument.default
+        if isinstance(default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+        elif isinstance(default, (int, float, str)):
+            parser.add_argument(flag, type=type(default), default=default, 
+                                choices=get_args(argument.annotation) if get_origin(argument.annotation) is Literal else None)
+    return vars(parser.parse_args())

@@ -1,0 +1,109 @@
+"""The recipe's job scripts for each site (recipes/jobs/), rendered here with stand-ins for the site's commands.
+
+Only a site runs them for real; what is checked is what they would start there: the launcher's line (tasks,
+cores, GPU binding, the stage and its arguments), the software they load, and the network settings. The
+generic Slurm script (recipes/09_job.sbatch) runs on the local cluster in tests/test_slurm.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from .conftest import ROOT
+
+SITE_COMMANDS = ("srun", "mpiexec", "module", "conda", "podman-hpc")
+
+
+def _render(tmp_path, script: str, *args: str, env: dict | None = None, nodes: int = 2) -> tuple[str, str]:
+    """Run a job script as its scheduler would start it, with the site's commands recorded instead of run.
+    Returns (the launcher's line, every recorded call)."""
+    fake, log = tmp_path / "bin", tmp_path / "calls.log"
+    fake.mkdir(exist_ok=True)
+    hosts = "\n".join(f"nid00{i}" for i in range(nodes)) + "\n"
+    (tmp_path / "nodes").write_text(hosts)
+    (fake / "scontrol").write_text(f"#!/bin/sh\ncat {tmp_path / 'nodes'}\n")
+    for tool in SITE_COMMANDS:  # each records its arguments and the environment the ranks would see
+        (fake / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> "{log}"\n'
+                                 f'[ "{tool}" = module ] || env | grep -E "^(NCCL|FI|MASTER|OMP|MIOPEN)_" | '
+                                 f'sed "s/^/  /" >> "{log}"\n')
+    for tool in fake.iterdir():
+        tool.chmod(0o755)
+    environ = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path), "USER": "someone",
+               "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "nid[000-001]", "SLURM_JOB_NUM_NODES": str(nodes),
+               "SLURM_CPUS_PER_TASK": "32", "SLURM_SUBMIT_DIR": str(ROOT), "PBS_NODEFILE": str(tmp_path / "nodes"),
+               "PBS_JOBID": "4242.polaris-pbs-01", "PBS_O_WORKDIR": str(ROOT), **(env or {})}
+    done = subprocess.run(["bash", str(ROOT / "recipes" / script), *args], cwd=tmp_path, env=environ,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    calls = log.read_text()
+    launcher = next(line for line in calls.splitlines() if line.startswith(("srun --", "mpiexec")) and "05_ddp" in line)
+    return launcher, calls
+
+
+def test_perlmutter_runs_a_task_per_gpu_with_32_cores_the_module_and_the_gpu_order(tmp_path):
+    launcher, calls = _render(tmp_path, "jobs/perlmutter.sbatch", "--epochs", "2")
+    assert "module load pytorch" in calls
+    assert launcher.startswith("srun --cpu-bind=cores --gpu-bind=none --kill-on-bad-exit=1 bash -c")
+    assert "CUDA_VISIBLE_DEVICES=3,2,1,0 exec python" in launcher
+    assert launcher.endswith(f"{ROOT}/recipes/05_ddp.py --device cuda --epochs 2")
+    assert "#SBATCH --cpus-per-task=32" in (ROOT / "recipes/jobs/perlmutter.sbatch").read_text()
+    for setting in ("NCCL_NET=AWS Libfabric", "FI_MR_CACHE_MONITOR=userfaultfd", "NCCL_SOCKET_IFNAME=hsn",
+                    "MASTER_ADDR=nid000", "MASTER_PORT=14242", "OMP_NUM_THREADS=32"):
+        assert f"  {setting}\n" in calls, setting
+
+
+def test_perlmutter_on_one_node_does_not_ask_for_the_network_plugin_and_runs_an_image_with_podman_hpc(tmp_path):
+    launcher, calls = _render(tmp_path, "jobs/perlmutter.sbatch", env={"PM_IMAGE": "nersc/pytorch:24.08.01"},
+                              nodes=1)
+    assert "module load" not in calls and "NCCL_NET=" not in calls
+    assert "podman-hpc run --rm --mpi --gpu --nccl" in launcher and "nersc/pytorch:24.08.01 bash -c" in launcher
+
+
+def test_frontier_binds_each_of_8_tasks_to_its_closest_gcd_with_rccls_plugin_and_miopens_cache(tmp_path):
+    launcher, calls = _render(tmp_path, "jobs/frontier.sbatch", "--epochs", "2")
+    assert "module load PrgEnv-gnu rocm/6.4.1 craype-accel-amd-gfx90a" in calls and "module load aws-ofi-rccl" in calls
+    for flag in ("--ntasks-per-node=8", "-c7", "--gpus-per-node=8", "--gpu-bind=closest",
+                 "--network=disable_rdzv_get", "--kill-on-bad-exit=1"):
+        assert f" {flag} " in launcher, flag
+    assert launcher.endswith("recipes/05_ddp.py --device cuda --epochs 2")
+    for setting in ("NCCL_SOCKET_IFNAME=hsn0", "MIOPEN_USER_DB_PATH=/tmp/someone-miopen-cache-4242",
+                    "MIOPEN_CUSTOM_CACHE_DIR=/tmp/someone-miopen-cache-4242", "OMP_NUM_THREADS=7"):
+        assert f"  {setting}\n" in calls, setting
+    assert "srun --ntasks-per-node=1 mkdir -p /tmp/someone-miopen-cache-4242" in calls  # MIOpen does not make it
+
+
+def test_polaris_starts_4_ranks_per_node_with_mpiexec_bound_by_depth_and_alcfs_nccl_settings(tmp_path):
+    launcher, calls = _render(tmp_path, "jobs/polaris.pbs", env={"ARGS": "--epochs 2 --config demo"})
+    assert "module load conda" in calls and "conda activate base" in calls
+    assert launcher.startswith("mpiexec -n 8 --ppn 4 --depth 8 --cpu-bind depth --env OMP_NUM_THREADS=8 python")
+    assert launcher.endswith("recipes/05_ddp.py --device cuda --epochs 2 --config demo")
+    for setting in ("NCCL_NET=AWS Libfabric", "NCCL_NET_GDR_LEVEL=PHB", "NCCL_CROSS_NIC=1", "MASTER_ADDR=nid000",
+                    "MASTER_PORT=14242"):
+        assert f"  {setting}\n" in calls, setting
+
+
+def test_the_recipe_reads_its_rank_from_each_launcher(monkeypatch):
+    """torchrun, srun and Polaris's mpiexec (PALS) name the ranks differently; the first one set wins."""
+    from dlscale.lessons.recipes import RECIPES  # noqa: F401  (puts recipes/ on the path)
+    from training_tools import from_launcher
+
+    for name in ("RANK", "SLURM_PROCID", "PMI_RANK", "WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert from_launcher("WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE", default=1) == 1
+    monkeypatch.setenv("PMI_RANK", "5")
+    assert from_launcher("RANK", "SLURM_PROCID", "PMI_RANK") == 5
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    assert from_launcher("RANK", "SLURM_PROCID", "PMI_RANK") == 3
+
+
+@pytest.mark.parametrize("script", ["jobs/perlmutter.sbatch", "jobs/frontier.sbatch", "jobs/polaris.pbs",
+                                    "09_job.sbatch"])
+def test_every_job_script_cites_the_guide_it_follows_and_ends_the_job_when_a_rank_dies(script):
+    text = (ROOT / "recipes" / script).read_text()
+    assert script == "09_job.sbatch" or "docs." in text  # the site's documentation, by address
+    assert "--kill-on-bad-exit=1" in text or "mpiexec" in text  # (PALS ends the job when a rank fails)
+    commands = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    assert not any("| head" in line for line in commands)  # no SIGPIPE under pipefail
