@@ -34,7 +34,7 @@ LESSONS = {
     "05_data_parallel.ipynb": {"allreduce_max_kib": 256, "scaling_steps": 10},
     "06_horovod.ipynb": {"steps": 20, "allreduce_max_kib": 256},
     "08_distributed_kmeans.ipynb": {"colours": [4, 8], "bench_copies": 1, "bench_iters": 3, "bench_rounds": 1},
-    "09_scaling_out.ipynb": {"sizes": [1, 2], "steps": 20, "target_r2": 0.0},
+    "09_scaling_out.ipynb": {"sizes": [1, 2], "steps": 20, "target_r2": 0.0, "preempt_epochs": 4},
     "10_sharded_and_model_parallel.ipynb": {"steps": 12, "memory_width": 32, "memory_steps": 7,
                                             "memory_ranks": 2},
     "07_large_batch.ipynb": {"sweep_size": "smoke", "sweep_recipes": ["no scaling", "LARS + warmup"],

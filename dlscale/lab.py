@@ -1,0 +1,145 @@
+"""The one door from the notebooks into the kit: every name a lesson, exercise or solution uses.
+
+Lessons import from here only (``from dlscale.lab import bench_allreduce, loss_curves``); the
+recipe's own imports (the data set, ``dlscale.optim``'s layer-wise optimizers, the ViT) and
+``dlscale.train`` aside. So the package's insides can move or be renamed without touching a lesson:
+only the table below changes. The names are stable; a test keeps the notebooks to them.
+
+What is here, by what a notebook does with it:
+
+- **train and set up**: the engine (``train``), configs, models, data, devices, optimizers;
+- **measure**: the benchmarks (``bench_*``), the profiler's tables, memory, throughput rounds;
+- **run elsewhere**: ipyparallel engines, torchrun, a Slurm queue or a cluster on this machine;
+- **read and show**: reports, tables and plots;
+- **ask and check**: the predictions asked before a measurement, the conclusions drawn from the
+  attendee's numbers, the exercises' checks, the recipe's engine twin;
+- **plan and search**: the scaling model and plans, the hyperparameter search, K-Means.
+
+Each name is imported when first used (PEP 562), so ``import dlscale.lab`` is cheap and a name
+whose optional extra is missing fails only when a cell uses it, with the extra's name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: name -> (module, attribute in it; None for the module itself)
+_WHERE: dict[str, tuple[str, str | None]] = {}
+
+
+def _add(module: str, *names: str) -> None:
+    for name in names:
+        _WHERE[name] = (module, name)
+
+
+# -- train and set up ----------------------------------------------------------------------------------
+_add("dlscale.train", "train", "train_quietly")
+_add("dlscale.config", "load_config")
+_add("dlscale.models", "CNNRegressor", "ViTRegressor", "build_model", "count_parameters")
+_add("dlscale.data", "FieldSpec", "ShardDataset", "TARGET_NAMES", "generate_fields", "make_loader", "mini_cosmoflow",
+     "prepare_data", "read_manifest", "synthetic_dir")
+_add("dlscale.checkpoint", "load_model")
+_add("dlscale.runtime.devices", "resolve_device")
+_add("dlscale.runtime.precision", "Precision", "gradient_underflow")
+_add("dlscale.runtime.threads", "fair_threads")
+_add("dlscale.optim", "LAMB", "LARS")
+_add("dlscale.optim.schedules", "lr_trace", "scale_lr")
+_add("dlscale.training.step", "train_step")
+_add("dlscale.metrics.evaluation", "predict")
+_add("dlscale.metrics.steplog", "DivergedError")
+_WHERE["distributed"] = ("dlscale.distributed", None)
+_add("dlscale.distributed", "detect_launcher", "horovod_backend")
+
+# -- measure ---------------------------------------------------------------------------------------------
+_add("dlscale.bench.allreduce", "ALLREDUCE_SIZES", "bench_allreduce")
+_add("dlscale.bench.breakdown", "bench_breakdown", "engine_runner", "format_breakdown", "slurm_runner")
+_add("dlscale.bench.kmeans", "bench_kmeans", "format_kmeans")
+_add("dlscale.bench.ladder", "bench_ladder", "format_ladder", "ladder_chart")
+_add("dlscale.bench.large_batch", "format_table", "large_batch_sweep", "sweep_figure")
+_add("dlscale.bench.loader", "bench_loader")
+_add("dlscale.bench.memory", "LAYOUTS", "bench_memory", "format_memory")
+_add("dlscale.bench.repeats", "measure_rounds")
+_add("dlscale.bench.scaling", "bench_scaling", "format_scaling")
+_add("dlscale.bench.staging", "bench_staging")
+_add("dlscale.profiling", "as_shell", "nsys_command", "nsys_stats_command", "nvtx_range", "phase_times",
+     "read_summary")
+_add("dlscale.profiling.flops", "PEAK_FLOPS")
+_add("dlscale.profiling.step_profiler", "operator_times")
+_add("dlscale.metrics.communication", "data_parallel_bytes", "tensor_parallel_bytes")
+_add("dlscale.metrics.memory", "checkpointing_trade", "estimate_bytes")
+_add("dlscale.metrics.tracking", "offline_wandb_runs", "read_rows", "wandb_sync_command")
+_add("dlscale.metrics.weight_difference", "largest_weight_difference")
+
+# -- run elsewhere: engines, torchrun, Slurm --------------------------------------------------------------
+_add("dlscale.cluster.environment", "describe", "report")
+_add("dlscale.cluster.launch", "torchrun_command")
+_add("dlscale.cluster.local_slurm", "LocalSlurm", "missing_programs", "multi_node_unavailable")
+_add("dlscale.cluster.notebook_engines", "run_file", "run_on_engines", "train_rank")
+_add("dlscale.cluster.queue", "job_environ", "open_queue")
+_add("dlscale.cluster.slurm_jobs", "job_info", "submit", "submit_sweep", "wait_for_jobs", "wait_until")
+
+# -- read and show -----------------------------------------------------------------------------------------
+_add("dlscale.reporting.plots", "allreduce_bandwidth", "allreduce_fit", "bar_chart", "breakdown_bars",
+     "cost_to_solution", "efficiency_projection", "kmeans_ratios", "loss_curves", "lr_schedules", "map_gallery",
+     "memory_chart", "noise_scale_curve", "predictions_vs_truth", "quantized_images", "scaling_curves",
+     "search_progress", "spread_chart", "trace_timeline", "trial_curves", "trust_ratios")
+_add("dlscale.reporting.report", "collect", "format_report")
+_add("dlscale.reporting.tables", "markdown_table")
+
+# -- ask and check ------------------------------------------------------------------------------------------
+_add("dlscale.lessons.predictions", "BEST_PER_COST", "CONVERGENCE", "FSDP_MEMORY", "LARGEST_LOSS", "LOADER",
+     "NOISE_SCALE", "NO_SCALING", "PRECISION", "STRONG_SCALING")
+_add("dlscale.lessons.conclusions", "breakdown_conclusions", "compare_spreads", "convergence_conclusion",
+     "efficiency_conclusion", "ladder_conclusions", "loader_conclusion", "memory_conclusion",
+     "noise_scale_conclusions", "precision_conclusion", "search_conclusions", "sweep_conclusions",
+     "width_conclusions")
+_add("dlscale.lessons.recipes", "engine_twin", "largest_loss_gap", "recipe_path", "show_recipe_change")
+for _module in ("checks", "plan_checks", "recipe_checks"):  # the exercises' checks, called as checks.check_x(...)
+    _WHERE[_module] = (f"dlscale.lessons.{_module}", None)
+_add("dlscale.lessons.checks", "regression_problem")
+_add("dlscale.lessons.search_checks", "baseline_value", "check_space")
+
+# -- plan and search -----------------------------------------------------------------------------------------
+_add("dlscale.scaling.fit", "fit_link", "predictions", "worst_ratio")
+_add("dlscale.scaling.plan", "allocation_request", "compare", "cost_rows", "format_plan", "predict_next",
+     "recommend")
+_add("dlscale.scaling.projection", "RESNET50_PARAMETERS", "RESNET50_TRAIN_FLOPS", "Workload", "assumptions",
+     "largest_efficient", "overlap_from_breakdown", "project", "workload_for")
+_add("dlscale.scaling.sites", "PERLMUTTER", "here")
+_add("dlscale.hpo", "SearchSpaceError", "create_study", "load_space")
+_add("dlscale.hpo.space", "SEARCH_DIR")
+_add("dlscale.hpo.heartbeat", "wait_for_running")
+_add("dlscale.hpo.launch", "rerun_best", "search", "start_workers", "wait_for_workers")
+_add("dlscale.hpo.results", "best_by_budget", "best_trial", "curves", "format_trials", "save_optuna_plots",
+     "trial_rows")
+_add("dlscale.hpo.width", "concurrent_or_wide")
+_add("dlscale.hpo.worker", "run_worker")
+_add("dlscale.kmeans", "KMeans")
+_add("dlscale.kmeans.command", "load_sample_image", "quantize", "rank_block")
+_add("dlscale.kmeans.launch", "launch_kmeans")
+_WHERE["daal4py_available"] = ("dlscale.kmeans.daal", "available")
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module behind ``name`` on first use and keep the value (PEP 562)."""
+    if name not in _WHERE:
+        raise AttributeError(f"module 'dlscale.lab' has no attribute {name!r}: the lessons' names are "
+                             f"dlscale.lab.__all__")
+    module, attribute = _WHERE[name]
+    value = importlib.import_module(module)
+    if attribute is not None:
+        value = getattr(value, attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+def where(name: str) -> str:
+    """The module a name of the door comes from (``where("bench_allreduce")``: ``dlscale.bench.allreduce``)."""
+    return _WHERE[name][0]

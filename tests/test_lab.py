@@ -1,0 +1,49 @@
+"""The one door from the notebooks into the kit (dlscale.lab): its names resolve, and the notebooks use no other."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+
+import pytest
+
+from .conftest import ROOT
+
+#: What a notebook may import besides the door: the engine itself, and (in cells tagged recipe: the
+#: attendee's script) the recipe's own imports.
+ALSO_ALLOWED = {"dlscale.train"}
+
+
+def _code_cells(folder: str):
+    for path in sorted((ROOT / folder).glob("*.ipynb")):
+        for index, cell in enumerate(json.loads(path.read_text())["cells"]):
+            if cell["cell_type"] == "code" and "recipe" not in cell["metadata"].get("tags", []):
+                source = "\n".join(line for line in "".join(cell["source"]).splitlines()
+                                   if not line.lstrip().startswith(("%", "!")))
+                yield f"{folder}/{path.name}, cell {index}", ast.parse(source)
+
+
+@pytest.mark.parametrize("folder", ["notebooks", "exercises", "solutions"])
+def test_notebooks_reach_the_kit_through_one_door(folder):
+    from dlscale import lab
+
+    for where, tree in _code_cells(folder):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                assert not any(a.name.startswith("dlscale") for a in node.names), f"{where}: import the door instead"
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dlscale"):
+                assert node.module == "dlscale.lab" or node.module in ALSO_ALLOWED, f"{where}: from {node.module}"
+                if node.module == "dlscale.lab":
+                    assert {a.name for a in node.names} <= set(lab.__all__), where
+
+
+def test_every_name_of_the_door_resolves_to_what_its_module_holds():
+    from dlscale import lab
+
+    for name in lab.__all__:
+        module, attribute = lab._WHERE[name]
+        held = importlib.import_module(module)
+        assert getattr(lab, name) is (held if attribute is None else getattr(held, attribute)), name
+    with pytest.raises(AttributeError, match="the lessons' names are dlscale.lab.__all__"):
+        lab.no_such_name  # noqa: B018
