@@ -101,8 +101,8 @@ def _data_check(args: argparse.Namespace) -> int:
 def _exercises(args: argparse.Namespace) -> int:
     from dlscale.lessons.exercises import generate
 
-    return _generated(generate(args.solutions, args.exercises, check=args.check), args.check, "exercise notebook",
-                      "exercises")
+    return _generated(generate(args.solutions, args.exercises, check=args.check, lessons=args.notebooks), args.check,
+                      "exercise notebook", "exercises")
 
 
 def _recipes(args: argparse.Namespace) -> int:
@@ -373,6 +373,7 @@ def _add_exercises(commands: Any) -> None:
                                                 "solutions/*.ipynb by a stub and write exercises/.")
     exercises.add_argument("--check", action="store_true", help="only report exercises that are out of date")
     exercises.add_argument("--solutions", default="solutions")
+    exercises.add_argument("--notebooks", default="notebooks", help="the lessons whose attendee cells it fills")
     exercises.add_argument("--exercises", default="exercises")
     exercises.set_defaults(handler=_exercises)
 

@@ -7,7 +7,8 @@
 # SIZES are node counts (tasks on a one-node "local" cluster; nodes on a local cluster of several). Weak scaling keeps each rank's
 # batch (global batch = PER_RANK_BATCH x ranks); strong scaling keeps the first size's global
 # batch, so PER_RANK_BATCH must divide by the largest size over the first. Each run writes to
-# SWEEP/{weak,strong}-n<SIZE>; each job starts after the previous one ends (afterany), so
+# SWEEP/{weak,strong}-n<SIZE> (at the first size the two are one run: strong-n<SIZE> is a link to
+# weak-n<SIZE>); each job starts after the previous one ends (afterany), so
 # the runs do not compete for the same nodes or file system (DLSCALE_SWEEP_CHAIN=0 submits
 # them side by side). sbatch flags such as -A and -q go in SBATCH_ACCOUNT, SBATCH_QOS, ...
 set -euo pipefail
@@ -39,6 +40,13 @@ for n in "${counts[@]}"; do
     for mode in weak strong; do
         batch=$strong_batch
         [[ $mode == weak ]] && batch=$(( per_rank * ranks ))
+        if [[ $mode == strong && $n == "${counts[0]}" ]]; then
+            # at the first size both series train the same global batch on the same ranks: one run, not two
+            # (strong-n<SIZE> names weak-n<SIZE>'s folder), one job less to wait for
+            ln -sfn "weak-n$n" "$sweep/strong-n$n"
+            echo "strong scaling, size $n: the same run as weak scaling's (global batch $batch): $sweep/strong-n$n"
+            continue
+        fi
         after=()
         if [[ -n $previous && ${DLSCALE_SWEEP_CHAIN:-1} == 1 ]]; then
             after=("--dependency=afterany:$previous")

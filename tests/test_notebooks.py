@@ -4,6 +4,7 @@ import json
 import re
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from dlscale.distributed import horovod_backend
@@ -13,7 +14,7 @@ from dlscale.lessons.exercises import ExerciseError, generate, strip_solutions
 
 from .browser import missing as browser_missing
 from .conftest import ROOT
-from .notebooks import errors, execute, has_image
+from .notebooks import errors, execute, has_image, with_parameters
 
 pytestmark = pytest.mark.notebook
 
@@ -142,9 +143,37 @@ def _assert_two_nodes_ran(notebook):
 
 # -- the exercise contract ----------------------------------------------------------------------
 
+#: Lessons with a cell the attendee completes (tagged attendee), and the exercise whose stub it is.
+ATTENDEE_CELLS = {"01_single_device_baseline.ipynb": "01.1", "02_data_loading.ipynb": "02.1",
+                  "03_mixed_precision.ipynb": "03.2", "04_profiling.ipynb": "04.1", "05_data_parallel.ipynb": "05.3",
+                  "06_horovod.ipynb": "06.1", "07_large_batch.ipynb": "07.3",
+                  "10_sharded_and_model_parallel.ipynb": "10.3"}
+
+
+def test_each_attendee_cell_is_the_stub_of_its_exercise_and_the_tests_fill_it_with_the_answer():
+    lessons = {path.name: json.loads(path.read_text()) for path in (ROOT / "notebooks").glob("*.ipynb")}
+    found = {name: cell["metadata"]["exercise"] for name, lesson in lessons.items() for cell in lesson["cells"]
+             if "attendee" in cell["metadata"].get("tags", [])}
+    assert found == ATTENDEE_CELLS
+    for name, exercise in ATTENDEE_CELLS.items():
+        shipped = with_parameters(ROOT / "notebooks" / name, answers=False)
+        filled = with_parameters(ROOT / "notebooks" / name)
+        [stub] = [c.source for c in shipped.cells if "attendee" in c.metadata.get("tags", [])]
+        [answer] = [c.source for c in filled.cells if "attendee" in c.metadata.get("tags", [])]
+        assert f"raise NotImplementedError(\"Exercise {exercise}" in stub and "NotImplementedError" not in answer
+
+
+@pytest.mark.parametrize("name", sorted(ATTENDEE_CELLS))
+def test_a_lesson_as_shipped_stops_at_its_check_naming_the_missing_part(name, tmp_path):
+    _needs(name)
+    notebook = execute(ROOT / "notebooks" / name, tmp_path, LESSONS[name], allow_errors=True, answers=False,
+                       to_first_check=True)
+    [(index, _, message)] = errors(notebook)
+    assert "check" in notebook.cells[index].metadata["tags"] and f"Exercise {ATTENDEE_CELLS[name]}:" in message
+
 def test_committed_exercises_are_what_the_generator_writes():
-    assert generate(ROOT / "solutions", ROOT / "exercises", check=True) == [], \
-        "exercises/ is out of date: run `dlscale exercises`"
+    assert generate(ROOT / "solutions", ROOT / "exercises", check=True, lessons=ROOT / "notebooks") == [], \
+        "exercises/ or a lesson's attendee cell is out of date: run `dlscale exercises`"
 
 
 def test_generator_replaces_fences_keeping_indentation_and_hint():
@@ -195,11 +224,25 @@ def test_solution_passes_every_check(name, tmp_path):
 
 @pytest.mark.parametrize("name", sorted(SOLUTION_PARAMETERS))
 def test_exercise_fails_every_check_until_filled_in(name, tmp_path):
+    """Only the cells a check needs run: the parameters, the learner's cells (with their stubs) and the checks.
+    The measurements between them (a breakdown, a search) would only feed numbers to a stub that raises."""
     _needs(name)
-    notebook = execute(ROOT / "exercises" / name, tmp_path, SOLUTION_PARAMETERS[name], allow_errors=True)
+
+    def needed(cell) -> bool:
+        return "NotImplementedError" in cell.source or bool({"check", "parameters", "injected-parameters"}
+                                                                & set(cell.metadata.get("tags", [])))
+
+    notebook = execute(ROOT / "exercises" / name, tmp_path, SOLUTION_PARAMETERS[name], allow_errors=True, keep=needed)
     failed = {index for index, _, _ in errors(notebook)}
     checks_at = [i for i, c in enumerate(notebook.cells) if "check" in c.metadata.get("tags", [])]
     assert checks_at and set(checks_at) <= failed
+    # a name a check lacks must be one the stub took the place of, never one a left-out cell would have set
+    left_out = "\n".join(c.source for c in nbformat.read(ROOT / "exercises" / name, as_version=4).cells
+                         if c.cell_type == "code" and not needed(c))
+    for _, _, message in (e for e in errors(notebook) if e[1] == "NameError"):
+        missing = message.split("'")[1]
+        assert not re.search(rf"^\s*(?:{missing}\s*=|def {missing}\b|from .* import .*\b{missing}\b)", left_out,
+                             re.M), f"{name}: a left-out cell sets {missing}"
     stubs = [e for e in errors(notebook) if e[1] == "NotImplementedError"]
     assert {message.split(":")[0] for _, _, message in stubs} == EXERCISES[name]
 
@@ -368,10 +411,10 @@ def test_lesson_06_without_horovod_says_how_to_get_it_and_still_shows_the_recipe
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hidden.parent), os.environ.get("PYTHONPATH", "")]))
     notebook = execute(ROOT / "notebooks" / "06_horovod.ipynb", tmp_path, LESSONS["06_horovod.ipynb"])
     assert errors(notebook) == []
-    text = "\n".join(o.get("text", "") + o.get("data", {}).get("text/markdown", "")
+    text = "\n".join(o.get("text", "") + o.get("data", {}).get("text/markdown", "") + o.get("data", {}).get("text/html", "")
                      for cell in notebook.cells for o in cell.get("outputs", []))
     assert "Horovod is not installed here. `make horovod` builds it" in text
-    assert text.count("skipped: needs Horovod (make horovod)") == 5  # the five cells that run Horovod
+    assert text.count("skipped: needs Horovod (make horovod)") == 6  # the check and the five cells that run Horovod
     assert "+    hvd.init()" in text  # the diff from the DDP recipe, shown all the same
 
 
@@ -416,3 +459,18 @@ def test_lesson_11_checks_name_the_usual_slips():
         plan_checks.check_cheapest(fastest)
     with pytest.raises(AssertionError, match="the deadline is 6 h"):
         plan_checks.check_cheapest(no_deadline)
+
+
+def test_a_stub_left_in_an_answer_is_named_before_any_engine_starts():
+    """The checks that run an answer on engines or ranks read it first: a stub fails at once, naming the exercise."""
+    from dlscale.lessons.checks import _require_filled_in
+
+    namespace = {}
+    exec(compile('def shard(model, mesh):\n    # TODO Exercise 10.3: shard it\n'
+                 '    raise NotImplementedError("Exercise 10.3: shard it")\n', "<cell>", "exec"), namespace)
+    import linecache
+    linecache.cache["<cell>"] = (0, None, ['def shard(model, mesh):\n', '    # TODO Exercise 10.3: shard it\n',
+                                           '    raise NotImplementedError("Exercise 10.3: shard it")\n'], "<cell>")
+    with pytest.raises(NotImplementedError, match=r"^Exercise 10.3: shard it$"):
+        _require_filled_in(namespace["shard"])
+    _require_filled_in(print, lambda: None)  # no source, or no stub: nothing to say

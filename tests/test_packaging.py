@@ -111,3 +111,27 @@ def test_under_a_sites_pytorch_module_setup_keeps_the_modules_torch(tmp_path):
     assert '"torch==' in lines[""] and "--system-site-packages" not in lines[""]
     with_module = lines["craype-x86-milan:gpu:pytorch/2.6.0"]
     assert "-m venv --system-site-packages" in with_module and '"torch==' not in with_module
+
+
+def test_the_workshop_paths_add_up_and_are_at_least_40_percent_hands_on():
+    """The README's schedule: each lesson's talk + hands-on + compute is its total, the totals are the paths'."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("**A workshop of 4 hours, or a day.**", 1)[1].split("\n\n", 2)[1]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    for path in (1, 2):
+        minutes = hands_on = optional = 0
+        for row in rows[:-1]:
+            split = re.match(r"(\d+) \+ (\d+) \+ (\d+) = (\d+) min", row[path])
+            if split:
+                talk, work, compute, total = map(int, split.groups())
+                assert talk + work + compute == total, row
+                minutes, hands_on = minutes + total, hands_on + work
+                optional += total if "optional" in row[path] else 0
+            elif re.fullmatch(r"\d+ min", row[path]):  # breaks
+                minutes += int(row[path].split()[0])
+        stated = re.match(r"\*\*(\d+) min .*?, (\d+) of them hands-on \((\d+)%\)", rows[-1][path])
+        assert stated, rows[-1][path]
+        assert (minutes, hands_on) == (int(stated[1]), int(stated[2])), (path, minutes, hands_on)
+        assert round(100 * hands_on / minutes) == int(stated[3]) and hands_on >= 0.4 * minutes
+        if optional:
+            assert f"{minutes - optional} min without 06 and 08" in rows[-1][path]

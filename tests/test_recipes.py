@@ -422,3 +422,13 @@ def test_a_rank_killed_under_torchrun_ends_the_job_within_seconds(in_tmp):
     assert ended < 30, f"the job took {ended:.1f} s to end after a rank died"
     print(f"the job ended {ended:.1f} s after rank 1 was killed")
     assert "ChildFailedError" in output or "failed" in output.lower()
+
+
+def test_a_stages_change_is_shown_coloured_unwrapped_with_the_whole_file_a_click_away():
+    from dlscale.lessons.recipes import recipe_change_html
+
+    page = recipe_change_html("04_compile.py", "05_ddp.py")
+    assert 'style="background:#e6ffec">+from torch.nn.parallel import DistributedDataParallel</div>' in page
+    assert 'style="background:#ffebe9">-' in page and "white-space:pre;overflow-x:auto" in page
+    assert "<details><summary>the whole of recipes/05_ddp.py</summary>" in page
+    assert page.count("init_process_group") >= 2  # a changed line, and the file behind the click

@@ -376,7 +376,8 @@ def test_a_sweep_submits_weak_and_strong_series_and_the_report_reads_them(cluste
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     jobs = re.findall(r"job (\d+)", done.stdout)
-    assert len(jobs) == 4
+    assert len(jobs) == 3  # at size 1 the weak and the strong series are one run (strong-n1 links to weak-n1)
+    assert (tmp_path / "runs/sweep/strong-n1").resolve() == (tmp_path / "runs/sweep/weak-n1").resolve()
     for job in jobs:
         _wait_for_state(cluster, job, "COMPLETED")
     report = run_cli("report", "runs/sweep", "--target-r2", "0.0", cwd=tmp_path)

@@ -15,8 +15,14 @@ that keeps the indentation and the hint::
 A markdown cell tagged ``answer`` holds a model answer to a question the learner answers in words
 (what an experiment showed, and why); the exercise gets an empty answer cell in its place.
 
+A lesson's own hands-on cell (tagged ``attendee``, with ``"exercise": "05.3"`` in its metadata) is
+the stub of that exercise's solution cell: :func:`generate` writes it too, so the lesson, the
+exercise and the solution never drift apart, and :func:`with_answers` gives the lesson with the
+answers filled in, as the tests run it.
+
 Outputs and execution counts are stripped from what it writes. ``dlscale exercises``
-regenerates ``exercises/``; ``dlscale exercises --check`` fails if it is out of date.
+regenerates ``exercises/`` and the lessons' attendee cells; ``dlscale exercises --check`` fails if
+either is out of date.
 """
 
 from __future__ import annotations
@@ -63,6 +69,44 @@ def strip_solutions(source: str, where: str = "cell") -> str:
     return "".join(out)
 
 
+def answer(source: str) -> str:
+    """``source`` with its fences' own lines removed: the answers in place."""
+    return "".join(line for line in source.splitlines(keepends=True) if not (BEGIN.match(line) or END.match(line)))
+
+
+def _solution_cell(solution: dict, exercise: str, where: str) -> str:
+    """The source of the solution cell whose fences answer Exercise ``exercise`` (e.g. "05.3")."""
+    for cell in solution["cells"]:
+        text = _source(cell)
+        if cell["cell_type"] == "code" and any((m := BEGIN.match(line)) and (m["hint"] or "").startswith(
+                f"Exercise {exercise}:") for line in text.splitlines()):
+            return text
+    raise ExerciseError(f"{where}: no solution cell answers Exercise {exercise}")
+
+
+def _attendee_cells(lesson: dict) -> list[tuple[int, str]]:
+    return [(index, cell["metadata"]["exercise"]) for index, cell in enumerate(lesson["cells"])
+            if "attendee" in cell.get("metadata", {}).get("tags", [])]
+
+
+def _with_sources(lesson: dict, solution: dict, transform, name: str) -> dict:
+    notebook = json.loads(json.dumps(lesson))
+    for index, exercise in _attendee_cells(notebook):
+        text = transform(_solution_cell(solution, exercise, f"{name}, cell {index}"))
+        notebook["cells"][index]["source"] = text.rstrip("\n").splitlines(keepends=True)
+    return notebook
+
+
+def lesson_notebook(lesson: dict, solution: dict, name: str = "lesson") -> dict:
+    """A lesson whose attendee cells are the stubs of their exercises' solutions."""
+    return _with_sources(lesson, solution, lambda text: strip_solutions(text, name), name)
+
+
+def with_answers(lesson: dict, solution: dict, name: str = "lesson") -> dict:
+    """A lesson whose attendee cells hold their exercises' answers (what the tests run besides the stubs)."""
+    return _with_sources(lesson, solution, answer, name)
+
+
 def _source(cell: dict) -> str:
     return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
 
@@ -88,23 +132,31 @@ def render(notebook: dict) -> str:
 
 
 def generate(solutions: str | Path = "solutions", exercises: str | Path = "exercises",
-             check: bool = False) -> list[Path]:
-    """Write (or with ``check``, compare) the exercise of every solution notebook.
+             check: bool = False, lessons: str | Path | None = None) -> list[Path]:
+    """Write (or with ``check``, compare) the exercise of every solution notebook, and the attendee cells of
+    the lessons in ``lessons`` (None: leave the lessons alone).
 
-    Returns the exercise paths that were written, or that differ when ``check`` is set.
+    Returns the paths that were written, or that differ when ``check`` is set.
     """
     solutions, exercises = Path(solutions), Path(exercises)
     sources = sorted(solutions.glob("*.ipynb"))
     if not sources:
         raise ExerciseError(f"no solution notebooks in {solutions}")
+    outputs = [(exercises / path.name, render(exercise_notebook(json.loads(path.read_text()), path.name)))
+               for path in sources]
+    for path in sorted(Path(lessons).glob("*.ipynb")) if lessons is not None else []:
+        lesson = json.loads(path.read_text())
+        if _attendee_cells(lesson):
+            if not (solutions / path.name).is_file():
+                raise ExerciseError(f"{path}: its attendee cells need {solutions / path.name}")
+            filled = lesson_notebook(lesson, json.loads((solutions / path.name).read_text()), path.name)
+            outputs.append((path, json.dumps(filled, indent=1, ensure_ascii=False) + "\n"))
     changed = []
-    for path in sources:
-        text = render(exercise_notebook(json.loads(path.read_text()), path.name))
-        target = exercises / path.name
+    for target, text in outputs:
         if target.is_file() and target.read_text() == text:
             continue
         changed.append(target)
         if not check:
-            exercises.mkdir(parents=True, exist_ok=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
     return changed

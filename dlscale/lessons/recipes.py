@@ -45,11 +45,31 @@ def recipe_diff(old: str, new: str) -> str:
     return "\n".join(difflib.unified_diff(before, after, f"recipes/{old}", f"recipes/{new}", lineterm="", n=2))
 
 
-def show_recipe_change(old: str, new: str) -> None:
-    """Display :func:`recipe_diff` in a notebook, coloured as a diff."""
-    from IPython.display import Markdown, display
+#: How each kind of diff line is shown: added green, removed red, the hunk headers grey.
+_DIFF_STYLES = (("+++", "font-weight:bold"), ("---", "font-weight:bold"), ("+", "background:#e6ffec"),
+                ("-", "background:#ffebe9"), ("@@", "color:#57606a;background:#f6f8fa"))
 
-    display(Markdown(f"```diff\n{recipe_diff(old, new)}\n```"))
+
+def recipe_change_html(old: str, new: str) -> str:
+    """:func:`recipe_diff` as HTML: one line per line of code, never wrapped (a long line scrolls), added lines
+    green and removed ones red, then the whole new file behind a click."""
+    import html
+
+    rows = []
+    for line in recipe_diff(old, new).splitlines():
+        style = next((css for prefix, css in _DIFF_STYLES if line.startswith(prefix)), "")
+        rows.append(f'<div style="{style}">{html.escape(line) or "&nbsp;"}</div>')
+    box = "font-family:monospace;font-size:12px;line-height:1.35;white-space:pre;overflow-x:auto"
+    whole = html.escape(recipe_path(new).read_text())
+    return (f'<div class="dlscale-diff" style="{box}">{"".join(rows)}</div>'
+            f'<details><summary>the whole of recipes/{new}</summary><div style="{box}">{whole}</div></details>')
+
+
+def show_recipe_change(old: str, new: str) -> None:
+    """Display the lines a stage changes (:func:`recipe_change_html`) in a notebook."""
+    from IPython.display import HTML, display
+
+    display(HTML(recipe_change_html(old, new)))
 
 
 def recipe_cells(notebooks: Path) -> dict[str, str]:

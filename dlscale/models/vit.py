@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from dlscale.data.synthetic import TARGET_NAMES
+from dlscale.distributed.dtensors import is_sharded
 
 
 class Attention(nn.Module):
@@ -104,7 +104,9 @@ class ViTRegressor(nn.Module):
                 whole = torch.zeros(parameter.shape)
             else:
                 whole = torch.randn(parameter.shape, generator=generator).clamp_(-2, 2) * 0.02
-            if isinstance(parameter, DTensor):  # every rank holds the same whole value: no data to send
+            if is_sharded(parameter):  # every rank holds the same whole value: no data to send
+                from torch.distributed.tensor import distribute_tensor  # (imported here: it costs half a second)
+
                 whole = distribute_tensor(whole, parameter.device_mesh, parameter.placements, src_data_rank=None)
             parameter.copy_(whole.to(parameter.dtype))
 

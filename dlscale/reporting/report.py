@@ -33,6 +33,8 @@ def find_runs(paths: list[str | Path]) -> list[Path]:
             runs.add(path)
         elif path.is_dir():
             runs.update(summary.parent for summary in path.rglob("summary.json"))
+            # (rglob does not enter linked folders: a sweep's strong-n1 is a link to weak-n1, the same run)
+            runs.update(summary.parent for summary in path.glob("*/summary.json"))
         else:
             raise ReportError(f"{path} is not a folder")
     if not runs:
