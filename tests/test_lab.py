@@ -47,3 +47,13 @@ def test_every_name_of_the_door_resolves_to_what_its_module_holds():
         assert getattr(lab, name) is (held if attribute is None else getattr(held, attribute)), name
     with pytest.raises(AttributeError, match="the lessons' names are dlscale.lab.__all__"):
         lab.no_such_name  # noqa: B018
+
+
+def test_the_attendees_prediction_is_never_overwritten_by_a_later_cell():
+    """A verdict cell run again (or after a later cell) reads the letter the attendee chose, not a result that
+    reused its name (lesson 11 once stored its plan's projection in `prediction`)."""
+    for where, tree in _code_cells("notebooks"):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "prediction"
+                                                    for t in node.targets):
+                assert isinstance(node.value, ast.Constant) and node.value.value is None, where
