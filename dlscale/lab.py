@@ -139,7 +139,3 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return __all__
 
-
-def where(name: str) -> str:
-    """The module a name of the door comes from (``where("bench_allreduce")``: ``dlscale.bench.allreduce``)."""
-    return _WHERE[name][0]
