@@ -71,6 +71,7 @@ def _all_reduce_mean(block: torch.Tensor) -> torch.Tensor:
 
 def save_checkpoint(state: dict, path: str) -> None:
     """A temporary file renamed over the old one: a crash mid-write leaves the previous checkpoint whole."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     torch.save(state, path + ".tmp")
     os.replace(path + ".tmp", path)
 

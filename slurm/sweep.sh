@@ -11,6 +11,7 @@
 # weak-n<SIZE>); each job starts after the previous one ends (afterany), so
 # the runs do not compete for the same nodes or file system (DLSCALE_SWEEP_CHAIN=0 submits
 # them side by side). sbatch flags such as -A and -q go in SBATCH_ACCOUNT, SBATCH_QOS, ...
+# Each job's output goes to SWEEP/slurm-<mode>-n<SIZE>-<JOBID>.out, beside its run (SBATCH_OUTPUT to choose).
 set -euo pipefail
 
 site=${1:?usage: sweep.sh SITE "SIZES" PER_RANK_BATCH [ARGS...]}
@@ -51,7 +52,8 @@ for n in "${counts[@]}"; do
         if [[ -n $previous && ${DLSCALE_SWEEP_CHAIN:-1} == 1 ]]; then
             after=("--dependency=afterany:$previous")
         fi
-        previous=$(sbatch --parsable "${shape[@]}" "${after[@]}" --job-name="$mode-n$n" "$script" "$@" \
+        previous=$(sbatch --parsable "${shape[@]}" "${after[@]}" --job-name="$mode-n$n" \
+                   --output="${SBATCH_OUTPUT:-$sweep/slurm-%x-%j.out}" "$script" "$@" \
                    "global_batch_size=$batch" "run_dir=$sweep/$mode-n$n")
         echo "$mode scaling, size $n ($ranks ranks, global batch $batch): job $previous"
     done

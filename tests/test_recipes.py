@@ -15,7 +15,11 @@ import runpy
 import pytest
 
 from dlscale.cluster.notebook_engines import run_file, run_on_engines
-from dlscale.lessons.recipes import RECIPES, RecipeError, engine_twin, largest_loss_gap, recipe_cells, write_recipes
+from dlscale.distributed.process_group import free_port
+from dlscale.lessons.exercises import stage_source
+from dlscale.lessons.recipe_checks import check_stage
+from dlscale.lessons.recipes import (GAPS, RECIPES, RecipeError, engine_twin, largest_loss_gap, recipe_cells,
+                                     write_recipes)
 
 from .conftest import ROOT
 
@@ -432,3 +436,42 @@ def test_a_stages_change_is_shown_coloured_unwrapped_with_the_whole_file_a_click
     assert 'style="background:#ffebe9">-' in page and "white-space:pre;overflow-x:auto" in page
     assert "<details><summary>the whole of recipes/05_ddp.py</summary>" in page
     assert page.count("init_process_group") >= 2  # a changed line, and the file behind the click
+
+
+# -- the stage the attendee writes -------------------------------------------------------------------
+
+@pytest.mark.parametrize("stage", sorted(GAPS))
+def test_a_stage_with_its_gaps_stops_at_the_first_todo_it_reaches_and_names_it(stage, tmp_path, monkeypatch):
+    """As shipped, the lesson's stage runs up to its first gap and raises there, naming what to write; every gap
+    cuts whole statements (it compiles) and says what goes there."""
+    import torch.distributed as dist
+
+    if stage == "06_horovod.py":
+        pytest.importorskip("horovod.torch", reason="needs Horovod (make horovod)")
+    source = stage_source(stage, gaps=True)
+    assert source.count("raise NotImplementedError(\"TODO ") == len(GAPS[stage])
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))  # 07 and 10 join a group of one before their first gap
+    namespace = {"__name__": "recipe"}
+    exec(compile(source, f"{stage} with gaps", "exec"), namespace)
+    try:
+        with pytest.raises(NotImplementedError, match=rf"^TODO {stage[:2]}\.[a-e]: "):
+            namespace["main"](epochs=1, device="cpu", checkpoint=str(tmp_path / "checkpoint"),
+                              **({} if stage.startswith("01") else {"workers": 0}))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_the_stage_check_allows_what_a_gpu_rounds_differently_and_names_where_a_stage_parts():
+    twin = {"losses": [1.0, 0.8, 0.6, 0.5], "r2": [0.4]}
+    within = {"losses": [1.0, 0.8, 0.6 * (1 + 2e-2), 0.5], "r2": [0.41]}  # cuDNN's algorithms, TF32: a few %
+    check_stage("01_baseline.py", within, twin, device="cuda")
+    with pytest.raises(AssertionError, match="from step 2 .the steps before it agree.: the update"):
+        check_stage("01_baseline.py", within, twin, device="cpu")
+    with pytest.raises(AssertionError, match="first step's loss"):
+        check_stage("01_baseline.py", {**within, "losses": [1.1, 0.8, 0.6, 0.5]}, twin, device="cuda")
+    with pytest.raises(AssertionError, match="logged 3 steps, dlscale.train 4"):
+        check_stage("05_ddp.py", {**twin, "losses": [1.0, 0.8, 0.6]}, twin)
+    with pytest.raises(AssertionError, match="epoch 1's validation R² is 0.3000"):
+        check_stage("05_ddp.py", {**twin, "r2": [0.3]}, twin, device="cpu")

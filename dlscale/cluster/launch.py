@@ -14,10 +14,15 @@ from dlscale.distributed import free_port
 from dlscale.distributed.horovod_backend import INSTALL_HINT, HorovodError
 
 
+#: Where torchrun keeps its per-rank logs (without ``--log-dir``: a ``torchelastic_*`` folder in the system's
+#: temporary folder, never removed), relative to the folder the runs are written from.
+TORCHRUN_LOGS = "runs/torchrun"
+
+
 def torchrun_command(nproc: int, module_args: list[str]) -> list[str]:
     """Start ``python -m MODULE ARGS`` as ``nproc`` local ranks under torchrun (a free port each time)."""
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--master-port={free_port()}",
-            "-m", *module_args]
+            f"--log-dir={TORCHRUN_LOGS}", "-m", *module_args]
 
 
 def horovodrun_command(nproc: int, module_args: list[str]) -> list[str]:

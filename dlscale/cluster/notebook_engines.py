@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -150,8 +151,12 @@ def _leave_no_group() -> None:
 
 
 def run_on_engines(function: Callable, n: int = 2, *args: Any, engines: str = "local", timeout: float | None = 900,
-                   cluster_options: dict | None = None, as_ranks: bool = True, **kwargs: Any) -> list[Any]:
+                   cluster_options: dict | None = None, as_ranks: bool = True, show: bool = True,
+                   **kwargs: Any) -> list[Any]:
     """Call ``function(*args, **kwargs)`` on ``n`` engines as ranks 0..n-1 of one job; return the results.
+
+    With ``show``, what rank 0 prints appears here as it comes (a cell that trains on the engines shows its
+    lines: the loss and samples/s of each block, each epoch's validation), not only when every rank is done.
 
     ``as_ranks=False`` calls it on each engine as a process of its own (no rank variables): workers
     of a search, each training its own trials.
@@ -174,7 +179,7 @@ def run_on_engines(function: Callable, n: int = 2, *args: Any, engines: str = "l
         stop_engines()  # another shape's or another folder's: one set at a time
         cluster, client = _start(ipp, n, options)
     try:
-        results = _run_job(ipp, client, n, function, args, kwargs, timeout, as_ranks)
+        results = _run_job(ipp, client, n, function, args, kwargs, timeout, as_ranks, show)
     except BaseException:
         cluster.stop_cluster_sync()
         raise
@@ -182,8 +187,22 @@ def run_on_engines(function: Callable, n: int = 2, *args: Any, engines: str = "l
     return results
 
 
+def _relay(task: Any, timeout: float | None) -> None:
+    """Print what ``task`` (one engine's call) prints while it runs, as it arrives."""
+    seen, deadline = 0, None if timeout is None else time.monotonic() + timeout
+    while True:
+        task.wait(0.5)
+        done = task.ready() or (deadline is not None and time.monotonic() > deadline)
+        text = task.stdout or ""
+        if len(text) > seen:
+            print(text[seen:], end="", flush=True)
+            seen = len(text)
+        if done:
+            return
+
+
 def _run_job(ipp: Any, client: Any, n: int, function: Callable, args: tuple, kwargs: dict,
-             timeout: float | None, as_ranks: bool = True) -> list[Any]:
+             timeout: float | None, as_ranks: bool = True, show: bool = False) -> list[Any]:
     """The job on the first ``n`` engines of ``client``: the rank variables, the call, the results or one error."""
     ids = sorted(client.ids)[:n]
     if as_ranks:
@@ -193,6 +212,8 @@ def _run_job(ipp: Any, client: Any, n: int, function: Callable, args: tuple, kwa
         environments = [{"DLSCALE_LAUNCHER": "single"}] * n
     pending = [client[engine].apply_async(_run_as_rank, environment, function, args, kwargs)
                for engine, environment in zip(ids, environments)]
+    if show:
+        _relay(pending[0], timeout)
     results, failures = [], []
     for rank, task in enumerate(pending):
         try:

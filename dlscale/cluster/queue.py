@@ -50,14 +50,16 @@ class Queue:
         """What each of ``tasks`` tasks of a job with one CPU each is given (``launch.sh SITE probe``): its output."""
         import subprocess
 
-        from dlscale.cluster.slurm_jobs import wait_for_jobs
+        from dlscale.cluster.slurm_jobs import JOB_OUTPUT, wait_for_jobs
 
         wrap = f"--wrap=bash {self.env['DLSCALE_ROOT']}/slurm/launch.sh {self.site} probe"
-        job = subprocess.run(["sbatch", "--parsable", f"--ntasks={tasks}", "--cpus-per-task=1", "--output=probe-%j.out",
+        output = JOB_OUTPUT.parent.resolve() / "probe-%j.out"  # (the runs' folder, not beside the notebook)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        job = subprocess.run(["sbatch", "--parsable", f"--ntasks={tasks}", "--cpus-per-task=1", f"--output={output}",
                               *self.wrap_options, wrap], env=self.env, capture_output=True, text=True,
                              check=True).stdout.strip().split(";")[0]
         wait_for_jobs([job], self.env, timeout=timeout, poll=0.5)
-        return Path(f"probe-{job}.out").read_text()
+        return Path(str(output).replace("%j", job)).read_text()
 
     def describe(self) -> str:
         if self.kind == "site":

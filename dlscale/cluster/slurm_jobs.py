@@ -33,9 +33,19 @@ def _run(argv: list[str], env: dict[str, str] | None) -> str:
     return done.stdout
 
 
+#: Where a job's output goes unless its options say otherwise: one folder of the runs, not the folder sbatch was
+#: called from (a lesson's kernel would leave slurm-*.out files beside the notebooks, in git status).
+JOB_OUTPUT = Path("runs") / "slurm" / "%x-%j.out"
+
+
 def submit(script: str | Path, args: Iterable[str] = (), options: Iterable[str] = (),
            env: dict[str, str] | None = None) -> str:
-    """``sbatch --parsable OPTIONS SCRIPT ARGS``; returns the job id."""
+    """``sbatch --parsable OPTIONS SCRIPT ARGS``; returns the job id. Without ``--output`` among the options the
+    job writes to :data:`JOB_OUTPUT` (made absolute here: a job may change its folder)."""
+    options = list(options)
+    if not any(option.startswith(("--output", "-o")) for option in options):
+        JOB_OUTPUT.parent.mkdir(parents=True, exist_ok=True)
+        options.append(f"--output={JOB_OUTPUT.resolve()}")
     return _run(["sbatch", "--parsable", *options, str(script), *args], env).strip().split(";")[0]
 
 

@@ -86,25 +86,50 @@ def _solution_cell(solution: dict, exercise: str, where: str) -> str:
 
 def _attendee_cells(lesson: dict) -> list[tuple[int, str]]:
     return [(index, cell["metadata"]["exercise"]) for index, cell in enumerate(lesson["cells"])
-            if "attendee" in cell.get("metadata", {}).get("tags", [])]
+            if "attendee" in cell.get("metadata", {}).get("tags", []) and "exercise" in cell["metadata"]]
 
 
-def _with_sources(lesson: dict, solution: dict, transform, name: str) -> dict:
+def _stage_cells(lesson: dict) -> list[tuple[int, dict]]:
+    """(index, metadata) of the cells in which the attendee writes the lesson's stage of the recipe:
+    ``{"recipe": "05_ddp.py"}``, and ``"writes": "{my_stage}"`` where the cell writes it to a file (for ranks)."""
+    return [(index, cell["metadata"]) for index, cell in enumerate(lesson["cells"])
+            if "attendee" in cell.get("metadata", {}).get("tags", []) and "recipe" in cell["metadata"]]
+
+
+#: The first line of a stage the attendee writes (the rest is the stage with its gaps, or filled in).
+STAGE_HEADER = "# recipes/{name}, with the lines lesson {lesson} adds left for you: fill in each TODO\n"
+
+
+def stage_source(name: str, gaps: bool, writes: str | None = None) -> str:
+    """The cell in which the attendee writes stage ``name``: its recipe file (less the command line) with the
+    lesson's lines cut out (``gaps``), or whole, as the tests and the solution run it; with ``writes``, a cell
+    that writes it to that file (``%%writefile``) for ranks to run."""
+    from dlscale.lessons.recipes import SCRIPT_FOOTER, gapped_recipe, recipe_path
+
+    body = recipe_path(name).read_text().removesuffix(SCRIPT_FOOTER).split("\n", 1)[1]
+    magic = f"%%writefile {writes}\n" if writes else ""
+    return magic + STAGE_HEADER.format(name=name, lesson=name[:2]) + (gapped_recipe(name, body) if gaps else body)
+
+
+def _with_sources(lesson: dict, solution: dict, transform, name: str, gaps: bool) -> dict:
     notebook = json.loads(json.dumps(lesson))
     for index, exercise in _attendee_cells(notebook):
         text = transform(_solution_cell(solution, exercise, f"{name}, cell {index}"))
+        notebook["cells"][index]["source"] = text.rstrip("\n").splitlines(keepends=True)
+    for index, meta in _stage_cells(notebook):
+        text = stage_source(meta["recipe"], gaps, meta.get("writes"))
         notebook["cells"][index]["source"] = text.rstrip("\n").splitlines(keepends=True)
     return notebook
 
 
 def lesson_notebook(lesson: dict, solution: dict, name: str = "lesson") -> dict:
-    """A lesson whose attendee cells are the stubs of their exercises' solutions."""
-    return _with_sources(lesson, solution, lambda text: strip_solutions(text, name), name)
+    """A lesson whose attendee cells are the stubs of their exercises' solutions, and its stage with gaps."""
+    return _with_sources(lesson, solution, lambda text: strip_solutions(text, name), name, gaps=True)
 
 
 def with_answers(lesson: dict, solution: dict, name: str = "lesson") -> dict:
-    """A lesson whose attendee cells hold their exercises' answers (what the tests run besides the stubs)."""
-    return _with_sources(lesson, solution, answer, name)
+    """A lesson whose attendee cells hold their exercises' answers and the whole stage (as the tests run it)."""
+    return _with_sources(lesson, solution, answer, name, gaps=False)
 
 
 def _source(cell: dict) -> str:
@@ -146,7 +171,7 @@ def generate(solutions: str | Path = "solutions", exercises: str | Path = "exerc
                for path in sources]
     for path in sorted(Path(lessons).glob("*.ipynb")) if lessons is not None else []:
         lesson = json.loads(path.read_text())
-        if _attendee_cells(lesson):
+        if _attendee_cells(lesson) or _stage_cells(lesson):
             if not (solutions / path.name).is_file():
                 raise ExerciseError(f"{path}: its attendee cells need {solutions / path.name}")
             filled = lesson_notebook(lesson, json.loads((solutions / path.name).read_text()), path.name)

@@ -106,6 +106,103 @@ def write_recipes(notebooks: Path, recipes: Path, check: bool = False) -> list[P
     return changed
 
 
+# -- the stage the attendee writes ----------------------------------------------------------------
+
+#: What each lesson leaves for the attendee to write in its stage: (the first line's text, the last line's
+#: text, what to write there), in the order of the file. Each gap is the statements from the first line
+#: that holds the first text to the next line that holds the second; it becomes a TODO that raises.
+GAPS: dict[str, list[tuple[str, str, str]]] = {
+    "01_baseline.py": [
+        ("return float((1 - ((y - pred)", "return float((1 - ((y - pred)",
+         "return the validation R²: 1 - squared error / variance per target (sums over the rows), averaged "
+         "over the targets, as a float"),
+        ("optimizer.zero_grad()", "optimizer.step()",
+         "one step: zero the gradients, loss = loss_fn(model(x), y), backward, the optimizer's step"),
+    ],
+    "02_data_loading.py": [
+        ("loading = dict(", "loading = dict(",
+         "loading = the DataLoader's settings: `workers` worker processes, pinned memory on a GPU only"),
+        ("x, y = x.to(device, non_blocking=True)", "x, y = x.to(device, non_blocking=True)",
+         "copy x and y to the device without making the host wait (the batch is pinned on a GPU)"),
+    ],
+    "03_mixed_precision.py": [
+        ("dtype = {", "scaler = torch.amp.GradScaler(",
+         "dtype = torch.bfloat16, torch.float16 or None (fp32) from `precision`; scaler = a GradScaler for "
+         "device.type, enabled only for fp16"),
+        ("with torch.autocast(", "scaler.update()",
+         "forward and loss under torch.autocast(device.type, dtype), enabled unless fp32; backward of the scaled "
+         "loss; unscale, clip the gradient norm to `clip`, step and update through the scaler"),
+    ],
+    "04_compile.py": [
+        ("step_model = torch.compile(", "step_model = torch.compile(",
+         "step_model = torch.compile(model), or the model itself when compile is False"),
+        ('with marked("forward")', "scaler.update()",
+         "stage 03's step, with its forward, backward and optimizer step each inside `with marked(name):` "
+         '("forward", "backward", "optimizer step")'),
+        ("window.step()", "window.step()", "tell the profiling window that a step ended"),
+    ],
+    "05_ddp.py": [
+        ("dist.all_reduce(sums)", "dist.all_reduce(sums)", "add up every rank's sums (one all-reduce)"),
+        ("dist.init_process_group(", "timedelta(minutes=5)",
+         "join the process group: nccl on a GPU, gloo on a CPU, this rank of world_size, a 5-minute timeout"),
+        ("sampler = DistributedSampler(", "sampler = DistributedSampler(",
+         "sampler = this rank's share of train_set (DistributedSampler: world_size, rank, seed, drop_last=True)"),
+        ("ddp_model = DistributedDataParallel(", "ddp_model = DistributedDataParallel(",
+         "ddp_model = the model in DistributedDataParallel (device_ids=[device.index] on a GPU, None on a CPU)"),
+        ("sampler.set_epoch(epoch)", "sampler.set_epoch(epoch)", "a new order every epoch: tell the sampler the epoch"),
+    ],
+    "06_horovod.py": [
+        ("hvd.init()", "rank, world_size, local_rank = hvd.rank()",
+         "join Horovod's job, then rank, world_size, local_rank from hvd"),
+        ("optimizer = hvd.DistributedOptimizer(", "op=hvd.Average, backward_passes_per_step",
+         "optimizer = AdamW(groups, lr=lr) in hvd.DistributedOptimizer: named parameters, op=hvd.Average, "
+         "backward_passes_per_step=accumulate"),
+        ("hvd.broadcast_parameters(", "hvd.broadcast_parameters(", "every rank starts from rank 0's weights"),
+    ],
+    "07_large_batch.py": [
+        ("peak_lr = lr * {", "peak_lr = lr * {",
+         "peak_lr = lr scaled by k = batch_size / base_batch: k (linear), sqrt(k) (sqrt) or 1 (none)"),
+        ("if step < warmup_steps:", "return 0.5 * (1 + math.cos(",
+         "the factor at `step`: from `start` up to 1 linearly over warmup_steps, then a cosine down to 0 at "
+         "total_steps"),
+        ("scheduler.step()", "scheduler.step()", "advance the schedule after each optimizer step"),
+    ],
+    "10_fsdp_tp.py": [
+        ('with torch.device("meta"):', "model = ViTRegressor(",
+         "model = the ViTRegressor built on the meta device (shapes only, no memory)"),
+        ("if tp > 1:", "parallelize_module(block",
+         'with tp > 1, split each block over mesh["tp"] with parallelize_module: attention.wq, wk, wv and mlp.w1 '
+         "column-wise, attention.wo and mlp.w2 row-wise"),
+        ("for block in model.blocks:", "if bf16 else MixedPrecisionPolicy())",
+         'fully_shard each block over mesh["dp"] with MixedPrecisionPolicy(**bf16), then the whole model (its '
+         "output in float32 under bf16)"),
+        ("model.to_empty(", "model.init_weights(seed)",
+         "allocate this rank's shards on the device, then initialize them from the seed"),
+        ("dcp.save(", "checkpoint_id=os.path.join(",
+         'save {"model", "optimizer", "epoch": epoch + 1} with dcp.save, in os.path.join(checkpoint, f"epoch-{...}")'),
+    ],
+}
+
+
+def gapped_recipe(name: str, source: str) -> str:
+    """The source of stage ``name`` with each of its :data:`GAPS` replaced by a TODO that raises
+    ``NotImplementedError("TODO 05.b: ...")`` (indented as the first line it replaces): what the attendee fills in."""
+    lines, start = source.splitlines(keepends=True), 0
+    for letter, (first, last, hint) in zip("abcdefgh", GAPS[name]):
+        label = f"TODO {name[:2]}.{letter}: {hint}"
+        begin = next((i for i in range(start, len(lines)) if first in lines[i]), None)
+        end = next((i for i in range(begin, len(lines)) if last in lines[i]), None) if begin is not None else None
+        if end is None:
+            raise RecipeError(f"recipes/{name}: the gap {label!r} needs a line with {first!r}, then one with {last!r}")
+        indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
+        stub = [f"{indent}# {label}\n", f"{indent}raise NotImplementedError({json.dumps(label, ensure_ascii=False)})\n"]
+        lines[begin:end + 1] = stub
+        start = begin + len(stub)
+    text = "".join(lines)
+    compile(text, f"recipes/{name} with gaps", "exec")  # a gap must cut whole statements
+    return text
+
+
 # -- the engine's twin of each stage -----------------------------------------------------------------
 
 #: Recipe arguments whose config key has another name.
@@ -169,3 +266,12 @@ def largest_loss_gap(recipe_losses: list[float], twin_losses: list[float]) -> fl
     if len(recipe_losses) != len(twin_losses):
         raise RecipeError(f"the recipe took {len(recipe_losses)} steps, the engine {len(twin_losses)}")
     return max(abs(a - b) for a, b in zip(recipe_losses, twin_losses))
+
+
+def run_stage(path: str, **arguments) -> dict:
+    """``main(**arguments)`` of a stage's file (the one an attendee wrote in a lesson, say), on an engine too:
+    as :func:`~dlscale.cluster.notebook_engines.run_file`, with ``recipes/`` importable (this module puts it on
+    the path where it is imported), so that the file finds ``training_tools`` wherever it was written."""
+    from dlscale.cluster.notebook_engines import run_file
+
+    return run_file(path, **arguments)

@@ -2,8 +2,8 @@
 
 The check loads the learner's space (a mistake in it gets the space's own message), trains the
 defaults once, runs a TPE search with pruning on worker processes, and re-runs the best trial:
-on a CPU a trial's result is a property of its settings, so the re-run must give the same value,
-and that value must beat the defaults.
+a trial's result is a property of its settings, so the re-run must give the same value (within
+:data:`RERUN_TOLERANCE`), and that value must beat the defaults.
 """
 
 from __future__ import annotations
@@ -12,8 +12,26 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from dlscale.hpo import SearchSpaceError, load_space
 from dlscale.hpo.launch import rerun_best, search
+
+#: How far the best trial's re-run may land from its value in the study, in R². On a CPU the same kernels run
+#: in the same order: the same R² to the last digit. On a GPU cuDNN may pick other convolution algorithms in each
+#: process, some of them not deterministic, and the difference grows over the epochs: 0.02 there. A setting that
+#: changes between runs (a seed drawn anew) moves it by more.
+RERUN_TOLERANCE = {"cpu": 1e-9, "cuda": 2e-2}
+
+
+def check_rerun(best: float, again: float, device: str | None = None) -> None:
+    """The re-run of the best trial gives its value again, within :data:`RERUN_TOLERANCE` for ``device`` (default:
+    CUDA where a GPU is visible, as ``device=auto`` trains there)."""
+    kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if abs(again - best) > RERUN_TOLERANCE[kind]:
+        raise AssertionError(f"the best trial gave R² {best:.6f} in the search but {again:.6f} when re-run, more than "
+                             f"rounding allows on {kind} ({RERUN_TOLERANCE[kind]:g}): something in the space changes "
+                             f"between runs (a seed drawn anew?)")
 
 
 def baseline_value(space: Any, run_dir: str | Path) -> float:
@@ -44,9 +62,7 @@ def check_space(space: dict[str, Any], budget: int = 8, workers: int = 2,
     baseline = baseline_value(loaded, study_dir / "defaults")
     search(study_dir, loaded, trials=budget, workers=workers, sampler="tpe", pruner="hyperband")
     best, again = rerun_best(study_dir)
-    if again != best:
-        raise AssertionError(f"the best trial gave R² {best:.6f} in the search but {again:.6f} when re-run: "
-                             f"something in the space changes between runs (a seed?)")
+    check_rerun(best, again)
     if best <= baseline:
         raise AssertionError(f"the best of {budget} trials reached R² {best:.4f}, not above the defaults' "
                              f"{baseline:.4f}. Search what matters most (the learning rate, log-uniform over a "
