@@ -89,6 +89,12 @@ if [[ -n $DLSCALE_NCCL_NET && ${SLURM_JOB_NUM_NODES:-1} -gt 1 && -z ${NCCL_NET:-
     export NCCL_NET=$DLSCALE_NCCL_NET
 fi
 run_dir=${DLSCALE_RUN_DIR:-runs/${SLURM_JOB_NAME:-dlscale}-${SLURM_JOB_ID}}
+for argument in "$@"; do  # a run_dir=... of the job's own arguments is where the training writes
+    [[ $argument != run_dir=* ]] || run_dir=${argument#run_dir=}
+done
+# A rank that dies ends the job step at once (--kill-on-bad-exit=1), instead of leaving the others stuck until
+# dist_timeout_s. The tasks of an hpo job are workers of their own, one failing leaves the others be.
+kill_on_bad_exit=1
 # On a GPU site the training asks for the GPU outright: device=auto would train on the CPU, slowly and
 # without a word, where the environment has a CPU-only torch.
 device_arg=()
@@ -114,13 +120,10 @@ case $job in
     profile)  # one Nsight Systems report per rank, over the steps named by profile_steps=
         mkdir -p "$run_dir/nsys"  # nsys does not create the folder of its --output
         export DLSCALE_UNDER_NSYS=1  # the training then leaves the GPU counters (CUPTI) to nsys
-        mapfile -t command < <("$DLSCALE_PYTHON" -c 'import sys; from dlscale.profiling import nsys_command
-print("\n".join(nsys_command(sys.argv[2:], output=sys.argv[1] + "/nsys/rank_%q{SLURM_PROCID}",
-                             python=sys.executable)))' "$run_dir" "$@" "${device_arg[@]}" "run_dir=$run_dir")
-        if [[ ${#command[@]} -eq 0 ]]; then  # (a process substitution hides python's exit status)
-            echo "launch.sh: could not build the nsys command: is dlscale importable by $DLSCALE_PYTHON?" >&2
-            exit 2
-        fi
+        # Each task's own Python (inside the container too) becomes `nsys profile ... <itself> -m dlscale.train`:
+        # a line built here would name this shell's Python, which a container does not have.
+        command=("$DLSCALE_PYTHON" -m dlscale.profiling.profile_job "--output=$run_dir/nsys/rank_%q{SLURM_PROCID}"
+                 "$@" "${device_arg[@]}" "run_dir=$run_dir")
         ;;
     probe)  # one line per task: what it was given (CPUs, affinity, threads, GPUs); checks a site's binding
         command=("$DLSCALE_PYTHON" -m dlscale info --task)
@@ -131,6 +134,7 @@ print("\n".join(nsys_command(sys.argv[2:], output=sys.argv[1] + "/nsys/rank_%q{S
         # DLSCALE_TRIAL_RANKS=all the tasks of this job train each trial together, data-parallel.
         if [[ ${DLSCALE_TRIAL_RANKS:-1} != all ]]; then
             export DLSCALE_LAUNCHER=single
+            kill_on_bad_exit=0
         fi
         ;;
     kmeans)
@@ -152,19 +156,20 @@ if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then
 fi
 if [[ ${DLSCALE_DRY_RUN:-0} == 1 ]]; then  # print what would run (tests, and checking a site's settings)
     { env | grep -E '^(MASTER_|SRUN_|OMP_|NCCL_|FI_|MIOPEN_|CUDA_VISIBLE|DLSCALE_UNDER|DLSCALE_GPU_ORDER|DLSCALE_LAUNCHER)' || true; } | sort | sed 's/^/env: /'
-    printf '%q ' srun --kill-on-bad-exit=0 "${cpus_flag[@]}" "${DLSCALE_SRUN_FLAGS[@]}" "${extra_flags[@]}" \
+    printf '%q ' srun --kill-on-bad-exit=$kill_on_bad_exit "${cpus_flag[@]}" "${DLSCALE_SRUN_FLAGS[@]}" "${extra_flags[@]}" \
         "${DLSCALE_PREFIX[@]}" "${command[@]}"
     echo
     exit 0
 fi
-# --kill-on-bad-exit=0: after a stop signal the ranks exit with 75 one after the other, and
-# srun must not kill the later ones (its status would then be theirs, not 75). A rank that
-# dies of an error still ends the others: their collectives fail within dist_timeout_s.
+# A run stopped on a signal checkpoints, leaves its marker (rank 0) and exits 75 on every rank; srun then kills
+# ranks still exiting (--kill-on-bad-exit), so its status can be theirs, not 75: the marker says it all the same.
+stopped=$run_dir/stopped-on-signal
+rm -f "$stopped"  # (a marker from an earlier stop of this run)
 status=0
-srun --kill-on-bad-exit=0 "${cpus_flag[@]}" "${DLSCALE_SRUN_FLAGS[@]}" "${extra_flags[@]}" "${DLSCALE_PREFIX[@]}" \
-    "${command[@]}" || status=$?
+srun --kill-on-bad-exit="$kill_on_bad_exit" "${cpus_flag[@]}" "${DLSCALE_SRUN_FLAGS[@]}" "${extra_flags[@]}" \
+    "${DLSCALE_PREFIX[@]}" "${command[@]}" || status=$?
 
-if [[ $status -eq 75 ]]; then  # preempted: checkpointed; run again from the checkpoint
+if [[ $status -eq 75 || -e $stopped ]]; then  # preempted: checkpointed; run again from the checkpoint
     echo "dlscale: stopped on a signal at a checkpoint; requeueing job ${SLURM_JOB_ID}"
     scontrol requeue "$SLURM_JOB_ID"
     exit 0

@@ -204,6 +204,52 @@ def test_a_normal_shutdown_waits_for_every_rank_and_a_failed_one_does_not(in_tmp
         assert left < woke  # it did not
 
 
+SETUP_WAIT = """
+import datetime, sys, time
+import torch.distributed as dist
+from dlscale import distributed
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=1))  # a dist_timeout_s sized for one collective
+rank, mode = dist.get_rank(), sys.argv[1]
+if rank == 0 and mode == "plain":
+    time.sleep(3)  # rank 0 writes the data set for everyone
+try:
+    if mode == "plain":
+        dist.barrier()
+    else:
+        with distributed.setup_waits(60 if mode == "setup" else 2) as wait:
+            if rank == 0:
+                time.sleep(3)  # rank 0 writes the data set for everyone
+            if rank == 0 or mode == "setup":  # (missing: rank 1 never comes)
+                wait("the data set's generation (rank 0)")
+    said = f"rank {rank} passed"
+except Exception as err:
+    said = f"rank {rank} failed: {type(err).__name__}: {err}"
+open(f"rank{rank}.txt", "w").write(said)  # (one file each: torchrun interleaves the ranks' output)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("mode", ["plain", "setup", "missing"])
+def test_ranks_wait_for_rank_0s_data_as_long_as_setup_timeout_s_not_dist_timeout_s(mode, tmp_path):
+    """The barrier behind rank 0's data generation had the group's timeout (120 s in the gpu config): a data set
+    that took longer to write ended the job. The setup's own wait outlasts it, and names a rank that never came."""
+    script = tmp_path / "setup_wait.py"
+    script.write_text(SETUP_WAIT)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                           f"--master-port={free_port()}", str(script), mode], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    lines = sorted(path.read_text() for path in tmp_path.glob("rank*.txt"))
+    if mode == "setup":
+        assert lines == ["rank 0 passed", "rank 1 passed"], done.stdout + done.stderr[-2000:]
+    elif mode == "plain":  # what the data's wait did before: rank 1 gives up after the group's 1 s
+        assert any(line.startswith("rank 1 failed") for line in lines), done.stdout + done.stderr[-2000:]
+    else:
+        assert lines[0].startswith("rank 0 failed: DistributedError: rank 0: not every rank finished the data set's "
+                                   "generation (rank 0) within setup_timeout_s=2 s"), lines
+        assert "1" in lines[0].split("(", 2)[2]  # gloo's monitored barrier names the rank that did not come
+
+
 def test_bus_bandwidth_is_the_nccl_tests_formula():
     from dlscale.bench.allreduce import bus_bandwidth
     assert bus_bandwidth(1e9, 1.0, 2) == pytest.approx(1e9)  # 2·(2−1)/2 = 1
@@ -313,6 +359,45 @@ def test_ipyparallel_engines_run_one_job_and_return_every_rank(in_tmp, monkeypat
         run_on_engines(train, 2, "tiny", device="cuda:7", progress=False)
     assert _left_running({pid for pid, _, _ in moved}) == set(), "engines left running after a failed call"
     assert engines_alive() == []
+
+
+#: Run on an engine: a line halfway, then 3 s more of "training".
+HALFWAY = """
+def halfway():
+    import os, time
+
+    print(f"rank {os.environ['RANK']}: halfway", flush=True)
+    time.sleep(3)
+    return 1
+"""
+
+
+def test_what_rank_0_prints_on_the_engines_shows_while_it_runs(in_tmp):
+    """A cell that trains on the engines printed nothing until every rank was done (40-75 s looking stuck)."""
+    import io
+
+    from dlscale.cluster.notebook_engines import run_on_engines, stop_engines
+
+    class Stamped(io.StringIO):  # when each piece of text arrived
+        def __init__(self):
+            super().__init__()
+            self.times: list[tuple[float, str]] = []
+
+        def write(self, text):
+            self.times.append((time.monotonic(), text))
+            return super().write(text)
+
+    seen = Stamped()
+    try:
+        with contextlib.redirect_stdout(seen):
+            assert run_on_engines(_as_if_in_a_notebook(HALFWAY, "halfway"), 2) == [1, 1]
+            returned = time.monotonic()
+            run_on_engines(_as_if_in_a_notebook(HALFWAY, "halfway"), 2, show=False)
+    finally:
+        stop_engines()
+    arrivals = [at for at, text in seen.times if "halfway" in text]
+    assert seen.getvalue().count("rank 0: halfway") == 1 and "rank 1" not in seen.getvalue()  # rank 0's, once
+    assert len(arrivals) == 1 and returned - arrivals[0] > 2  # as it came, not at the end
 
 
 def _left_running(pids: set[int], wait: float = 20) -> set[int]:

@@ -18,6 +18,8 @@ from dlscale.distributed import DistributedError, process_group
 from dlscale.runtime.devices import DeviceError, gpu_index, resolve_device
 from dlscale.train import train
 
+from .conftest import ROOT
+
 
 # -- which GPU a rank uses, and the group bound to it ---------------------------------------------
 
@@ -139,6 +141,29 @@ def test_throughput_counts_the_device_work_a_measured_stretch_left_queued():
     assert meter.seconds == pytest.approx(6.0)
 
 
+def test_each_logged_rows_samples_per_s_is_its_blocks_with_the_device_work_in_it():
+    """A GPU queues a step in 1 ms and runs it in 10: the rows of metrics.csv show the device's rate (their
+    block's, timed up to the wait that fetches the block's losses), not the host's ten times higher one."""
+    from dlscale.metrics.steplog import LOG_BLOCK, StepLog
+    from dlscale.metrics.throughput import ThroughputMeter
+
+    now, device_done, rows = [0.0], [0.0], []
+    meter = ThroughputMeter(sync=lambda: now.__setitem__(0, max(now[0], device_done[0])), clock=lambda: now[0])
+    log = StepLog(types.SimpleNamespace(log_steps=rows.extend), [])
+    log.time_with(meter, ranks=2)
+    for step in range(1, 3 * LOG_BLOCK + 1):
+        device_done[0] = max(device_done[0], now[0]) + 0.010  # the kernels this step queued
+        now[0] += 0.001                                        # the host is back after 1 ms
+        meter.step(8)
+        log.add(step, 0, torch.tensor(1.0), 0.1)
+        if step % LOG_BLOCK == 0:
+            log.flush()
+    rates = [row["samples_per_s"] for row in rows]
+    assert len(rates) == 3 * LOG_BLOCK and len(set(rates[LOG_BLOCK:2 * LOG_BLOCK])) == 1  # one rate per block
+    # 8 samples per 10 ms on each of 2 ranks: 1,600 samples/s (the first block loses its first step's start)
+    assert rates[-1] == pytest.approx(1600, rel=0.01) and rates[0] == pytest.approx(1600, rel=0.1)
+
+
 def test_the_profile_summary_has_one_row_per_range_whatever_the_device_recorded():
     """Kineto records each range twice on a GPU (host event, gpu_user_annotation); key_averages keeps both."""
     from dlscale.profiling.step_profiler import summarize_events
@@ -162,6 +187,63 @@ def test_the_profile_summary_has_one_row_per_range_whatever_the_device_recorded(
     times, clock = profiling.step_profiler.operator_times(summary, "cuda:0")
     assert clock == "self device" and times[0] == ("aten::convolution", pytest.approx(2.0))
     assert profiling.step_profiler.operator_times(summary, "cpu")[0][0][0] == "aten::copy_"
+
+
+def test_the_backward_phase_gets_the_kernels_autograds_thread_launched_and_lesson_04s_answer_agrees():
+    """On CUDA a range's own device time misses kernels launched on another thread, and autograd launches the
+    backward pass's from its own (pytorch/pytorch#144778): the table gives each range the kernels launched
+    inside its host interval on any thread, so the backward phase is the slowest, as exercise 04.2 expects."""
+    import json
+
+    from dlscale.lessons.exercises import _solution_cell, answer
+    from dlscale.profiling.step_profiler import device_time_by_window, phase_times, summarize_events
+
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def raw(name, thread, start, end, own=0.0, device=cpu):  # one event of profiler.events(), in microseconds
+        return types.SimpleNamespace(name=name, thread=thread, time_range=types.SimpleNamespace(start=start, end=end),
+                                     self_device_time_total=own, device_type=device)
+
+    main, autograd = 1, 2  # one step, shaped as Kineto records it on a GPU
+    trace = [raw("data", main, 0, 100), raw("aten::copy_", main, 10, 90, own=200.0),
+             raw("forward", main, 100, 400), raw("aten::convolution", main, 120, 300, own=3100.0),
+             raw("backward", main, 400, 1400),  # the main thread waits here while autograd's thread launches
+             raw("autograd::engine::evaluate_function: ConvolutionBackward0", autograd, 420, 1300),
+             raw("aten::convolution_backward", autograd, 430, 1290, own=6400.0),
+             raw("optimizer", main, 1400, 1600), raw("aten::_foreach_addcdiv_", main, 1410, 1590, own=900.0),
+             raw("backward", main, 0, 9000, own=9999.0, device=cuda),  # the gpu_user_annotation: not a host range
+             raw("aten::mm", main, 2000, 2100, own=50.0)]  # after the last range: nobody's
+    windows = device_time_by_window(trace)
+    assert windows == {"data": 200.0, "forward": 3100.0, "backward": 6400.0, "optimizer": 900.0}
+
+    # key_averages()'s rows: the ranges' own device time, as record_function reports it (backward: nearly none)
+    own = {"data": 200.0, "forward": 3100.0, "backward": 10.0, "optimizer": 900.0}
+    averages = [types.SimpleNamespace(key=name, count=1, cpu_time_total=cpu_us, self_cpu_time_total=cpu_us / 10,
+                                      device_time_total=own[name], self_device_time_total=0.0, device_type=cpu)
+                for name, cpu_us in {"data": 400.0, "forward": 1500.0, "backward": 1200.0, "optimizer": 4800.0}.items()]
+    assert max(own, key=own.get) == "forward"  # what the table said before: the wrong slowest phase
+    summary = summarize_events(averages, steps=1, by_device=True, windows=windows)
+    times, clock = phase_times(summary, "cuda:0")
+    assert clock == "device" and times == pytest.approx({"data": 0.2, "forward": 3.1, "backward": 6.4, "optimizer": 0.9})
+
+    solution = json.loads((ROOT / "solutions" / "04_profiling.ipynb").read_text())
+    namespace: dict = {}
+    exec(answer(_solution_cell(solution, "04.2", "04.2")), namespace)
+    assert namespace["slowest_phase"](summary["ranges"], "cuda:0") == "backward"
+
+
+def test_a_phases_device_time_is_read_from_real_profiler_events():
+    """The attribute names device_time_by_window reads exist on torch's own events (a CPU profile: no device time)."""
+    from dlscale.profiling.nvtx import nvtx_range
+    from dlscale.profiling.step_profiler import device_time_by_window
+
+    model = torch.nn.Linear(8, 8)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        with nvtx_range("forward"):
+            loss = model(torch.randn(4, 8)).square().sum()
+        with nvtx_range("backward"):
+            loss.backward()
+    assert device_time_by_window(profiler.events()) == {"data": 0.0, "forward": 0.0, "backward": 0.0, "optimizer": 0.0}
 
 
 def test_ranges_reach_rocprof_on_rocm(monkeypatch):

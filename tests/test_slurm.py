@@ -260,6 +260,8 @@ def test_a_breakdown_over_nodes_and_a_plan_from_a_two_node_sweep(two_nodes, tmp_
     assert set(one["ms"]) == {"full", "data in memory"} and "no communication" in two["ms"]
     assert abs(two["io"] + two["communication"] + two["rest"] - two["loss"]) <= result["adds_up_within"]
     assert "| 2 | 2 | 1 |" in done.stdout  # nodes, ranks, threads each
+    # each job's output beside its run, none in the folder the sweep was started from
+    assert len(list((tmp_path / "runs/sweep").glob("slurm-*-n*-*.out"))) == 3 and not list(tmp_path.glob("*.out"))
 
     sweep = subprocess.run(["bash", str(ROOT / "slurm/sweep.sh"), "local", "1 2", "8", *TRAIN, "epochs=2"],
                            cwd=tmp_path, env={**env, "DLSCALE_SWEEP_DIR": "runs/sweep"}, capture_output=True,
@@ -354,6 +356,31 @@ def test_a_dead_node_ends_the_job_with_clear_messages_and_an_intact_checkpoint(t
         assert ranks_left() == []
         last = torch.load(list_checkpoints(run)[-1], weights_only=True)
         assert last["position"]["step"] >= 10 and last["model"]  # a whole checkpoint, loadable
+
+
+def test_a_rank_that_dies_ends_the_job_step_at_once(cluster, tmp_path):
+    """With srun --kill-on-bad-exit=0 the other rank waited for the dead one until dist_timeout_s (NCCL's watchdog,
+    or forever), burning the allocation; now srun ends the step as soon as a rank exits with an error."""
+    from dlscale.training.preemption import STOPPED_MARKER
+
+    assert f"$run_dir/{STOPPED_MARKER}" in (ROOT / "slurm/launch.sh").read_text()  # the marker a stop leaves
+    wrapper = tmp_path / "python-rank1-dies"  # rank 1 fails before it joins; rank 0 waits for it in the rendezvous
+    wrapper.write_text(f'#!/bin/sh\n[ "$SLURM_PROCID" = 1 ] && {{ echo "rank 1: exiting with 3"; exit 3; }}\n'
+                       f'exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    settings = tmp_path / "mine.env"
+    settings.write_text(f"DLSCALE_PYTHON={wrapper}\n")
+    started = time.time()
+    done = subprocess.run(["sbatch", "--parsable", f"--chdir={tmp_path}", str(ROOT / "slurm/local/train.sbatch"),
+                           *TRAIN, "dist_timeout_s=300", "run_dir=runs/dies"],
+                          env={**_env(cluster), "DLSCALE_SITE_ENV": str(settings)}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    _wait_for_job(cluster, done)
+    assert done.returncode == 1 and time.time() - started < 120  # not the 300 s of dist_timeout_s
+    output = (tmp_path / f"slurm-dlscale-train-{done.stdout.strip()}.out").read_text()
+    assert "rank 1: exiting with 3" in output and "requeueing" not in output
+    assert not (tmp_path / "runs/dies" / STOPPED_MARKER).exists()
 
 
 def test_each_task_of_a_job_gets_the_cpus_per_task_it_asked_for(cluster, tmp_path):
@@ -461,7 +488,7 @@ def test_a_dry_run_outside_an_allocation_renders_the_job_from_its_own_headers(tm
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     command = shlex.join(shlex.split(done.stdout.strip().splitlines()[-1]))
-    assert command.startswith("srun --kill-on-bad-exit=0 --cpus-per-task=32 ")  # the script's own -c 32
+    assert command.startswith("srun --kill-on-bad-exit=1 --cpus-per-task=32 ")  # the script's own -c 32
     assert "-m dlscale.train gpu epochs=1 device=cuda run_dir=runs/dlscale-train-0 resume=true" in command
     assert "2 node(s), 8 task(s), master dry-run-node1:10000" in done.stdout
     assert "env: NCCL_NET=AWS Libfabric" in done.stdout  # two nodes: the network plugin is required
@@ -483,7 +510,7 @@ def test_each_site_renders_one_task_per_gpu_and_a_world_the_config_splits_over(s
                                              env={"TMPDIR": str(tmp_path / "node-local")})
     assert done.returncode == 0, done.stderr
     assert "master nid001000:10042" in done.stdout  # the first node; a port from the job id
-    assert command.startswith("srun --kill-on-bad-exit=0") and "-m dlscale.train gpu epochs=1" in command
+    assert command.startswith("srun --kill-on-bad-exit=1") and "-m dlscale.train gpu epochs=1" in command
     assert "run_dir=runs/t-42 resume=true" in command
     # srun (Slurm >= 22.05) does not inherit the allocation's CPUs per task: the line and the environment say it
     assert f"--cpus-per-task={headers['cpus-per-task']}" in command.split(" -m ")[0]
@@ -513,13 +540,17 @@ def test_each_site_renders_one_task_per_gpu_and_a_world_the_config_splits_over(s
 
 @pytest.mark.parametrize("width", ["1", "all"])
 def test_perlmutter_search_workers_take_one_gpu_each_or_the_whole_node(width, tmp_path):
-    """hpo.sbatch: four workers per node, each seeing only its GPU and training alone; or with
-    DLSCALE_TRIAL_RANKS=all one worker whose four ranks train each trial together."""
+    """hpo.sbatch: four workers per node, each seeing only its GPU and training alone, the GPU on its cores' NUMA
+    node (--gpus-per-task=1 gave the first cores GPU 0, across the chip); or with DLSCALE_TRIAL_RANKS=all one
+    worker whose four ranks train each trial together."""
     done, command, settings, _ = _render(tmp_path, "perlmutter/hpo.sbatch", "--dir", "hpo", hosts=("nid001000",),
                                          env={"DLSCALE_TRIAL_RANKS": width})
     assert done.returncode == 0, done.stderr
     assert "-m dlscale hpo worker --dir hpo device=cuda" in command
-    assert ("--gpus-per-task=1" in command) == (width == "1")
+    assert ("--gpu-bind=map_gpu:3,2,1,0" in command) == (width == "1") and "--gpus-per-task" not in command
+    # workers of their own are not killed with one that fails; the ranks of one trial are
+    assert command.startswith(f"srun --kill-on-bad-exit={0 if width == '1' else 1} ")
+    assert "--cpu-bind=cores" in command  # local task i: the i-th block of 32 cores, beside GPU 3 - i
     assert settings.get("DLSCALE_LAUNCHER") == ("single" if width == "1" else None)
 
 
@@ -593,11 +624,40 @@ def test_the_profile_job_makes_its_report_folder_and_leaves_cupti_to_nsys(tmp_pa
     assert settings["DLSCALE_UNDER_NSYS"] == "1"
 
 
-def test_a_profile_job_that_cannot_build_its_command_says_so(tmp_path):
-    done, command, _, _ = _render(tmp_path, "perlmutter/profile.sbatch", "gpu",
-                                  env=_site_env(tmp_path, "DLSCALE_PYTHON=false\n"))
-    assert done.returncode == 2 and "could not build the nsys command" in done.stderr
-    assert not command.startswith("srun")  # never an srun with nothing to run
+@pytest.mark.parametrize("mode", ["module", "container", "shifter"])
+def test_the_profile_jobs_nsys_line_is_built_by_the_python_that_trains(mode, tmp_path):
+    """The nsys line was built on the batch node with the host's Python and named it: a path the container has
+    not. Each task's own Python now builds it (inside the container too); the batch shell runs none."""
+    done, command, _, _ = _render(tmp_path, "perlmutter/profile.sbatch", "gpu", "profile_steps=20,30",
+                                  env={"DLSCALE_ENV": mode, "DLSCALE_IMAGE": "registry/dlscale:1",
+                                       **_site_env(tmp_path, "DLSCALE_PYTHON=python\n")})
+    assert done.returncode == 0, done.stderr
+    words = shlex.split(command)
+    start = words.index("dlscale.profiling.profile_job") - 2
+    assert words[start:start + 6] == ["python", "-m", "dlscale.profiling.profile_job",
+                                      "--output=runs/t-42/nsys/rank_%q{SLURM_PROCID}", "gpu", "profile_steps=20,30"]
+    assert sys.executable not in command
+    if mode != "module":  # the job's Python is the one inside the image
+        assert any("registry/dlscale:1" in word for word in words[:start])
+
+
+def test_the_profile_job_becomes_nsys_around_its_own_python(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nsys").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    (fake / "nsys").chmod(0o755)
+    job = [sys.executable, "-m", "dlscale.profiling.profile_job", "--output=out/rank_%q{SLURM_PROCID}", "gpu",
+           "profile_steps=20,30", "cuda_graphs=true"]
+    done = subprocess.run(job, env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    argv = done.stdout.splitlines()
+    assert argv[0] == "profile" and "--capture-range=cudaProfilerApi" in argv and "--cuda-graph-trace=node" in argv
+    assert argv[-6:] == [sys.executable, "-m", "dlscale.train", "gpu", "profile_steps=20,30", "cuda_graphs=true"]
+    # without nsys on the task's PATH: one line saying what to load
+    done = subprocess.run(job, env={**os.environ, "PATH": str(Path(sys.executable).parent)}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1 and done.stderr.strip().count("\n") == 0 and "nsys (Nsight Systems) is not on" in done.stderr
 
 
 @pytest.mark.parametrize("mode, expected", [

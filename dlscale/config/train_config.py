@@ -104,6 +104,9 @@ class TrainConfig:
                                          "with an error (a dead or missing rank never hangs the job). On gloo a "
                                          "dead peer is noticed within a second; NCCL notices it only when this "
                                          "runs out (the gpu config sets 120).")
+    setup_timeout_s: float = _knob(1800.0, "Seconds the ranks wait for one another while a run sets up: rank 0 "
+                                           "generating the synthetic data set, each node's first rank staging the "
+                                           "shards (work for all, which dist_timeout_s would cut short).")
     bucket_cap_mb: float = _knob(25.0, "DDP gradient bucket size in MiB (all-reduce granularity).")
     gradient_as_bucket_view: bool = _knob(True, "DDP: gradients are views into the all-reduce buckets (saves memory).")
     static_graph: bool = _knob(False, "DDP: the graph is the same every step (lets DDP skip some bookkeeping).")
@@ -174,8 +177,9 @@ class TrainConfig:
                     "warmup_epochs", "trust_coefficient", "noise_scale_every"]:
             if getattr(self, key) < 0:
                 raise ConfigError(f"config key '{key}' must be >= 0, got {getattr(self, key)}")
-        if self.lr <= 0:
-            raise ConfigError(f"config key 'lr' must be > 0, got {self.lr}")
+        for key in ["lr", "dist_timeout_s", "setup_timeout_s"]:
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"config key '{key}' must be > 0, got {getattr(self, key)}")
         if self.base_batch < 1:
             raise ConfigError(f"config key 'base_batch' must be >= 1, got {self.base_batch}")
         if not 0 <= self.warmup_start_factor <= 1:

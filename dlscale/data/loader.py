@@ -298,15 +298,17 @@ def rank_loaders(cfg: TrainConfig, env: Any, device: torch.device, data_rank: in
     """
     from dlscale import distributed
 
-    if env.is_main:  # one rank generates the synthetic set; the others wait and then find it
-        prepare_data(cfg)
-    distributed.barrier()
-    data_root = prepare_data(cfg)
-    if cfg.stage_dir:  # one copy per node
-        if env.local_rank == 0:
-            stage_data(data_root, cfg.stage_dir, progress=cfg.progress and env.is_main)
-        distributed.barrier()
-        data_root = stage_data(data_root, cfg.stage_dir)
+    # The others wait for as long as that takes (setup_timeout_s), not dist_timeout_s, meant for one collective.
+    with distributed.setup_waits(cfg.setup_timeout_s) as wait:
+        if env.is_main:  # one rank generates the synthetic set; the others wait and then find it
+            prepare_data(cfg)
+        wait("the data set's generation (rank 0)")
+        data_root = prepare_data(cfg)
+        if cfg.stage_dir:  # one copy per node
+            if env.local_rank == 0:
+                stage_data(data_root, cfg.stage_dir, progress=cfg.progress and env.is_main)
+            wait("staging the shards to stage_dir (each node's first rank)")
+            data_root = stage_data(data_root, cfg.stage_dir)
     rank = env.rank if data_rank is None else data_rank
     ranks = env.world_size if data_ranks is None else data_ranks
     return (make_loader(cfg, rank, ranks, "train", device, data_root),

@@ -22,9 +22,10 @@ from dlscale.distributed.launchers import (DEFAULT_PORT, DistEnv, DistributedErr
 from dlscale.distributed.process_group import (all_gather, all_gather_object, all_reduce_max, all_reduce_max_flag,
                                                all_reduce_mean, all_reduce_sum, barrier, broadcast_object,
                                                collective_device, free_port, group_is_up, group_size, init, is_main,
-                                               is_peer_failure,                                               print0, rank, resolve_data_parallel, shutdown, uses_horovod)
+                                               is_peer_failure, print0, rank, resolve_data_parallel, setup_waits,
+                                               shutdown, uses_horovod)
 
 __all__ = ["DEFAULT_PORT", "DistEnv", "DistributedError", "all_gather", "all_gather_object", "all_reduce_max",
            "all_reduce_max_flag", "all_reduce_mean", "all_reduce_sum", "barrier", "broadcast_object",
            "collective_device", "detect", "detect_launcher", "expand_nodelist", "free_port", "group_is_up",
-           "group_size", "init", "is_main", "is_peer_failure", "print0", "rank", "resolve_data_parallel", "shutdown", "uses_horovod"]
+           "group_size", "init", "is_main", "is_peer_failure", "print0", "rank", "resolve_data_parallel", "setup_waits", "shutdown", "uses_horovod"]

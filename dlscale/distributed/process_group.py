@@ -14,12 +14,13 @@ torch.distributed themselves; nothing here is a global to set or forget.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from types import ModuleType
 from typing import Any
@@ -201,6 +202,37 @@ def barrier() -> None:
         hvd.barrier()
     elif _torch_group():
         dist.barrier()
+
+
+@contextlib.contextmanager
+def setup_waits(timeout_s: float) -> Iterator[Callable[[str], None]]:
+    """``wait(what)`` inside the block: a barrier that waits up to ``timeout_s``, not the group's timeout.
+
+    For the waits while a run sets up that last as long as one rank's work for all (rank 0 writing the
+    synthetic data set, a node's first rank staging the shards), which a ``dist_timeout_s`` sized for one
+    collective would cut short. A rank that does not arrive in time is named. The waits use gloo's monitored
+    barrier in a group made on entry, while every rank is there: its ranks wait for one another under their
+    group's timeout, whatever the barrier's own says.
+    """
+    hvd = _horovod()
+    if hvd is not None or not _torch_group():
+        yield (lambda what: hvd.barrier()) if hvd is not None else (lambda what: None)  # (Horovod bounds none)
+        return
+    timeout = datetime.timedelta(seconds=timeout_s)
+    group = dist.new_group(backend="gloo", timeout=timeout)
+
+    def wait(what: str) -> None:
+        try:
+            dist.monitored_barrier(group=group, timeout=timeout, wait_all_ranks=True)
+        except RuntimeError as err:
+            raise DistributedError(f"rank {rank()}: not every rank finished {what} within setup_timeout_s="
+                                   f"{timeout_s:g} s ({str(err).splitlines()[0][:200]}); raise setup_timeout_s if "
+                                   f"that work takes longer, or look for a rank that died") from err
+
+    try:
+        yield wait
+    finally:
+        dist.destroy_process_group(group)
 
 
 def print0(*args: Any, **kwargs: Any) -> None:

@@ -1,7 +1,9 @@
 """The rows of every optimizer step, written in blocks, and the stop when the loss is not finite.
 
 The loss of each step stays on the device until a block of :data:`LOG_BLOCK` steps is
-written, so a GPU is synchronised once per block, not once per step. Writing a block is also
+written, so a GPU is synchronised once per block, not once per step. That wait is also where
+the block's samples/s is measured, so a row's rate includes the device's work (on a GPU, a
+step's own time is only how long the host took to queue it). Writing a block is also
 where a NaN or infinite loss is seen: every rank sees the same mean, so all stop together,
 before anything is checkpointed. Layer-wise optimizers add one row of trust ratios per
 block (lesson 07's plot).
@@ -9,11 +11,14 @@ block (lesson 07's plot).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
 from dlscale.distributed import all_reduce_mean
 from dlscale.errors import DlscaleError
+from dlscale.metrics.throughput import ThroughputMeter
 from dlscale.metrics.tracking import MetricsLogger
 
 #: Step rows are written in blocks of this many, so the loss is fetched from the device once per block.
@@ -45,15 +50,20 @@ class StepLog:
 
     def __init__(self, logger: MetricsLogger, ratio_columns: list[str]):
         self.logger, self.ratio_columns = logger, ratio_columns
-        self._rows: list[tuple[int, int, torch.Tensor, float, float]] = []
+        self._rows: list[tuple[int, int, torch.Tensor, float]] = []
         self._ratios: list[tuple[int, torch.Tensor]] = []
+        self._rate: Callable[[], float] = lambda: 0.0
+
+    def time_with(self, meter: ThroughputMeter, ranks: int) -> None:
+        """Give each written row its block's samples/s from ``meter``, all ``ranks`` together."""
+        self._rate = lambda: meter.block_rate() * ranks
 
     @property
     def full(self) -> bool:
         return len(self._rows) >= LOG_BLOCK
 
-    def add(self, step: int, epoch: int, loss: torch.Tensor, lr: float, samples_per_s: float) -> None:
-        self._rows.append((step, epoch, loss.detach(), lr, samples_per_s))
+    def add(self, step: int, epoch: int, loss: torch.Tensor, lr: float) -> None:
+        self._rows.append((step, epoch, loss.detach(), lr))
 
     def add_trust_ratios(self, step: int, optimizer: torch.optim.Optimizer) -> None:
         """Keep the optimizer's per-tensor trust ratios once per block (layer-wise optimizers only)."""
@@ -63,13 +73,15 @@ class StepLog:
                 self._ratios.append((step, ratios))
 
     def flush(self) -> float | None:
-        """Write the pending rows, fetching their losses from the device in one go; return the last loss."""
+        """Write the pending rows, fetching their losses from the device in one go (and, with the device
+        waited for, their block's samples/s); return the last loss."""
         if not self._rows:
             return None
         losses = all_reduce_mean(torch.stack([row[2] for row in self._rows]).float()).tolist()  # the global batch's
         check_finite(losses, self._rows[0][0], self._rows[0][3])  # every rank sees the same mean: all stop together
-        self.logger.log_steps([dict(step=s, epoch=e, loss=loss, lr=lr, samples_per_s=sps)
-                               for (s, e, _, lr, sps), loss in zip(self._rows, losses)])
+        rate = self._rate()
+        self.logger.log_steps([dict(step=s, epoch=e, loss=loss, lr=lr, samples_per_s=rate)
+                               for (s, e, _, lr), loss in zip(self._rows, losses)])
         self._rows.clear()
         for step, ratios in self._ratios:
             self.logger.log_trust_ratios(self.ratio_columns, {"step": step, **dict(zip(self.ratio_columns,

@@ -8,6 +8,10 @@ measures the host, not the device. Where a measured stretch ends (before a pause
 end) the meter waits for the device (``sync``) and counts that wait in the last step: the
 counted seconds then cover all the work of the counted steps. In between there is no sync,
 so the step itself never waits for the device.
+
+The same holds for a block of logged steps: the step log fetches the block's losses from the
+device (a wait), and :meth:`block_rate` then gives the block's samples/s with the device's time
+in it (one step's own time, on a GPU, is only how fast the host queued its work).
 """
 
 from __future__ import annotations
@@ -31,31 +35,50 @@ class ThroughputMeter:
         self.seconds = 0.0
         self._last: float | None = None
         self._counting = False       # whether the last step was counted (its time ends at the next sync)
-        self.last_rate = 0.0
+        self._block = [0, 0.0]       # samples and seconds timed since the last block_rate()
         self._sync = sync
         self._clock = clock or (lambda: time.perf_counter())
 
     def pause(self) -> None:
         """End a measured stretch: wait for the device, count that wait, and forget the last timestamp,
         so the time until the next step (validation, a checkpoint) is not counted."""
-        if self._sync is not None and self._last is not None and self._counting:
-            self._sync()
-            self.seconds += self._clock() - self._last
+        self._wait_for_device()
         self._last = None
         self._counting = False
+
+    def _wait_for_device(self) -> None:
+        """On a device with its own queue, wait for it and count the wait in the last step (and its block)."""
+        if self._sync is None or self._last is None:
+            return
+        self._sync()
+        now = self._clock()
+        if self._counting:
+            self.seconds += now - self._last
+        self._block[1] += now - self._last  # (a block's steps are all timed, the warm-up ones too)
+        self._last = now
 
     def step(self, samples: int) -> None:
         now = self._clock()
         self._counting = False
         if self._last is not None:
             elapsed = now - self._last
-            self.last_rate = samples / elapsed if elapsed > 0 else 0.0
+            self._block[0] += samples
+            self._block[1] += elapsed
             if self.steps >= self.warmup_steps:
                 self.samples += samples
                 self.seconds += elapsed
                 self._counting = True
         self.steps += 1
         self._last = now
+
+    def block_rate(self) -> float:
+        """Samples/s of the steps timed since the last call, the device's work on them included (this waits
+        for the device, as fetching a logged block's losses does anyway): a block's rate, not how fast the
+        host queued its steps. 0 when no step was timed."""
+        self._wait_for_device()
+        samples, seconds = self._block
+        self._block = [0, 0.0]
+        return samples / seconds if seconds > 0 else 0.0
 
     @property
     def samples_per_s(self) -> float:

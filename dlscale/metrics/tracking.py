@@ -1,6 +1,6 @@
 """Metrics of a run: always CSV files in the run directory, Weights & Biases when asked.
 
-``metrics.csv`` has one row per optimizer step (step, epoch, loss, lr, samples_per_s);
+``metrics.csv`` has one row per optimizer step (step, epoch, loss, lr, samples_per_s: its block of 10 steps' rate);
 ``validation.csv`` one row per epoch (epoch, step, mse, r2 and r2 per target);
 ``noise_scale.csv`` (when measured) the gradient noise scale estimates;
 ``trust_ratios.csv`` (LARS, LARC, LAMB) the trust ratio of every tensor each 10 steps. All are

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
@@ -85,21 +86,51 @@ class StepProfiler:
 
 def summarize(profiler: torch.profiler.profile, steps: int, top: int = 12, by_device: bool = False) -> dict[str, Any]:
     """Milliseconds per step for each training-loop range, for the top operators by self time (their
-    kernels' time with ``by_device``, when the GPU's activity was profiled) and in the collectives."""
-    return summarize_events(profiler.key_averages(), steps, top, by_device)
+    kernels' time with ``by_device``, when the GPU's activity was profiled) and in the collectives.
+    With ``by_device`` a range's device time is that of the kernels launched inside it on any thread
+    (:func:`device_time_by_window`)."""
+    windows = device_time_by_window(profiler.events()) if by_device else None
+    return summarize_events(profiler.key_averages(), steps, top, by_device, windows)
+
+
+def device_time_by_window(events: Any, names: tuple[str, ...] = RANGES) -> dict[str, float]:
+    """Microseconds of device work launched inside each named range, whichever thread launched it.
+
+    A ``record_function`` range collects only the kernels launched on its own thread, and autograd
+    runs the backward pass on a thread of its own, so on a GPU the ``backward`` range's own device
+    time is close to 0 (pytorch/pytorch#144778, pytorch/kineto#1132). Here each host event's own
+    kernels (its self device time) go to the range whose host interval holds the event's start, on
+    whatever thread the event ran: the main thread waits inside ``backward`` while autograd's launches.
+    """
+    host = [e for e in events if _on_host(e)]
+    windows = sorted((e.time_range.start, e.time_range.end, e.name) for e in host if e.name in names)
+    starts = [start for start, _, _ in windows]
+    totals = dict.fromkeys(names, 0.0)
+    for event in host:
+        own = getattr(event, "self_device_time_total", None)
+        own = getattr(event, "self_cuda_time_total", 0.0) if own is None else own  # (torch's older name)
+        if event.name in names or not own:
+            continue
+        index = bisect_right(starts, event.time_range.start) - 1
+        if index >= 0 and event.time_range.start < windows[index][1]:
+            totals[windows[index][2]] += own
+    return totals
 
 
 def _on_host(event: Any) -> bool:
     return str(getattr(event, "device_type", "CPU")).endswith("CPU")
 
 
-def summarize_events(events: Any, steps: int, top: int = 12, by_device: bool = False) -> dict[str, Any]:
-    """:func:`summarize` of ``key_averages()``'s rows.
+def summarize_events(events: Any, steps: int, top: int = 12, by_device: bool = False,
+                     windows: dict[str, float] | None = None) -> dict[str, Any]:
+    """:func:`summarize` of ``key_averages()``'s rows (and, from ``windows``, each range's device time in
+    microseconds over the profiled steps, as :func:`device_time_by_window` counts it).
 
     On a GPU each range appears twice there: the host's ``record_function`` event and, with the
     same name, the ``gpu_user_annotation`` Kineto records on the device (``key_averages`` keeps
     them apart by device type). Only the host's rows count here: one row per range, whose calls
-    are the steps profiled and whose device time is that of the kernels it launched.
+    are the steps profiled and whose device time is that of the kernels launched inside it (``windows``;
+    without them, those its own thread launched).
     """
     events = list(events)
     new_names = events and hasattr(events[0], "device_time_total")  # (torch renamed cuda_* to device_*)
@@ -117,6 +148,8 @@ def summarize_events(events: Any, steps: int, top: int = 12, by_device: bool = F
 
     ranges = [row(e) for e in events if e.key in RANGES]
     ranges.sort(key=lambda r: RANGES.index(r["name"]))
+    for r in ranges if windows is not None else []:
+        r["device_ms_per_step"] = windows.get(r["name"], 0.0) / 1000 / steps
     operators = [row(e) for e in events if e.key not in RANGES and not e.key.startswith("ProfilerStep")]
     # on a GPU an operator costs the time of its own kernels; its CPU time there is mostly launching them
     operators.sort(key=lambda r: -r["self_device_ms_per_step" if by_device else "self_cpu_ms_per_step"])

@@ -43,7 +43,7 @@ from dlscale.metrics.tracking import TRAIN_FILE, VAL_FILE, read_rows
 from dlscale.distributed.parallelize import cuda_graph_skips
 from dlscale.profiling import StepProfiler, mfu, peak_flops, peak_precision
 from dlscale.runtime.devices import resolve_device
-from dlscale.training.preemption import StopFlag
+from dlscale.training.preemption import StopFlag, mark_stopped
 from dlscale.training.result import Result
 from dlscale.training.setup import Run, build_run
 from dlscale.training.step import train_step
@@ -109,6 +109,7 @@ def _loop(run: Run, on_epoch: EpochCallback | None = None) -> tuple[bool, Throug
     cfg, env = run.cfg, run.env
     sync = (lambda: torch.cuda.synchronize(run.device)) if run.device.type == "cuda" else None
     meter, preempted = ThroughputMeter(sync=sync), False
+    run.log.time_with(meter, run.plan.data_ranks)  # each logged row: its block's samples/s, all ranks together
     bar = tqdm(total=run.total_steps, initial=run.step, desc=cfg.name, unit="step", dynamic_ncols=True,
                disable=not (env.is_main and cfg.progress), file=sys.stderr)
     say = bar.write if env.is_main else (lambda *args, **kwargs: None)
@@ -131,7 +132,7 @@ def _loop(run: Run, on_epoch: EpochCallback | None = None) -> tuple[bool, Throug
                 profiler.step(run.step)
                 run.log.add_trust_ratios(run.step, run.optimizer)
                 meter.step(samples)
-                run.log.add(run.step, epoch, loss, lr, meter.last_rate * run.plan.data_ranks)
+                run.log.add(run.step, epoch, loss, lr)
                 bar.update()
                 if run.log.full:
                     bar.set_postfix(loss=f"{run.log.flush():.4f}", lr=f"{lr:.2e}")
@@ -152,6 +153,8 @@ def _loop(run: Run, on_epoch: EpochCallback | None = None) -> tuple[bool, Throug
                 if preempted or run.step == run.total_steps or (every and run.step % every == 0):
                     meter.pause()
                     _checkpoint(run, lr)
+                if preempted and stop.signal_name and env.is_main:  # (not a search's pruning: no requeue)
+                    mark_stopped(run.run_dir, stop.reason, run.step)
                 if preempted or end_of_epoch:
                     break
     bar.close()

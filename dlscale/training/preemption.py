@@ -4,18 +4,28 @@ Slurm sends SIGTERM when a job is cancelled or preempted, and a job script can a
 SIGUSR1 some minutes before the time limit (``--signal=B:USR1@300``). Either signal
 sets a flag that the training loop checks at each step boundary; the loop then writes
 a checkpoint and stops, and the CLI exits with :data:`PREEMPTED_EXIT_CODE` so the job
-script knows to requeue rather than report a failure.
+script knows to requeue rather than report a failure. Rank 0 also leaves :data:`STOPPED_MARKER` in
+the run folder: under ``srun --kill-on-bad-exit=1`` the job step's status can be that of a rank
+srun killed after the first one exited 75, so the job script reads the marker as well.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+from pathlib import Path
 from types import FrameType
 
 #: Exit status of a run that stopped on a signal after checkpointing (EX_TEMPFAIL: "try again").
 PREEMPTED_EXIT_CODE = 75
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+#: The file a run stopped on a signal leaves in its folder, after its checkpoint (slurm/launch.sh reads it).
+STOPPED_MARKER = "stopped-on-signal"
+
+
+def mark_stopped(run_dir: Path, reason: str, step: int) -> None:
+    """Say in ``run_dir`` that the run checkpointed at ``step`` and stopped on a signal (the job may requeue)."""
+    (Path(run_dir) / STOPPED_MARKER).write_text(f"{reason}; checkpointed at step {step}\n")
 
 
 class StopFlag:
