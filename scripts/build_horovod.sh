@@ -6,8 +6,12 @@
 # Why a script: Horovod's last release (0.28.1, June 2023) ships no wheels, and its sdist
 # asks CMake for C++14, while torch >= 2.1 headers need C++17, so a plain
 # `pip install horovod` fails to compile. Horovod's master branch raised the standard to 17;
-# this script applies that same change to the released sdist from PyPI and builds it for
-# CPU training over gloo (no MPI, TensorFlow or MXNet, no CUDA even with a CUDA build of torch).
+# this script applies that same change to the released sdist from PyPI and builds it with gloo
+# (no MPI, TensorFlow or MXNet). With a CUDA build of torch and a CUDA toolkit (nvcc) it also
+# builds Horovod's NCCL operations (HOROVOD_GPU_OPERATIONS=NCCL): without them the first
+# all-reduce of a GPU tensor fails ("Requested ReadyEvent with GPU device but not compiled with
+# CUDA"). Otherwise it builds for CPU tensors only, even with a CUDA build of torch.
+# HOROVOD_GPU=nccl or cpu chooses; BUILD_HOROVOD_PLAN=1 only prints the choice.
 # About 8 minutes on 2 cores.
 #
 # On NERSC, OLCF and most sites, use PyTorch DDP (the kit's default) or the Horovod that
@@ -20,9 +24,22 @@ set -euo pipefail
 PYTHON=${1:-${PYTHON:-python3}}
 VERSION=0.28.1
 root=$(cd "$(dirname "$0")/.." && pwd)
-torch_version=$("$PYTHON" -c 'import torch; print(torch.__version__)') || {
-    echo "build_horovod: torch is not importable by $PYTHON; install torch first" >&2; exit 1; }
-wheels=${HOROVOD_WHEELS:-$root/.cache/horovod}/torch-$torch_version
+read -r torch_version torch_cuda < <("$PYTHON" -c 'import torch; print(torch.__version__, torch.version.cuda or "none")') \
+    || true
+if [[ -z ${torch_version:-} ]]; then
+    echo "build_horovod: torch is not importable by $PYTHON; install torch first" >&2
+    exit 1
+fi
+gpu=${HOROVOD_GPU:-$([[ $torch_cuda != none ]] && command -v nvcc > /dev/null && echo nccl || echo cpu)}
+if [[ $gpu == nccl ]]; then
+    echo "build_horovod: horovod $VERSION for torch $torch_version (CUDA $torch_cuda): gloo and NCCL (HOROVOD_GPU_OPERATIONS=NCCL)"
+else
+    echo "build_horovod: horovod $VERSION for torch $torch_version: gloo, CPU tensors only"
+fi
+[[ ${BUILD_HOROVOD_PLAN:-0} != 1 ]] || exit 0
+suffix=""  # (a GPU build's wheels: torch-X-nccl)
+[[ $gpu != nccl ]] || suffix=-nccl
+wheels=${HOROVOD_WHEELS:-$root/.cache/horovod}/torch-$torch_version$suffix
 mkdir -p "$wheels"
 
 if ! ls "$wheels"/horovod-$VERSION-*.whl >/dev/null 2>&1; then
@@ -38,14 +55,18 @@ if ! ls "$wheels"/horovod-$VERSION-*.whl >/dev/null 2>&1; then
             echo "build_horovod: no C++14 setting in $f; the sdist changed, check the patch" >&2; exit 1; }
         sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/$f"
     done
-    # This build is for CPU tensors over gloo. Horovod would compile its CUDA parts whenever torch is a
-    # CUDA build and torch guesses a CUDA_HOME, as PyPI's torch for Linux does on a laptop without the
-    # CUDA toolkit, and then fail to find cudart. Tell its CMake that this torch has no CUDA.
+    # A CPU-only build: Horovod would compile its CUDA parts whenever torch is a CUDA build and torch
+    # guesses a CUDA_HOME, as PyPI's torch for Linux does on a laptop without the CUDA toolkit, and then
+    # fail to find cudart. Tell its CMake that this torch has no CUDA.
     find=$src/cmake/Modules/FindPytorch.cmake
-    grep -q 'print(True if ((torch.version.cuda is not None) and (CUDA_HOME is not None)) else False)' "$find" || {
-        echo "build_horovod: FindPytorch.cmake changed; check the CPU-only patch" >&2; exit 1; }
-    sed -i 's/print(True if ((torch.version.cuda is not None) and (CUDA_HOME is not None)) else False)/print(False)/' "$find"
-    echo "build_horovod: compiling horovod $VERSION for torch $torch_version (several minutes)"
+    if [[ $gpu == cpu ]]; then
+        grep -q 'print(True if ((torch.version.cuda is not None) and (CUDA_HOME is not None)) else False)' "$find" || {
+            echo "build_horovod: FindPytorch.cmake changed; check the CPU-only patch" >&2; exit 1; }
+        sed -i 's/print(True if ((torch.version.cuda is not None) and (CUDA_HOME is not None)) else False)/print(False)/' "$find"
+    else
+        export HOROVOD_GPU_OPERATIONS=NCCL
+    fi
+    echo "build_horovod: compiling (several minutes)"
     HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
     HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
     MAKEFLAGS=-j$(nproc) \
@@ -54,9 +75,12 @@ fi
 
 "$PYTHON" -m pip install --quiet cloudpickle psutil pyyaml packaging
 "$PYTHON" -m pip install --quiet --no-deps --force-reinstall "$wheels"/horovod-$VERSION-*.whl
-"$PYTHON" - <<'PY'
+"$PYTHON" - "$gpu" <<'PY'
+import sys
+
 import horovod
 import horovod.torch as hvd
 assert hvd.gloo_built(), "horovod was built without gloo"
-print(f"build_horovod: horovod {horovod.__version__} ready (gloo)")
+assert sys.argv[1] != "nccl" or hvd.nccl_built(), "horovod was built without NCCL"
+print(f"build_horovod: horovod {horovod.__version__} ready (gloo{', NCCL' if hvd.nccl_built() else ''})")
 PY

@@ -18,7 +18,7 @@ from dlscale.checkpoint import list_checkpoints
 from dlscale.distributed import DistEnv, DistributedError, detect, resolve_data_parallel
 from dlscale.metrics.tracking import read_rows
 
-from .conftest import SAME_STEPS_FP64
+from .conftest import ROOT, SAME_STEPS_FP64
 
 needs_horovod = pytest.mark.skipif(not horovod_backend.available(), reason="Horovod is not built (make horovod)")
 # float64, so that Horovod's summation order and one process agree to rounding on any CPU (conftest).
@@ -54,6 +54,28 @@ def _weights(run_dir):
 def _max_difference(a, b):
     one, two = _weights(a), _weights(b)
     return max(float((one[k] - two[k]).abs().max()) for k in one)
+
+
+@pytest.mark.parametrize("cuda, nvcc, expected", [
+    ("12.4", True, "gloo and NCCL (HOROVOD_GPU_OPERATIONS=NCCL)"),  # a GPU node with the CUDA toolkit
+    ("12.4", False, "gloo, CPU tensors only"),                      # PyPI's CUDA torch on a laptop without nvcc
+    ("none", True, "gloo, CPU tensors only"),                       # a CPU-only torch
+])
+def test_horovod_is_built_with_nccl_where_torch_and_the_toolkit_have_cuda(cuda, nvcc, expected, tmp_path):
+    """Built gloo-only, Horovod crashed at a GPU tensor's first all-reduce (horovod/horovod#2478)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    python = fake / "python"  # answers the script's one question about torch, as a CUDA or CPU build would
+    python.write_text(f'#!/bin/sh\necho "2.13.0+{"cu124" if cuda != "none" else "cpu"} {cuda}"\n')
+    tools = [python] + ([fake / "nvcc"] if nvcc else [])
+    for tool in tools:
+        tool.write_text(tool.read_text() if tool.exists() else "#!/bin/sh\n")
+        tool.chmod(0o755)
+    done = subprocess.run(["bash", "scripts/build_horovod.sh", str(python)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "BUILD_HOROVOD_PLAN": "1",
+                                                      "PATH": f"{fake}:/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith(expected), done.stdout
 
 
 def test_horovodrun_variables_are_detected_and_pick_horovod():
