@@ -239,6 +239,8 @@ def test_solution_passes_every_check(name, tmp_path):
     assert errors(notebook) == []
     check_cells = [c for c in notebook.cells if "check" in c.metadata.get("tags", [])]
     assert check_cells and all("passed" in "".join(o.get("text", "") for o in c.outputs) for c in check_cells)
+    # the checks wrote only under runs/ and data/, nothing beside the notebook (05.3's checkpoint once did)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name not in ("runs", "data")) == [], name
 
 
 @pytest.mark.parametrize("name", sorted(SOLUTION_PARAMETERS))

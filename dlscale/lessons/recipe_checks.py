@@ -9,6 +9,7 @@ whose shares are wrong when the data do not divide, a checkpoint written by ever
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -136,7 +137,9 @@ def reference_losses(world_size: int = 2) -> list[float]:
 def check_data_parallel_loop(train_data_parallel: Callable[[Dataset, int, int, float, str], list[float]]) -> None:
     """05.3: the plain loop on 2 ranks takes the steps one process takes on each global batch, and names the
     usual mistakes: the shares of 101 samples, set_epoch, the logged loss, the checkpoint's writers."""
-    ranks = _on_two_engines(_data_parallel_on_rank, train_data_parallel, "checkpoint-05.3.pt")
+    folder = Path("runs/exercises").resolve()  # (with the lesson's runs, not beside the notebook)
+    folder.mkdir(parents=True, exist_ok=True)
+    ranks = _on_two_engines(_data_parallel_on_rank, train_data_parallel, str(folder / "checkpoint-05.3.pt"))
     share = SAMPLES // 2
     for rank, result in enumerate(ranks):
         epochs = [result["seen"][i * share:(i + 1) * share] for i in range(EPOCHS)]
