@@ -250,6 +250,25 @@ def test_ranks_wait_for_rank_0s_data_as_long_as_setup_timeout_s_not_dist_timeout
         assert "1" in lines[0].split("(", 2)[2]  # gloo's monitored barrier names the rank that did not come
 
 
+def test_the_setup_group_connects_lazily_and_leaves_the_environment_as_it_was(monkeypatch):
+    """A full mesh would open a socket to every rank on every rank of a large job; the monitored barrier needs
+    rank 0's links only. torch reads TORCH_GLOO_LAZY_INIT when it makes a gloo group."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from dlscale.distributed import process_group
+
+    seen = []
+    monkeypatch.setattr(dist, "new_group", lambda **kw: seen.append((os.environ.get("TORCH_GLOO_LAZY_INIT"), kw)))
+    monkeypatch.delenv("TORCH_GLOO_LAZY_INIT", raising=False)
+    process_group._lazy_gloo_group(datetime.timedelta(seconds=60))
+    assert seen[0][0] == "1" and seen[0][1]["backend"] == "gloo" and "TORCH_GLOO_LAZY_INIT" not in os.environ
+    monkeypatch.setenv("TORCH_GLOO_LAZY_INIT", "0")  # a user's own choice is kept for their groups
+    process_group._lazy_gloo_group(datetime.timedelta(seconds=60))
+    assert seen[1][0] == "1" and os.environ["TORCH_GLOO_LAZY_INIT"] == "0"
+
+
 def test_bus_bandwidth_is_the_nccl_tests_formula():
     from dlscale.bench.allreduce import bus_bandwidth
     assert bus_bandwidth(1e9, 1.0, 2) == pytest.approx(1e9)  # 2·(2−1)/2 = 1

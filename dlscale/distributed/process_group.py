@@ -204,6 +204,21 @@ def barrier() -> None:
         dist.barrier()
 
 
+def _lazy_gloo_group(timeout: datetime.timedelta) -> Any:
+    """A gloo group of every rank whose pairs connect when first used (torch's ``TORCH_GLOO_LAZY_INIT``, set while
+    the group is made): a monitored barrier links rank 0 with each other rank only, where a full mesh would open
+    a socket to every rank on every rank (thousands on a large job, past the usual limit of open files)."""
+    before = os.environ.get("TORCH_GLOO_LAZY_INIT")
+    os.environ["TORCH_GLOO_LAZY_INIT"] = "1"
+    try:
+        return dist.new_group(backend="gloo", timeout=timeout)
+    finally:
+        if before is None:
+            del os.environ["TORCH_GLOO_LAZY_INIT"]
+        else:
+            os.environ["TORCH_GLOO_LAZY_INIT"] = before
+
+
 @contextlib.contextmanager
 def setup_waits(timeout_s: float) -> Iterator[Callable[[str], None]]:
     """``wait(what)`` inside the block: a barrier that waits up to ``timeout_s``, not the group's timeout.
@@ -212,14 +227,14 @@ def setup_waits(timeout_s: float) -> Iterator[Callable[[str], None]]:
     synthetic data set, a node's first rank staging the shards), which a ``dist_timeout_s`` sized for one
     collective would cut short. A rank that does not arrive in time is named. The waits use gloo's monitored
     barrier in a group made on entry, while every rank is there: its ranks wait for one another under their
-    group's timeout, whatever the barrier's own says.
+    group's timeout, whatever the barrier's own says. Its connections are made lazily (:func:`_lazy_gloo_group`).
     """
     hvd = _horovod()
     if hvd is not None or not _torch_group():
         yield (lambda what: hvd.barrier()) if hvd is not None else (lambda what: None)  # (Horovod bounds none)
         return
     timeout = datetime.timedelta(seconds=timeout_s)
-    group = dist.new_group(backend="gloo", timeout=timeout)
+    group = _lazy_gloo_group(timeout)
 
     def wait(what: str) -> None:
         try:
