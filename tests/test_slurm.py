@@ -260,8 +260,6 @@ def test_a_breakdown_over_nodes_and_a_plan_from_a_two_node_sweep(two_nodes, tmp_
     assert set(one["ms"]) == {"full", "data in memory"} and "no communication" in two["ms"]
     assert abs(two["io"] + two["communication"] + two["rest"] - two["loss"]) <= result["adds_up_within"]
     assert "| 2 | 2 | 1 |" in done.stdout  # nodes, ranks, threads each
-    # each job's output beside its run, none in the folder the sweep was started from
-    assert len(list((tmp_path / "runs/sweep").glob("slurm-*-n*-*.out"))) == 3 and not list(tmp_path.glob("*.out"))
 
     sweep = subprocess.run(["bash", str(ROOT / "slurm/sweep.sh"), "local", "1 2", "8", *TRAIN, "epochs=2"],
                            cwd=tmp_path, env={**env, "DLSCALE_SWEEP_DIR": "runs/sweep"}, capture_output=True,
@@ -418,6 +416,8 @@ def test_a_sweep_submits_weak_and_strong_series_and_the_report_reads_them(cluste
     assert float(rows["weak-n1"]["efficiency"]) == pytest.approx(1.0)
     assert 0 < float(rows["strong-n2"]["efficiency"]) < 2
     assert (tmp_path / "runs/sweep/report.png").stat().st_size > 10_000
+    # each job's output beside its run, none in the folder the sweep was started from
+    assert len(list((tmp_path / "runs/sweep").glob("slurm-*-n*-*.out"))) == 3 and not list(tmp_path.glob("*.out"))
     assert "| weak-n2 | 1 | 2 | 32 |" in report.stdout
 
 
