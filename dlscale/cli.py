@@ -265,17 +265,31 @@ def _plan(args: argparse.Namespace) -> int:
 def _project(args: argparse.Namespace) -> int:
     from dlscale.reporting.plots import efficiency_projection
     from dlscale.scaling.projection import RESNET50_PARAMETERS, Workload, assumptions, format_projection, project
-    from dlscale.scaling.sites import SITES
+    from dlscale.scaling.sites import SITES, load_machine, machine
 
-    site = SITES[args.site]
-    workload = Workload(args.name, args.parameters or RESNET50_PARAMETERS, args.ms_per_sample / 1000, args.batch,
-                        args.bytes_per_value, args.layout, args.overlap, "entered on the command line")
-    rows = project(workload, site)
+    site = load_machine(args.machine) if args.machine else SITES[args.site]
+    custom = (args.gpus_per_node, args.inside_gbs, args.between_gbs, args.inside_latency_us, args.between_latency_us)
+    if any(value is not None for value in custom):  # the given figures replace the site's (or the file's)
+        site = machine(f"{site.name}, with figures entered", args.gpus_per_node or site.gpus_per_node,
+                       args.inside_gbs or site.inside.bandwidth / 1e9, args.between_gbs or site.between.bandwidth / 1e9,
+                       site.inside.alpha * 1e6 if args.inside_latency_us is None else args.inside_latency_us,
+                       site.between.alpha * 1e6 if args.between_latency_us is None else args.between_latency_us,
+                       f"entered on the command line; the rest from {site.source}")
+    if args.samples_per_s:
+        per_sample, source = 1 / args.samples_per_s, f"{args.samples_per_s:g} samples/s measured on one GPU"
+    elif args.step_ms:
+        per_sample, source = args.step_ms / 1000 / args.batch, f"a step of {args.step_ms:g} ms at batch {args.batch}"
+    else:
+        per_sample, source = args.ms_per_sample / 1000, "entered on the command line"
+    workload = Workload(args.name, args.parameters or RESNET50_PARAMETERS, per_sample, args.batch,
+                        args.bytes_per_value, args.layout, args.overlap, source, args.backward_share,
+                        args.bucket_mb or None, args.algorithm)
+    rows = project(workload, site, baseline=args.baseline)
     print(format_projection(rows))
-    print("\nassumptions:\n" + assumptions(workload, site))
+    print("\nassumptions:\n" + assumptions(workload, site, args.baseline))
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    efficiency_projection({workload.name: rows}, assumptions(workload, site)).savefig(Path(args.out) / "projection.png",
-                                                                                     dpi=120)
+    efficiency_projection({workload.name: rows}, assumptions(workload, site, args.baseline)).savefig(
+        Path(args.out) / "projection.png", dpi=120)
     print(f"projection.png in {args.out}/")
     return 0
 
@@ -580,20 +594,50 @@ def _add_plan(commands: Any) -> None:
 
 
 def _add_project(commands: Any) -> None:
+    from dlscale.scaling.collectives import ALGORITHMS
+    from dlscale.scaling.projection import BASELINES
+
     project = commands.add_parser(
-        "project", help="predicted step time and efficiency of a model from 1 to 1,024 nodes of a site",
-        description="The alpha-beta model of the layout's collectives on the site's published links, plus a compute "
-                    "time per sample you enter (measured on that GPU), with the share of communication hidden "
-                    "(dlscale bench breakdown measures it). Prints the table and the assumptions; writes "
-                    "projection.png.")
-    project.add_argument("--site", choices=sorted(SITES), default="perlmutter")
+        "project", help="predicted step time and efficiency of a model from 1 to 1,024 nodes of a site or your cluster",
+        description="The alpha-beta model of the layout's collectives (bucket by bucket, the cheapest algorithm "
+                    "between nodes) on a site's published links or your own machine's, plus one GPU's measured "
+                    "compute, with the share of communication hidden behind the backward pass (dlscale bench "
+                    "breakdown measures it; it never hides more than the backward pass). Prints the table and the "
+                    "assumptions; writes projection.png.")
+    where = project.add_argument_group("the machine: a site, a YAML file, or figures that replace theirs")
+    where.add_argument("--site", choices=sorted(SITES), default="perlmutter")
+    where.add_argument("--machine", default=None, metavar="YAML",
+                       help="your cluster: gpus_per_node, inside and between (bandwidth_gbs, latency_us), source")
+    where.add_argument("--gpus-per-node", type=_number(int, 1), default=None)
+    where.add_argument("--inside-gbs", type=_number(float, 0, above=True), default=None,
+                       help="GB/s per direction between the GPUs of a node")
+    where.add_argument("--between-gbs", type=_number(float, 0, above=True), default=None,
+                       help="each GPU's share of the network between nodes, GB/s per direction")
+    where.add_argument("--inside-latency-us", type=_number(float, 0), default=None)
+    where.add_argument("--between-latency-us", type=_number(float, 0), default=None)
+    compute = project.add_argument_group("one GPU's compute, measured (one of these)")
+    given = compute.add_mutually_exclusive_group(required=True)
+    given.add_argument("--samples-per-s", type=_number(float, 0, above=True), default=None,
+                       help="one GPU's training throughput (a published figure, or dlscale train's)")
+    given.add_argument("--step-ms", type=_number(float, 0, above=True), default=None,
+                       help="one GPU's step time at --batch, in ms")
+    given.add_argument("--ms-per-sample", type=_number(float, 0, above=True), default=None,
+                       help="one GPU's compute per sample, in ms")
     project.add_argument("--name", default="ResNet-50-sized gradient")
     project.add_argument("--parameters", type=_number(int, 0), default=0, help="parameter count (default: ResNet-50's 25.6 M)")
-    project.add_argument("--ms-per-sample", type=_number(float, 0, above=True), required=True, help="one GPU's compute per sample, in ms")
     project.add_argument("--batch", type=_number(int, 1), default=64, help="batch per GPU")
     project.add_argument("--bytes-per-value", type=_number(int, 1, 8), default=4, help="4 for fp32 gradients, 2 for bf16")
     project.add_argument("--layout", choices=("ddp", "fsdp"), default="ddp")
-    project.add_argument("--overlap", type=_number(float, 0, 1), default=0.0)
+    project.add_argument("--overlap", type=_number(float, 0, 1), default=0.0,
+                         help="share of the communication hidden behind the backward pass (0 to 1)")
+    project.add_argument("--backward-share", type=_number(float, 0, 1), default=2 / 3,
+                         help="the backward pass's share of the compute: the most an overlap can hide (default 2/3)")
+    project.add_argument("--bucket-mb", type=_number(float, 0), default=25.0,
+                         help="DDP's bucket_cap_mb: one latency per bucket (0: the gradient as one message)")
+    project.add_argument("--algorithm", choices=ALGORITHMS, default="auto",
+                         help="all-reduce between nodes (auto: the cheapest for each bucket, as NCCL chooses)")
+    project.add_argument("--baseline", choices=BASELINES, default="gpu",
+                         help="efficiency against one GPU or one node")
     project.add_argument("--out", default="runs/projection")
     project.set_defaults(handler=_project)
 

@@ -119,6 +119,11 @@ MISTAKES = [
     (["project", "--ms-per-sample", "0.26", "--batch", "-64"], "argument --batch: must be at least 1, not -64"),
     (["project", "--ms-per-sample", "0.26", "--overlap", "2"], "argument --overlap: must be at most 1, not 2"),
     (["project", "--ms-per-sample", "nan"], "argument --ms-per-sample: must be a finite number, not nan"),
+    (["project", "--samples-per-s", "2600", "--step-ms", "25"], "argument --step-ms: not allowed with argument "
+                                                                 "--samples-per-s"),
+    (["project", "--samples-per-s", "2600", "--gpus-per-node", "0"], "argument --gpus-per-node: must be at least 1"),
+    (["project", "--samples-per-s", "2600", "--machine", "half.yaml"], "half.yaml: between needs bandwidth_gbs"),
+    (["project", "--samples-per-s", "2600", "--machine", "nowhere.yaml"], "nowhere.yaml cannot be read ("),
     (["plan", "sweep", "--overlap", "5"], "argument --overlap: must be at most 1, not 5"),
     (["bench", "breakdown", "tiny", "--sizes=-1"], "argument --sizes: must be at least 1, not -1"),
     (["bench", "breakdown", "tiny", "--sizes", "1,x"], "argument --sizes: a whole number is needed, not 'x'"),
@@ -166,6 +171,7 @@ def test_every_mistake_in_the_table_is_one_line_without_a_traceback(in_tmp, capf
     for name, parameter in BAD_SPACES.items():
         (in_tmp / name).write_text(f"name: s\nbase: tiny\nparameters:\n  {parameter}\n")
     (in_tmp / "fixed.yaml").write_text("name: s\nbase: tiny\nfixed: [epochs, 2]\nparameters:\n  lr: [0.001, 0.01]\n")
+    (in_tmp / "half.yaml").write_text("gpus_per_node: 4\ninside: {bandwidth_gbs: 100}\n")
     (in_tmp / "latin1.yaml").write_bytes("name: s\nbase: tiny  # réglé\n".encode("latin-1"))
     for args, message in MISTAKES:
         try:

@@ -116,6 +116,31 @@ def _heartbeats(study_dir, count):
     return [(number, pid) for number, (_, pid) in sorted(wait_for_running(study_dir, count).items())][:count]
 
 
+def test_the_optuna_calls_it_does_not_promise_work_without_a_warning_at_this_version():
+    # run here at the newest Optuna and in the oldest-Python run at the floor (4.0): the adapter is all there is
+    import warnings
+
+    import optuna
+    from optuna.trial import TrialState
+
+    from dlscale.hpo import optuna_api
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study()
+    trial = study.ask({"lr": optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True)})
+    seen = study.get_trials(deepcopy=False)[0]  # as another worker sees it: a frozen trial
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a deprecated name (RetryFailedTrialCallback from 4.9) would fail here
+        optuna_api.record(study, seen, "failed_because", "no heartbeat")
+        assert optuna_api.claim_failed(study, seen) is True
+        optuna_api.retry(study, seen, max_retry=1)
+    failed, queued = study.get_trials(deepcopy=False)
+    assert failed.state == TrialState.FAIL and failed.user_attrs["failed_because"] == "no heartbeat"
+    assert queued.state == TrialState.WAITING and queued.params == {"lr": trial.params["lr"]}
+    again = study.ask()  # the retry runs the same settings
+    assert again.number == queued.number and again.params == queued.params
+
+
 def test_a_killed_worker_is_retried_a_killed_study_resumes_and_the_best_reruns_the_same(in_tmp):
     from dlscale.hpo.launch import rerun_best, search, start_workers, wait_for_workers
     from dlscale.hpo.results import trial_rows

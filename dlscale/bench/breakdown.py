@@ -79,8 +79,14 @@ def bucket_way(mb: float, static_graph: bool = False) -> str:
 
 
 def step_seconds(summary: dict) -> float:
-    """A rank's seconds per optimizer step: its share of the global batch over its own samples/s."""
-    return summary["global_batch_size"] / summary["applied"]["data_parallel_ranks"] / summary["samples_per_s_per_rank"]
+    """The slowest rank's seconds per optimizer step: its share of the global batch over its own samples/s.
+
+    The slowest, not rank 0's: when every rank steps alone, a straggler's extra time shows only on
+    its own rank, and with the all-reduce every rank waits for it. Taking rank 0's would put that
+    wait in exposed communication; taking the slowest puts it in "the rest", where it belongs.
+    """
+    rate = min(summary.get("samples_per_s_each_rank") or [summary["samples_per_s_per_rank"]])
+    return summary["global_batch_size"] / summary["applied"]["data_parallel_ranks"] / rate
 
 
 def collective_seconds(run_dir: Path) -> float:

@@ -5,7 +5,7 @@ has none. So each worker touches ``heartbeats/<trial number>`` in the study fold
 ``heartbeat_s`` while its trial runs (from a thread: a long epoch does not silence it), and
 before asking for a new trial every worker looks for RUNNING trials whose file is older
 than ``grace_s``. The first worker to see one marks it FAIL (storage updates are atomic, so
-only one of them succeeds) and hands it to Optuna's ``RetryFailedTrialCallback``, which
+only one of them succeeds) and hands it to Optuna's retry callback (:mod:`~dlscale.hpo.optuna_api`), which
 queues the same parameters as a new trial. The failed trial's folder stays as it was.
 """
 
@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dlscale.hpo import optuna_api
 from dlscale.hpo.study import finished_trial_error
 
 HEARTBEAT_DIR = "heartbeats"
@@ -67,20 +68,16 @@ def stale_trials(study: Any, study_dir: str | Path, grace_s: float, now: float |
 
 def fail_stale_trials(study: Any, study_dir: str | Path, grace_s: float, max_retry: int) -> list[int]:
     """Fail each stale trial and queue its retry (once, whoever sees it first); returns the failed numbers."""
-    from optuna.storages import RetryFailedTrialCallback
-    from optuna.trial import TrialState
-
     failed = []
     for trial in stale_trials(study, study_dir, grace_s):
         try:  # (the reason first: a finished trial takes no more attributes)
-            study._storage.set_trial_user_attr(trial._trial_id, "failed_because",
-                                               f"no heartbeat for {grace_s:g} s: its worker died")
-            claimed = study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            optuna_api.record(study, trial, "failed_because", f"no heartbeat for {grace_s:g} s: its worker died")
+            claimed = optuna_api.claim_failed(study, trial)
         except finished_trial_error():
             continue  # another worker failed it first, or its own worker finished it just now
         if not claimed:
             continue
-        RetryFailedTrialCallback(max_retry=max_retry)(study, study._storage.get_trial(trial._trial_id))
+        optuna_api.retry(study, trial, max_retry)
         (Path(study_dir) / HEARTBEAT_DIR / str(trial.number)).unlink(missing_ok=True)
         failed.append(trial.number)
     return failed

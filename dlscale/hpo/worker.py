@@ -9,6 +9,13 @@ metric, and when the pruner says stop the run checkpoints and ends as on a signa
 A worker launched with several ranks (``torchrun``, ``srun`` with ``DLSCALE_TRIAL_RANKS=all``)
 trains each trial data-parallel over all of them: rank 0 talks to the study and hands the
 trial's settings to the others.
+
+Why ask and tell by hand, where the plain recipe (``recipes/12_optuna.py``) has
+``study.optimize`` with a ``MaxTrialsCallback``: before each ask a worker fails the trials of
+dead workers (a callback runs only after a trial, too late for a worker's first); when the last
+trials run elsewhere it waits rather than stops, in case one of them dies and its retry needs a
+worker (``MaxTrialsCallback`` counts finished trials, so idle workers would leave); and with
+several ranks only rank 0 may ask, while every rank trains.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from dlscale.config import parse_overrides
 from dlscale.errors import DlscaleError
 from dlscale.metrics.steplog import DivergedError
 from dlscale.runtime.threads import choose_threads
+from dlscale.hpo import optuna_api
 from dlscale.hpo.heartbeat import Heartbeat, fail_stale_trials
 from dlscale.hpo.study import (TRIALS_DIR, StudySettings, finished_trial_error, load_optuna, open_study,
                                read_settings)
@@ -231,11 +239,9 @@ def _outcome(result: Any, trial: Any, settings: StudySettings, seconds: float,
         return None, TrialState.PRUNED, False
     if result.preempted:  # a stop signal (scancel, the time limit): give the trial back and end this worker
         trial.set_user_attr("failed_because", "its worker was stopped by a signal")
-        from optuna.storages import RetryFailedTrialCallback
-
         study = trial.study
         study.tell(trial, state=TrialState.FAIL)
-        RetryFailedTrialCallback(max_retry=settings.max_retry)(study, study._storage.get_trial(trial._trial_id))
+        optuna_api.retry(study, trial, settings.max_retry)
         return None, TrialState.FAIL, True
     value = result.final.get(settings.search_space.metric, math.nan)
     if not math.isfinite(value):

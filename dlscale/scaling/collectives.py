@@ -13,6 +13,17 @@ Two levels (:func:`hierarchical_allreduce`): reduce-scatter inside each node ove
 (NVLink, Infinity Fabric), all-reduce each GPU's ``1/g`` share between nodes over the network
 (each GPU with its share of the node's NICs), all-gather inside the node again — how NCCL and
 RCCL use a node's links when a job spans nodes.
+
+**Which algorithm.** NCCL picks one per call from its own cost model: rings for large messages,
+the double binary tree (Sanders, Speck and Träff 2009) where the ring's ``2(p-1)·α`` outgrows the
+message — many nodes, small buckets. Two binary trees, each carrying half of the message in
+pipelined chunks, give every rank a logarithmic latency, ``2⌈log2 p⌉·α``, at close to the ring's
+bandwidth, ``2·n·β`` (:func:`double_tree_allreduce`). ``algorithm="auto"`` takes the cheapest of
+the modelled algorithms, as NCCL does, and :func:`choose_allreduce` says which.
+
+**Buckets.** DDP does not send the gradient as one message: it all-reduces buckets of
+``bucket_cap_mb`` (25 MiB by default) as the backward pass fills them, so a step pays the latency
+once per bucket (:func:`buckets`).
 """
 
 from __future__ import annotations
@@ -65,12 +76,40 @@ def tree_allreduce(n_bytes: float, ranks: int, link: Link) -> float:
     return 2 * math.ceil(math.log2(ranks)) * (link.alpha + n_bytes * link.beta)
 
 
-ALLREDUCE = {"ring": ring_allreduce, "tree": tree_allreduce}
+def double_tree_allreduce(n_bytes: float, ranks: int, link: Link) -> float:
+    """Seconds for NCCL's double binary tree: ``2⌈log2 p⌉·α + 2·n·β`` (two pipelined trees, half the message each)."""
+    if ranks <= 1:
+        return 0.0
+    return 2 * math.ceil(math.log2(ranks)) * link.alpha + 2 * n_bytes * link.beta
+
+
+ALLREDUCE = {"ring": ring_allreduce, "tree": tree_allreduce, "double_tree": double_tree_allreduce}
+#: What ``--algorithm`` accepts: one of :data:`ALLREDUCE`, or ``auto`` for the cheapest of them.
+ALGORITHMS = ("auto", *ALLREDUCE)
+
+
+def choose_allreduce(n_bytes: float, ranks: int, link: Link) -> str:
+    """The modelled all-reduce algorithm that is cheapest for this message, ranks and link (ties go to the ring)."""
+    return min(ALLREDUCE, key=lambda name: ALLREDUCE[name](n_bytes, ranks, link))
 
 
 def allreduce(n_bytes: float, ranks: int, link: Link, algorithm: str = "ring") -> float:
-    """Seconds for an all-reduce by ``algorithm`` (``ring`` or ``tree``)."""
+    """Seconds for an all-reduce by ``algorithm`` (``ring``, ``tree``, ``double_tree``, or ``auto``: the cheapest)."""
+    if algorithm == "auto":
+        algorithm = choose_allreduce(n_bytes, ranks, link)
+    if algorithm not in ALLREDUCE:
+        raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, not {algorithm!r}")
     return ALLREDUCE[algorithm](n_bytes, ranks, link)
+
+
+def buckets(n_bytes: float, bucket_bytes: float | None) -> list[float]:
+    """The messages a gradient of ``n_bytes`` goes out as: full buckets of ``bucket_bytes`` and the rest (one
+    message when ``bucket_bytes`` is None)."""
+    if not bucket_bytes or n_bytes <= bucket_bytes:
+        return [n_bytes]
+    full = int(n_bytes // bucket_bytes)
+    rest = n_bytes - full * bucket_bytes
+    return [bucket_bytes] * full + ([rest] if rest > 0 else [])
 
 
 def hierarchical_allreduce(n_bytes: float, gpus_per_node: int, nodes: int, inside: Link, between: Link,
@@ -85,17 +124,54 @@ def hierarchical_allreduce(n_bytes: float, gpus_per_node: int, nodes: int, insid
             + ring_allgather(n_bytes, g, inside))
 
 
-def layout_seconds(layout: str, gradient_bytes: float, gpus_per_node: int, nodes: int, inside: Link,
-                   between: Link) -> float:
-    """Communication seconds per step of a data-parallel layout whose gradients are ``gradient_bytes``.
+def two_level_reduce_scatter(n_bytes: float, gpus_per_node: int, nodes: int, inside: Link, between: Link) -> float:
+    """Seconds for a reduce-scatter over every GPU of ``nodes`` nodes, on two levels: inside the node each GPU keeps
+    ``n/g``, then between the nodes each GPU reduce-scatters its ``n/g`` with its peers (the same local rank on
+    every node), so the network carries ``(N-1)/N·n/g`` per GPU instead of a flat ring's ``(p-1)/p·n``."""
+    return ring_reduce_scatter(n_bytes, gpus_per_node, inside) + ring_reduce_scatter(n_bytes / gpus_per_node, nodes,
+                                                                                     between)
 
-    ``ddp``: one two-level all-reduce of the gradients. ``fsdp`` (ZeRO-3): two all-gathers of the
-    parameters (forward, backward) and one reduce-scatter of the gradients, over every rank as one
-    ring, which crosses the network wherever the job spans nodes (the slower link sets the pace).
+
+def two_level_allgather(n_bytes: float, gpus_per_node: int, nodes: int, inside: Link, between: Link) -> float:
+    """Seconds for the all-gather that undoes :func:`two_level_reduce_scatter` (the same cost, the other way)."""
+    return two_level_reduce_scatter(n_bytes, gpus_per_node, nodes, inside, between)
+
+
+@dataclass(frozen=True)
+class Communication:
+    """A step's communication as the model prices it: seconds, the algorithm between nodes, the messages sent."""
+
+    seconds: float
+    algorithm: str
+    messages: int
+
+
+def layout_communication(layout: str, gradient_bytes: float, gpus_per_node: int, nodes: int, inside: Link,
+                         between: Link, algorithm: str = "auto", bucket_bytes: float | None = None) -> Communication:
+    """The communication per step of a data-parallel layout whose gradients are ``gradient_bytes``.
+
+    ``ddp``: a two-level all-reduce of each bucket. ``fsdp`` (ZeRO-3): two all-gathers of the
+    parameters (forward, backward) and one reduce-scatter of the gradients, each on two levels:
+    1.5 times DDP's bytes, on every link. Each bucket (``bucket_bytes``; FSDP's units play the
+    same part) pays the latency once. ``algorithm`` is the all-reduce's between nodes (``auto``:
+    the cheapest for the bucket; reduce-scatter and all-gather are rings, as in NCCL).
     """
-    if layout == "ddp":
-        return hierarchical_allreduce(gradient_bytes, gpus_per_node, nodes, inside, between)
+    if layout not in ("ddp", "fsdp"):
+        raise ValueError(f"layout must be 'ddp' or 'fsdp', not {layout!r}")
+    messages = buckets(gradient_bytes, bucket_bytes)
+    g = gpus_per_node
     if layout == "fsdp":
-        ranks, link = gpus_per_node * nodes, between if nodes > 1 else inside
-        return 2 * ring_allgather(gradient_bytes, ranks, link) + ring_reduce_scatter(gradient_bytes, ranks, link)
-    raise ValueError(f"layout must be 'ddp' or 'fsdp', not {layout!r}")
+        seconds = sum(2 * two_level_allgather(m, g, nodes, inside, between)
+                      + two_level_reduce_scatter(m, g, nodes, inside, between) for m in messages)
+        return Communication(seconds, "ring", len(messages))
+    # (auto: each bucket's own choice, as NCCL chooses per call; the largest bucket's is reported)
+    seconds = sum(hierarchical_allreduce(m, g, nodes, inside, between, algorithm) for m in messages)
+    chosen = choose_allreduce(messages[0] / g, nodes, between) if algorithm == "auto" else algorithm
+    return Communication(seconds, chosen if nodes > 1 else "ring", len(messages))
+
+
+def layout_seconds(layout: str, gradient_bytes: float, gpus_per_node: int, nodes: int, inside: Link,
+                   between: Link, algorithm: str = "ring", bucket_bytes: float | None = None) -> float:
+    """Seconds of :func:`layout_communication` (one message and rings unless told otherwise)."""
+    return layout_communication(layout, gradient_bytes, gpus_per_node, nodes, inside, between, algorithm,
+                                bucket_bytes).seconds

@@ -3,13 +3,20 @@
 Weak scaling, every GPU keeping its batch: a step is the compute of one GPU's batch plus the part
 of the communication that the compute does not hide,
 
-    step(N) = batch · seconds_per_sample + (1 - overlap) · comm(N),
+    step(N) = compute + comm(N) - hidden(N),    hidden(N) = min(overlap · comm(N), backward),
 
-with ``comm`` the layout's collectives on the site's links (:func:`~dlscale.scaling.collectives.layout_seconds`)
-and ``overlap`` the share hidden behind the backward pass (DDP's buckets), which ``dlscale bench
-breakdown`` measures (:func:`overlap_from_breakdown`). Efficiency is against one GPU, which
-communicates nothing: ``compute / step(N)``. Everything the curve rests on is printed beside it
-(:func:`assumptions`): a projection is only as good as those lines.
+with ``comm`` the layout's collectives on the site's links, bucket by bucket and with the cheapest
+algorithm between nodes (:func:`~dlscale.scaling.collectives.layout_communication`), and
+``overlap`` the share that DDP's buckets can hide behind the backward pass. Only the backward pass
+can hide it — the first bucket is ready when backward starts, the last when it ends — so no
+overlap hides more than the backward time (:attr:`Workload.backward_seconds`, two thirds of the
+compute by default: the backward pass is about twice the forward). ``dlscale bench breakdown``
+measures the overlap (:func:`overlap_from_breakdown`).
+
+Efficiency is against a baseline: one GPU, which communicates nothing (``compute / step(N)``), or
+one node (``step(1) / step(N)``: what a published weak-scaling curve that starts at one node
+reports). Everything the curve rests on is printed beside it (:func:`assumptions`): a projection
+is only as good as those lines.
 """
 
 from __future__ import annotations
@@ -18,17 +25,23 @@ from dataclasses import dataclass
 
 from dlscale.errors import RangeError, check_range
 from dlscale.reporting.tables import markdown_table
-from dlscale.scaling.collectives import Link, allreduce, layout_seconds
+from dlscale.scaling.collectives import ALGORITHMS, Link, allreduce, layout_communication
 from dlscale.scaling.sites import Site
 
 #: Node counts of a projection: 1, 2, 4, ..., 1,024.
 NODES = tuple(2 ** i for i in range(11))
+#: What an efficiency is measured against.
+BASELINES = ("gpu", "node")
 
 #: ResNet-50's parameter count, the familiar yardstick of data-parallel scaling studies (25.6 M; He et al. 2016).
 RESNET50_PARAMETERS = 25_557_032
 #: ResNet-50's FLOPs per training sample at 224×224: 4.1 G multiply-adds forward (He et al. 2016), 2 FLOPs each,
 #: and the backward pass about twice the forward.
 RESNET50_TRAIN_FLOPS = 3 * 2 * 4.1e9
+#: ResNet-50 training throughput reported for one A100 with mixed precision, images per second: about 2,600
+#: (NVIDIA's DeepLearningExamples, ResNet-50 v1.5 for PyTorch, A100 80 GB, AMP). A projection starts from a
+#: measured or reported throughput, not an assumed share of the peak: 30% of 312 TFLOP/s would be about 3,800.
+RESNET50_A100_IMAGES_PER_S = 2600.0
 
 
 @dataclass(frozen=True)
@@ -41,8 +54,11 @@ class Workload:
     per_gpu_batch: int
     bytes_per_value: int = 4        # of each gradient value sent (2 with bf16 gradients)
     layout: str = "ddp"             # or "fsdp"
-    overlap: float = 0.0            # share of the communication hidden behind compute (0 = none)
+    overlap: float = 0.0            # share of the communication hidden behind the backward pass (0 = none)
     compute_source: str = "entered"  # where seconds_per_sample comes from
+    backward_share: float = 2 / 3   # of the compute: the most that any overlap can hide behind
+    bucket_mb: float | None = 25.0  # DDP's bucket_cap_mb: one message, and one latency, per bucket (None: one)
+    algorithm: str = "auto"         # between nodes: ring, tree, double_tree, or auto (the cheapest)
 
     def __post_init__(self) -> None:
         check_range("parameters", self.parameters, 1)
@@ -51,8 +67,13 @@ class Workload:
         check_range("bytes per value", self.bytes_per_value, 1, 8)
         # At most all of the communication can hide behind compute: more would give an efficiency above 100%.
         check_range("overlap (the share of communication hidden)", self.overlap, 0, 1)
+        check_range("backward share (of the compute)", self.backward_share, 0, 1)
+        if self.bucket_mb is not None:
+            check_range("bucket size (MiB)", self.bucket_mb, 0, above=True)
         if self.layout not in ("ddp", "fsdp"):
             raise RangeError(f"layout must be ddp or fsdp, not {self.layout!r}")
+        if self.algorithm not in ALGORITHMS:
+            raise RangeError(f"algorithm must be one of {', '.join(ALGORITHMS)}, not {self.algorithm!r}")
 
     @property
     def gradient_bytes(self) -> float:
@@ -62,18 +83,35 @@ class Workload:
     def compute_seconds(self) -> float:
         return self.per_gpu_batch * self.seconds_per_sample
 
+    @property
+    def backward_seconds(self) -> float:
+        """The compute that communication can hide behind: the backward pass."""
+        return self.backward_share * self.compute_seconds
 
-def project(workload: Workload, site: Site, nodes: tuple[int, ...] = NODES) -> list[dict]:
-    """One row per node count: compute, communication and its exposed part, step time, efficiency, samples/s."""
-    rows = []
-    for n in nodes:
-        comm = layout_seconds(workload.layout, workload.gradient_bytes, site.gpus_per_node, n, site.inside,
-                              site.between)
-        step = workload.compute_seconds + (1 - workload.overlap) * comm
-        rows.append({"nodes": n, "gpus": n * site.gpus_per_node, "compute_s": workload.compute_seconds,
-                     "communication_s": comm, "exposed_s": step - workload.compute_seconds, "step_s": step,
-                     "efficiency": workload.compute_seconds / step,
-                     "samples_per_s": n * site.gpus_per_node * workload.per_gpu_batch / step})
+
+def project(workload: Workload, site: Site, nodes: tuple[int, ...] = NODES, baseline: str = "gpu") -> list[dict]:
+    """One row per node count: compute, communication, the part hidden and the part exposed, step time, efficiency
+    against ``baseline`` (``gpu`` or ``node``), samples/s, the algorithm between nodes and the messages per step."""
+    if baseline not in BASELINES:
+        raise RangeError(f"baseline must be gpu or node, not {baseline!r}")
+
+    def step_at(n: int) -> dict:
+        comm = layout_communication(workload.layout, workload.gradient_bytes, site.gpus_per_node, n, site.inside,
+                                    site.between, workload.algorithm,
+                                    workload.bucket_mb * 2**20 if workload.bucket_mb else None)
+        hidden = min(workload.overlap * comm.seconds, workload.backward_seconds)
+        step = workload.compute_seconds + comm.seconds - hidden
+        return {"nodes": n, "gpus": n * site.gpus_per_node, "compute_s": workload.compute_seconds,
+                "communication_s": comm.seconds, "hidden_s": hidden, "exposed_s": step - workload.compute_seconds,
+                "overlap_bounded": workload.overlap * comm.seconds > workload.backward_seconds,
+                "step_s": step, "samples_per_s": n * site.gpus_per_node * workload.per_gpu_batch / step,
+                "algorithm": comm.algorithm, "messages": comm.messages}
+
+    rows = [step_at(n) for n in nodes]
+    reference = workload.compute_seconds if baseline == "gpu" else step_at(1)["step_s"]
+    for row in rows:
+        row["efficiency"] = reference / row["step_s"]
+        row["baseline"] = baseline
     return rows
 
 
@@ -90,15 +128,20 @@ def overlap_from_breakdown(exposed_seconds: float, gradient_bytes: float, ranks:
     return min(1.0, max(0.0, 1 - exposed_seconds / whole)) if whole > 0 else 0.0
 
 
-def assumptions(workload: Workload, site: Site) -> str:
+def assumptions(workload: Workload, site: Site, baseline: str = "gpu") -> str:
     """The lines a projection rests on, to print beside its curve."""
+    buckets = f"buckets of {workload.bucket_mb:g} MiB" if workload.bucket_mb else "one message per step"
     return "\n".join([
         f"model: {workload.name}, {workload.parameters / 1e6:.3g} M parameters, gradients of "
-        f"{workload.gradient_bytes / 2**20:.3g} MiB ({workload.bytes_per_value} bytes per value)",
+        f"{workload.gradient_bytes / 2**20:.3g} MiB ({workload.bytes_per_value} bytes per value), {buckets}",
         f"compute: {workload.seconds_per_sample * 1e3:.3g} ms per sample per GPU ({workload.compute_source}), "
         f"batch {workload.per_gpu_batch} per GPU (weak scaling)",
-        f"layout: {workload.layout}; overlap: {workload.overlap:.0%} of the communication hidden",
-        f"site: {site.name}, {site.gpus_per_node} GPUs per node",
+        f"layout: {workload.layout}; overlap: {workload.overlap:.0%} of the communication hidden, at most the "
+        f"backward pass ({workload.backward_share:.0%} of the compute)",
+        f"algorithm between nodes: {workload.algorithm}" + (" (the cheapest of ring, tree and double binary tree "
+                                                            "for each bucket, as NCCL chooses)"
+                                                            if workload.algorithm == "auto" else ""),
+        f"site: {site.name}, {site.gpus_per_node} GPUs per node; efficiency against one {baseline}",
         f"inside a node: {site.inside.describe()}",
         f"between nodes, per GPU: {site.between.describe()}",
         f"source: {site.source}",
@@ -107,25 +150,25 @@ def assumptions(workload: Workload, site: Site) -> str:
 
 
 def format_projection(rows: list[dict]) -> str:
-    """A projection as a Markdown table: per node count, compute, communication, its exposed part, efficiency."""
-    return markdown_table(["nodes", "GPUs", "compute (ms)", "communication (ms)", "exposed (ms)", "efficiency"],
+    """A projection as a Markdown table: per node count, compute, communication, its exposed part, the algorithm
+    between nodes, efficiency."""
+    return markdown_table(["nodes", "GPUs", "compute (ms)", "communication (ms)", "exposed (ms)", "algorithm",
+                           "efficiency"],
                           [(r["nodes"], r["gpus"], f"{r['compute_s'] * 1e3:.3g}", f"{r['communication_s'] * 1e3:.3g}",
-                            f"{r['exposed_s'] * 1e3:.3g}", f"{r['efficiency']:.0%}") for r in rows])
+                            f"{r['exposed_s'] * 1e3:.3g}" + (" (overlap bounded)" if r["overlap_bounded"] else ""),
+                            r["algorithm"] if r["nodes"] > 1 else "-", f"{r['efficiency']:.0%}") for r in rows])
 
 
-def workload_for(cfg, per_gpu_batch: int, peak_flops: float, mfu: float, overlap: float = 0.0,
+def workload_for(cfg, per_gpu_batch: int, seconds_per_sample: float, compute_source: str, overlap: float = 0.0,
                  bytes_per_value: int = 4, name: str | None = None) -> Workload:
-    """The :class:`Workload` of the kit's model that ``cfg`` describes: parameters and FLOPs per sample counted on
-    the meta device (no memory, no kernel), compute per sample = FLOPs / (``peak_flops`` × ``mfu``)."""
+    """The :class:`Workload` of the kit's model that ``cfg`` describes, its parameters counted on the meta device (no
+    memory, no kernel), its compute per sample measured (``compute_source`` says where: a step timed on this
+    machine, a published throughput)."""
     import torch
-    from torch import nn
 
     from dlscale.models import build_model, count_parameters
-    from dlscale.profiling import count_flops
 
     with torch.device("meta"):
         model = build_model(cfg)
-        flops = count_flops(build_model(cfg), (1, cfg.image_size, cfg.image_size), nn.MSELoss(), 3).per_sample
-    return Workload(name or f"{cfg.name} ({cfg.model})", count_parameters(model), flops / (peak_flops * mfu),
-                    per_gpu_batch, bytes_per_value, "ddp", overlap,
-                    f"{flops / 1e9:.3g} GFLOP per sample at {mfu:.0%} of {peak_flops / 1e12:.0f} TFLOP/s")
+    return Workload(name or f"{cfg.name} ({cfg.model})", count_parameters(model), seconds_per_sample, per_gpu_batch,
+                    bytes_per_value, "ddp", overlap, compute_source)

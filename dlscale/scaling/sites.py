@@ -14,12 +14,24 @@ Frontier (OLCF): 4 AMD MI250X = 8 GCDs; the 2 GCDs of one MI250X joined by Infin
 200 GB/s, GCDs of different MI250X at 50–100 GB/s (a ring through all 8 crosses a 50 GB/s pair);
 4 Slingshot NICs of 25 GB/s per node, one per MI250X, so two GCDs share one.
 Source: https://docs.olcf.ornl.gov/systems/frontier_user_guide.html (System Overview, Node Types)
+
+Any other cluster is a :func:`machine`: GPUs per node and the two links, given on the command line
+(``dlscale project --gpus-per-node 4 --inside-gbs 300 --between-gbs 25``) or in a YAML file
+(:func:`load_machine`, ``dlscale project --machine my-cluster.yaml``)::
+
+    name: My cluster
+    gpus_per_node: 4
+    inside: {bandwidth_gbs: 300, latency_us: 5}        # GB/s per direction between GPUs of a node
+    between: {bandwidth_gbs: 25, latency_us: 10}       # each GPU's share of the node's NICs
+    source: https://my-centre.example/docs/system      # where the figures come from
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+from dlscale.errors import DlscaleError, RangeError, check_range
 from dlscale.scaling.collectives import Link
 
 #: Assumed, not published: the latency of one message inside a node and between nodes.
@@ -61,3 +73,65 @@ def here(link: Link, ranks_per_node: int = 1) -> Site:
     """This machine as a site: one fitted link for both levels (the local cluster's nodes share one loopback)."""
     return Site("this machine", ranks_per_node, inside=link, between=link,
                 source="fitted here from dlscale bench allreduce")
+
+
+class MachineError(DlscaleError, ValueError):
+    """A machine description that cannot be used; the message names the file and key and what to write."""
+
+
+def machine(name: str, gpus_per_node: int, inside_gbs: float, between_gbs: float,
+            inside_latency_us: float = ASSUMED_ALPHA_INSIDE * 1e6,
+            between_latency_us: float = ASSUMED_ALPHA_BETWEEN * 1e6, source: str = "entered") -> Site:
+    """A cluster of one's own: GPUs per node, the bandwidth (GB/s per direction) and latency (µs) inside a node, and
+    each GPU's share of the network between nodes. Every figure is range-checked."""
+    check_range("GPUs per node", gpus_per_node, 1)
+    for label, value in (("bandwidth inside a node (GB/s)", inside_gbs), ("bandwidth between nodes (GB/s)",
+                                                                          between_gbs)):
+        check_range(label, value, 0, above=True)
+    for label, value in (("latency inside a node (µs)", inside_latency_us),
+                         ("latency between nodes (µs)", between_latency_us)):
+        check_range(label, value, 0)
+    return Site(name, int(gpus_per_node),
+                inside=Link(inside_latency_us * 1e-6, 1 / (inside_gbs * 1e9), f"{inside_gbs:g} GB/s"),
+                between=Link(between_latency_us * 1e-6, 1 / (between_gbs * 1e9), f"{between_gbs:g} GB/s per GPU"),
+                source=source)
+
+
+def load_machine(path: str | Path) -> Site:
+    """The :func:`machine` a YAML file describes (the keys in this module's docstring)."""
+    import yaml
+
+    path = Path(path)
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise MachineError(f"{path} cannot be read ({getattr(err, 'strerror', None) or type(err).__name__}): give a "
+                           f"YAML file with gpus_per_node, inside and between") from None
+    if not isinstance(spec, dict):
+        raise MachineError(f"{path} is not a mapping: write gpus_per_node, inside and between as keys")
+    unknown = set(spec) - {"name", "gpus_per_node", "inside", "between", "source"}
+    if unknown:
+        raise MachineError(f"{path}: unknown key {sorted(unknown)[0]!r}; the keys are name, gpus_per_node, inside, "
+                           f"between and source")
+
+    def link(key: str) -> tuple[float, float | None]:
+        value = spec.get(key)
+        if not isinstance(value, dict) or not isinstance(value.get("bandwidth_gbs"), (int, float)):
+            raise MachineError(f"{path}: {key} needs bandwidth_gbs (GB/s per direction), and may have latency_us, "
+                               f"e.g. {key}: {{bandwidth_gbs: 25, latency_us: 10}}")
+        extra = set(value) - {"bandwidth_gbs", "latency_us"}
+        if extra:
+            raise MachineError(f"{path}: unknown key {key}.{sorted(extra)[0]}; a link has bandwidth_gbs and latency_us")
+        return value["bandwidth_gbs"], value.get("latency_us")
+
+    (inside_gbs, inside_us), (between_gbs, between_us) = link("inside"), link("between")
+    gpus = spec.get("gpus_per_node")
+    if not isinstance(gpus, int) or isinstance(gpus, bool):
+        raise MachineError(f"{path}: gpus_per_node must be a whole number, not {gpus!r}")
+    try:
+        return machine(str(spec.get("name") or path.stem), gpus, inside_gbs, between_gbs,
+                       ASSUMED_ALPHA_INSIDE * 1e6 if inside_us is None else inside_us,
+                       ASSUMED_ALPHA_BETWEEN * 1e6 if between_us is None else between_us,
+                       str(spec.get("source") or path))
+    except RangeError as err:
+        raise MachineError(f"{path}: {err}") from None

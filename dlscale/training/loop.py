@@ -214,6 +214,8 @@ def _finish(run: Run, meter: ThroughputMeter, preempted: bool, started: float) -
                               and run.step > run.first_step and cuda_graph_skips() == run.graph_skips)
     # What each rank holds (its shards under FSDP/TP) and its peak, for the memory table (dlscale bench memory).
     memory = distributed.all_gather_object(memory_row(run.model, run.optimizer, device))
+    # Every rank's own samples/s: a straggler shows as the slowest, which the breakdown takes (dlscale.bench.breakdown).
+    each_rank = distributed.all_gather_object(meter.samples_per_s)
     # Rank 0 wrote the files; it hands their rows to the others (which may not share its file system).
     history, step_rows = distributed.broadcast_object(
         (read_rows(run_dir / VAL_FILE), read_rows(run_dir / TRAIN_FILE)) if env.is_main else None)
@@ -230,6 +232,7 @@ def _finish(run: Run, meter: ThroughputMeter, preempted: bool, started: float) -
                     mfu=utilisation)
     if env.is_main:
         summary = {"samples_per_s": result.samples_per_s, "samples_per_s_per_rank": meter.samples_per_s,
+                   "samples_per_s_each_rank": each_rank,
                    "world_size": env.world_size, "nodes": max(1, env.world_size // max(1, env.local_world_size)),
                    "global_batch_size": cfg.global_batch_size, "steps_done": run.step, "total_steps": run.total_steps,
                    "seconds": result.seconds, "device": str(device), "preempted": preempted, "peak_lr": run.peak_lr,
