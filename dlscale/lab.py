@@ -88,7 +88,7 @@ _add("dlscale.reporting.report", "collect", "format_report")
 _add("dlscale.reporting.tables", "markdown_table")
 
 # -- ask and check ------------------------------------------------------------------------------------------
-_add("dlscale.lessons.predictions", "BEST_PER_COST", "CONVERGENCE", "FSDP_MEMORY", "LARGEST_LOSS", "LOADER",
+_add("dlscale.lessons.predictions", "repeated_searches", "BEST_PER_COST", "CONVERGENCE", "FSDP_MEMORY", "LARGEST_LOSS", "LOADER",
      "NOISE_SCALE", "NO_SCALING", "PRECISION", "STRONG_SCALING")
 _add("dlscale.lessons.conclusions", "breakdown_conclusions", "compare_spreads", "convergence_conclusion",
      "efficiency_conclusion", "ladder_conclusions", "loader_conclusion", "memory_conclusion",
@@ -98,7 +98,7 @@ _add("dlscale.lessons.recipes", "engine_twin", "largest_loss_gap", "recipe_path"
 for _module in ("checks", "plan_checks", "recipe_checks"):  # the exercises' checks, called as checks.check_x(...)
     _WHERE[_module] = (f"dlscale.lessons.{_module}", None)
 _add("dlscale.lessons.checks", "regression_problem")
-_add("dlscale.lessons.search_checks", "baseline_value", "check_space")
+_add("dlscale.lessons.search_checks", "baseline_value", "check_space", "values_over_seeds")
 
 # -- plan and search -----------------------------------------------------------------------------------------
 _add("dlscale.scaling.fit", "fit_link", "predictions", "worst_ratio")
@@ -111,7 +111,7 @@ _add("dlscale.hpo", "SearchSpaceError", "create_study", "load_space")
 _add("dlscale.hpo.space", "SEARCH_DIR")
 _add("dlscale.hpo.heartbeat", "wait_for_running")
 _add("dlscale.hpo.launch", "rerun_best", "search", "start_workers", "wait_for_workers")
-_add("dlscale.hpo.results", "best_by_budget", "best_trial", "curves", "format_trials", "save_optuna_plots",
+_add("dlscale.hpo.results", "best_by_budget", "best_trial", "curves", "format_trials", "importances", "save_optuna_plots",
      "trial_rows")
 _add("dlscale.hpo.width", "concurrent_or_wide")
 _add("dlscale.hpo.worker", "run_worker")

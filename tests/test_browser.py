@@ -109,21 +109,27 @@ def test_a_lesson_runs_all_in_the_browser(lab, name, tmp_path):
 
 
 def _assert_lesson_12_searched(folder: Path, parameters: dict) -> None:
-    """Lesson 12's three studies reached their count; the worker it killed left a failed trial, retried."""
+    """Lesson 12's studies, one per way and seed, reached their count with their own sampler, pruner and seed; the
+    worker it killed left a failed trial, retried with the same settings."""
     from optuna.trial import TrialState
 
     from dlscale.hpo import open_study
 
     finished = (TrialState.COMPLETE, TrialState.PRUNED)
-    for way in ("grid", "random", "tpe"):
-        study, settings = open_study(folder / way)
-        assert sum(t.state in finished for t in study.trials) >= parameters["trials"], way
-        assert settings.sampler == way
-    study, _ = open_study(folder / "tpe")
+    for way, sampler, pruner in (("grid", "grid", "none"), ("random", "random", "none"), ("tpe", "tpe", "none"),
+                                 ("tpe-hyperband", "tpe", "hyperband")):
+        for seed in parameters["seeds"]:
+            study, settings = open_study(folder / f"{way}-seed{seed}")
+            assert sum(t.state in finished for t in study.trials) >= parameters["trials"], (way, seed)
+            assert (settings.sampler, settings.pruner, settings.seed, settings.grid_points) == (sampler, pruner, seed, 3)
+    study, _ = open_study(folder / "tpe-hyperband-seed0")
     [dead] = [t for t in study.trials if t.state == TrialState.FAIL]
     [retry] = [t for t in study.trials if t.system_attrs.get("failed_trial") == dead.number]
     assert retry.state in finished and retry.params == dead.params
     assert sum(t.state in finished for t in study.trials) == parameters["trials"] + parameters["extra_trials"]
+    # the best settings and the defaults, each trained on the same three new seeds
+    assert len(list((folder / "best-new-seeds").glob("seed-*/summary.json"))) == 3
+    assert len(list((folder / "defaults-new-seeds").glob("seed-*/summary.json"))) == 3
 
 
 def _assert_lesson_11_measured(runs: Path) -> None:

@@ -137,3 +137,51 @@ def test_each_question_reads_its_answer_from_the_numbers():
     memory = [{"layout": "DDP 2", "processes": 2, "held_vs_ddp": 1.0},
               {"layout": "FSDP 2", "processes": 2, "held_vs_ddp": 0.52}]
     assert FSDP_MEMORY.outcome(memory) == "b"
+
+
+def test_the_search_verdict_reads_the_seeds_and_calls_a_tie_a_tie():
+    from dlscale.lessons.conclusions import search_conclusions
+    from dlscale.lessons.predictions import BEST_PER_COST, repeated_searches
+
+    def study(*bests):  # (node-hours spent, best so far) after each of a study's trials, 1 node-second each
+        return [((i + 1) / 3600, b) for i, b in enumerate(bests)]
+
+    clear = {"grid": [study(0.3, 0.4), study(0.2, 0.45), study(0.41, 0.41)],
+             "random": [study(0.5, 0.5), study(0.3, 0.52), study(0.5, 0.55)],
+             "tpe": [study(0.6, 0.7), study(0.66, 0.66), study(0.2, 0.61)]}
+    assert BEST_PER_COST.outcome(repeated_searches(clear)) == "c"  # TPE's worst seed beats the others' best
+    # TPE ahead on the median, but one of its seeds falls below random's best: no clear winner
+    overlap = {**clear, "tpe": [study(0.6, 0.7), study(0.66, 0.66), study(0.2, 0.51)]}
+    assert BEST_PER_COST.outcome(repeated_searches(overlap)) == "d"
+    # random and TPE drawing the same best on every seed tie exactly: a tie, not a win for whichever comes first
+    tie = {**clear, "tpe": clear["random"]}
+    summary = repeated_searches(tie)
+    assert BEST_PER_COST.outcome(summary) == "d"
+    rows = {way: [[{"state": "complete"}] * 2] * 3 for way in tie}
+    assert "random and tpe tie on the median" in search_conclusions(summary, rows, 0.3)[1]
+    # the medians are compared at the budget the cheapest study spent: a study that ran on does not win by spending
+    longer = {**clear, "grid": [study(0.3, 0.4, 0.9), study(0.2, 0.45, 0.9), study(0.41, 0.41, 0.9)]}
+    assert repeated_searches(longer)["grid"]["median"] == pytest.approx(0.41)
+
+
+def test_the_breakdown_verdict_says_when_the_rounds_disagree():
+    from dlscale.lessons.predictions import LARGEST_LOSS
+
+    def result(rest_range, communication_range):
+        row = {"size": 2, "io": 0.01, "communication": 0.2, "rest": 0.22,
+               "range": {"io": (0.0, 0.02), "communication": communication_range, "rest": rest_range}}
+        return {"rounds": 2, "rows": [{"size": 1}, row]}
+
+    assert LARGEST_LOSS.outcome(result((0.21, 0.23), (0.19, 0.205))) == "c"
+    assert LARGEST_LOSS.outcome(result((0.09, 0.23), (0.19, 0.25))) == "d"  # quiet and loaded rounds disagree
+
+
+def test_the_width_sentence_says_what_it_compares():
+    from dlscale.lessons.conclusions import width_conclusions
+
+    lines = width_conclusions({"workers": 2, "concurrent": {"seconds": 2.5, "trials_per_hour": 2880, "r2": 0.5,
+                                                            "global_batch": 32},
+                               "wide": {"seconds": 2.5, "trials_per_hour": 1440, "r2": 0.45, "global_batch": 64,
+                                        "noise_scale": 70.0}})
+    assert "2 ranks made one trial 1.00x as fast as one rank did, 50% of the ideal 2x" in lines[1]
+    assert "too close to say" in lines[-1]  # 64 against a B_simple of 70 from one short trial

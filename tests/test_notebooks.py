@@ -43,7 +43,7 @@ LESSONS = {
                              "sweep_multiples": [8, 32]},
     "11_how_many_nodes.ipynb": {"steps": 80, "rounds": 2, "allreduce_max_kib": 1024, "sweep_epochs": 1,
                                 "node_breakdown": False, "target_r2": -1.0},
-    "12_search_not_just_scale.ipynb": {"trials": 8, "epochs": 4, "extra_trials": 2},
+    "12_search_not_just_scale.ipynb": {"trials": 4, "epochs": 3, "extra_trials": 2, "seeds": [0, 1, 2]},
 }
 SOLUTION_PARAMETERS = {"01_single_device_baseline.ipynb": {"config": "tiny"}, "02_data_loading.ipynb": {},
                        "03_mixed_precision.ipynb": {}, "04_profiling.ipynb": {}, "05_data_parallel.ipynb": {},

@@ -97,6 +97,30 @@ def save_optuna_plots(study_dir: str | Path, out_dir: str | Path | None = None) 
     return written
 
 
+def importances(study_dirs: list[str | Path]) -> tuple[dict[str, list[float]], list[int]]:
+    """Optuna's parameter importances (fANOVA) of each study, a column per study: {parameter: [importance...]}, and
+    how many complete trials each rests on. Studies of the same space and sampler run with other seeds show how far
+    the importances of a few trials move with the draw."""
+    import optuna
+    from optuna.exceptions import ExperimentalWarning
+    from optuna.trial import TrialState
+
+    table: dict[str, list[float]] = {}
+    counts = []
+    for column, study_dir in enumerate(study_dirs):
+        study, _ = open_study(study_dir)
+        counts.append(len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            try:
+                found = optuna.importance.get_param_importances(study)
+            except (ValueError, RuntimeError):  # fewer than two complete trials
+                found = {}
+        for name, value in found.items():
+            table.setdefault(name, [math.nan] * len(study_dirs))[column] = value
+    return table, counts
+
+
 def format_trials(rows: list[dict[str, Any]], metric: str = "r2") -> str:
     """The trials as a Markdown table: state, parameters, value, epochs and node-hours."""
     from dlscale.reporting.tables import markdown_table

@@ -169,42 +169,74 @@ def breakdown_conclusions(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def search_conclusions(progress: dict[str, list[tuple[float, float]]], rows: dict[str, list[dict[str, Any]]],
-                       baseline: float) -> list[str]:
-    """What lesson 12's three searches show, read from their trials: best per cost, and what pruning saved."""
-    from dlscale.lessons.predictions import best_within, common_budget
+def search_conclusions(summary: dict[str, dict[str, Any]], rows: dict[str, list[list[dict[str, Any]]]],
+                       baseline: float, pruned_way: str = "tpe + hyperband", plain_way: str = "tpe") -> list[str]:
+    """What lesson 12's searches show over their seeds (``summary`` from ``repeated_searches``; ``rows[way]`` the
+    trials of each seed's study): the samplers with pruning off, then what pruning changed on one sampler. A tie is
+    called a tie, and a lead whose seeds overlap another's is not called a win."""
+    from dlscale.lessons.predictions import SEARCHES, clear_winner
 
-    budget = common_budget(progress)
-    lines = [f"Within {budget * 3600:.1f} node-seconds (what the cheapest search spent in all), the best R²: "
-             + ", ".join(f"{name} {best_within(points, budget):.4f}" for name, points in progress.items())
+    def shown(way: str) -> str:
+        s = summary[way]
+        return f"{way} {s['median']:.4f} ({s['low']:.4f} to {s['high']:.4f})"
+
+    seeds = len(next(iter(rows.values())))
+    samplers = [w for w in SEARCHES if w in summary]
+    lines = [f"Within {summary[samplers[0]]['budget'] * 3600:.1f} node-seconds (what the cheapest study spent), the best "
+             f"R², median over {seeds} seeds (range): " + ", ".join(shown(w) for w in samplers)
              + f"; the config's defaults give {baseline:.4f}."]
-    for name, trials in rows.items():
-        pruned = [r for r in trials if r["state"] == "pruned"]
-        if pruned:
-            full = max(r["epochs"] for r in trials)
-            saved = sum(full - r["epochs"] for r in pruned)
-            lines.append(f"{name}: {len(pruned)} of {len(trials)} trials pruned, {saved} of "
-                         f"{full * len(trials)} epochs never trained.")
+    winner = clear_winner(summary, samplers)
+    ranked = sorted(samplers, key=lambda w: -summary[w]["median"])
+    if winner:
+        lines.append(f"With pruning off, {winner} found the best settings on every seed: its worst seed beats the "
+                     f"others' best.")
+    elif summary[ranked[0]]["median"] - summary[ranked[1]]["median"] <= 1e-12:
+        tied = [w for w in ranked if summary[ranked[0]]["median"] - summary[w]["median"] <= 1e-12]
+        lines.append(f"{' and '.join(tied)} tie on the median: at this budget the samplers cannot be told apart.")
+    else:
+        lines.append(f"{ranked[0]} is ahead on the median, but its seeds overlap {ranked[1]}'s: at this budget "
+                     f"the sampler matters less than the draw. More trials, or more seeds, would tell.")
+    if pruned_way in summary and plain_way in summary:
+        trials = [t for study in rows[pruned_way] for t in study]
+        pruned = [t for t in trials if t["state"] == "pruned"]
+        a, b = summary[plain_way], summary[pruned_way]
+        cheaper = b["high_spent"] < a["low_spent"]
+        lines.append(f"Pruning, on {plain_way}: {len(pruned)} of {len(trials)} trials stopped early; node-seconds "
+                     f"spent, median {a['median_spent'] * 3600:.1f} without and {b['median_spent'] * 3600:.1f} with "
+                     f"({a['low_spent'] * 3600:.1f}-{a['high_spent'] * 3600:.1f} against "
+                     f"{b['low_spent'] * 3600:.1f}-{b['high_spent'] * 3600:.1f}): "
+                     + ("cheaper on every seed." if cheaper else "the ranges overlap, so these seeds do not show "
+                                                                 "pruning saving node-hours.")
+                     + f" Best R² within the common budget: {shown(plain_way)} against {shown(pruned_way)}.")
     return lines
 
 
 def width_conclusions(result: dict[str, Any]) -> list[str]:
     """Concurrent trials against one wider trial on the same devices (dlscale.hpo.width)."""
     many, wide, n = result["concurrent"], result["wide"], result["workers"]
-    efficiency = many["seconds"] / (n * wide["seconds"])  # (n trials alone take many_s; one over n ranks wide_s)
-    lines = [f"{n} trials at once, one rank each: {many['trials_per_hour']:.0f} trials per hour (R² {many['r2']:.4f} "
-             f"at global batch {many['global_batch']}).",
-             f"One trial at a time over {n} ranks: {wide['trials_per_hour']:.0f} trials per hour (R² {wide['r2']:.4f} "
-             f"at global batch {wide['global_batch']}), each in {wide['seconds']:.1f} s against "
-             f"{many['seconds']:.1f} s for the concurrent ones: {efficiency:.0%} scaling efficiency."]
+    speedup = many["seconds"] / wide["seconds"]  # (one trial on one rank, of n at once; one trial on n ranks)
+    efficiency = speedup / n
+    lines = [f"{n} trials at once, one rank each: each took {many['seconds']:.1f} s, {many['trials_per_hour']:.0f} "
+             f"trials per hour in all (R² {many['r2']:.4f} at global batch {many['global_batch']}).",
+             f"One trial at a time over {n} ranks: each took {wide['seconds']:.1f} s, {wide['trials_per_hour']:.0f} "
+             f"trials per hour (R² {wide['r2']:.4f} at global batch {wide['global_batch']}). {n} ranks made one "
+             f"trial {speedup:.2f}x as fast as one rank did, {efficiency:.0%} of the ideal {n}x: that is the "
+             f"scaling efficiency."]
     if efficiency < 1:
         lines.append("Below perfect scaling the concurrent trials finish more of the search per device-hour; a wider "
                      "trial pays only when the search must wait for each result.")
     b_simple = wide.get("noise_scale")
     if b_simple:
-        relation = "above" if wide["global_batch"] > b_simple else "below"
-        lines.append(f"The wide trial's batch {wide['global_batch']} is {relation} its measured noise scale B_simple "
-                     f"≈ {b_simple:.0f}: " + ("past it, a wider trial needs more epochs for the same R², so widening "
-                                              "stops paying" if relation == "above" else
-                                              "widening can still keep the epochs per trial"))
+        ratio = wide["global_batch"] / b_simple
+        rough = ("one estimate from one short trial, which can be off several times over (lesson 07 measures it on "
+                 "longer runs and finds other values)")
+        if 1 / 3 <= ratio <= 3:
+            lines.append(f"The wide trial's batch {wide['global_batch']} is within a factor of 3 of its measured noise "
+                         f"scale B_simple ≈ {b_simple:.0f}, {rough}: too close to say on which side it lies.")
+        else:
+            above = ratio > 3
+            lines.append(f"The wide trial's batch {wide['global_batch']} is {'above' if above else 'below'} its "
+                         f"measured noise scale B_simple ≈ {b_simple:.0f} by more than 3x ({rough}): "
+                         + ("past it, a wider trial needs more epochs for the same R², so widening stops paying"
+                            if above else "widening can still keep the epochs per trial"))
     return lines

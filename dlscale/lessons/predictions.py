@@ -9,6 +9,7 @@ measurement the lesson has just made, with the same rules as the conclusions pri
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -113,15 +114,19 @@ def _largest_part(result: dict[str, Any]) -> str | None:
     row = max(result["rows"], key=lambda r: r["size"])
     if row["size"] == min(r["size"] for r in result["rows"]):
         return None
-    return {"io": "a", "communication": "b", "rest": "c"}[max(("io", "communication", "rest"), key=lambda p: row[p])]
+    top, second = sorted(("io", "communication", "rest"), key=lambda p: -row[p])[:2]
+    if result.get("rounds", 1) > 1 and row["range"][top][0] <= row["range"][second][1]:
+        return "d"  # (the rounds disagree on which part is largest: the same rule as breakdown_conclusions)
+    return {"io": "a", "communication": "b", "rest": "c"}[top]
 
 
 LARGEST_LOSS = Question("at the largest size of the breakdown, the largest part of the lost efficiency is...",
                         {"a": "exposed I/O (the loader)", "b": "exposed communication (the all-reduce)",
-                         "c": "the rest (compute that does not scale: ranks sharing cores)"}, _largest_part)
+                         "c": "the rest (compute that does not scale: ranks sharing cores)",
+                         "d": "too close to tell: the rounds disagree on which part is largest"}, _largest_part)
 
 
-#: The three searches of lesson 12, in the order of BEST_PER_COST's choices.
+#: The samplers lesson 12 compares with pruning off, in the order of BEST_PER_COST's choices.
 SEARCHES = ("grid", "random", "tpe")
 
 
@@ -131,18 +136,41 @@ def best_within(points: list[tuple[float, float]], budget: float) -> float:
     return max(found, default=-math.inf)
 
 
-def common_budget(progress: dict[str, list[tuple[float, float]]]) -> float:
-    """What the cheapest search spent in all: the budget at which the searches are compared."""
-    return min(points[-1][0] for points in progress.values() if points)
+def repeated_searches(progress: dict[str, list[list[tuple[float, float]]]]) -> dict[str, dict[str, Any]]:
+    """Each way of searching, repeated over seeds (``progress[way]``: one list of points per seed): the best found
+    within the common budget (what the cheapest study of all spent) and the node-hours spent, per seed, with their
+    median and range."""
+    budget = min(points[-1][0] for studies in progress.values() for points in studies if points)
+    out = {}
+    for way, studies in progress.items():
+        best = [best_within(points, budget) for points in studies]
+        spent = [points[-1][0] if points else 0.0 for points in studies]
+        out[way] = {"best": best, "median": statistics.median(best), "low": min(best), "high": max(best),
+                    "spent": spent, "median_spent": statistics.median(spent), "low_spent": min(spent),
+                    "high_spent": max(spent), "budget": budget}
+    return out
 
 
-def _best_per_cost(progress: dict[str, list[tuple[float, float]]]) -> str | None:
-    if not all(progress.get(name) for name in SEARCHES):
+def clear_winner(summary: dict[str, dict[str, Any]], ways: tuple[str, ...] | list[str]) -> str | None:
+    """The way whose median best is highest and whose range over seeds lies above every other's; None for a tie
+    on the median or overlapping ranges (then no way won at this budget)."""
+    ranked = sorted(ways, key=lambda w: -summary[w]["median"])
+    top, rest = ranked[0], ranked[1:]
+    if any(summary[w]["median"] >= summary[top]["median"] - 1e-12 for w in rest):
         return None
-    budget = common_budget(progress)
-    return "abc"[max(range(3), key=lambda i: best_within(progress[SEARCHES[i]], budget))]
+    if any(summary[top]["low"] <= summary[w]["high"] for w in rest):
+        return None
+    return top
 
 
-BEST_PER_COST = Question("with the same number of trials, the best validation R² for the node-hours spent comes from...",
-                         {"a": "the grid (lesson 07's kind of sweep)", "b": "random search",
-                          "c": "TPE with Hyperband pruning"}, _best_per_cost)
+def _best_per_cost(summary: dict[str, dict[str, Any]]) -> str | None:
+    if not all(name in summary for name in SEARCHES):
+        return None
+    winner = clear_winner(summary, SEARCHES)
+    return "d" if winner is None else "abc"[SEARCHES.index(winner)]
+
+
+BEST_PER_COST = Question("with pruning off and the same budget, repeated over seeds, the best validation R² comes "
+                         "from...",
+                         {"a": "the grid (lesson 07's kind of sweep)", "b": "random search", "c": "TPE",
+                          "d": "no clear winner: a tie, or the seeds' ranges overlap"}, _best_per_cost)

@@ -42,6 +42,20 @@ def baseline_value(space: Any, run_dir: str | Path) -> float:
     return float(result.final[space.metric])
 
 
+def values_over_seeds(space: Any, params: dict[str, Any], seeds: list[int] | tuple[int, ...],
+                      run_root: str | Path) -> list[float]:
+    """The space's metric for ``params`` (``{}``: the config's defaults) trained once per seed, each seed's run in
+    ``run_root/seed-N``: whether settings beat others is read over seeds, not from one draw."""
+    from dlscale.training.loop import train_quietly
+
+    values = []
+    for seed in seeds:
+        cfg = space.config(dict(params), seed=seed, run_dir=str(Path(run_root) / f"seed-{seed}"), progress=False,
+                           plot=False, resume=False)
+        values.append(float(train_quietly(cfg).final[space.metric]))
+    return values
+
+
 def check_space(space: dict[str, Any], budget: int = 8, workers: int = 2,
                 study_dir: str | Path = "runs/exercise12") -> dict[str, float]:
     """12.1: search ``space`` with ``budget`` trials; the best must re-run to the same value and beat the defaults."""

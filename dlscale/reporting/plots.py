@@ -393,14 +393,19 @@ def allreduce_fit(measured: list[dict], predicted: list[dict], fitted_sizes: set
     return fig
 
 
-def search_progress(ways: dict[str, list[tuple[float, float]]], baseline: float | None = None,
+def search_progress(ways: dict[str, list], baseline: float | None = None,
                     metric: str = "R²") -> NotebookFigure:
-    """Best value so far against node-hours spent, one line per way of searching (a grid, random, TPE...)."""
+    """Best value so far against node-hours spent, one colour per way of searching (a grid, random, TPE...) and, where
+    a way was repeated over seeds (a list of studies' points), one line per seed."""
     fig = NotebookFigure(figsize=(7, 4), layout="constrained")
     ax = fig.subplots()
-    for name, points in ways.items():
-        shown = [(x * 3600, y) for x, y in points if math.isfinite(y)]  # (node-seconds: the lesson's trials are short)
-        ax.step([x for x, _ in shown], [y for _, y in shown], where="post", marker="o", markersize=3, label=name)
+    for colour, (name, points) in enumerate(ways.items()):
+        studies = points if points and isinstance(points[0], list) else [points]
+        for seed, study in enumerate(studies):
+            shown = [(x * 3600, y) for x, y in study if math.isfinite(y)]  # (node-seconds: the trials are short)
+            ax.step([x for x, _ in shown], [y for _, y in shown], where="post", marker="o", markersize=3,
+                    color=f"C{colour}", alpha=0.8 if len(studies) == 1 else 0.55,
+                    label=name if seed == 0 else None)
     if baseline is not None:
         ax.axhline(baseline, color="grey", linestyle="--", label="the config's defaults")
     ax.set(xlabel="node-seconds spent", ylabel=f"best validation {metric} so far", title="what each search found per cost")
