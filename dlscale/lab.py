@@ -74,7 +74,7 @@ _add("dlscale.metrics.weight_difference", "largest_weight_difference")
 # -- run elsewhere: engines, torchrun, Slurm --------------------------------------------------------------
 _add("dlscale.cluster.environment", "describe", "report")
 _add("dlscale.cluster.launch", "torchrun_command")
-_add("dlscale.cluster.local_slurm", "LocalSlurm", "missing_programs", "multi_node_unavailable")
+_add("dlscale.cluster.local_slurm", "LocalSlurm", "missing_programs", "multi_node_unavailable", "stop_on_error")
 _add("dlscale.cluster.notebook_engines", "run_file", "run_on_engines", "train_rank")
 _add("dlscale.cluster.queue", "job_environ", "open_queue")
 _add("dlscale.cluster.slurm_jobs", "job_info", "submit", "submit_sweep", "wait_for_jobs", "wait_until")
@@ -104,9 +104,11 @@ _add("dlscale.lessons.search_checks", "baseline_value", "check_space", "values_o
 _add("dlscale.scaling.fit", "fit_link", "predictions", "worst_ratio")
 _add("dlscale.scaling.plan", "allocation_request", "compare", "cost_rows", "format_plan", "predict_next",
      "recommend")
-_add("dlscale.scaling.projection", "RESNET50_PARAMETERS", "RESNET50_TRAIN_FLOPS", "Workload", "assumptions",
-     "largest_efficient", "overlap_from_breakdown", "project", "workload_for")
-_add("dlscale.scaling.sites", "PERLMUTTER", "here")
+_add("dlscale.scaling.projection", "RESNET50_A100_IMAGES_PER_S", "RESNET50_PARAMETERS", "RESNET50_TRAIN_FLOPS",
+     "Workload", "assumptions", "format_projection", "largest_efficient", "overlap_from_breakdown", "project",
+     "workload_for")
+_add("dlscale.scaling.published", "format_validation", "validate")
+_add("dlscale.scaling.sites", "FRONTIER", "PERLMUTTER", "here")
 _add("dlscale.hpo", "SearchSpaceError", "create_study", "load_space")
 _add("dlscale.hpo.space", "SEARCH_DIR")
 _add("dlscale.hpo.heartbeat", "wait_for_running")

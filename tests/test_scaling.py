@@ -328,3 +328,35 @@ def test_the_breakdown_takes_the_slowest_rank():
     assert step_seconds(summary) == pytest.approx(32 / 80)
     del summary["samples_per_s_each_rank"]  # a run from before the field: rank 0's, as then
     assert step_seconds(summary) == pytest.approx(32 / 100)
+
+
+def test_a_run_that_trained_nothing_is_refused_not_divided_by():
+    # a second pass of lesson 11 once resumed its finished runs: 0 samples/s, then a ZeroDivisionError
+    from dlscale.scaling.plan import PlanError, compare
+
+    rows = [{"run": "weak-n1", "group": "weak", "nodes": 1, "ranks": 1, "global_batch_size": 32, "path": "runs/x",
+             "samples_per_s": 0.0, "hours_to_target": 1 / 3600, "samples_to_target": 0.0, "gradient_bytes": 1e6,
+             "noise_scale": None}]
+    with pytest.raises(PlanError, match="weak-n1 trained no step .* fresh folder"):
+        predict_next(rows, here(Link(1e-3, 1e-9)))
+    assert "trained no step" in compare({"hours_to_target": 1.0, "range_hours": (0.5, 2.0)}, rows[0])
+
+
+def test_a_cell_that_fails_stops_the_cluster_it_was_using():
+    from dlscale.cluster.local_slurm import stop_on_error
+
+    class Cluster:
+        stopped = 0
+
+        def stop(self):
+            self.stopped += 1
+
+    cluster = Cluster()
+    with stop_on_error(cluster):
+        pass
+    assert cluster.stopped == 0  # a cell that succeeds leaves it running for the next
+    with pytest.raises(ZeroDivisionError), stop_on_error(cluster):
+        1 / 0
+    assert cluster.stopped == 1
+    with stop_on_error(None):  # (no cluster on this machine: nothing to stop)
+        pass

@@ -27,6 +27,7 @@ machine's own hostname, ``/etc/hosts`` and network are never touched.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import getpass
 import os
 import shlex
@@ -36,6 +37,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from dlscale.distributed import free_port
@@ -289,3 +291,19 @@ class LocalSlurm:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def stop_on_error(cluster: LocalSlurm | None) -> Iterator[LocalSlurm | None]:
+    """Stop ``cluster`` (if there is one) when the body raises, then raise again.
+
+    A lesson starts its cluster in one cell and stops it cells later: a cell that fails in
+    between would leave munged, slurmctld and the slurmd daemons running until the kernel
+    exits. Each cell that uses the cluster runs its body in this block instead.
+    """
+    try:
+        yield cluster
+    except BaseException:
+        if cluster is not None:
+            cluster.stop()
+        raise

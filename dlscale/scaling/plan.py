@@ -133,6 +133,9 @@ def predict_next(rows: list[dict], site: Site, overlap: float = 0.0, noise_scale
         raise PlanError("no run of the series reached the target R²: there is nothing to predict from. Lower "
                         "--target-r2 (dlscale report shows each run's R²) or train the runs longer")
     last = max(series, key=lambda r: (r["nodes"], r["ranks"]))
+    if not last["samples_per_s"] > 0:
+        raise PlanError(f"{last['run']} trained no step (0 samples/s): a finished run resumed in its own folder trains "
+                        f"nothing. Train it again in a fresh folder (remove {last['path']}), then plan")
     per_node = last["ranks"] // last["nodes"]
     weak = len({r["global_batch_size"] / r["ranks"] for r in series}) == 1
     nodes, ranks = 2 * last["nodes"], 2 * last["ranks"]
@@ -181,6 +184,9 @@ def _weak_group(rows: list[dict]) -> str:
 def compare(prediction: dict, measured: dict) -> str:
     """One sentence: the measured run of the predicted size against the prediction and its range."""
     hours = measured["hours_to_target"]
+    if not measured.get("samples_per_s", 1) > 0:
+        return (f"{measured['run']} trained no step (0 samples/s): it resumed a finished run of the same folder, so "
+                f"there is nothing to compare. Run it in a fresh folder.")
     if hours is None:
         return f"{measured['run']} did not reach the target, which the prediction did not expect."
     low, high = prediction["range_hours"]
