@@ -170,14 +170,16 @@ def breakdown_conclusions(result: dict[str, Any]) -> list[str]:
 
 
 def search_conclusions(summary: dict[str, dict[str, Any]], rows: dict[str, list[list[dict[str, Any]]]],
-                       baseline: float, pruned_way: str = "tpe + hyperband", plain_way: str = "tpe") -> list[str]:
-    """What lesson 12's searches show over their seeds (``summary`` from ``repeated_searches``; ``rows[way]`` the
-    trials of each seed's study): the samplers with pruning off, then what pruning changed on one sampler. A tie is
-    called a tie, and a lead whose seeds overlap another's is not called a win."""
+                       baseline: float, pruning: dict[str, dict[str, Any]] | None = None,
+                       pruned_way: str = "tpe + hyperband", plain_way: str = "tpe") -> list[str]:
+    """What lesson 12's searches show over their seeds (``rows[way]``: the trials of each seed's study): the samplers
+    with pruning off (``summary``, ``repeated_searches`` of those studies), then what pruning changed on one sampler
+    (``pruning``, ``repeated_searches`` of its two ways: each question at its own common budget). A tie is called a
+    tie, and a lead whose seeds overlap another's is not called a win."""
     from dlscale.lessons.predictions import SEARCHES, clear_winner
 
-    def shown(way: str) -> str:
-        s = summary[way]
+    def shown(way: str, table: dict[str, dict[str, Any]] = summary) -> str:
+        s = table[way]
         return f"{way} {s['median']:.4f} ({s['low']:.4f} to {s['high']:.4f})"
 
     seeds = len(next(iter(rows.values())))
@@ -196,10 +198,10 @@ def search_conclusions(summary: dict[str, dict[str, Any]], rows: dict[str, list[
     else:
         lines.append(f"{ranked[0]} is ahead on the median, but its seeds overlap {ranked[1]}'s: at this budget "
                      f"the sampler matters less than the draw. More trials, or more seeds, would tell.")
-    if pruned_way in summary and plain_way in summary:
+    if pruning and pruned_way in pruning and plain_way in pruning:
         trials = [t for study in rows[pruned_way] for t in study]
         pruned = [t for t in trials if t["state"] == "pruned"]
-        a, b = summary[plain_way], summary[pruned_way]
+        a, b = pruning[plain_way], pruning[pruned_way]
         cheaper = b["high_spent"] < a["low_spent"]
         lines.append(f"Pruning, on {plain_way}: {len(pruned)} of {len(trials)} trials stopped early; node-seconds "
                      f"spent, median {a['median_spent'] * 3600:.1f} without and {b['median_spent'] * 3600:.1f} with "
@@ -207,7 +209,8 @@ def search_conclusions(summary: dict[str, dict[str, Any]], rows: dict[str, list[
                      f"{b['low_spent'] * 3600:.1f}-{b['high_spent'] * 3600:.1f}): "
                      + ("cheaper on every seed." if cheaper else "the ranges overlap, so these seeds do not show "
                                                                  "pruning saving node-hours.")
-                     + f" Best R² within the common budget: {shown(plain_way)} against {shown(pruned_way)}.")
+                     + f" Best R² within {b['budget'] * 3600:.1f} node-seconds (what the cheapest of these spent): "
+                       f"{shown(plain_way, pruning)} against {shown(pruned_way, pruning)}.")
     return lines
 
 
