@@ -264,7 +264,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _project(args: argparse.Namespace) -> int:
     from dlscale.reporting.plots import efficiency_projection
-    from dlscale.scaling.projection import RESNET50_PARAMETERS, Workload, assumptions, format_projection, project
+    from dlscale.scaling.projection import (RESNET50_PARAMETERS, Workload, assumptions, format_projection,
+                                            overlap_from_breakdown_file, project)
     from dlscale.scaling.sites import SITES, load_machine, machine
 
     site = load_machine(args.machine) if args.machine else SITES[args.site]
@@ -281,8 +282,12 @@ def _project(args: argparse.Namespace) -> int:
         per_sample, source = args.step_ms / 1000 / args.batch, f"a step of {args.step_ms:g} ms at batch {args.batch}"
     else:
         per_sample, source = args.ms_per_sample / 1000, "entered on the command line"
+    overlap = args.overlap
+    if args.breakdown:  # (measured on this site: the exposed share of what the model says the step sends)
+        overlap, where = overlap_from_breakdown_file(args.breakdown, site)
+        print(f"overlap: {where}")
     workload = Workload(args.name, args.parameters or RESNET50_PARAMETERS, per_sample, args.batch,
-                        args.bytes_per_value, args.layout, args.overlap, source, args.backward_share,
+                        args.bytes_per_value, args.layout, overlap, source, args.backward_share,
                         args.bucket_mb or None, args.algorithm)
     rows = project(workload, site, baseline=args.baseline)
     print(format_projection(rows))
@@ -628,8 +633,11 @@ def _add_project(commands: Any) -> None:
     project.add_argument("--batch", type=_number(int, 1), default=64, help="batch per GPU")
     project.add_argument("--bytes-per-value", type=_number(int, 1, 8), default=4, help="4 for fp32 gradients, 2 for bf16")
     project.add_argument("--layout", choices=("ddp", "fsdp"), default="ddp")
-    project.add_argument("--overlap", type=_number(float, 0, 1), default=0.0,
-                         help="share of the communication hidden behind the backward pass (0 to 1)")
+    hidden = project.add_mutually_exclusive_group()
+    hidden.add_argument("--overlap", type=_number(float, 0, 1), default=0.0,
+                        help="share of the communication hidden behind the backward pass (0 to 1)")
+    hidden.add_argument("--breakdown", default=None, metavar="JSON",
+                        help="breakdown.json of dlscale bench breakdown on this machine: the overlap it measured")
     project.add_argument("--backward-share", type=_number(float, 0, 1), default=2 / 3,
                          help="the backward pass's share of the compute: the most an overlap can hide (default 2/3)")
     project.add_argument("--bucket-mb", type=_number(float, 0), default=25.0,

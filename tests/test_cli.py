@@ -124,6 +124,8 @@ MISTAKES = [
     (["project", "--samples-per-s", "2600", "--gpus-per-node", "0"], "argument --gpus-per-node: must be at least 1"),
     (["project", "--samples-per-s", "2600", "--machine", "half.yaml"], "half.yaml: between needs bandwidth_gbs"),
     (["project", "--samples-per-s", "2600", "--machine", "nowhere.yaml"], "nowhere.yaml cannot be read ("),
+    (["project", "--samples-per-s", "2600", "--breakdown", "nowhere.json"], "nowhere.json gives no overlap (No such "
+                                                                             "file or directory)"),
     (["plan", "sweep", "--overlap", "5"], "argument --overlap: must be at most 1, not 5"),
     (["bench", "breakdown", "tiny", "--sizes=-1"], "argument --sizes: must be at least 1, not -1"),
     (["bench", "breakdown", "tiny", "--sizes", "1,x"], "argument --sizes: a whole number is needed, not 'x'"),

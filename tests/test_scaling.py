@@ -321,6 +321,21 @@ def test_project_prints_the_table_and_the_assumptions_it_rests_on(tmp_path):
     assert "one message per step" in done.stdout
 
 
+def test_the_overlap_of_a_measured_breakdown_is_read_against_the_sites_model(tmp_path):
+    from dlscale.scaling.projection import overlap_from_breakdown_file
+
+    site = machine("Mine", 4, 100, 25)
+    whole = layout_communication("ddp", 1e8, 4, 2, site.inside, site.between).seconds
+    row = {"ranks": 8, "nodes": 2, "gradient_bytes": 1e8, "exposed_communication_ms": {"25": whole * 1e3 / 4}}
+    path = tmp_path / "breakdown.json"
+    path.write_text(json.dumps({"rows": [{"ranks": 1, "nodes": 1}, row]}))
+    overlap, where = overlap_from_breakdown_file(path, site)
+    assert overlap == pytest.approx(0.75) and "8 ranks on 2 node(s) of Mine" in where
+    path.write_text(json.dumps({"rows": [{"ranks": 1}]}))  # one rank: nothing was exposed or hidden
+    with pytest.raises(RangeError, match="breakdown.json gives no overlap .* two or more ranks"):
+        overlap_from_breakdown_file(path, site)
+
+
 def test_the_breakdown_takes_the_slowest_rank():
     # rank 1 straggles at 80 samples/s; alone, rank 0 would report its own 100 and hide the straggler's wait
     summary = {"global_batch_size": 64, "applied": {"data_parallel_ranks": 2}, "samples_per_s_per_rank": 100.0,

@@ -22,6 +22,7 @@ is only as good as those lines.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from dlscale.errors import RangeError, check_range
 from dlscale.reporting.tables import markdown_table
@@ -126,6 +127,28 @@ def overlap_from_breakdown(exposed_seconds: float, gradient_bytes: float, ranks:
     over what the fitted model says the whole all-reduce takes (clipped to 0..1)."""
     whole = allreduce(gradient_bytes, ranks, link)
     return min(1.0, max(0.0, 1 - exposed_seconds / whole)) if whole > 0 else 0.0
+
+
+def overlap_from_breakdown_file(path: str | Path, site: Site) -> tuple[float, str]:
+    """The overlap a ``dlscale bench breakdown`` run on ``site`` measured, and one line saying where it comes from:
+    its largest size's exposed communication (at the default buckets) against the model's whole communication for
+    that size on the site's links. A breakdown that cannot give one is a :class:`RangeError` naming the file."""
+    import json
+
+    path = Path(path)
+    try:
+        result = json.loads(path.read_text())
+        rows = [r for r in result["rows"] if r.get("exposed_communication_ms")]
+        row = max(rows, key=lambda r: r["ranks"])
+        exposed = next(iter(row["exposed_communication_ms"].values())) / 1000  # (the default buckets come first)
+        nodes, ranks, gradient = int(row.get("nodes", 1)), int(row["ranks"]), float(row["gradient_bytes"])
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
+        raise RangeError(f"{path} gives no overlap ({getattr(err, 'strerror', None) or type(err).__name__}): give "
+                         f"the breakdown.json of a `dlscale bench breakdown` run of DDP on two or more ranks") from None
+    whole = layout_communication("ddp", gradient, max(1, ranks // nodes), nodes, site.inside, site.between).seconds
+    overlap = min(1.0, max(0.0, 1 - exposed / whole)) if whole > 0 else 0.0
+    return overlap, (f"{overlap:.0%}, from {path}: {exposed * 1e3:.3g} ms exposed of the {whole * 1e3:.3g} ms the "
+                     f"model gives {ranks} ranks on {nodes} node(s) of {site.name}")
 
 
 def assumptions(workload: Workload, site: Site, baseline: str = "gpu") -> str:
