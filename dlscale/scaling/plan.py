@@ -29,8 +29,12 @@ from pathlib import Path
 from dlscale.errors import DlscaleError, check_range
 from dlscale.reporting.report import collect, read_summary
 from dlscale.reporting.tables import markdown_table
-from dlscale.scaling.collectives import hierarchical_allreduce
+from dlscale.scaling.collectives import layout_seconds
 from dlscale.scaling.sites import Site
+
+
+#: DDP's default bucket_cap_mb, in bytes: the all-reduce goes out in buckets this size, each paying the latency.
+DDP_BUCKET_BYTES = 25 * 2**20
 
 
 class PlanError(DlscaleError, ValueError):
@@ -147,8 +151,10 @@ def predict_next(rows: list[dict], site: Site, overlap: float = 0.0, noise_scale
     if not weak:
         step /= 2  # (strong scaling: each rank's share of the batch halves, and its compute with it)
     gradient = last["gradient_bytes"] or 0
-    grow = (hierarchical_allreduce(gradient, per_node, nodes, site.inside, site.between)
-            - hierarchical_allreduce(gradient, per_node, last["nodes"], site.inside, site.between))
+    # (as dlscale project prices it: DDP's 25 MiB buckets, each with the cheapest algorithm between nodes)
+    grow = (layout_seconds("ddp", gradient, per_node, nodes, site.inside, site.between, "auto", DDP_BUCKET_BYTES)
+            - layout_seconds("ddp", gradient, per_node, last["nodes"], site.inside, site.between, "auto",
+                             DDP_BUCKET_BYTES))
     exposed = (1 - overlap) * grow
 
     def time_to_target(step_growth: float, factor: float) -> float:
