@@ -11,6 +11,7 @@
 #                   one-node cluster of lesson 09 and the tests of slurm/
 #   make browser-packages Chromium and its chromedriver from Debian's packages (as root), for the
 #                   tests that run the lessons in JupyterLab in a real browser
+#   make test-fast  the unit tier (no clusters, notebooks, browsers or launched ranks): the edit-test loop
 #   make lab        JupyterLab on the lessons
 #   make kernel     register this environment as a Jupyter kernel (e.g. on NERSC's JupyterHub)
 #   make exercises  regenerate exercises/ from solutions/
@@ -39,7 +40,7 @@ PYTEST_ARGS ?=
 HOROVOD     ?= yes
 BIN         := $(VENV)/bin
 
-.PHONY: setup setup-dev horovod slurm-packages browser-packages demo test test-oldest oldest-check oldest-env lab kernel exercises clean
+.PHONY: setup setup-dev horovod slurm-packages browser-packages demo test test-fast test-oldest oldest-check oldest-env lab kernel exercises clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -143,6 +144,12 @@ test: oldest-check setup-dev $(if $(filter yes,$(HOROVOD)),horovod) $(SYSTEM_PAC
 	else tail -n 40 $(OLDEST_VENV).log; status=1; fi;) \
 	[ "$(TEST_OLDEST)" != yes ] || [ -n "$(OLDEST_PYTHON)" ] || echo "$(OLDEST_LEFT_OUT)"; \
 	exit $$status
+
+# The unit tier, for the edit-test loop: no Slurm cluster, notebook, browser, Jupyter server, engines or launched
+# ranks (those tests are marked integration or slow, and make test runs them). Under 3 minutes on 2 cores.
+test-fast: setup-dev
+	$(BIN)/python -m pytest -m "not integration and not slow and not notebook" \
+	  $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 lab: setup-dev
 	$(BIN)/jupyter lab --notebook-dir=.

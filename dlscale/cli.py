@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import json
 import os
 import sys
 import textwrap
@@ -228,7 +227,6 @@ def _bench_scaling(args: argparse.Namespace) -> int:
 
 def _bench_breakdown(args: argparse.Namespace) -> int:
     from dlscale.bench.breakdown import bench_breakdown, format_breakdown, local_runner, slurm_runner
-
     from dlscale.runtime.threads import fair_threads
 
     cfg = load_config(args.config, args.overrides)
@@ -264,8 +262,14 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _project(args: argparse.Namespace) -> int:
     from dlscale.reporting.plots import efficiency_projection
-    from dlscale.scaling.projection import (RESNET50_PARAMETERS, Workload, assumptions, format_projection,
-                                            overlap_from_breakdown_file, project)
+    from dlscale.scaling.projection import (
+        RESNET50_PARAMETERS,
+        Workload,
+        assumptions,
+        format_projection,
+        overlap_from_breakdown_file,
+        project,
+    )
     from dlscale.scaling.sites import SITES, load_machine, machine
 
     site = load_machine(args.machine) if args.machine else SITES[args.site]

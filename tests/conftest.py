@@ -92,6 +92,29 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300
 _skip_reasons: list[str] = []
 
 
+#: What a run without a CUDA GPU says of the tests marked gpu (they run with `pytest -m gpu` on a GPU node).
+NO_GPU = "no CUDA GPU here: the gpu tests run on a GPU node (pytest -m gpu)"
+
+
+#: Files whose every test starts a system beside it (a Slurm cluster, notebook kernels, a browser, Jupyter, Horovod's or
+#: torchrun's ranks, a fresh install): marked integration, so make test-fast leaves them to make test. Other files
+#: mark their own such tests.
+INTEGRATION_FILES = {"test_slurm.py", "test_notebooks.py", "test_browser.py", "test_jupyterlab.py", "test_horovod.py",
+                     "test_recipe_jobs.py", "test_quick_start.py", "test_experiments.py", "test_packaging.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in INTEGRATION_FILES:
+            item.add_marker(pytest.mark.integration)
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason=NO_GPU)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_runtest_logreport(report):
     if not report.skipped:
         return

@@ -24,6 +24,15 @@ def test_no_import_climbs_a_layer():
     assert "1 kept, 0 broken" in done.stdout
 
 
+def test_ruff_finds_nothing():
+    """Ruff's pyflakes checks (unused names, undefined ones), the import order and pycodestyle's errors, as configured
+    in pyproject.toml, over the package, the tests and the scripts: `ruff check --fix` repairs most of what it finds."""
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    assert ruff, "ruff is not installed: make setup-dev installs it (the dev extra)"
+    done = subprocess.run([ruff, "check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
 def test_no_module_imports_one_that_imports_it_back():
     """No import cycle anywhere in the package, also between modules of one layer."""
     graph = grimp.build_graph("dlscale")

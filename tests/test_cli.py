@@ -2,9 +2,12 @@ import json
 import re
 import sys
 
+import pytest
+
 from .conftest import ROOT, run_cli
 
 
+@pytest.mark.integration
 def test_train_end_to_end(in_tmp):
     done = run_cli("train", "tiny", "epochs=2", "progress=false", cwd=in_tmp)
     assert done.returncode == 0, done.stderr
@@ -24,6 +27,7 @@ def test_python_dash_m_dlscale_train_is_the_same_command(in_tmp):
     assert "step 5/5" in done.stdout
 
 
+@pytest.mark.integration
 def test_overrides_without_a_config_use_the_defaults(in_tmp):
     done = run_cli("train", "name=bare", "image_size=16", "train_samples=256", "val_samples=64", "width=4",
                    "depth=1", "max_steps=3", "progress=false", "plot=false", cwd=in_tmp)
@@ -31,6 +35,7 @@ def test_overrides_without_a_config_use_the_defaults(in_tmp):
     assert (in_tmp / "runs/bare/metrics.csv").is_file()
 
 
+@pytest.mark.integration
 def test_bad_input_is_one_line_without_a_traceback(in_tmp):
     for args, message in [
         (["train", "tiny", "lr=fast"], "config key 'lr' expects float, got 'fast'"),
@@ -45,6 +50,7 @@ def test_bad_input_is_one_line_without_a_traceback(in_tmp):
         assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
+@pytest.mark.integration
 def test_data_generate_then_check_then_train_on_it(in_tmp):
     done = run_cli("data", "generate", "--out", "mydata", "image_size=16", "train_samples=512", "val_samples=128",
                    "shard_size=100", "progress=false", cwd=in_tmp)
@@ -83,6 +89,7 @@ def test_exercises_check_reports_drift(in_tmp):
     assert done.returncode == 1 and "out of date" in done.stderr
 
 
+@pytest.mark.integration
 def test_data_check_names_shards_with_nan_or_inf(in_tmp):
     import numpy as np
     done = run_cli("data", "generate", "--out", "mydata", "image_size=8", "train_samples=200", "val_samples=100",
@@ -126,6 +133,8 @@ MISTAKES = [
     (["project", "--samples-per-s", "2600", "--machine", "nowhere.yaml"], "nowhere.yaml cannot be read ("),
     (["project", "--samples-per-s", "2600", "--breakdown", "nowhere.json"], "nowhere.json gives no overlap (No such "
                                                                              "file or directory)"),
+    (["recipes", "--notebooks", "nb", "--recipes", "out"], "x.ipynb: a cell tagged recipe must start with "
+                                                            "'# recipes/NAME.py'"),
     (["plan", "sweep", "--overlap", "5"], "argument --overlap: must be at most 1, not 5"),
     (["bench", "breakdown", "tiny", "--sizes=-1"], "argument --sizes: must be at least 1, not -1"),
     (["bench", "breakdown", "tiny", "--sizes", "1,x"], "argument --sizes: a whole number is needed, not 'x'"),
@@ -173,6 +182,9 @@ def test_every_mistake_in_the_table_is_one_line_without_a_traceback(in_tmp, capf
     for name, parameter in BAD_SPACES.items():
         (in_tmp / name).write_text(f"name: s\nbase: tiny\nparameters:\n  {parameter}\n")
     (in_tmp / "fixed.yaml").write_text("name: s\nbase: tiny\nfixed: [epochs, 2]\nparameters:\n  lr: [0.001, 0.01]\n")
+    (in_tmp / "nb").mkdir()
+    (in_tmp / "nb/x.ipynb").write_text(json.dumps({"cells": [{"cell_type": "code", "metadata": {"tags": ["recipe"]},
+                                                              "source": ["print(1)\n"]}]}))
     (in_tmp / "half.yaml").write_text("gpus_per_node: 4\ninside: {bandwidth_gbs: 100}\n")
     (in_tmp / "latin1.yaml").write_bytes("name: s\nbase: tiny  # réglé\n".encode("latin-1"))
     for args, message in MISTAKES:

@@ -5,11 +5,18 @@ import math
 import pytest
 import torch
 
-from dlscale.metrics.weight_difference import largest_weight_difference
-from dlscale.lessons.conclusions import (compare_spreads, convergence_conclusion, loader_conclusion,
-                                         noise_scale_conclusions, efficiency_conclusion, ladder_conclusions,
-                                         precision_conclusion, sweep_conclusions)
 from dlscale.bench.repeats import Spread, clearly_faster, measure_rounds
+from dlscale.lessons.conclusions import (
+    compare_spreads,
+    convergence_conclusion,
+    efficiency_conclusion,
+    ladder_conclusions,
+    loader_conclusion,
+    noise_scale_conclusions,
+    precision_conclusion,
+    sweep_conclusions,
+)
+from dlscale.metrics.weight_difference import largest_weight_difference
 
 
 def test_spreads_are_compared_by_their_ranges_not_their_medians():
@@ -115,8 +122,7 @@ def test_a_prediction_is_printed_beside_what_the_measurement_shows():
 
 def test_each_question_reads_its_answer_from_the_numbers():
     from dlscale.bench.repeats import Spread
-    from dlscale.lessons.predictions import (FSDP_MEMORY, LOADER, NO_SCALING, NOISE_SCALE, PRECISION,
-                                             STRONG_SCALING)
+    from dlscale.lessons.predictions import FSDP_MEMORY, LOADER, NO_SCALING, NOISE_SCALE, PRECISION, STRONG_SCALING
 
     assert [LOADER.outcome(Spread([900, 950]), Spread([400, 420])), LOADER.outcome(Spread([400, 420]),
             Spread([900, 950])), LOADER.outcome(Spread([400, 950]), Spread([500, 900]))] == ["a", "b", "c"]

@@ -4,8 +4,18 @@ import numpy as np
 import pytest
 import torch
 
-from dlscale.data import (DataError, FieldSpec, ShardDataset, denormalize_targets, generate_dataset,
-                          generate_fields, make_loader, normalize_targets, prepare_data, write_shards)
+from dlscale.data import (
+    DataError,
+    FieldSpec,
+    ShardDataset,
+    denormalize_targets,
+    generate_dataset,
+    generate_fields,
+    make_loader,
+    normalize_targets,
+    prepare_data,
+    write_shards,
+)
 from dlscale.data.synthetic import _wavenumbers
 
 

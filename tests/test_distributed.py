@@ -79,6 +79,7 @@ def _assert_same_weights(reference, other):
         assert difference < SAME_STEPS_FP64, (key, difference)
 
 
+@pytest.mark.integration
 def test_two_ranks_under_torchrun_equal_one_process_and_only_rank0_writes(in_tmp):
     one = _single(in_tmp, "run_dir=runs/one")
     assert one.returncode == 0, one.stderr
@@ -120,6 +121,7 @@ def _process_or_none(pid):
         return None
 
 
+@pytest.mark.integration
 def test_two_ranks_killed_twice_resume_bit_for_bit(in_tmp):
     """A 2-rank job killed after step 32, resumed, killed again right after every rank has loaded, resumed.
 
@@ -150,6 +152,7 @@ def test_two_ranks_killed_twice_resume_bit_for_bit(in_tmp):
     assert trajectory() == reference  # bit for bit
 
 
+@pytest.mark.integration
 def test_a_dead_rank_stops_the_other_with_a_clear_message(in_tmp):
     port = free_port()
     procs = []
@@ -186,6 +189,7 @@ if env.rank == 0:
 """
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("mode", ["drain", "no-drain"])
 def test_a_normal_shutdown_waits_for_every_rank_and_a_failed_one_does_not(in_tmp, mode):
     # Waiting lets gloo's worker threads release the last collective before the interpreter
@@ -230,6 +234,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("mode", ["plain", "setup", "missing"])
 def test_ranks_wait_for_rank_0s_data_as_long_as_setup_timeout_s_not_dist_timeout_s(mode, tmp_path):
     """The barrier behind rank 0's data generation had the group's timeout (120 s in the gpu config): a data set
@@ -276,6 +281,7 @@ def test_bus_bandwidth_is_the_nccl_tests_formula():
     assert bus_bandwidth(1e9, 0.5, 4) == pytest.approx(3e9)
 
 
+@pytest.mark.integration
 def test_bench_allreduce_runs_on_two_local_ranks(in_tmp):
     from .conftest import run_cli
     done = run_cli("bench", "allreduce", "--nproc", "2", "--max-mib", "0.25", "--out", "ar", cwd=in_tmp)
@@ -351,6 +357,7 @@ def engines_alive():
     return [p for p in psutil.Process().children(recursive=True) if "ipyparallel.engine" in _cmdline(p)]
 
 
+@pytest.mark.integration
 def test_ipyparallel_engines_run_one_job_and_return_every_rank(in_tmp, monkeypatch):
     """One job on two engines; the engines stay up for the next call from the same folder, which finds no process
     group left up; a call from another folder gets engines started there, the others stop; a failed call stops its."""
@@ -391,6 +398,7 @@ def halfway():
 """
 
 
+@pytest.mark.integration
 def test_what_rank_0_prints_on_the_engines_shows_while_it_runs(in_tmp):
     """A cell that trains on the engines printed nothing until every rank was done (40-75 s looking stuck)."""
     import io
@@ -427,6 +435,7 @@ def _left_running(pids: set[int], wait: float = 20) -> set[int]:
     return alive
 
 
+@pytest.mark.integration
 def test_engines_stop_when_their_kernel_is_killed_instead_of_exiting(tmp_path):
     """A kernel killed (a shutdown that outlasts the kernel manager's wait, a restart, a hub culling it) used to
     leave its controller and engines running, orphaned, each in a process session of its own."""
@@ -459,6 +468,7 @@ def test_engine_log_cleanup_race_stays_out_of_the_notebook(caplog):
     assert [r.getMessage() for r in caplog.records] == ["Engine set failed to start"]
 
 
+@pytest.mark.integration
 def test_two_ranks_under_intel_mpi_equal_one_process(in_tmp):
     """mpirun from the impi-rt wheel; no MASTER_ADDR, so rank 0's host is broadcast with mpi4py."""
     bin_dir = os.path.dirname(sys.executable)
@@ -473,6 +483,7 @@ def test_two_ranks_under_intel_mpi_equal_one_process(in_tmp):
     _assert_same_weights(in_tmp / "runs/one", in_tmp / "runs/mpi")
 
 
+@pytest.mark.integration
 def test_gradient_accumulation_takes_the_same_steps(in_tmp):
     common = ("optimizer=sgd", "lr=0.05", "max_steps=40")
     one = _single(in_tmp, "run_dir=runs/one", *common)

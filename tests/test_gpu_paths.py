@@ -20,7 +20,6 @@ from dlscale.train import train
 
 from .conftest import ROOT
 
-
 # -- which GPU a rank uses, and the group bound to it ---------------------------------------------
 
 def test_each_local_rank_takes_its_gpu_from_the_site_order_when_it_sees_them_all():

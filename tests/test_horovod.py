@@ -13,9 +13,8 @@ import pytest
 import torch
 
 from dlscale import distributed
-from dlscale.distributed import horovod_backend
 from dlscale.checkpoint import list_checkpoints
-from dlscale.distributed import DistEnv, DistributedError, detect, resolve_data_parallel
+from dlscale.distributed import DistEnv, DistributedError, detect, horovod_backend, resolve_data_parallel
 from dlscale.metrics.tracking import read_rows
 
 from .conftest import ROOT, SAME_STEPS_FP64
@@ -178,6 +177,7 @@ def test_the_horovod_exercise_check_rejects_a_loop_without_broadcast_or_sharding
     def no_broadcast(steps, lr=0.1):
         import horovod.torch as hvd
         import torch
+
         from dlscale.lessons.checks import regression_problem
         hvd.init()
         x, y = regression_problem()
@@ -194,6 +194,7 @@ def test_the_horovod_exercise_check_rejects_a_loop_without_broadcast_or_sharding
 
     def every_sample_everywhere(steps, lr=0.1):
         import horovod.torch as hvd
+
         from dlscale.lessons.checks import _one_process_loop, regression_problem
         hvd.init()
         return {"samples": len(regression_problem()[0]), "weight": _one_process_loop(steps, lr).weight.detach()}

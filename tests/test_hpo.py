@@ -4,9 +4,9 @@ path, workers that die, a study that resumes, and the best trial re-run to the s
 The job-array path on the two-node Slurm cluster is in test_slurm.py.
 """
 
+import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -79,6 +79,9 @@ def test_a_pruned_trial_stops_through_the_engines_stop_path_and_keeps_its_folder
         assert [row["epoch"] for row in history] == [1]  # of 2: stopped after the first
         assert trial.intermediate_values == {1: pytest.approx(history[0]["r2"])}
         assert list((run_dir / "checkpoints").glob("ckpt-*.pt"))  # stopped as on a signal: checkpoint first
+        summary = json.loads((run_dir / "summary.json").read_text())  # pruned, and saying so: not "a signal"
+        assert (summary["stop_reason"], summary["preempted"]) == ("callback", False)
+        assert summary["stop_detail"] == "stopped after epoch 1 by the search's pruner"
     if storage == "journal":  # the study moves whole: its trials' folders are recorded relative to it
         from dlscale.hpo.results import trial_rows
         (in_tmp / "elsewhere").mkdir()
@@ -160,6 +163,7 @@ def test_the_optuna_calls_it_does_not_promise_work_without_a_warning_at_this_ver
     assert again.number == queued.number and again.params == queued.params
 
 
+@pytest.mark.integration
 def test_a_killed_worker_is_retried_a_killed_study_resumes_and_the_best_reruns_the_same(in_tmp):
     from dlscale.hpo.launch import rerun_best, search, start_workers, wait_for_workers
     from dlscale.hpo.results import trial_rows
@@ -196,6 +200,7 @@ def test_a_killed_worker_is_retried_a_killed_study_resumes_and_the_best_reruns_t
     assert again == stored  # CPU runs are deterministic: the best trial's R² is its settings', not luck's
 
 
+@pytest.mark.integration
 def test_a_worker_of_two_ranks_trains_each_trial_data_parallel(in_tmp):
     """Under torchrun (or srun with DLSCALE_TRIAL_RANKS=all) rank 0 asks and both ranks train the trial, with the
     worker's own key=value overrides."""

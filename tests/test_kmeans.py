@@ -11,7 +11,6 @@ import pytest
 import torch
 from sklearn.cluster import KMeans as SklearnKMeans
 from sklearn.datasets import make_blobs, make_circles, make_moons
-
 from sklearn.exceptions import NotFittedError
 
 from dlscale.kmeans import KMeans, KMeansError
@@ -156,6 +155,7 @@ def _kmeans_args(tmp_path, out, backend, k=6):
             "--tol", "0", "--max-iter", "100"]
 
 
+@pytest.mark.integration
 def test_two_gloo_ranks_on_a_split_data_set_equal_one_process(in_tmp):
     from dlscale.cluster.launch import torchrun_command
 
@@ -175,6 +175,7 @@ def test_two_gloo_ranks_on_a_split_data_set_equal_one_process(in_tmp):
     assert np.array_equal(labels, np.load(in_tmp / "one/labels.npy")) and len(labels) == len(x)
 
 
+@pytest.mark.integration
 def test_two_ranks_with_kmeans_parallel_init_agree_on_the_centres(in_tmp):
     from dlscale.cluster.launch import torchrun_command
 
@@ -188,6 +189,7 @@ def test_two_ranks_with_kmeans_parallel_init_agree_on_the_centres(in_tmp):
     assert summary["inertia"] < 1.05 * reference.inertia_  # a good clustering, found by two ranks together
 
 
+@pytest.mark.integration
 @pytest.mark.extras  # (daal4py and Intel MPI)
 def test_daal4py_under_mpirun_equals_one_process_and_the_torch_backend(in_tmp):
     bin_dir = os.path.dirname(sys.executable)
@@ -209,6 +211,7 @@ def test_daal4py_under_mpirun_equals_one_process_and_the_torch_backend(in_tmp):
                                np.sort(np.load(in_tmp / "torch/centers.npy"), axis=0), rtol=1e-5)
 
 
+@pytest.mark.integration
 def test_cli_quantizes_the_sample_image(in_tmp):
     done = run_cli("kmeans", "--image", "sample", "--k", "8", "--backend", "torch", "--device", "cpu",
                    "--out", "quant", cwd=in_tmp)
@@ -223,6 +226,7 @@ def test_cli_quantizes_the_sample_image(in_tmp):
     assert (in_tmp / "quant/comparison.png").stat().st_size > 10_000
 
 
+@pytest.mark.integration
 def test_cli_reads_one_npy_file_per_rank_and_reports_missing_files(in_tmp):
     x = _prepare(in_tmp)
     np.save(in_tmp / "part_0.npy", x)
@@ -235,6 +239,7 @@ def test_cli_reads_one_npy_file_per_rank_and_reports_missing_files(in_tmp):
     assert "Traceback" not in missing.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.extras  # (ipyparallel)
 def test_the_centre_update_check_rejects_a_mean_of_means_and_two_all_reduces():
     from dlscale.lessons import checks

@@ -38,6 +38,7 @@ print(json.dumps([{"check": r["check_name"], "status": r["status"], "error": rep
 """
 
 
+@pytest.mark.integration
 def test_check_estimator_passes_every_check_but_the_declared_ones():
     # A fresh process: SCIPY_ARRAY_API must be set before scipy is imported, or the array-API check is skipped.
     done = subprocess.run([sys.executable, "-c", CHECKS], capture_output=True, text=True, timeout=600,
@@ -233,6 +234,7 @@ def test_the_cpu_pass_tests_the_bounds_only_while_they_skip_enough_rows():
     assert max(blobs[1 + probe:]) < 0.5  # where they pay, they are tested every pass
 
 
+@pytest.mark.integration
 def test_without_numba_the_cpu_rescores_every_row_and_asking_for_bounds_names_the_extra():
     code = ("import sys; sys.modules['numba'] = None\n"
             "import torch\n"
@@ -250,6 +252,7 @@ def test_without_numba_the_cpu_rescores_every_row_and_asking_for_bounds_names_th
     assert "Hamerly's bounds needs numba" in message and "pip install -e '.[kmeans]' in the dlscale folder" in message
 
 
+@pytest.mark.integration
 def test_two_gloo_ranks_with_weights_equal_one_process(in_tmp):
     from dlscale.cluster.launch import torchrun_command
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from dlscale.optim.layerwise import LAMB, LARS
 from dlscale.optim.factory import param_groups
+from dlscale.optim.layerwise import LAMB, LARS
 
 
 def small_model(dtype=torch.float64):

@@ -1,13 +1,60 @@
 """The gradient noise scale estimator recovers a noise scale known in closed form."""
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
-from dlscale.metrics.noise_scale import NoiseScaleEstimator, estimate_terms, grad_sq_norm, measure_noise_scale
+from dlscale.metrics.noise_scale import NoiseScaleEstimator, estimate_terms, grad_sq_norm, preserved_buffers
+
+
+# A standalone measurement at fixed weights, the estimator's reference here (the engine measures during training,
+# dlscale.metrics.noise_scale.NoiseScaleProbe): kept with the tests that are its only users.
+@dataclass
+class NoiseScale:
+    """A standalone measurement: the averaged terms and B_simple."""
+
+    b_simple: float
+    g2: float
+    trace: float
+    draws: int
+
+
+def measure_noise_scale(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                        dataset: Dataset, small_batch: int, big_batch: int, draws: int = 20,
+                        device: torch.device | str = "cpu", seed: int = 0) -> NoiseScale:
+    """Measure ``B_simple`` of ``model`` on ``dataset`` at its current weights.
+
+    Each draw takes ``big_batch`` random samples, computes the mean-loss gradient on the
+    first ``small_batch`` of them and on all of them, and feeds both squared norms to a
+    :class:`NoiseScaleEstimator`. The weights are not changed (batch-norm statistics are
+    restored afterwards).
+    """
+    generator = torch.Generator().manual_seed(seed)
+    estimator = NoiseScaleEstimator()
+    was_training = model.training
+    model.train()
+    try:
+        with preserved_buffers(model):
+            for _ in range(draws):
+                index = torch.randperm(len(dataset), generator=generator)[:big_batch].tolist()
+                samples = [dataset[i] for i in index]
+                x = torch.stack([s[0] for s in samples]).to(device)
+                y = torch.stack([s[1] for s in samples]).to(device)
+                norms = []
+                for size in (small_batch, big_batch):
+                    model.zero_grad(set_to_none=True)
+                    loss_fn(model(x[:size]), y[:size]).backward()
+                    norms.append(float(grad_sq_norm(model.parameters())))
+                estimator.update(norms[0], small_batch, norms[1], big_batch)
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+    return NoiseScale(estimator.b_simple, estimator.g2, estimator.trace, estimator.count)
 
 
 class Point(nn.Module):

@@ -9,7 +9,6 @@ import pytest
 
 from dlscale.distributed import horovod_backend
 from dlscale.lessons import checks
-from dlscale.config import load_config
 from dlscale.lessons.exercises import ExerciseError, generate, strip_solutions
 
 from .browser import missing as browser_missing

@@ -9,10 +9,10 @@ import torch
 from dlscale.checkpoint import rng_state, set_rng_state
 from dlscale.config import load_config
 from dlscale.data import TARGET_NAMES
+from dlscale.metrics.throughput import ThroughputMeter
 from dlscale.models import CNNRegressor, build_model, count_parameters
 from dlscale.optim.factory import build_optimizer, param_groups
 from dlscale.optim.schedules import lr_factor, lr_trace, scale_lr, warmup_schedule
-from dlscale.metrics.throughput import ThroughputMeter
 
 
 def test_scale_lr_rules_and_errors():

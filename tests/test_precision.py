@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from dlscale.runtime import precision as precision_module
-from dlscale.models import CNNRegressor
 from dlscale.runtime.precision import Precision, PrecisionError, gradient_underflow
 from dlscale.train import train
 

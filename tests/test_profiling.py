@@ -7,8 +7,15 @@ import torch
 
 from dlscale import profiling
 from dlscale.models import CNNRegressor
-from dlscale.profiling import (flops_per_sample, mfu, nsys_command, nsys_stats_command, nvtx_range,
-                               parse_nvtx_sum, peak_flops)
+from dlscale.profiling import (
+    flops_per_sample,
+    mfu,
+    nsys_command,
+    nsys_stats_command,
+    nvtx_range,
+    parse_nvtx_sum,
+    peak_flops,
+)
 from dlscale.train import train
 
 

@@ -7,7 +7,6 @@ generic Slurm script (recipes/09_job.sbatch) runs on the local cluster in tests/
 
 from __future__ import annotations
 
-import os
 import subprocess
 
 import pytest
@@ -87,8 +86,9 @@ def test_polaris_starts_4_ranks_per_node_with_mpiexec_bound_by_depth_and_alcfs_n
 
 def test_the_recipe_reads_its_rank_from_each_launcher(monkeypatch):
     """torchrun, srun and Polaris's mpiexec (PALS) name the ranks differently; the first one set wins."""
-    from dlscale.lessons.recipes import RECIPES  # noqa: F401  (puts recipes/ on the path)
     from training_tools import from_launcher
+
+    from dlscale.lessons.recipes import RECIPES  # noqa: F401  (puts recipes/ on the path)
 
     for name in ("RANK", "SLURM_PROCID", "PMI_RANK", "WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE"):
         monkeypatch.delenv(name, raising=False)

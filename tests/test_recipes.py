@@ -18,8 +18,15 @@ from dlscale.cluster.notebook_engines import run_file, run_on_engines
 from dlscale.distributed.process_group import free_port
 from dlscale.lessons.exercises import stage_source
 from dlscale.lessons.recipe_checks import check_stage
-from dlscale.lessons.recipes import (GAPS, RECIPES, RecipeError, engine_twin, largest_loss_gap, recipe_cells,
-                                     write_recipes)
+from dlscale.lessons.recipes import (
+    GAPS,
+    RECIPES,
+    RecipeError,
+    engine_twin,
+    largest_loss_gap,
+    recipe_cells,
+    write_recipes,
+)
 
 from .conftest import ROOT
 
@@ -77,6 +84,7 @@ def test_recipe_files_are_the_lessons_cells(tmp_path):
     ("03_mixed_precision.py", {"precision": "fp16", "workers": 0}),  # the scaler, and clipping after unscaling
     ("04_compile.py", {"precision": "fp32", "workers": 0}),          # channels-last and torch.compile
 ])
+@pytest.mark.integration
 def test_single_process_stage_trains_as_the_engine(stage, arguments, in_tmp):
     arguments = {"epochs": 1, "device": "cpu", **arguments}
     recipe = runpy.run_path(str(RECIPES / stage), run_name="recipe")["main"](**arguments)
@@ -89,6 +97,7 @@ def test_single_process_stage_trains_as_the_engine(stage, arguments, in_tmp):
     ("10_fsdp_tp.py", {"precision": "bf16"}),  # FSDP2 with its mixed-precision policy
     ("10_fsdp_tp.py", {"precision": "fp32", "tp": 2}),  # tensor parallel on a (1 x 2) mesh
 ])
+@pytest.mark.integration
 def test_distributed_stage_on_two_ranks_trains_as_the_engine(stage, arguments, ranks_folder):
     arguments = {"epochs": 1, "device": "cpu", "workers": 0, **arguments}
     if stage != "10_fsdp_tp.py":
@@ -99,6 +108,7 @@ def test_distributed_stage_on_two_ranks_trains_as_the_engine(stage, arguments, r
     _assert_equal_runs(recipe[0], engine[0])
 
 
+@pytest.mark.integration
 def test_sharded_stage_resumes_from_its_dcp_checkpoint_exactly(ranks_folder):
     """Epoch 1, then a second run that loads every rank's shards and trains epoch 2: the losses of one run of 2."""
     recipe = str(RECIPES / "10_fsdp_tp.py")
@@ -110,6 +120,7 @@ def test_sharded_stage_resumes_from_its_dcp_checkpoint_exactly(ranks_folder):
     assert resumed["losses"] == second_epoch and resumed["r2"] == straight["r2"][1:]
 
 
+@pytest.mark.integration
 def test_horovod_stage_trains_as_the_engine(in_tmp):
     from dlscale.distributed import horovod_backend
 
@@ -156,6 +167,7 @@ DATA_PARALLEL_MISTAKES = {
 }
 
 
+@pytest.mark.integration
 def test_data_parallel_check_passes_the_solution(checks_folder):
     from dlscale.lessons.recipe_checks import check_data_parallel_loop
 
@@ -394,6 +406,7 @@ def test_sharded_validation_over_uneven_shares_ends_and_counts_every_map_once(ra
         assert sharded == pytest.approx(reference, abs=1e-6)
 
 
+@pytest.mark.integration
 def test_a_rank_killed_under_torchrun_ends_the_job_within_seconds(in_tmp):
     """torchrun's agent sees a rank die and stops the others: nobody waits for the collective timeout.
     (Under srun the job scripts ask for the same with --kill-on-bad-exit=1.)"""

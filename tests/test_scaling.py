@@ -13,9 +13,19 @@ import pytest
 from dlscale.bench.breakdown import ADDS_UP_WITHIN, ALONE, FULL, MEMORY, breakdown_parts, step_seconds
 from dlscale.errors import RangeError
 from dlscale.metrics.communication import data_parallel_bytes
-from dlscale.scaling.collectives import (Link, allreduce, choose_allreduce, double_tree_allreduce,
-                                         hierarchical_allreduce, layout_communication, layout_seconds,
-                                         ring_allgather, ring_allreduce, ring_reduce_scatter, tree_allreduce)
+from dlscale.scaling.collectives import (
+    Link,
+    allreduce,
+    choose_allreduce,
+    double_tree_allreduce,
+    hierarchical_allreduce,
+    layout_communication,
+    layout_seconds,
+    ring_allgather,
+    ring_allreduce,
+    ring_reduce_scatter,
+    tree_allreduce,
+)
 from dlscale.scaling.fit import fit_link, predictions, worst_ratio
 from dlscale.scaling.plan import predict_next, recommend, samples_factor
 from dlscale.scaling.projection import Workload, project
@@ -23,7 +33,6 @@ from dlscale.scaling.published import CASES, format_validation, validate
 from dlscale.scaling.sites import FRONTIER, PERLMUTTER, MachineError, here, load_machine, machine
 
 from .conftest import ROOT
-
 
 # -- the breakdown's arithmetic ----------------------------------------------------------------
 
@@ -46,6 +55,7 @@ def test_each_part_is_the_growth_of_its_own_cost_and_the_parts_add_up_to_the_los
         assert parts["efficiency"] + parts["loss"] == pytest.approx(1.0)
 
 
+@pytest.mark.integration
 def test_an_fsdp_breakdown_takes_the_communication_from_the_profiler_and_adds_up(tmp_path, monkeypatch):
     """FSDP cannot step without its collectives: the no-communication time is the step less gloo's own time."""
     from dlscale.bench.breakdown import bench_breakdown, engine_runner
@@ -66,6 +76,7 @@ def test_an_fsdp_breakdown_takes_the_communication_from_the_profiler_and_adds_up
     assert (tmp_path / "bd/breakdown.png").stat().st_size > 10_000
 
 
+@pytest.mark.integration
 def test_data_in_memory_and_every_rank_alone_change_what_the_run_does(tmp_path, monkeypatch):
     """The two ways the breakdown adds to the engine: batches replayed from the device, and no DDP at all."""
     from dlscale.cluster.notebook_engines import run_on_engines, train_rank
@@ -242,6 +253,7 @@ def _allreduce_on_a_shaped_link(out) -> list[dict]:
     return json.loads((out / "allreduce.json").read_text())
 
 
+@pytest.mark.integration
 def test_the_model_fitted_here_predicts_message_sizes_it_was_not_fitted_on(tmp_path):
     if os.geteuid() != 0 or not shutil.which("tc"):
         pytest.skip("needs root and tc (iproute2) for a network namespace of its own with a shaped link")

@@ -12,11 +12,11 @@ import torch
 from dlscale.checkpoint import checkpoint_dir, list_checkpoints, load_model
 from dlscale.config import ConfigError, load_config
 from dlscale.distributed import DistEnv, DistributedError, free_port, resolve_data_parallel
-from dlscale.metrics.memory import estimate_bytes, saved_activation_bytes
-from dlscale.models import build_model, count_parameters
 from dlscale.distributed.parallelize import ParallelPlan, build_step_model, plan_parallelism
-from dlscale.runtime.precision import Precision
+from dlscale.metrics.memory import estimate_bytes, saved_activation_bytes
 from dlscale.metrics.tracking import read_rows
+from dlscale.models import build_model, count_parameters
+from dlscale.runtime.precision import Precision
 
 from .conftest import SAME_STEPS_FP64
 
@@ -39,6 +39,7 @@ def _torchrun(cwd, *extra, ranks=2):
     return done
 
 
+@pytest.mark.integration
 def test_a_rank_with_no_validation_map_does_not_leave_the_others_waiting(tmp_path):
     """One map to validate on and two ranks: rank 1's share is empty, and it used to skip the reduction that rank 0
     then waited in until dist_timeout_s (then the job failed)."""
@@ -65,6 +66,7 @@ def one_process(tmp_path_factory):
     return folder
 
 
+@pytest.mark.integration
 def test_fsdp_on_two_ranks_equals_one_process_and_writes_a_sharded_checkpoint(one_process):
     done = _torchrun(one_process, "run_dir=runs/fsdp", "data_parallel=fsdp", *FP64)
     assert "(fsdp)" in done.stdout
@@ -75,12 +77,14 @@ def test_fsdp_on_two_ranks_equals_one_process_and_writes_a_sharded_checkpoint(on
     assert summary["applied"]["fsdp"] and summary["applied"]["data_parallel_ranks"] == 2
 
 
+@pytest.mark.integration
 def test_tensor_parallel_on_two_ranks_equals_one_process(one_process):
     done = _torchrun(one_process, "run_dir=runs/tp", "tensor_parallel=2", *FP64)
     assert "tensor parallel over 2" in done.stdout
     assert _difference(one_process / "runs/one-adamw", one_process / "runs/tp") < SAME_STEPS_FP64
 
 
+@pytest.mark.integration
 def test_fsdp_times_tensor_parallel_with_lamb_and_clipping_equals_one_process(one_process):
     """DP 2 × TP 2: LAMB's trust ratios and the clipping norm need the norms of whole tensors, not of shards."""
     done = _torchrun(one_process, "run_dir=runs/2d", "tensor_parallel=2", "optimizer=lamb", "lr=0.01",
@@ -92,6 +96,7 @@ def test_fsdp_times_tensor_parallel_with_lamb_and_clipping_equals_one_process(on
     assert val_2d["r2"] == pytest.approx(val_one["r2"], abs=1e-9)  # the two tensor-parallel ranks count once
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("optimizer", ["lars", "larc"])
 def test_layerwise_optimizers_on_tensor_parallel_shards_equal_one_process(in_tmp, optimizer):
     """A trust ratio from the norm of a local shard would differ on each rank and from one process."""
@@ -101,6 +106,7 @@ def test_layerwise_optimizers_on_tensor_parallel_shards_equal_one_process(in_tmp
     assert _difference(in_tmp / "runs/one", in_tmp / "runs/tp") < SAME_STEPS_FP64
 
 
+@pytest.mark.integration
 def test_fsdp_with_lamb_equals_one_process(one_process):
     _torchrun(one_process, "run_dir=runs/fsdp-lamb", "data_parallel=fsdp", "optimizer=lamb", "lr=0.01",
               "grad_clip=0.5", *FP64)
@@ -122,6 +128,7 @@ if os.environ["RANK"] == "0":  # one rank prints, so two ranks' lines cannot int
 """
 
 
+@pytest.mark.integration
 def test_fsdp_with_accumulation_reduce_scatters_only_on_the_last_micro_batch(in_tmp):
     """Four micro-batches per step, yet one reduce-scatter per FSDP unit per step: the inner ones stay local."""
     (in_tmp / "count.py").write_text(COUNT_REDUCE_SCATTERS)
@@ -146,6 +153,7 @@ def test_activation_checkpointing_computes_the_same_gradients_from_fewer_saved_b
     assert saved[1] < saved[0] / 3  # each block keeps only its input
 
 
+@pytest.mark.integration
 def test_fsdp_holds_half_the_parameter_and_optimizer_bytes_of_ddp(in_tmp):
     _torchrun(in_tmp, "run_dir=runs/ddp", "max_steps=2")
     _torchrun(in_tmp, "run_dir=runs/fsdp", "max_steps=2", "data_parallel=fsdp")
@@ -162,6 +170,7 @@ def test_fsdp_holds_half_the_parameter_and_optimizer_bytes_of_ddp(in_tmp):
     assert all(0.45 < held / whole < 0.55 for held in per_rank["fsdp"])
 
 
+@pytest.mark.integration
 def test_a_sharded_run_resumes_exactly_and_reshards_from_four_ranks_to_two(in_tmp):
     common = ["run_dir=runs/r", "data_parallel=fsdp", "max_steps=24", "checkpoint_every=12"]
     _torchrun(in_tmp, *common, ranks=4)
@@ -183,6 +192,7 @@ def test_a_sharded_run_resumes_exactly_and_reshards_from_four_ranks_to_two(in_tm
     assert [r["loss"] for r in resharded[12:]] == pytest.approx([r["loss"] for r in full[12:]], rel=1e-5)
 
 
+@pytest.mark.integration
 def test_export_writes_the_whole_model_of_a_sharded_run(in_tmp):
     _torchrun(in_tmp, "run_dir=runs/tp", "tensor_parallel=2", "max_steps=6")
     done = subprocess.run([sys.executable, "-m", "dlscale", "export", "runs/tp", "model.pt"], cwd=in_tmp,

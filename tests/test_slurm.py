@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dlscale.cluster.local_slurm import LocalSlurm, missing_programs, multi_node_unavailable
 from dlscale.config import load_config
 from dlscale.errors import DlscaleError
-from dlscale.cluster.local_slurm import LocalSlurm, missing_programs, multi_node_unavailable
 from dlscale.metrics.tracking import read_rows
 
 from .conftest import ROOT, run_cli

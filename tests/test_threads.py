@@ -46,6 +46,7 @@ def test_fair_threads_fit_the_largest_run_on_the_cpus():
 
 @pytest.mark.skipif(not shutil.which("taskset") or not hasattr(os, "sched_getaffinity"),
                     reason="needs taskset (util-linux) and Linux affinity masks")
+@pytest.mark.integration
 def test_a_run_bound_to_one_cpu_uses_one_thread_and_says_so(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK")}
     run_dir = tmp_path / "run"

@@ -38,6 +38,7 @@ def wandb_history(run_file):
     return rows
 
 
+@pytest.mark.integration
 def test_wandb_offline_run_records_the_metrics_and_never_the_key(tiny, monkeypatch):
     secret = "0123456789abcdef-not-a-real-key-" + "x" * 8
     monkeypatch.setenv("WANDB_API_KEY", secret)

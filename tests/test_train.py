@@ -1,4 +1,5 @@
 import csv
+import json
 import os
 import re
 import signal
@@ -12,12 +13,12 @@ import pytest
 import torch
 
 from dlscale.checkpoint import CheckpointError, checkpoint_dir, list_checkpoints
-from dlscale.training.preemption import PREEMPTED_EXIT_CODE
 from dlscale.metrics.noise_scale import noise_scale_of_rows
+from dlscale.metrics.steplog import DivergedError
 from dlscale.metrics.tracking import read_rows
 from dlscale.runtime.devices import DeviceError, resolve_device
-from dlscale.metrics.steplog import DivergedError
 from dlscale.train import train
+from dlscale.training.preemption import PREEMPTED_EXIT_CODE
 
 
 def losses(result):
@@ -182,6 +183,7 @@ def test_every_checkpoint_unreadable_is_one_clear_error(tiny):
 def test_a_resume_on_other_data_is_refused_and_the_same_data_moved_is_not(tiny, capsys):
     """data_dir may change (data move, or are staged), but the shards must be the ones the run trained on."""
     import shutil
+
     from dlscale.config import ConfigError
     from dlscale.data import FieldSpec, generate_dataset, synthetic_dir
     cfg = tiny()
@@ -312,6 +314,7 @@ def reference_run(tmp_path_factory):
     return _rows(folder / "runs/ref/metrics.csv"), _rows(folder / "runs/ref/validation.csv")
 
 
+@pytest.mark.integration
 def test_killed_run_resumes_bit_for_bit(in_tmp, reference_run):
     ref_steps, ref_val = reference_run
     proc = _start(in_tmp, "run_dir=runs/cut", "checkpoint_every=25")
@@ -331,6 +334,7 @@ def test_killed_run_resumes_bit_for_bit(in_tmp, reference_run):
     assert _rows(in_tmp / "runs/cut/validation.csv") == ref_val
 
 
+@pytest.mark.integration
 def test_a_run_killed_twice_resumes_bit_for_bit(in_tmp):
     """Killed after step 50, resumed, killed again before its next checkpoint, resumed: nothing is lost.
 
@@ -366,6 +370,7 @@ def test_a_fresh_start_clears_old_checkpoints_and_a_resume_keeps_them(tiny):
     assert [p.name for p in checkpoint_dir("runs/tiny").iterdir()] == ["ckpt-00000020.pt"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
 def test_signal_checkpoints_and_exits_with_the_requeue_status(in_tmp, reference_run, sig):
     ref_steps, _ = reference_run
@@ -378,6 +383,9 @@ def test_signal_checkpoints_and_exits_with_the_requeue_status(in_tmp, reference_
     stopped_at = int(list_checkpoints(in_tmp / "runs/sig")[-1].name[5:13])
     assert 30 <= stopped_at < len(ref_steps)
     assert len(_rows(in_tmp / "runs/sig/metrics.csv")) == stopped_at  # every step up to the checkpoint is logged
+    assert f"stopped on a signal, {signal.Signals(sig).name} received (resume with resume=true)" in output
+    stopped = json.loads((in_tmp / "runs/sig/summary.json").read_text())
+    assert (stopped["stop_reason"], stopped["preempted"]) == ("signal", True)
 
     proc = _start(in_tmp, "run_dir=runs/sig", "resume=true")
     assert proc.wait(timeout=300) == 0
@@ -421,11 +429,12 @@ def test_compile_wraps_ddp_so_the_all_reduce_overlaps_the_backward():
     """DDP first, then torch.compile of the DDP module (Dynamo's DDPOptimizer splits the graph at the
     buckets); the step's gradient sync still finds DDP's no_sync, and the plain model stays for checkpoints."""
     import torch.distributed as dist
+
     from dlscale.config import load_config
     from dlscale.distributed import DistEnv
     from dlscale.distributed.grad_sync import DDPSync, gradient_sync
-    from dlscale.models import build_model
     from dlscale.distributed.parallelize import build_step_model
+    from dlscale.models import build_model
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

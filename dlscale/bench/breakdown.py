@@ -195,12 +195,6 @@ def _size_row(n: int, ref: int, seconds: dict, summaries: dict, buckets: list[fl
     return row
 
 
-def best_bucket(row: dict[str, Any]) -> tuple[str, float] | None:
-    """The bucket size (MiB, as written) that left the least communication exposed at this size, and that time."""
-    exposed = row.get("exposed_communication_ms")
-    return min(exposed.items(), key=lambda item: item[1]) if exposed else None
-
-
 def format_breakdown(result: dict[str, Any]) -> str:
     """The breakdown as a Markdown table: each size's ms per step by way, and the loss split into its parts."""
     rows = result["rows"]

@@ -95,8 +95,8 @@ def _engines(x: np.ndarray, init: np.ndarray, iterations: int, tol: float = 0.0,
     """The fits to compare, each returning (iterations, inertia). With ``float64_reference`` also scikit-learn on the
     same data in float64: how much its own iteration count moves with the rounding (many repeated values tie)."""
     from dlscale.kmeans.backend import resolve_backend
-    from dlscale.kmeans.estimator import KMeans
     from dlscale.kmeans.daal import available as daal_available
+    from dlscale.kmeans.estimator import KMeans
 
     k = len(init)
 
@@ -145,7 +145,6 @@ def _scaling(x: np.ndarray, init: np.ndarray, procs: list[int], iterations: int,
              seed: int) -> list[dict]:
     """Strong scaling (the same data over more ranks) and weak scaling (each rank keeps its share's size)."""
     from dlscale.kmeans.daal import available as daal_available
-
     from dlscale.runtime.threads import fair_threads
 
     rows = []

@@ -16,6 +16,7 @@ import torch
 
 from dlscale.reporting.tables import markdown_table
 
+
 def ladder_rungs(device: torch.device) -> list[tuple[str, dict, str | None]]:
     """(rung, the settings it adds, why it is skipped or None), each rung on top of the previous ones."""
     workers = max(1, min(4, (os.cpu_count() or 2) - 1))
@@ -82,8 +83,8 @@ def bench_ladder(cfg, steps: int = 60, out_dir: str | Path | None = None, progre
 
 def ladder_chart(rows: list[dict], title: str = "optimization ladder"):
     """The measured rungs as bars at their median with the range of their rounds."""
-    from dlscale.reporting.plots import spread_chart
     from dlscale.bench.repeats import Spread
+    from dlscale.reporting.plots import spread_chart
 
     return spread_chart({r["rung"]: Spread(r["rates"]) for r in rows if "rates" in r}, "samples / s", title)
 

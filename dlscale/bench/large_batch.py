@@ -29,14 +29,14 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from dlscale.errors import importable
 from dlscale.config import load_config
-from dlscale.optim.schedules import scale_lr
-from dlscale.metrics.steplog import DivergedError
+from dlscale.errors import importable
 from dlscale.metrics.noise_scale import noise_scale_of_rows
+from dlscale.metrics.steplog import DivergedError
+from dlscale.metrics.tracking import NOISE_FILE, read_rows
+from dlscale.optim.schedules import scale_lr
 from dlscale.reporting.plots import NotebookFigure
 from dlscale.reporting.tables import markdown_table
-from dlscale.metrics.tracking import NOISE_FILE, read_rows
 
 #: What each recipe changes, on top of the experiment's base settings.
 RECIPES: dict[str, dict[str, Any]] = {

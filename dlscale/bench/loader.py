@@ -6,6 +6,7 @@ import time
 
 import torch
 
+
 def bench_loader(cfg, batches: int = 50, warmup: int = 3, device: str | torch.device | None = None) -> dict:
     """Samples/s of the input pipeline alone (read, collate, copy to the device), no model.
 

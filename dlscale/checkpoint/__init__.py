@@ -14,8 +14,14 @@ Lessons 09 (requeue) and 10 (sharded checkpoints) use them; the training loop ca
 
 from dlscale.checkpoint.formats import load_latest_checkpoint, load_model, save_training_checkpoint
 from dlscale.checkpoint.state import restore_training, rng_state, set_rng_state, training_extras, training_state
-from dlscale.checkpoint.store import (CheckpointError, check_writable, checkpoint_dir, clear_checkpoints,
-                                      list_checkpoints, remove_checkpoint)
+from dlscale.checkpoint.store import (
+    CheckpointError,
+    check_writable,
+    checkpoint_dir,
+    clear_checkpoints,
+    list_checkpoints,
+    remove_checkpoint,
+)
 from dlscale.checkpoint.whole import save_checkpoint
 
 __all__ = ["CheckpointError", "check_writable", "checkpoint_dir", "clear_checkpoints", "list_checkpoints", "load_latest_checkpoint",

@@ -13,7 +13,6 @@ from pathlib import Path
 from dlscale.distributed import free_port
 from dlscale.distributed.horovod_backend import INSTALL_HINT, HorovodError
 
-
 #: Where torchrun keeps its per-rank logs (without ``--log-dir``: a ``torchelastic_*`` folder in the system's
 #: temporary folder, never removed), relative to the folder the runs are written from.
 TORCHRUN_LOGS = "runs/torchrun"

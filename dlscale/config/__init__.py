@@ -4,8 +4,16 @@
 build a config (:mod:`~dlscale.config.train_config`). The config keys are public API.
 """
 
-from dlscale.config.train_config import (CONFIG_DIR, FIELDS, ConfigError, TrainConfig, config_names, describe_field,
-                                         load_config, parse_overrides)
+from dlscale.config.train_config import (
+    CONFIG_DIR,
+    FIELDS,
+    ConfigError,
+    TrainConfig,
+    config_names,
+    describe_field,
+    load_config,
+    parse_overrides,
+)
 
 __all__ = ["CONFIG_DIR", "FIELDS", "ConfigError", "TrainConfig", "config_names", "describe_field", "load_config",
            "parse_overrides"]

@@ -5,10 +5,24 @@
 - :mod:`dlscale.data.loader` reads them for training (``make_loader``).
 """
 
-from dlscale.data.loader import (ResumableDistributedSampler, ShardDataset, make_loader, mini_cosmoflow, pack_data,
-                                 prepare_data, stage_data, synthetic_dir)
-from dlscale.data.shards import (DataError, data_identity, generate_dataset, non_finite_values, read_manifest,
-                                 write_shards)
+from dlscale.data.loader import (
+    ResumableDistributedSampler,
+    ShardDataset,
+    make_loader,
+    mini_cosmoflow,
+    pack_data,
+    prepare_data,
+    stage_data,
+    synthetic_dir,
+)
+from dlscale.data.shards import (
+    DataError,
+    data_identity,
+    generate_dataset,
+    non_finite_values,
+    read_manifest,
+    write_shards,
+)
 from dlscale.data.synthetic import TARGET_NAMES, FieldSpec, denormalize_targets, generate_fields, normalize_targets
 
 __all__ = [

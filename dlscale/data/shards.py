@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from dlscale.errors import DlscaleError
 from dlscale.data.synthetic import TARGET_NAMES, FieldSpec, generate_fields, normalize_targets
+from dlscale.errors import DlscaleError
 
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")

@@ -17,13 +17,37 @@ The names below are the ones callers use most (``from dlscale import distributed
 ``distributed.all_reduce_sum(t)``). Lessons 00, 05, 06 and 10 use them.
 """
 
-from dlscale.distributed.launchers import (DEFAULT_PORT, DistEnv, DistributedError, detect, detect_launcher,
-                                           expand_nodelist)
-from dlscale.distributed.process_group import (all_gather, all_gather_object, all_reduce_max, all_reduce_max_flag,
-                                               all_reduce_mean, all_reduce_sum, barrier, broadcast_object,
-                                               collective_device, free_port, group_is_up, group_size, init, is_main,
-                                               is_peer_failure, print0, rank, resolve_data_parallel, setup_waits,
-                                               shutdown, uses_horovod)
+from dlscale.distributed.launchers import (
+    DEFAULT_PORT,
+    DistEnv,
+    DistributedError,
+    detect,
+    detect_launcher,
+    expand_nodelist,
+)
+from dlscale.distributed.process_group import (
+    all_gather,
+    all_gather_object,
+    all_reduce_max,
+    all_reduce_max_flag,
+    all_reduce_mean,
+    all_reduce_sum,
+    barrier,
+    broadcast_object,
+    collective_device,
+    free_port,
+    group_is_up,
+    group_size,
+    init,
+    is_main,
+    is_peer_failure,
+    print0,
+    rank,
+    resolve_data_parallel,
+    setup_waits,
+    shutdown,
+    uses_horovod,
+)
 
 __all__ = ["DEFAULT_PORT", "DistEnv", "DistributedError", "all_gather", "all_gather_object", "all_reduce_max",
            "all_reduce_max_flag", "all_reduce_mean", "all_reduce_sum", "barrier", "broadcast_object",

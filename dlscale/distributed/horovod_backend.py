@@ -16,8 +16,8 @@ and most sites it comes from the site's container or module, and DDP is the reco
 from __future__ import annotations
 
 import os
-from types import ModuleType
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import torch

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from dlscale.distributed.launchers import DistEnv
 from dlscale.config import ConfigError, TrainConfig
+from dlscale.distributed.launchers import DistEnv
 from dlscale.runtime.precision import Precision
 
 

@@ -30,12 +30,11 @@ from typing import Any
 from dlscale import distributed
 from dlscale.config import parse_overrides
 from dlscale.errors import DlscaleError
-from dlscale.metrics.steplog import DivergedError
-from dlscale.runtime.threads import choose_threads
 from dlscale.hpo import optuna_api
 from dlscale.hpo.heartbeat import Heartbeat, fail_stale_trials
-from dlscale.hpo.study import (TRIALS_DIR, StudySettings, finished_trial_error, load_optuna, open_study,
-                               read_settings)
+from dlscale.hpo.study import TRIALS_DIR, StudySettings, finished_trial_error, load_optuna, open_study, read_settings
+from dlscale.metrics.steplog import DivergedError
+from dlscale.runtime.threads import choose_threads
 
 WORKERS_DIR = "workers"
 

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from dlscale import distributed
-from dlscale.runtime.devices import resolve_device
 from dlscale.errors import DlscaleError, import_optional
 from dlscale.kmeans.errors import KMeansError
+from dlscale.runtime.devices import resolve_device
 
 
 class InputError(DlscaleError):
@@ -121,9 +121,9 @@ def initial_centers(init: str) -> str | np.ndarray:
 def run(args: Any) -> dict:
     """Fit as the CLI arguments say and write the outputs; returns the summary (on every rank)."""
     from dlscale.kmeans.backend import resolve_backend
+    from dlscale.kmeans.daal import spmd_ranks
     from dlscale.kmeans.estimator import KMeans
     from dlscale.runtime.threads import apply_threads
-    from dlscale.kmeans.daal import spmd_ranks
 
     threads = apply_threads()
     launcher = distributed.detect_launcher()

@@ -14,15 +14,14 @@ from __future__ import annotations
 import inspect
 import time
 import warnings
-from numbers import Integral, Real
 from collections.abc import Iterator
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
 import torch
 
 from dlscale import distributed
-from dlscale.runtime.devices import resolve_device
 from dlscale.distributed import group_size
 from dlscale.errors import import_optional
 from dlscale.kmeans import daal
@@ -32,6 +31,7 @@ from dlscale.kmeans.initialization import kmeans_parallel, kmeans_plusplus, rand
 from dlscale.kmeans.lloyd import default_chunk_size, global_mean, lloyd, mean_variance
 from dlscale.kmeans.result import KMeansFit, timings
 from dlscale.kmeans.scoring import assign
+from dlscale.runtime.devices import resolve_device
 
 import_optional("sklearn", "kmeans", "dlscale.kmeans.KMeans", KMeansError)
 

@@ -14,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+from dlscale.errors import DlscaleError
+
 #: What a recipe file has after its cell: the command line (a kernel must not run it, its argv is Jupyter's).
 SCRIPT_FOOTER = '\n\nif __name__ == "__main__":\n    main(**parse_args(main))\n'
 
@@ -26,7 +28,7 @@ if str(RECIPES) not in sys.path:
     sys.path.append(str(RECIPES))
 
 
-class RecipeError(ValueError):
+class RecipeError(DlscaleError, ValueError):
     """A recipe cell or file is missing or malformed; the message names it."""
 
 

@@ -11,8 +11,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from dlscale.runtime.devices import to_device
 from dlscale.distributed import all_reduce_sum
+from dlscale.runtime.devices import to_device
 
 
 @torch.no_grad()

@@ -8,7 +8,15 @@
 - :mod:`~dlscale.profiling.flops`: FLOPs per sample, the device's peak, MFU.
 """
 
-from dlscale.profiling.flops import PEAK_FLOPS, FlopCount, count_flops, flops_per_sample, mfu, peak_flops, peak_precision
+from dlscale.profiling.flops import (
+    PEAK_FLOPS,
+    FlopCount,
+    count_flops,
+    flops_per_sample,
+    mfu,
+    peak_flops,
+    peak_precision,
+)
 from dlscale.profiling.nsys import as_shell, nsys_command, nsys_stats_command, parse_nvtx_sum
 from dlscale.profiling.nvtx import RANGES, nvtx_backend, nvtx_range, under_nsys
 from dlscale.profiling.step_profiler import StepProfiler, phase_times, read_summary, summarize

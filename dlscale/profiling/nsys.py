@@ -13,6 +13,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
+
 def nsys_command(train_args: Sequence[str] = ("demo",), output: str = "runs/nsys/dlscale_%q{SLURM_PROCID}",
                  cuda_graphs: bool = False, python: str = "python") -> list[str]:
     """``nsys profile ... python -m dlscale.train ARGS``: what to run on a GPU node, one report per rank.

@@ -19,6 +19,7 @@ import torch
 
 from dlscale.profiling.nvtx import RANGES, under_nsys
 
+
 class StepProfiler:
     """Profile optimizer steps ``[start, stop)``; call :meth:`step` after every optimizer step.
 

@@ -17,8 +17,8 @@ import re
 from pathlib import Path
 
 from dlscale.errors import DlscaleError
-from dlscale.reporting.tables import markdown_table
 from dlscale.metrics.tracking import TRAIN_FILE, VAL_FILE, read_rows
+from dlscale.reporting.tables import markdown_table
 
 
 class ReportError(DlscaleError):

@@ -32,7 +32,6 @@ from dlscale.reporting.tables import markdown_table
 from dlscale.scaling.collectives import layout_seconds
 from dlscale.scaling.sites import Site
 
-
 #: DDP's default bucket_cap_mb, in bytes: the all-reduce goes out in buckets this size, each paying the latency.
 DDP_BUCKET_BYTES = 25 * 2**20
 

@@ -34,20 +34,19 @@ from dlscale.checkpoint import save_training_checkpoint, training_extras
 from dlscale.config import ConfigError, TrainConfig, load_config
 from dlscale.distributed import DistributedError, all_reduce_max_flag, is_peer_failure
 from dlscale.distributed.dtensors import local
+from dlscale.distributed.parallelize import cuda_graph_skips
 from dlscale.errors import DlscaleError
 from dlscale.metrics.evaluation import evaluate
 from dlscale.metrics.memory import memory_row
 from dlscale.metrics.steplog import LOG_BLOCK, DivergedError
 from dlscale.metrics.throughput import ThroughputMeter
 from dlscale.metrics.tracking import TRAIN_FILE, VAL_FILE, read_rows
-from dlscale.distributed.parallelize import cuda_graph_skips
 from dlscale.profiling import StepProfiler, mfu, peak_flops, peak_precision
 from dlscale.runtime.devices import resolve_device
 from dlscale.training.preemption import StopFlag, mark_stopped
 from dlscale.training.result import Result
 from dlscale.training.setup import Run, build_run
 from dlscale.training.step import train_step
-
 
 #: ``on_epoch(epoch, metrics) -> stop``: called on rank 0 after each epoch's validation but the last; True
 #: stops the run the way a stop signal does (a checkpoint, then the end), as a search prunes a trial.
@@ -74,8 +73,8 @@ def train(cfg: TrainConfig | str | None = None, /, *, on_epoch: EpochCallback | 
     finished = False
     try:
         run = build_run(cfg, env)
-        preempted, meter = _loop(run, on_epoch)
-        result = _finish(run, meter, preempted, started)
+        stopped, meter = _loop(run, on_epoch)
+        result = _finish(run, meter, stopped, started)
         finished = True
         return result
     except torch.OutOfMemoryError as err:
@@ -104,8 +103,9 @@ def _out_of_memory_message(cfg: TrainConfig, env: distributed.DistEnv, err: Base
             f"save memory too. ({str(err).splitlines()[0][:200]})")
 
 
-def _loop(run: Run, on_epoch: EpochCallback | None = None) -> tuple[bool, ThroughputMeter]:
-    """Steps until the last one, a stop signal or ``on_epoch``'s stop; returns (stopped early, the meter)."""
+def _loop(run: Run, on_epoch: EpochCallback | None = None) -> tuple[tuple[str, str], ThroughputMeter]:
+    """Steps until the last one, a stop signal or ``on_epoch``'s stop; returns ((why it stopped, in words), the
+    meter), why being one of :data:`~dlscale.training.result.STOP_REASONS`."""
     cfg, env = run.cfg, run.env
     sync = (lambda: torch.cuda.synchronize(run.device)) if run.device.type == "cuda" else None
     meter, preempted = ThroughputMeter(sync=sync), False
@@ -143,9 +143,7 @@ def _loop(run: Run, on_epoch: EpochCallback | None = None) -> tuple[bool, Throug
                     if on_epoch is not None and env.is_main and run.step < run.total_steps \
                             and on_epoch(epoch + 1, metrics):
                         stop.request(f"stopped after epoch {epoch + 1} by {_name(on_epoch)}")
-                # A signal may reach only some ranks: with several, they agree at block boundaries.
-                if (stop.requested if not env.distributed else
-                        run.step % LOG_BLOCK == 0 and all_reduce_max_flag(stop.requested, run.device)):
+                if ranks_agree_to_stop(run, stop):
                     say(f"dlscale: {stop.reason}; checkpointing at step "
                         f"{run.step} and stopping")
                     preempted = True
@@ -159,7 +157,26 @@ def _loop(run: Run, on_epoch: EpochCallback | None = None) -> tuple[bool, Throug
                     break
     bar.close()
     run.log.flush()
-    return preempted, meter
+    return _stop_reason(preempted, stop, on_epoch), meter
+
+
+def ranks_agree_to_stop(run: Run, stop: StopFlag) -> bool:
+    """Whether every rank stops after this step. One process stops when its flag is up. A signal may reach only some
+    ranks, so several ranks agree at block boundaries, through an all-reduce of the flag that each rank joins there
+    (a collective: every rank must call this after every step)."""
+    if not run.env.distributed:
+        return stop.requested
+    return run.step % LOG_BLOCK == 0 and all_reduce_max_flag(stop.requested, run.device)
+
+
+def _stop_reason(stopped: bool, stop: StopFlag, on_epoch: EpochCallback | None) -> tuple[str, str]:
+    if not stopped:
+        return "completed", "finished"
+    if stop.signal_name:
+        return "signal", stop.reason
+    if stop.requested:  # (the epoch callback: a search's pruner)
+        return "callback", stop.reason
+    return "peer", "another rank stopped (a signal or its epoch callback)"
 
 
 def _validate(run: Run, epoch: int, say: Any) -> dict[str, float]:
@@ -204,7 +221,7 @@ def _as_config(cfg: TrainConfig | str | None, overrides: Mapping[str, Any]) -> T
 
 # -- the end -------------------------------------------------------------------------------------------
 
-def _finish(run: Run, meter: ThroughputMeter, preempted: bool, started: float) -> Result:
+def _finish(run: Run, meter: ThroughputMeter, stopped: tuple[str, str], started: float) -> Result:
     """Read back what was applied, hand rank 0's rows to every rank, write summary.json and the plot."""
     cfg, env, device, run_dir = run.cfg, run.env, run.device, run.run_dir
     applied = run.applied
@@ -227,7 +244,8 @@ def _finish(run: Run, meter: ThroughputMeter, preempted: bool, started: float) -
     utilisation = mfu(meter.samples_per_s, run.flops.per_sample, peak, run.plan.tensor_parallel)  # per device
     result = Result(config=cfg, run_dir=run_dir, device=str(device), final=final, history=history,
                     steps=step_rows, samples_per_s=meter.aggregate(run.plan.data_ranks), steps_done=run.step,
-                    total_steps=run.total_steps, seconds=time.perf_counter() - started, preempted=preempted,
+                    total_steps=run.total_steps, seconds=time.perf_counter() - started, stop_reason=stopped[0],
+                    stop_detail=stopped[1],
                     model=run.model, peak_lr=run.peak_lr, noise_scale=run.noise_scale.b_simple, applied=applied,
                     mfu=utilisation)
     if env.is_main:
@@ -235,7 +253,8 @@ def _finish(run: Run, meter: ThroughputMeter, preempted: bool, started: float) -
                    "samples_per_s_each_rank": each_rank,
                    "world_size": env.world_size, "nodes": max(1, env.world_size // max(1, env.local_world_size)),
                    "global_batch_size": cfg.global_batch_size, "steps_done": run.step, "total_steps": run.total_steps,
-                   "seconds": result.seconds, "device": str(device), "preempted": preempted, "peak_lr": run.peak_lr,
+                   "seconds": result.seconds, "device": str(device), "preempted": result.preempted,
+                   "stop_reason": result.stop_reason, "stop_detail": result.stop_detail, "peak_lr": run.peak_lr,
                    "flops_per_sample": run.flops.per_sample, "mfu": utilisation,
                    **({"recomputed_flops_per_sample": run.flops.recomputed,  # (activation checkpointing's)
                        "hardware_utilisation": mfu(meter.samples_per_s, run.flops.per_sample + run.flops.recomputed,
@@ -245,7 +264,7 @@ def _finish(run: Run, meter: ThroughputMeter, preempted: bool, started: float) -
                    **({"noise_scale": run.noise_scale.b_simple} if cfg.noise_scale_every else {}), **final}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         run.logger.summary(summary)
-        if cfg.plot and not preempted:
+        if cfg.plot and result.stop_reason == "completed":
             from dlscale.reporting.plots import loss_curves
             loss_curves(run_dir, title=f"{cfg.name}: global batch {cfg.global_batch_size} on {device}").savefig(
                 run_dir / "loss_curve.png", dpi=120)

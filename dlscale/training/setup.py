@@ -21,16 +21,26 @@ import torch
 from torch import nn
 
 from dlscale import distributed
-from dlscale.checkpoint import (CheckpointError, check_writable, clear_checkpoints, load_latest_checkpoint,
-                                restore_training)
+from dlscale.checkpoint import (
+    CheckpointError,
+    check_writable,
+    clear_checkpoints,
+    load_latest_checkpoint,
+    restore_training,
+)
 from dlscale.config import ConfigError, TrainConfig
 from dlscale.config.resume_check import check_resume
 from dlscale.data.loader import InMemoryBatches, rank_loaders, target_names
 from dlscale.data.shards import data_identity
 from dlscale.distributed import DistEnv, horovod_backend
 from dlscale.distributed.grad_sync import GradientSync, gradient_sync
-from dlscale.distributed.parallelize import (ParallelPlan, build_step_model, cuda_graph_skips, plan_parallelism,
-                                             uncompiled)
+from dlscale.distributed.parallelize import (
+    ParallelPlan,
+    build_step_model,
+    cuda_graph_skips,
+    plan_parallelism,
+    uncompiled,
+)
 from dlscale.metrics.memory import reset_peak
 from dlscale.metrics.noise_scale import NoiseScaleEstimator, NoiseScaleProbe
 from dlscale.metrics.steplog import StepLog

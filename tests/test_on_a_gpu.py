@@ -1,0 +1,35 @@
+"""On a CUDA GPU, the paths the faked-device tests (test_gpu_paths.py) can only stand in for.
+
+Marked ``gpu``: without CUDA each skips with one reason, counted in the run's last line
+(conftest.NO_GPU), and CI accepts that skip. On a GPU node, ``pytest -m gpu`` runs them.
+"""
+
+import math
+
+import pytest
+
+from dlscale.lessons.recipe_checks import STAGE_TOLERANCE
+from dlscale.training.loop import train_quietly
+
+pytestmark = pytest.mark.gpu
+
+
+def _losses(tmp_path, device: str, **overrides) -> list[float]:
+    result = train_quietly("tiny", device=device, epochs=1, run_dir=str(tmp_path / device), progress=False,
+                           plot=False, **overrides)
+    return [row["loss"] for row in result.steps]
+
+
+def test_the_gpu_trains_what_the_cpu_trains_within_the_stated_tolerance(tmp_path):
+    # the tolerance the lessons' stage checks state for a GPU (cuDNN's algorithms, TF32): it must hold here
+    cpu, gpu = _losses(tmp_path, "cpu", precision="fp32"), _losses(tmp_path, "cuda", precision="fp32")
+    assert len(cpu) == len(gpu)
+    for step, (a, b) in enumerate(zip(cpu, gpu)):
+        assert abs(a - b) <= STAGE_TOLERANCE["cuda"] * max(1.0, abs(a)), (step, a, b)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_trains_on_the_gpu(tmp_path, precision):
+    losses = _losses(tmp_path, "cuda", precision=precision)
+    assert all(math.isfinite(loss) for loss in losses)
+    assert sum(losses[-5:]) < sum(losses[:5])  # it learns
