@@ -153,11 +153,9 @@ def _bench_loader(args: argparse.Namespace) -> int:
 
 
 def _bench_allreduce(args: argparse.Namespace) -> int:
-    import subprocess
-
     from dlscale import distributed
     from dlscale.bench.allreduce import ALLREDUCE_SIZES, bench_allreduce, format_allreduce, save_allreduce
-    from dlscale.cluster.launch import horovodrun_command, torchrun_command
+    from dlscale.cluster.launch import horovodrun_command, run_local, torchrun_command
 
     if distributed.detect_launcher() == "single":
         if args.nproc < 2:
@@ -166,7 +164,7 @@ def _bench_allreduce(args: argparse.Namespace) -> int:
         forwarded = ["dlscale", "bench", "allreduce", "--max-mib", str(args.max_mib), "--out", args.out,
                      "--device", args.device, "--rounds", str(args.rounds)] + (["--horovod"] if args.horovod else [])
         start = horovodrun_command if args.horovod else torchrun_command
-        return subprocess.run(start(args.nproc, forwarded)).returncode
+        return run_local(start(args.nproc, forwarded), "bench allreduce", capture=False).returncode
     sizes = [s for s in ALLREDUCE_SIZES if s <= args.max_mib * 2 ** 20]
     rows = bench_allreduce(sizes, device=args.device, data_parallel="horovod" if args.horovod else "auto",
                            rounds=args.rounds)

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -520,3 +521,24 @@ def test_collectives_of_plain_numbers_use_the_groups_device(monkeypatch):
     assert process_group.collective_device() == torch.device("cuda", 3)
     monkeypatch.setattr(process_group.dist, "get_backend", lambda *a: "gloo")
     assert process_group.collective_device() == torch.device("cpu")
+
+
+def test_one_runner_starts_local_processes_and_a_failure_carries_their_own_words(tmp_path):
+    # the benchmarks, dlscale kmeans, a study's workers and re-runs, and bench allreduce --nproc all start processes
+    # through it: threads each, this environment's programs first, and one error with the start and end of stderr
+    from dlscale.cluster.launch import LaunchError, run_local, start_local
+
+    script = ("import os, sys; print(os.environ.get('OMP_NUM_THREADS'), os.environ['PATH'].split(os.pathsep)[0]); "
+              "sys.stderr.write('the rank failed: first words\\n' + 'x\\n' * 3000 + 'the launcher: last words\\n'); "
+              "sys.exit(int(sys.argv[1]))")
+    done = run_local([sys.executable, "-c", script, "0"], "a probe", threads=3)
+    assert done.stdout.split() == ["3", str(Path(sys.executable).parent)]
+    with pytest.raises(LaunchError) as err:
+        run_local([sys.executable, "-c", script, "4"], "a probe", threads=1)
+    message = str(err.value)
+    assert message.startswith("a probe failed (exit status 4):\nthe rank failed: first words")
+    assert message.endswith("the launcher: last words") and len(message) < 4200  # the middle is cut, not the ends
+    assert run_local([sys.executable, "-c", script, "5"], "a probe", capture=False).returncode == 5
+    with open(tmp_path / "log", "ab") as log:
+        process = start_local([sys.executable, "-c", script, "0"], log, threads=2, env={"EXTRA": "1"})
+    assert process.wait(timeout=60) == 0 and (tmp_path / "log").read_text().startswith("2 ")

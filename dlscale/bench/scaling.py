@@ -6,12 +6,11 @@ Also :func:`run_training`, the launcher of one benchmark run that ``bench memory
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from dlscale.cluster.launch import torchrun_command
+from dlscale.cluster.launch import run_local, torchrun_command
 from dlscale.reporting.tables import markdown_table
 
 #: What every benchmark run sets: no checkpoints, no bar, no plot, never resumed.
@@ -24,15 +23,10 @@ def run_training(cfg, processes: int, run_dir: Path, overrides: Iterable[str], t
     Quiet, no checkpoints, never resumed; every process gets ``threads`` threads. Returns the
     run's ``summary.json``; a failed run raises with the ranks' own error (``label`` names it).
     """
-    from dlscale.runtime.threads import per_process_env
-
     args = ["dlscale.train", *(f"{k}={v}" for k, v in cfg.to_dict().items() if k != "profile_steps"), *overrides,
             f"run_dir={run_dir}", *(f"{k}={str(v).lower()}" for k, v in QUIET.items())]
     command = torchrun_command(processes, args) if processes > 1 else [sys.executable, "-m", *args]
-    done = subprocess.run(command, capture_output=True, text=True, env=per_process_env(threads))
-    if done.returncode != 0:
-        # The cause is usually near the start (a rank's own error); torchrun's summary is at the end.
-        raise RuntimeError(f"{label} failed:\n{done.stderr[:3000]}\n...\n{done.stderr[-1500:]}")
+    run_local(command, label, threads)
     return json.loads((Path(run_dir) / "summary.json").read_text())
 
 

@@ -9,9 +9,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from dlscale.cluster.launch import run_local, start_local
 from dlscale.hpo.space import load_space
 from dlscale.hpo.study import STUDY_FILE, StudyError, StudySettings, create_study, read_settings
-from dlscale.runtime.threads import per_process_env
 
 
 def start_workers(study_dir: str | Path, n: int, threads: int = 1) -> list[subprocess.Popen]:
@@ -19,13 +19,11 @@ def start_workers(study_dir: str | Path, n: int, threads: int = 1) -> list[subpr
     ``logs/`` in the study folder."""
     study_dir = Path(study_dir)
     (study_dir / "logs").mkdir(parents=True, exist_ok=True)
-    env = {**per_process_env(threads), "DLSCALE_LAUNCHER": "single"}
     workers = []
     for index in range(n):
-        log = open(study_dir / "logs" / f"worker-{os.getpid()}-{index}.log", "ab")  # noqa: SIM115 - the child's
-        workers.append(subprocess.Popen([sys.executable, "-m", "dlscale", "hpo", "worker", "--dir", str(study_dir)],
-                                        env=env, stdout=log, stderr=subprocess.STDOUT))
-        log.close()
+        with open(study_dir / "logs" / f"worker-{os.getpid()}-{index}.log", "ab") as log:  # (the child keeps it open)
+            workers.append(start_local([sys.executable, "-m", "dlscale", "hpo", "worker", "--dir", str(study_dir)],
+                                       log, threads, {"DLSCALE_LAUNCHER": "single"}))
     return workers
 
 
@@ -90,10 +88,7 @@ def rerun_best(study_dir: str | Path, out: str | Path | None = None) -> tuple[fl
     best = best_trial(study_dir)
     metric = read_settings(study_dir).search_space.metric
     out = Path(out or Path(study_dir) / "best-rerun")
-    env = {**os.environ, "DLSCALE_LAUNCHER": "single"}
-    done = subprocess.run([sys.executable, "-m", "dlscale.train", str(Path(best["run_dir"]) / "config.yaml"),
-                           f"run_dir={out}", "resume=false", "checkpoint_every=0"], env=env, capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        raise StudyError(f"re-running trial {best['trial']} failed: {done.stderr.strip()[-500:]}")
+    run_local([sys.executable, "-m", "dlscale.train", str(Path(best["run_dir"]) / "config.yaml"), f"run_dir={out}",
+               "resume=false", "checkpoint_every=0"], f"re-running trial {best['trial']}",
+              env={"DLSCALE_LAUNCHER": "single"})
     return float(best["value"]), float(read_rows(out / VAL_FILE)[-1][metric])

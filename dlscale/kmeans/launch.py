@@ -8,19 +8,14 @@ job into one error that carries the job's own message.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from dlscale.errors import DlscaleError
-from dlscale.runtime.threads import fair_threads, per_process_env
-
-
-class LaunchError(DlscaleError, RuntimeError):
-    """A launched K-Means job failed; the message ends with its error output."""
+from dlscale.cluster.launch import run_local
+from dlscale.runtime.threads import fair_threads
 
 
 def kmeans_command(launcher: Literal["torchrun", "mpirun", "none"], procs: int, args: list[str]) -> list[str]:
@@ -54,10 +49,6 @@ def launch_kmeans(input: str | Path | np.ndarray, k: int, out: str | Path, procs
         init = Path(out) / "init.npy"
     args = ["--input", str(input), "--k", str(k), "--init", str(init), "--max-iter", str(max_iter), "--tol",
             str(tol), "--backend", backend, "--device", "cpu", "--out", str(out)]
-    env = per_process_env(threads or fair_threads(procs))
-    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"  # mpirun's hydra finds its helpers there
     argv = kmeans_command(launcher, procs, args)
-    done = subprocess.run(argv, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise LaunchError(f"{' '.join(argv[:6])} ... exited with {done.returncode}:\n{done.stderr[-2000:]}")
+    run_local(argv, f"{' '.join(argv[:6])} ...", threads or fair_threads(procs))
     return json.loads((Path(out) / "summary.json").read_text())
