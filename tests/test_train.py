@@ -460,3 +460,37 @@ def test_sync_batchnorm_with_compile_is_refused(tiny):
     from dlscale.config import ConfigError
     with pytest.raises(ConfigError, match="sync_batchnorm=true cannot be combined with compile=true"):
         tiny(sync_batchnorm=True, compile=True)
+
+
+def test_a_model_is_added_without_touching_the_rest_of_the_kit(in_tmp):
+    """A model of the tests' own, registered by name: configs, training and its refusals know it; nothing else
+    changed. (MODELS keeps it for the rest of this process: the name is the test's.)"""
+    from torch import nn
+
+    from dlscale.config import ConfigError, load_config
+    from dlscale.models import MODELS, build_model, register_model
+
+    class PixelMLP(nn.Module):
+        def __init__(self, in_channels: int, num_outputs: int, pixels: int, width: int):
+            super().__init__()
+            self.layers = nn.Sequential(nn.Flatten(), nn.Linear(in_channels * pixels, width), nn.ReLU(),
+                                        nn.Linear(width, num_outputs))
+
+        def forward(self, x):
+            return self.layers(x)
+
+    register_model("pixel_mlp_for_tests", lambda cfg, c, n: PixelMLP(c, n, cfg.image_size ** 2, cfg.width))
+    try:
+        cfg = load_config("tiny", {"model": "pixel_mlp_for_tests", "width": 32, "epochs": 2})
+        assert isinstance(build_model(cfg), PixelMLP)
+        result = train(cfg, run_dir="runs/mlp", progress=False, plot=False)
+        assert result.applied["model"] == "pixel_mlp_for_tests" and result.final["r2"] > 0
+        with pytest.raises(ConfigError, match="tensor-parallel plan.*PixelMLP has none"):  # no units, no plan
+            from dlscale.distributed.parallelize import apply_tensor_parallel
+            apply_tensor_parallel(build_model(cfg), None)
+        with pytest.raises(ConfigError, match="config key 'model' must be one of cnn, vit, pixel_mlp_for_tests"):
+            load_config("tiny", {"model": "pixel_mpl"})
+    finally:
+        MODELS.pop("pixel_mlp_for_tests")
+        from dlscale.config.train_config import MODEL_NAMES
+        MODEL_NAMES.remove("pixel_mlp_for_tests")

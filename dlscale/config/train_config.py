@@ -38,6 +38,10 @@ def _knob(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
 
+
+#: The models a config may name: the kit's two, and each added with dlscale.models.register_model (which appends).
+MODEL_NAMES: list[str] = ["cnn", "vit"]
+
 @dataclass
 class TrainConfig:
     """All settings of one training run. ``dlscale train --help`` lists them with their help."""
@@ -71,8 +75,8 @@ class TrainConfig:
                                          "memory' run of dlscale bench breakdown; not for training a model).")
 
     # -- model ---------------------------------------------------------------
-    model: Literal["cnn", "vit"] = _knob("cnn", "The regressor: a CNN, or a small vision transformer (vit; the "
-                                                "model lesson 10 shards with FSDP and tensor parallelism).")
+    model: str = _knob("cnn", "The regressor: a CNN, a small vision transformer (vit; the model lesson 10 shards "
+                              "with FSDP and tensor parallelism), or a model added with dlscale.models.register_model.")
     width: int = _knob(16, "CNN: channels of the first conv block, doubled at each later block. "
                            "ViT: the width of every token.")
     depth: int = _knob(3, "CNN: number of conv blocks (each halves the map size). ViT: number of transformer blocks.")
@@ -212,7 +216,10 @@ class TrainConfig:
             raise ConfigError(f"config key 'device' must be one of auto, cpu, cuda, cuda:N; got '{dev}'")
 
     def _validate_model(self) -> None:
-        """The transformer's shape, and the parallelisms only it supports."""
+        """A model the kit knows, the transformer's shape, and the parallelisms the CNN does not support."""
+        if self.model not in MODEL_NAMES:
+            raise ConfigError(f"config key 'model' must be one of {', '.join(MODEL_NAMES)} (or a model added with "
+                              f"dlscale.models.register_model); got {self.model!r}")
         if self.model == "vit":
             if self.width % self.heads:
                 raise ConfigError(f"config key 'heads'={self.heads} must divide width={self.width} (each head gets "
@@ -222,7 +229,7 @@ class TrainConfig:
             if self.heads % self.tensor_parallel:
                 raise ConfigError(f"tensor_parallel={self.tensor_parallel} must divide heads={self.heads}: each rank "
                                   f"computes whole heads")
-        elif self.tensor_parallel > 1 or self.activation_checkpointing:
+        elif self.model == "cnn" and (self.tensor_parallel > 1 or self.activation_checkpointing):
             key = "tensor_parallel" if self.tensor_parallel > 1 else "activation_checkpointing"
             raise ConfigError(f"config key '{key}' needs model=vit: the CNN has no transformer blocks to split or "
                               f"recompute")
@@ -284,7 +291,8 @@ _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
 def describe_field(key: str) -> str:
     """One line for --help: type, default and help of a config key."""
     hint = _HINTS[key]
-    kind = "|".join(typing.get_args(hint)) if typing.get_origin(hint) is Literal else hint.__name__
+    kind = ("|".join(typing.get_args(hint)) if typing.get_origin(hint) is Literal else
+            "|".join(MODEL_NAMES) if key == "model" else hint.__name__)
     return f"{key} ({kind}, default {FIELDS[key].default!r}): {FIELDS[key].metadata['help']}"
 
 

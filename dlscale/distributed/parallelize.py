@@ -87,7 +87,8 @@ def plan_parallelism(cfg: TrainConfig, env: DistEnv) -> ParallelPlan:
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: Any) -> None:
-    """Split each transformer block over ``tp_mesh``: column-wise into, row-wise out of, the attention and the MLP.
+    """Split each of the model's units over ``tp_mesh`` by its ``tensor_parallel_plan``; for the ViT, column-wise
+    into, row-wise out of, the attention and the MLP of each block.
 
     ``wq``/``wk``/``wv`` and ``w1`` keep whole input rows and a share of the output columns
     (so a rank holds whole heads); ``wo`` and ``w2`` take that share back and sum the partial
@@ -95,17 +96,25 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: Any) -> None:
     """
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    blocks = getattr(model, "blocks", None)
-    if blocks is None:
-        raise ConfigError("tensor_parallel needs model=vit (the CNN has no transformer blocks to split)")
-    split = {"attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(), "mlp.w1": ColwiseParallel(), "mlp.w2": RowwiseParallel()}
-    for block in blocks:
-        parallelize_module(block, tp_mesh, split)
+    # (the model says which units and which layers: dlscale.models.registry; nothing here names a model's attribute)
+    plan, units = getattr(model, "tensor_parallel_plan", None), _units(model)
+    if not plan or not units:
+        raise ConfigError(f"tensor_parallel needs a model with a tensor-parallel plan, as model=vit has; "
+                          f"{type(model).__name__} has none")
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    for unit in units:
+        parallelize_module(unit, tp_mesh, {path: styles[style]() for path, style in plan.items()})
+
+
+def _units(model: nn.Module) -> list[nn.Module]:
+    """The model's units (``parallel_units()``: a transformer's blocks), or none."""
+    units = getattr(model, "parallel_units", None)
+    return list(units()) if callable(units) else []
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: Any, bf16: bool = False, reshard_after_forward: bool = True) -> None:
-    """Shard ``model`` over ``dp_mesh`` with FSDP2: each transformer block a unit, the rest at the root.
+    """Shard ``model`` over ``dp_mesh`` with FSDP2: each of its units (a transformer's blocks) apart, the rest at the
+    root.
 
     A unit's parameters are gathered just before its forward (and backward) and freed after,
     so at most one block is whole at a time. With ``bf16`` the gathered parameters and the
@@ -117,8 +126,8 @@ def apply_fsdp(model: nn.Module, dp_mesh: Any, bf16: bool = False, reshard_after
     # the model's output (the predictions) in float32, so that the loss is computed in float32
     outer = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
                                  output_dtype=torch.float32) if bf16 else inner
-    for block in getattr(model, "blocks", ()):
-        fully_shard(block, mesh=dp_mesh, mp_policy=inner, reshard_after_forward=reshard_after_forward)
+    for unit in _units(model):
+        fully_shard(unit, mesh=dp_mesh, mp_policy=inner, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=dp_mesh, mp_policy=outer, reshard_after_forward=reshard_after_forward)
 
 

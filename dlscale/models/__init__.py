@@ -1,8 +1,9 @@
 """The regressors for the mini-CosmoFlow maps: a CNN (the default) and a small vision transformer.
 
-:func:`build_model` makes the one a config names (``model=cnn`` or ``model=vit``); the
-CNN is what lessons 01–09 train, the transformer is what lesson 10 shards (FSDP, tensor
-parallelism), because its blocks are the unit both split.
+:func:`build_model` makes the one a config names (``model=cnn``, ``model=vit``, or a model added
+with :func:`register_model`); the CNN is what lessons 01–09 train, the transformer is what
+lesson 10 shards (FSDP, tensor parallelism), because its blocks are the unit both split. Each
+model says itself which units those are (:mod:`~dlscale.models.registry`).
 """
 
 from __future__ import annotations
@@ -13,21 +14,31 @@ from torch import nn
 from dlscale.config import TrainConfig
 from dlscale.data.synthetic import TARGET_NAMES
 from dlscale.models.cnn import CNNRegressor
+from dlscale.models.registry import MODELS, model_spec, parallel_units, register_model
 from dlscale.models.vit import ViTRegressor
 
-__all__ = ["CNNRegressor", "ViTRegressor", "build_model", "count_parameters", "is_channels_last"]
+__all__ = ["MODELS", "CNNRegressor", "ViTRegressor", "build_model", "count_parameters", "is_channels_last",
+           "model_spec", "parallel_units", "register_model"]
 
 
 def build_model(cfg: TrainConfig, in_channels: int = 1, num_outputs: int = len(TARGET_NAMES)) -> nn.Module:
-    """The model a config describes, in the memory format it asks for (still on the CPU)."""
-    if cfg.model == "vit":
-        return ViTRegressor(in_channels, num_outputs, image_size=cfg.image_size, patch_size=cfg.patch_size,
-                            width=cfg.width, depth=cfg.depth, heads=cfg.heads,
-                            activation_checkpointing=cfg.activation_checkpointing, seed=cfg.seed)
+    """The model a config names (:mod:`~dlscale.models.registry`), in the memory format it asks for (on the CPU)."""
+    return model_spec(cfg.model).build(cfg, in_channels, num_outputs)
+
+
+def _cnn(cfg: TrainConfig, in_channels: int, num_outputs: int) -> nn.Module:
     model = CNNRegressor(in_channels, num_outputs, width=cfg.width, depth=cfg.depth, norm=cfg.norm)
-    if cfg.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    return model
+    return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
+
+
+def _vit(cfg: TrainConfig, in_channels: int, num_outputs: int) -> nn.Module:
+    return ViTRegressor(in_channels, num_outputs, image_size=cfg.image_size, patch_size=cfg.patch_size,
+                        width=cfg.width, depth=cfg.depth, heads=cfg.heads,
+                        activation_checkpointing=cfg.activation_checkpointing, seed=cfg.seed)
+
+
+register_model("cnn", _cnn)
+register_model("vit", _vit, meta_init=True)
 
 
 def count_parameters(model: nn.Module) -> int:

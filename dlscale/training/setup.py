@@ -45,7 +45,7 @@ from dlscale.metrics.memory import reset_peak
 from dlscale.metrics.noise_scale import NoiseScaleEstimator, NoiseScaleProbe
 from dlscale.metrics.steplog import StepLog
 from dlscale.metrics.tracking import MetricsLogger
-from dlscale.models import build_model, count_parameters, is_channels_last
+from dlscale.models import build_model, count_parameters, is_channels_last, model_spec
 from dlscale.optim.factory import build_optimizer
 from dlscale.optim.schedules import scale_lr, warmup_schedule
 from dlscale.profiling import FlopCount, count_flops, nvtx_backend
@@ -132,7 +132,7 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
     dataset = train_loader.dataset
     # A sharded transformer is built on the meta device (no memory), sharded, then each rank allocates and
     # initializes its own shards only: no rank ever holds the whole model (FSDP2's pattern).
-    on_meta = plan.sharded and cfg.model == "vit"
+    on_meta = plan.sharded and model_spec(cfg.model).meta_init
     with torch.device("meta") if on_meta else contextlib.nullcontext():
         model = build_model(cfg, dataset.input_shape[0], dataset.num_targets)
     if cfg.sync_batchnorm:

@@ -1,0 +1,60 @@
+"""Which model a config's ``model`` names, and how to build it: the kit's two and any added with :func:`register_model`.
+
+A model brings everything the rest of the kit needs to know about it, so that adding one touches
+``models/`` alone (or the user's own module):
+
+- a ``build(cfg, in_channels, num_outputs)`` function, registered here under its config name;
+- on the model class, optionally, ``parallel_units()``: the submodules that FSDP shards one at a
+  time and tensor parallelism splits (a transformer's blocks), and ``tensor_parallel_plan``: for
+  each submodule path inside a unit, ``"colwise"`` or ``"rowwise"``. ``distributed/`` reads these
+  and knows no attribute name of any model;
+- ``meta_init``: whether a sharded run may build it on the meta device, shard it, then allocate
+  its shards (``to_empty``) and initialise them with its ``init_weights(seed)``, as the ViT does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+
+from dlscale.config import ConfigError, TrainConfig
+from dlscale.config.train_config import MODEL_NAMES
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model the config can name: how to build it, and whether a sharded run may build it on the meta device."""
+
+    name: str
+    build: Callable[[TrainConfig, int, int], nn.Module]  # (cfg, in_channels, num_outputs) -> the model, on the CPU
+    meta_init: bool = False
+
+
+MODELS: dict[str, ModelSpec] = {}
+
+
+def register_model(name: str, build: Callable[[TrainConfig, int, int], nn.Module],
+                   meta_init: bool = False) -> ModelSpec:
+    """Make ``model=NAME`` build ``build(cfg, in_channels, num_outputs)`` in every config, run and command."""
+    if not name.isidentifier():
+        raise ConfigError(f"a model's name must be a word (letters, digits, _), not {name!r}")
+    MODELS[name] = spec = ModelSpec(name, build, meta_init)
+    if name not in MODEL_NAMES:
+        MODEL_NAMES.append(name)
+    return spec
+
+
+def model_spec(name: str) -> ModelSpec:
+    """The registered model named ``name`` (the config has checked the name already)."""
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise ConfigError(f"no model named {name!r}: the models are {', '.join(MODELS)}") from None
+
+
+def parallel_units(model: nn.Module) -> list[nn.Module]:
+    """The model's units for FSDP and tensor parallelism (none: the whole model is one)."""
+    units = getattr(model, "parallel_units", None)
+    return list(units()) if callable(units) else []
