@@ -115,7 +115,7 @@ _add("dlscale.hpo.heartbeat", "wait_for_running")
 _add("dlscale.hpo.launch", "rerun_best", "search", "start_workers", "wait_for_workers")
 _add("dlscale.hpo.results", "best_by_budget", "best_trial", "curves", "format_trials", "importances", "save_optuna_plots",
      "trial_rows")
-_add("dlscale.hpo.width", "concurrent_or_wide")
+_add("dlscale.bench.concurrent_trials", "concurrent_or_wide")
 _add("dlscale.hpo.worker", "run_worker")
 _add("dlscale.kmeans", "KMeans")
 _add("dlscale.kmeans.command", "load_sample_image", "quantize", "rank_block")

@@ -83,10 +83,10 @@ def _sbatch(cluster, cwd, script, *args, wait=True, flags=()):
 
 def _wait_for_job(cluster, done):
     """Wait for the job ``done`` (sbatch's CompletedProcess) submitted; a job that failed sets its returncode."""
-    from dlscale.cluster.slurm_jobs import JobFailed, wait_for_jobs
+    from dlscale.cluster.slurm_jobs import JobFailedError, wait_for_jobs
     try:
         wait_for_jobs([done.stdout.strip()], _env(cluster), timeout=600, poll=0.5)
-    except JobFailed as err:
+    except JobFailedError as err:
         done.returncode, done.stderr = 1, str(err)
 
 
@@ -423,13 +423,13 @@ def test_a_sweep_submits_weak_and_strong_series_and_the_report_reads_them(cluste
 
 def test_waiting_for_jobs_fails_with_the_failed_jobs_own_output(cluster, tmp_path):
     """What lesson 09's cells do: a job that dies (here: a bad config key) fails the wait, and says why."""
-    from dlscale.cluster.slurm_jobs import JobFailed, submit, wait_for_jobs
+    from dlscale.cluster.slurm_jobs import JobFailedError, submit, wait_for_jobs
     env = _env(cluster)
     good = submit(ROOT / "slurm/local/train.sbatch", ["tiny", "max_steps=2", "progress=false", "plot=false",
                                                         f"run_dir={tmp_path}/good"], [f"--chdir={tmp_path}"], env)
     bad = submit(ROOT / "slurm/local/train.sbatch", ["tiny", "no_such_key=1"], [f"--chdir={tmp_path}"], env)
     seen = []
-    with pytest.raises(JobFailed, match=rf"(?s)job {bad} .* ended FAILED.*no_such_key"):
+    with pytest.raises(JobFailedError, match=rf"(?s)job {bad} .* ended FAILED.*no_such_key"):
         wait_for_jobs([good, bad], env, timeout=300, watch=seen.append, poll=0.5)
     assert wait_for_jobs([good], env, timeout=60)[good]["JobState"] == "COMPLETED"
 

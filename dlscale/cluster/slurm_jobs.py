@@ -2,7 +2,7 @@
 
 Works with any Slurm (the local cluster of :mod:`dlscale.cluster.local_slurm` or a site's): pass the
 environment that points at it. A job that ends in any state but ``COMPLETED`` raises a
-:class:`JobFailed` carrying the end of its output file, so a notebook cell that waits for a job
+:class:`JobFailedError` carrying the end of its output file, so a notebook cell that waits for a job
 fails when the job fails.
 """
 
@@ -22,7 +22,7 @@ FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT
                 "DEADLINE", "PREEMPTED"}
 
 
-class JobFailed(DlscaleError):
+class JobFailedError(DlscaleError):
     """A Slurm job ended in a state other than COMPLETED; the message ends with its output."""
 
 
@@ -75,7 +75,7 @@ def wait_for_jobs(jobs: Iterable[str], env: dict[str, str] | None = None, timeou
     """Wait until every job has ended; return each job's final ``scontrol`` fields.
 
     ``watch`` is called with ``squeue``'s lines for the jobs at every poll (e.g. ``print``).
-    Raises :class:`JobFailed` for the first job that did not complete, with its output's end.
+    Raises :class:`JobFailedError` for the first job that did not complete, with its output's end.
     """
     jobs = list(jobs)
     finals: dict[str, dict[str, str]] = {}
@@ -97,7 +97,7 @@ def wait_for_jobs(jobs: Iterable[str], env: dict[str, str] | None = None, timeou
     for job in jobs:
         info = finals[job]
         if info["JobState"] != "COMPLETED":
-            raise JobFailed(f"job {job} ({info.get('JobName', '?')}) ended {info['JobState']}, exit code "
+            raise JobFailedError(f"job {job} ({info.get('JobName', '?')}) ended {info['JobState']}, exit code "
                             f"{info.get('ExitCode', '?')}; the end of its output:\n{output_tail(info)}")
     return finals
 

@@ -1,4 +1,5 @@
-"""The one error the K-Means package raises on purpose (a bad argument, or an engine that cannot run here)."""
+"""The K-Means estimator's error for a bad argument or an engine that cannot run here (launching ranks fails with
+dlscale.cluster.launch.LaunchError, and the command line with its own one-line errors)."""
 
 from dlscale.errors import DlscaleError
 

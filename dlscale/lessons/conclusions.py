@@ -215,7 +215,7 @@ def search_conclusions(summary: dict[str, dict[str, Any]], rows: dict[str, list[
 
 
 def width_conclusions(result: dict[str, Any]) -> list[str]:
-    """Concurrent trials against one wider trial on the same devices (dlscale.hpo.width)."""
+    """Concurrent trials against one wider trial on the same devices (dlscale.bench.concurrent_trials)."""
     many, wide, n = result["concurrent"], result["wide"], result["workers"]
     speedup = many["seconds"] / wide["seconds"]  # (one trial on one rank, of n at once; one trial on n ranks)
     efficiency = speedup / n

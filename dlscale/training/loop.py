@@ -109,7 +109,7 @@ def _loop(run: Run, on_epoch: EpochCallback | None = None) -> tuple[tuple[str, s
     cfg, env = run.cfg, run.env
     sync = (lambda: torch.cuda.synchronize(run.device)) if run.device.type == "cuda" else None
     meter, preempted = ThroughputMeter(sync=sync), False
-    run.log.time_with(meter, run.plan.data_ranks)  # each logged row: its block's samples/s, all ranks together
+    run.step_log.time_with(meter, run.plan.data_ranks)  # each logged row: its block's samples/s, all ranks together
     bar = tqdm(total=run.total_steps, initial=run.step, desc=cfg.name, unit="step", dynamic_ncols=True,
                disable=not (env.is_main and cfg.progress), file=sys.stderr)
     say = bar.write if env.is_main else (lambda *args, **kwargs: None)
@@ -130,12 +130,12 @@ def _loop(run: Run, on_epoch: EpochCallback | None = None) -> tuple[tuple[str, s
                 loss, samples = done
                 run.step += 1
                 profiler.step(run.step)
-                run.log.add_trust_ratios(run.step, run.optimizer)
+                run.step_log.add_trust_ratios(run.step, run.optimizer)
                 meter.step(samples)
-                run.log.add(run.step, epoch, loss, lr)
+                run.step_log.add(run.step, epoch, loss, lr)
                 bar.update()
-                if run.log.full:
-                    bar.set_postfix(loss=f"{run.log.flush():.4f}", lr=f"{lr:.2e}")
+                if run.step_log.full:
+                    bar.set_postfix(loss=f"{run.step_log.flush():.4f}", lr=f"{lr:.2e}")
                 end_of_epoch = run.step % run.steps_per_epoch == 0 or run.step == run.total_steps
                 if end_of_epoch:
                     meter.pause()  # (first: the device finishes the steps, then validation runs untimed)
@@ -156,7 +156,7 @@ def _loop(run: Run, on_epoch: EpochCallback | None = None) -> tuple[tuple[str, s
                 if preempted or end_of_epoch:
                     break
     bar.close()
-    run.log.flush()
+    run.step_log.flush()
     return _stop_reason(preempted, stop, on_epoch), meter
 
 
@@ -180,7 +180,7 @@ def _stop_reason(stopped: bool, stop: StopFlag, on_epoch: EpochCallback | None) 
 
 
 def _validate(run: Run, epoch: int, say: Any) -> dict[str, float]:
-    run.log.flush()
+    run.step_log.flush()
     metrics = evaluate(run.model, run.val_loader, run.device, run.cfg.channels_last, run.names)
     run.logger.log_validation({"epoch": epoch + 1, "step": run.step, **metrics})
     say(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
@@ -196,7 +196,7 @@ def _checkpoint(run: Run, lr: float) -> None:
 
     Rank 0 writes the whole state; under FSDP or tensor parallelism every rank writes its shards.
     """
-    run.log.flush()  # (stops the run first if a pending loss is not finite)
+    run.step_log.flush()  # (stops the run first if a pending loss is not finite)
     finite = bool(torch.stack([torch.isfinite(local(p)).all() for p in run.model.parameters()]).all())
     if run.plan.sharded:  # each rank sees only its shards: all must be finite
         finite = not all_reduce_max_flag(not finite, run.device)

@@ -81,7 +81,7 @@ class Run:
     flops: FlopCount               # per sample, and how much of it is convolutions (which peak MFU compares with)
     noise_scale: NoiseScaleEstimator  # the gradient-noise estimate (lesson 07), saved in checkpoints
     logger: MetricsLogger
-    log: StepLog
+    step_log: StepLog
     threads: ThreadChoice          # torch's CPU threads in this process, and why
     step: int = 0
     first_step: int = 0            # where this process started (the resumed step, or 0)
@@ -183,14 +183,14 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
     logger = MetricsLogger(cfg, cfg.resolved_run_dir, resume_step=step if resumed_from else None,
                            is_main=env.is_main, val_columns=["mse", "r2", *(f"r2_{n}" for n in names)])
     layer_names = {p: n for n, p in model.named_parameters()}
-    log = StepLog(logger, [layer_names[p] for g in optimizer.param_groups for p in g["params"]]
-                  if hasattr(optimizer, "trust_ratios") else [])
+    step_log = StepLog(logger, [layer_names[p] for g in optimizer.param_groups for p in g["params"]]
+                       if hasattr(optimizer, "trust_ratios") else [])
     run = Run(cfg=cfg, env=env, plan=plan, device=device, model=model, step_model=step_model, loss_fn=loss_fn,
               optimizer=optimizer, grad_sync=grad_sync, scheduler=scheduler, scaler=scaler, policy=policy,
               train_loader=train_loader, val_loader=val_loader, data_root=data_root, data_identity=identity,
               names=names,
               steps_per_epoch=steps_per_epoch, total_steps=total_steps, peak_lr=peak_lr, flops=flops,
-              noise_scale=noise_scale, logger=logger, log=log, threads=threads, step=step, first_step=step,
+              noise_scale=noise_scale, logger=logger, step_log=step_log, threads=threads, step=step, first_step=step,
               resumed_from=resumed_from, graph_skips=cuda_graph_skips() if cfg.cuda_graphs else 0,
               noise_probe=(NoiseScaleProbe(cfg.noise_scale_every, noise_scale, logger.log_noise_scale)
                            if cfg.noise_scale_every else None))
