@@ -66,7 +66,7 @@ _add("dlscale.profiling", "as_shell", "nsys_command", "nsys_stats_command", "nvt
      "read_summary")
 _add("dlscale.profiling.flops", "PEAK_FLOPS")
 _add("dlscale.profiling.step_profiler", "operator_times")
-_add("dlscale.metrics.communication", "data_parallel_bytes", "tensor_parallel_bytes")
+_add("dlscale.scaling.collectives", "data_parallel_bytes", "tensor_parallel_bytes")
 _add("dlscale.metrics.memory", "checkpointing_trade", "estimate_bytes")
 _add("dlscale.metrics.tracking", "offline_wandb_runs", "read_rows", "wandb_sync_command")
 _add("dlscale.metrics.weight_difference", "largest_weight_difference")

@@ -12,11 +12,11 @@ import pytest
 
 from dlscale.bench.breakdown import ADDS_UP_WITHIN, ALONE, FULL, MEMORY, breakdown_parts, step_seconds
 from dlscale.errors import RangeError
-from dlscale.metrics.communication import data_parallel_bytes
 from dlscale.scaling.collectives import (
     Link,
     allreduce,
     choose_allreduce,
+    data_parallel_bytes,
     double_tree_allreduce,
     hierarchical_allreduce,
     layout_communication,

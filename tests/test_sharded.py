@@ -234,7 +234,7 @@ def test_fp16_with_sharded_parameters_says_what_to_use():
 
 
 def test_fsdp_sends_one_and_a_half_times_ddp_and_tensor_parallel_scales_with_the_activations():
-    from dlscale.metrics.communication import data_parallel_bytes, tensor_parallel_bytes
+    from dlscale.scaling.collectives import data_parallel_bytes, tensor_parallel_bytes
 
     two = data_parallel_bytes(1_000_000, 2)
     assert two == {"DDP": 4_000_000, "FSDP": 6_000_000}  # 2·½·P·4 bytes, and 3·½·P·4

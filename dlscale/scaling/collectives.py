@@ -175,3 +175,24 @@ def layout_seconds(layout: str, gradient_bytes: float, gpus_per_node: int, nodes
     """Seconds of :func:`layout_communication` (one message and rings unless told otherwise)."""
     return layout_communication(layout, gradient_bytes, gpus_per_node, nodes, inside, between, algorithm,
                                 bucket_bytes).seconds
+
+
+#: A link whose cost in seconds is the bytes one rank sends (α = 0, β = 1 s per byte): the wire's volume, not its time.
+BYTES_ONLY = Link(0.0, 1.0, "bytes sent")
+
+
+def data_parallel_bytes(parameters: int, ranks: int, bytes_per_value: int = 4) -> dict[str, float]:
+    """Bytes one rank sends per step under DDP and FSDP, for a model of ``parameters`` values (lesson 10's table):
+    DDP's ring all-reduce sends ``2(N-1)/N`` of the gradients, FSDP's two all-gathers and one reduce-scatter
+    ``3(N-1)/N``, 1.5 times DDP's."""
+    n = parameters * bytes_per_value
+    return {"DDP": ring_allreduce(n, ranks, BYTES_ONLY),
+            "FSDP": layout_seconds("fsdp", n, ranks, 1, BYTES_ONLY, BYTES_ONLY)}
+
+
+def tensor_parallel_bytes(batch: int, tokens: int, width: int, blocks: int, ranks: int,
+                          bytes_per_value: int = 4) -> float:
+    """Bytes one rank sends per step when each of ``blocks`` transformer blocks is split over ``ranks``: four
+    all-reduces of the activations per block (the attention's and the MLP's outputs forward, their input gradients
+    backward), each of ``batch × tokens × width`` values."""
+    return 4 * blocks * ring_allreduce(batch * tokens * width * bytes_per_value, ranks, BYTES_ONLY)
