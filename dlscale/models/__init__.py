@@ -14,11 +14,11 @@ from torch import nn
 from dlscale.config import TrainConfig
 from dlscale.data.synthetic import TARGET_NAMES
 from dlscale.models.cnn import CNNRegressor
-from dlscale.models.registry import MODELS, model_spec, parallel_units, register_model
+from dlscale.models.registry import MODELS, model_spec, register_model
 from dlscale.models.vit import ViTRegressor
 
 __all__ = ["MODELS", "CNNRegressor", "ViTRegressor", "build_model", "count_parameters", "is_channels_last",
-           "model_spec", "parallel_units", "register_model"]
+           "model_spec", "register_model"]
 
 
 def build_model(cfg: TrainConfig, in_channels: int = 1, num_outputs: int = len(TARGET_NAMES)) -> nn.Module:

@@ -53,8 +53,3 @@ def model_spec(name: str) -> ModelSpec:
     except KeyError:
         raise ConfigError(f"no model named {name!r}: the models are {', '.join(MODELS)}") from None
 
-
-def parallel_units(model: nn.Module) -> list[nn.Module]:
-    """The model's units for FSDP and tensor parallelism (none: the whole model is one)."""
-    units = getattr(model, "parallel_units", None)
-    return list(units()) if callable(units) else []

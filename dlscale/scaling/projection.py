@@ -125,8 +125,12 @@ def largest_efficient(rows: list[dict], at_least: float) -> int | None:
 def overlap_from_breakdown(exposed_seconds: float, gradient_bytes: float, ranks: int, link: Link) -> float:
     """The share of a step's all-reduce that the backward pass hid: one minus what the breakdown saw exposed
     over what the fitted model says the whole all-reduce takes (clipped to 0..1)."""
-    whole = allreduce(gradient_bytes, ranks, link)
-    return min(1.0, max(0.0, 1 - exposed_seconds / whole)) if whole > 0 else 0.0
+    return _hidden_share(exposed_seconds, allreduce(gradient_bytes, ranks, link))
+
+
+def _hidden_share(exposed: float, whole: float) -> float:
+    """One minus the exposed share of the whole communication, clipped to 0..1 (0 when the model has none)."""
+    return min(1.0, max(0.0, 1 - exposed / whole)) if whole > 0 else 0.0
 
 
 def overlap_from_breakdown_file(path: str | Path, site: Site) -> tuple[float, str]:
@@ -146,7 +150,7 @@ def overlap_from_breakdown_file(path: str | Path, site: Site) -> tuple[float, st
         raise RangeError(f"{path} gives no overlap ({getattr(err, 'strerror', None) or type(err).__name__}): give "
                          f"the breakdown.json of a `dlscale bench breakdown` run of DDP on two or more ranks") from None
     whole = layout_communication("ddp", gradient, max(1, ranks // nodes), nodes, site.inside, site.between).seconds
-    overlap = min(1.0, max(0.0, 1 - exposed / whole)) if whole > 0 else 0.0
+    overlap = _hidden_share(exposed, whole)
     return overlap, (f"{overlap:.0%}, from {path}: {exposed * 1e3:.3g} ms exposed of the {whole * 1e3:.3g} ms the "
                      f"model gives {ranks} ranks on {nodes} node(s) of {site.name}")
 
