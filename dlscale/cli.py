@@ -155,7 +155,7 @@ def _bench_loader(args: argparse.Namespace) -> int:
 def _bench_allreduce(args: argparse.Namespace) -> int:
     from dlscale import distributed
     from dlscale.bench.allreduce import ALLREDUCE_SIZES, bench_allreduce, format_allreduce, save_allreduce
-    from dlscale.cluster.launch import horovodrun_command, run_local, torchrun_command
+    from dlscale.jobs.local_ranks import horovodrun_command, run_local, torchrun_command
 
     if distributed.detect_launcher() == "single":
         if args.nproc < 2:
@@ -311,7 +311,7 @@ def _experiment_large_batch(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from dlscale.cluster.environment import report, task_line
+    from dlscale.jobs.environment import report, task_line
 
     print(task_line() if args.task else report(), flush=True)
     return 0
@@ -667,7 +667,7 @@ def _add_experiment(commands: Any) -> None:
 
 
 def _hpo_start(args: argparse.Namespace) -> int:
-    from dlscale.hpo.launch import search
+    from dlscale.hpo.local_search import search
 
     args.space, args.overrides = _name_and_overrides(args.space, args.overrides)
     # (only the options given: an existing study keeps its own, and a different one given is refused by name)
@@ -700,7 +700,7 @@ def _hpo_show(args: argparse.Namespace) -> int:
     written = save_optuna_plots(args.dir)
     print(f"plots: {', '.join(p.name for p in written)} in {args.dir}/")
     if getattr(args, "rerun", False):
-        from dlscale.hpo.launch import rerun_best
+        from dlscale.hpo.local_search import rerun_best
 
         stored, again = rerun_best(args.dir)
         print(f"re-run of trial {best['trial']}: {metric} {again:.6f} (the study's: {stored:.6f})")

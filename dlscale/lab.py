@@ -72,12 +72,12 @@ _add("dlscale.metrics.tracking", "offline_wandb_runs", "read_rows", "wandb_sync_
 _add("dlscale.metrics.weight_difference", "largest_weight_difference")
 
 # -- run elsewhere: engines, torchrun, Slurm --------------------------------------------------------------
-_add("dlscale.cluster.environment", "describe", "report")
-_add("dlscale.cluster.launch", "torchrun_command")
-_add("dlscale.cluster.local_slurm", "LocalSlurm", "missing_programs", "multi_node_unavailable", "stop_on_error")
-_add("dlscale.cluster.notebook_engines", "run_file", "run_on_engines", "train_rank")
-_add("dlscale.cluster.queue", "job_environ", "open_queue")
-_add("dlscale.cluster.slurm_jobs", "job_info", "submit", "submit_sweep", "wait_for_jobs", "wait_until")
+_add("dlscale.jobs.environment", "describe", "report")
+_add("dlscale.jobs.local_ranks", "torchrun_command")
+_add("dlscale.jobs.local_slurm", "LocalSlurm", "missing_programs", "multi_node_unavailable", "stop_on_error")
+_add("dlscale.jobs.notebook_engines", "run_file", "run_on_engines", "train_rank")
+_add("dlscale.jobs.queue", "job_environ", "open_queue")
+_add("dlscale.jobs.slurm_jobs", "job_info", "submit", "submit_sweep", "wait_for_jobs", "wait_until")
 
 # -- read and show -----------------------------------------------------------------------------------------
 _add("dlscale.reporting.plots", "allreduce_bandwidth", "allreduce_fit", "bar_chart", "breakdown_bars",
@@ -112,14 +112,14 @@ _add("dlscale.scaling.sites", "FRONTIER", "PERLMUTTER", "here")
 _add("dlscale.hpo", "SearchSpaceError", "create_study", "load_space")
 _add("dlscale.hpo.space", "SEARCH_DIR")
 _add("dlscale.hpo.heartbeat", "wait_for_running")
-_add("dlscale.hpo.launch", "rerun_best", "search", "start_workers", "wait_for_workers")
+_add("dlscale.hpo.local_search", "rerun_best", "search", "start_workers", "wait_for_workers")
 _add("dlscale.hpo.results", "best_by_budget", "best_trial", "curves", "format_trials", "importances", "save_optuna_plots",
      "trial_rows")
 _add("dlscale.bench.concurrent_trials", "concurrent_or_wide")
 _add("dlscale.hpo.worker", "run_worker")
 _add("dlscale.kmeans", "KMeans")
 _add("dlscale.kmeans.command", "load_sample_image", "quantize", "rank_block")
-_add("dlscale.kmeans.launch", "launch_kmeans")
+_add("dlscale.kmeans.on_ranks", "launch_kmeans")
 _WHERE["daal4py_available"] = ("dlscale.kmeans.daal", "available")
 
 __all__ = sorted(_WHERE)

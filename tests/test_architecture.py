@@ -41,34 +41,45 @@ def test_no_module_imports_one_that_imports_it_back():
     assert not cycles, cycles
 
 
-def _documented_layers() -> list[tuple[list[str], list[str]]]:
-    """(the layer's entries, the modules it names) from docs/architecture.md's layers table, top first."""
+def _contract_tiers() -> list[set[str]]:
+    """The tiers of import-linter's layers contract in pyproject.toml, top first, as sets of subpackage names."""
+    contract = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]
+    return [{name.strip().removeprefix("dlscale.") for name in tier.split(":")} for tier in contract["layers"]]
+
+
+def _documented_tiers() -> list[tuple[str, dict[str, list[str]]]]:
+    """(tier, {layer: the modules the table names}) from docs/architecture.md's layers table, top first."""
     text = (ROOT / "docs/architecture.md").read_text()
     table = text.split("## The layers", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in table.splitlines() if line.startswith("| `")]
-    layers = []
-    for row in rows:
-        layer, modules = [cell.strip() for cell in re.split(r"(?<!\\)\|", row)[1:3]]
-        entries = re.findall(r"`([^`]+)`", layer)
-        layers.append((entries, [re.findall(r"`([^`]+)`", part) for part in modules.split("\\|")]))
-    return layers
+    tiers: list[tuple[str, dict[str, list[str]]]] = []
+    for row in (line for line in table.splitlines() if line.startswith("| ") and "`" in line):
+        tier, layer, modules = [cell.strip() for cell in row.split("|")[1:4]]
+        if not tiers or tiers[-1][0] != tier:
+            tiers.append((tier, {}))
+        tiers[-1][1][layer.strip("`")] = re.findall(r"`([^`]+)`", modules)
+    return tiers
 
 
-def test_the_documented_layers_are_the_contract_and_the_folders():
-    """Every layer of the contract is a row of the table, in order, and every module of it is named there."""
-    contract = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]
-    expected = [[name.strip().removeprefix("dlscale.") for name in layer.split("|")] for layer in contract["layers"]]
-    documented = _documented_layers()
-    assert [[e.removesuffix("/").removesuffix(".py") for e in entries] for entries, _ in documented] == expected
+def test_the_documented_tiers_are_the_contract_the_docstring_and_the_folders():
+    """The table's tiers are the contract's, in order; the package docstring lists the same; every module of every
+    subpackage is named in the table and every one it names exists."""
+    documented = _documented_tiers()
+    as_names = [{layer.removesuffix("/").removesuffix(".py") for layer in layers} for _, layers in documented]
+    assert as_names == _contract_tiers()
+    import dlscale
+
+    listed = re.findall(r"^\d\. [^:]+: (.+)$", dlscale.__doc__, re.MULTILINE)
+    assert [set(re.findall(r"``(\w+)``", line)) for line in listed] == as_names
+    assert 5 <= len(as_names) <= 6
     package = ROOT / "dlscale"
-    for entries, module_groups in documented:
-        for entry, named in zip(entries, module_groups):
-            path = package / entry.rstrip("/")
+    for _, layers in documented:
+        for layer, named in layers.items():
+            path = package / layer.rstrip("/")
             if path.is_dir():
                 present = {p.name for p in path.glob("*.py") if p.name != "__init__.py"}
-                assert set(named) == present, f"{entry}: the table names {sorted(set(named) - present)} that are " \
+                assert set(named) == present, f"{layer}: the table names {sorted(set(named) - present)} that are " \
                                               f"not there and misses {sorted(present - set(named))}"
             else:
-                assert path.is_file() and named == [entry], entry
+                assert path.is_file() and named == [layer], layer
     top = {p.name for p in package.iterdir() if p.name not in ("__pycache__", "__init__.py")}
-    assert top == {entry.rstrip("/") for entries, _ in documented for entry in entries}
+    assert top == {layer.rstrip("/") for _, layers in documented for layer in layers}

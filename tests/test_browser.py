@@ -135,7 +135,7 @@ def _assert_lesson_12_searched(folder: Path, parameters: dict) -> None:
 def _assert_lesson_11_measured(runs: Path) -> None:
     """Lesson 11's breakdown, as it saved it, adds up at every size; its sweep ran on two nodes where it could."""
     from dlscale.bench.breakdown import ADDS_UP_WITHIN
-    from dlscale.cluster.local_slurm import missing_programs, multi_node_unavailable
+    from dlscale.jobs.local_slurm import missing_programs, multi_node_unavailable
 
     result = json.loads((runs / "lesson11_breakdown/breakdown.json").read_text())
     assert [row["ranks"] for row in result["rows"]] == [1, 2] and result["rounds"] == 2

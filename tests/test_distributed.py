@@ -316,7 +316,7 @@ def test_weak_and_strong_scaling_runs_report_efficiency(tiny, in_tmp):
 
 
 def test_rank_environments_group_engines_by_host():
-    from dlscale.cluster.notebook_engines import rank_environments
+    from dlscale.jobs.notebook_engines import rank_environments
     one_host = rank_environments(["a", "a"], 4000)
     assert [e["LOCAL_RANK"] for e in one_host] == ["0", "1"] and one_host[0]["MASTER_ADDR"] == "127.0.0.1"
     two_hosts = rank_environments(["n1", "n1", "n2", "n2"], 4000)
@@ -362,7 +362,7 @@ def engines_alive():
 def test_ipyparallel_engines_run_one_job_and_return_every_rank(in_tmp, monkeypatch):
     """One job on two engines; the engines stay up for the next call from the same folder, which finds no process
     group left up; a call from another folder gets engines started there, the others stop; a failed call stops its."""
-    from dlscale.cluster.notebook_engines import EngineError, run_on_engines, stop_engines
+    from dlscale.jobs.notebook_engines import EngineError, run_on_engines, stop_engines
     from dlscale.train import train
 
     probe = _as_if_in_a_notebook(PROBE, "probe")
@@ -404,7 +404,7 @@ def test_what_rank_0_prints_on_the_engines_shows_while_it_runs(in_tmp):
     """A cell that trains on the engines printed nothing until every rank was done (40-75 s looking stuck)."""
     import io
 
-    from dlscale.cluster.notebook_engines import run_on_engines, stop_engines
+    from dlscale.jobs.notebook_engines import run_on_engines, stop_engines
 
     class Stamped(io.StringIO):  # when each piece of text arrived
         def __init__(self):
@@ -440,8 +440,8 @@ def _left_running(pids: set[int], wait: float = 20) -> set[int]:
 def test_engines_stop_when_their_kernel_is_killed_instead_of_exiting(tmp_path):
     """A kernel killed (a shutdown that outlasts the kernel manager's wait, a restart, a hub culling it) used to
     leave its controller and engines running, orphaned, each in a process session of its own."""
-    from dlscale.cluster.engine_watchdog import _running
-    kernel_code = ("import os, sys\nfrom dlscale.cluster.notebook_engines import run_on_engines\n"
+    from dlscale.jobs.engine_watchdog import _running
+    kernel_code = ("import os, sys\nfrom dlscale.jobs.notebook_engines import run_on_engines\n"
                    "print(*run_on_engines(os.getpid, 2), flush=True)\nsys.stdin.read()\n")
     kernel = subprocess.Popen([sys.executable, "-c", kernel_code], cwd=tmp_path, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
@@ -459,7 +459,7 @@ def test_engine_log_cleanup_race_stays_out_of_the_notebook(caplog):
     """ipyparallel's harmless "Failed to remove" error is dropped; its other errors still show."""
     import ipyparallel as ipp
 
-    from dlscale.cluster.notebook_engines import _NoCleanupRace
+    from dlscale.jobs.notebook_engines import _NoCleanupRace
 
     cluster = ipp.Cluster(n=1, log_level=40)
     cluster.log.addFilter(_NoCleanupRace())
@@ -526,7 +526,7 @@ def test_collectives_of_plain_numbers_use_the_groups_device(monkeypatch):
 def test_one_runner_starts_local_processes_and_a_failure_carries_their_own_words(tmp_path):
     # the benchmarks, dlscale kmeans, a study's workers and re-runs, and bench allreduce --nproc all start processes
     # through it: threads each, this environment's programs first, and one error with the start and end of stderr
-    from dlscale.cluster.launch import LaunchError, run_local, start_local
+    from dlscale.jobs.local_ranks import LaunchError, run_local, start_local
 
     script = ("import os, sys; print(os.environ.get('OMP_NUM_THREADS'), os.environ['PATH'].split(os.pathsep)[0]); "
               "sys.stderr.write('the rank failed: first words\\n' + 'x\\n' * 3000 + 'the launcher: last words\\n'); "

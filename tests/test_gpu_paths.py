@@ -55,7 +55,7 @@ def test_init_binds_the_nccl_group_to_the_ranks_own_gpu(monkeypatch):
 
 def test_the_probe_line_shows_each_tasks_gpu_and_warns_when_it_sits_on_other_cores_numa_node(monkeypatch, tmp_path):
     """Perlmutter's layout: GPU 0 beside the last cores, GPU 3 beside the first (a sysfs tree stands in)."""
-    from dlscale.cluster import environment
+    from dlscale.jobs import environment
 
     _fake_gpus(monkeypatch)
     gpus = {i: types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0x03 + 0x40 * i, pci_device_id=0) for i in range(4)}

@@ -165,7 +165,7 @@ def test_the_optuna_calls_it_does_not_promise_work_without_a_warning_at_this_ver
 
 @pytest.mark.integration
 def test_a_killed_worker_is_retried_a_killed_study_resumes_and_the_best_reruns_the_same(in_tmp):
-    from dlscale.hpo.launch import rerun_best, search, start_workers, wait_for_workers
+    from dlscale.hpo.local_search import rerun_best, search, start_workers, wait_for_workers
     from dlscale.hpo.results import trial_rows
 
     TrialState = optuna.trial.TrialState

@@ -157,7 +157,7 @@ def _kmeans_args(tmp_path, out, backend, k=6):
 
 @pytest.mark.integration
 def test_two_gloo_ranks_on_a_split_data_set_equal_one_process(in_tmp):
-    from dlscale.cluster.launch import torchrun_command
+    from dlscale.jobs.local_ranks import torchrun_command
 
     x = _prepare(in_tmp)
     single = subprocess.run([sys.executable, "-m", *_kmeans_args(in_tmp, "one", "torch")], capture_output=True,
@@ -177,7 +177,7 @@ def test_two_gloo_ranks_on_a_split_data_set_equal_one_process(in_tmp):
 
 @pytest.mark.integration
 def test_two_ranks_with_kmeans_parallel_init_agree_on_the_centres(in_tmp):
-    from dlscale.cluster.launch import torchrun_command
+    from dlscale.jobs.local_ranks import torchrun_command
 
     _prepare(in_tmp)
     args = _kmeans_args(in_tmp, "par", "torch")

@@ -254,7 +254,7 @@ def test_without_numba_the_cpu_rescores_every_row_and_asking_for_bounds_names_th
 
 @pytest.mark.integration
 def test_two_gloo_ranks_with_weights_equal_one_process(in_tmp):
-    from dlscale.cluster.launch import torchrun_command
+    from dlscale.jobs.local_ranks import torchrun_command
 
     x, _ = _blobs(4000, 5, 6, seed=8)
     weights = np.random.default_rng(1).uniform(0, 2, len(x))

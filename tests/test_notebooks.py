@@ -126,7 +126,7 @@ def _assert_each_rung_applied(out_dir: Path) -> None:
 
 def _assert_two_nodes_ran(notebook):
     """Lesson 09's two-node section ran (where the machine allows it): 4 ranks on 2 hosts, 1 and 2 nodes reported."""
-    from dlscale.cluster.local_slurm import missing_programs, multi_node_unavailable
+    from dlscale.jobs.local_slurm import missing_programs, multi_node_unavailable
 
     text = "\n".join(o.get("text", "") + o.get("data", {}).get("text/markdown", "")
                      for cell in notebook.cells for o in cell.get("outputs", []))

@@ -40,7 +40,7 @@ def test_environment_yml_names_the_same_dependencies_as_pyproject():
 
 
 def test_extras_cover_every_optional_import():
-    from dlscale.cluster.environment import OPTIONAL
+    from dlscale.jobs.environment import OPTIONAL
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     for module, extra in OPTIONAL.items():
         assert extra in extras, f"{module} points at a missing extra {extra}"

@@ -14,8 +14,8 @@ import runpy
 
 import pytest
 
-from dlscale.cluster.notebook_engines import run_file, run_on_engines
 from dlscale.distributed.process_group import free_port
+from dlscale.jobs.notebook_engines import run_file, run_on_engines
 from dlscale.lessons.exercises import stage_source
 from dlscale.lessons.recipe_checks import check_stage
 from dlscale.lessons.recipes import (

@@ -79,7 +79,7 @@ def test_an_fsdp_breakdown_takes_the_communication_from_the_profiler_and_adds_up
 @pytest.mark.integration
 def test_data_in_memory_and_every_rank_alone_change_what_the_run_does(tmp_path, monkeypatch):
     """The two ways the breakdown adds to the engine: batches replayed from the device, and no DDP at all."""
-    from dlscale.cluster.notebook_engines import run_on_engines, train_rank
+    from dlscale.jobs.notebook_engines import run_on_engines, train_rank
 
     monkeypatch.chdir(tmp_path)
     done = run_on_engines(train_rank, 2, "tiny", data_parallel="none", data_in_memory=True, max_steps=6, epochs=99,
@@ -88,7 +88,7 @@ def test_data_in_memory_and_every_rank_alone_change_what_the_run_does(tmp_path, 
     applied = done[0]["applied"]
     assert applied["ddp"] is False and applied["data_parallel_ranks"] == 2 and applied["world_size"] == 2
     from dlscale.config import ConfigError, load_config
-    from dlscale.distributed.launchers import DistEnv
+    from dlscale.distributed.launch_variables import DistEnv
     from dlscale.distributed.parallelize import plan_parallelism
     with pytest.raises(ConfigError, match="tensor_parallel"):
         plan_parallelism(load_config("vit-tiny", ["data_parallel=none", "tensor_parallel=2"]),
@@ -370,7 +370,7 @@ def test_a_run_that_trained_nothing_is_refused_not_divided_by():
 
 
 def test_a_cell_that_fails_stops_the_cluster_it_was_using():
-    from dlscale.cluster.local_slurm import stop_on_error
+    from dlscale.jobs.local_slurm import stop_on_error
 
     class Cluster:
         stopped = 0

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlscale.cluster.local_slurm import LocalSlurm, missing_programs, multi_node_unavailable
 from dlscale.config import load_config
 from dlscale.errors import DlscaleError
+from dlscale.jobs.local_slurm import LocalSlurm, missing_programs, multi_node_unavailable
 from dlscale.metrics.tracking import read_rows
 
 from .conftest import ROOT, run_cli
@@ -65,7 +65,7 @@ def test_a_cluster_in_temporary_folders_of_its_own_removes_them_when_it_stops():
 
 
 def _env(cluster):
-    from dlscale.cluster.queue import job_environ
+    from dlscale.jobs.queue import job_environ
     return cluster.environ(job_environ(ROOT))
 
 
@@ -83,7 +83,7 @@ def _sbatch(cluster, cwd, script, *args, wait=True, flags=()):
 
 def _wait_for_job(cluster, done):
     """Wait for the job ``done`` (sbatch's CompletedProcess) submitted; a job that failed sets its returncode."""
-    from dlscale.cluster.slurm_jobs import JobFailedError, wait_for_jobs
+    from dlscale.jobs.slurm_jobs import JobFailedError, wait_for_jobs
     try:
         wait_for_jobs([done.stdout.strip()], _env(cluster), timeout=600, poll=0.5)
     except JobFailedError as err:
@@ -91,7 +91,7 @@ def _wait_for_job(cluster, done):
 
 
 def _job_state(cluster, job):
-    from dlscale.cluster.slurm_jobs import job_info
+    from dlscale.jobs.slurm_jobs import job_info
     fields = job_info(job, _env(cluster))
     return fields.get("JobState"), int(fields.get("Restarts") or 0)
 
@@ -423,7 +423,7 @@ def test_a_sweep_submits_weak_and_strong_series_and_the_report_reads_them(cluste
 
 def test_waiting_for_jobs_fails_with_the_failed_jobs_own_output(cluster, tmp_path):
     """What lesson 09's cells do: a job that dies (here: a bad config key) fails the wait, and says why."""
-    from dlscale.cluster.slurm_jobs import JobFailedError, submit, wait_for_jobs
+    from dlscale.jobs.slurm_jobs import JobFailedError, submit, wait_for_jobs
     env = _env(cluster)
     good = submit(ROOT / "slurm/local/train.sbatch", ["tiny", "max_steps=2", "progress=false", "plot=false",
                                                         f"run_dir={tmp_path}/good"], [f"--chdir={tmp_path}"], env)
@@ -589,7 +589,7 @@ def test_a_first_run_never_resumes_or_clears_a_folder_another_job_left(tmp_path)
 
 
 def test_each_local_cluster_numbers_its_jobs_in_a_block_of_its_own(tmp_path):
-    from dlscale.cluster.local_slurm import JOB_IDS_PER_CLUSTER, first_job_id
+    from dlscale.jobs.local_slurm import JOB_IDS_PER_CLUSTER, first_job_id
 
     counter = tmp_path / "clusters"
     firsts = [first_job_id(counter) for _ in range(3)]
@@ -701,7 +701,7 @@ def test_the_site_scripts_pass_fsdp_and_tensor_parallel_through_unchanged(tmp_pa
 
 
 def test_at_a_site_the_lesson_submits_to_its_queue_with_the_instructors_account(tmp_path):
-    from dlscale.cluster.queue import open_queue
+    from dlscale.jobs.queue import open_queue
 
     if shutil.which("sbatch") is None:
         pytest.skip("sbatch is not installed here (make slurm-packages)")

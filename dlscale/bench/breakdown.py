@@ -235,7 +235,7 @@ def local_runner(cfg, threads: int) -> Runner:
 
 def engine_runner(cfg, threads: int = 1) -> Runner:
     """Ranks on the notebook's ipyparallel engines (lesson 11): started once, kept for every run."""
-    from dlscale.cluster.notebook_engines import run_on_engines, train_rank
+    from dlscale.jobs.notebook_engines import run_on_engines, train_rank
 
     def run(n: int, overrides: dict[str, Any], run_dir: Path) -> dict:
         done = run_on_engines(train_rank, n, cfg, **_quiet(overrides), threads=threads, run_dir=str(run_dir))
@@ -246,7 +246,7 @@ def engine_runner(cfg, threads: int = 1) -> Runner:
 def slurm_runner(cfg, script: str | Path, env: dict[str, str], tasks_per_node: int = 1,
                  timeout: float = 600) -> Runner:
     """Nodes through a site's (or the local cluster's) ``train.sbatch``: one job of ``n`` nodes per run."""
-    from dlscale.cluster.slurm_jobs import submit, wait_for_jobs
+    from dlscale.jobs.slurm_jobs import submit, wait_for_jobs
 
     def run(n: int, overrides: dict[str, Any], run_dir: Path) -> dict:
         settings = {**cfg.to_dict(), **_quiet(overrides), "run_dir": str(Path(run_dir).resolve())}

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dlscale.cluster.notebook_engines import run_on_engines, train_rank
 from dlscale.config import TrainConfig
+from dlscale.jobs.notebook_engines import run_on_engines, train_rank
 
 
 def train_in_own_folder(cfg: TrainConfig, folder: str) -> dict[str, Any]:

@@ -135,7 +135,7 @@ FLOAT64_REFERENCE = "scikit-learn, the data in float64"
 
 def _scaling_run(launcher: str, procs: int, data: Path, init: Path, k: int, iterations: int, out: Path,
                  threads: int) -> dict:
-    from dlscale.kmeans.launch import launch_kmeans
+    from dlscale.kmeans.on_ranks import launch_kmeans
 
     return launch_kmeans(data, k, out, procs, launcher, "torch" if launcher == "torchrun" else "daal4py", init,
                          iterations, 0.0, threads)

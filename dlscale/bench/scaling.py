@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from dlscale.cluster.launch import run_local, torchrun_command
+from dlscale.jobs.local_ranks import run_local, torchrun_command
 from dlscale.reporting.tables import markdown_table
 
 #: What every benchmark run sets: no checkpoints, no bar, no plot, never resumed.

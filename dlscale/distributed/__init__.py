@@ -1,6 +1,6 @@
 """Many processes as one job: the launcher, the process group, Horovod, shards, and how the model is split.
 
-- :mod:`~dlscale.distributed.launchers`: which launcher started this process and where it sits
+- :mod:`~dlscale.distributed.launch_variables`: which launcher started this process and where it sits
   (:func:`detect`, :class:`DistEnv`), from torchrun's, Slurm's, MPI's or Horovod's variables;
 - :mod:`~dlscale.distributed.process_group`: joining the job (:func:`init`), the rank helpers
   (:func:`rank`, :func:`group_size`, :func:`is_main`) and the collectives, on torch.distributed
@@ -17,7 +17,7 @@ The names below are the ones callers use most (``from dlscale import distributed
 ``distributed.all_reduce_sum(t)``). Lessons 00, 05, 06 and 10 use them.
 """
 
-from dlscale.distributed.launchers import (
+from dlscale.distributed.launch_variables import (
     DEFAULT_PORT,
     DistEnv,
     DistributedError,

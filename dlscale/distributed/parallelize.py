@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from dlscale.config import ConfigError, TrainConfig
-from dlscale.distributed.launchers import DistEnv
+from dlscale.distributed.launch_variables import DistEnv
 from dlscale.runtime.precision import Precision
 
 

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from dlscale.distributed import horovod_backend
-from dlscale.distributed.launchers import DistEnv, DistributedError, detect
+from dlscale.distributed.launch_variables import DistEnv, DistributedError, detect
 from dlscale.runtime.devices import GPU_ORDER_VARIABLE, gpu_index
 
 #: Seconds a draining :func:`shutdown` leaves the GIL to gloo's worker threads (see there).

@@ -4,7 +4,7 @@
 - :mod:`~dlscale.hpo.study`: a study's folder, its settings and its shared storage (a journal file by default);
 - :mod:`~dlscale.hpo.worker`: ask, train (with pruning through the engine's stop path), tell;
 - :mod:`~dlscale.hpo.heartbeat`: a dead worker's trial failed and retried;
-- :mod:`~dlscale.hpo.launch`, :mod:`~dlscale.hpo.results`: workers on this machine; tables and plots.
+- :mod:`~dlscale.hpo.local_search`, :mod:`~dlscale.hpo.results`: workers on this machine; tables and plots.
 
 Optuna is imported only when a study is opened, so the package imports without it.
 """

@@ -2,12 +2,15 @@
 
 - :mod:`~dlscale.kmeans.estimator`: :class:`KMeans`, a scikit-learn estimator (needs the ``kmeans`` extra);
 - :mod:`~dlscale.kmeans.lloyd`: the torch engine (Lloyd's algorithm, in one process or over a job's ranks);
-- :mod:`~dlscale.kmeans.hamerly`, :mod:`~dlscale.kmeans.scoring`: the compiled CPU pass that skips rows, and scoring rows against centres;
+- :mod:`~dlscale.kmeans.scoring`: scoring rows against centres (a GEMM per chunk, or on CPUs the compiled loops of
+  :mod:`~dlscale.kmeans.compiled_scoring`);
+- :mod:`~dlscale.kmeans.hamerly`: the compiled CPU pass that skips rows by Hamerly's bounds;
 - :mod:`~dlscale.kmeans.initialization`: k-means++, k-means|| and random initial centres, over ranks;
 - :mod:`~dlscale.kmeans.daal`: Intel oneDAL's SPMD K-Means (daal4py) under ``mpirun`` or ``srun``;
 - :mod:`~dlscale.kmeans.backend`: which of the two engines ``backend="auto"`` picks;
 - :mod:`~dlscale.kmeans.result`: what a fit found, whichever engine ran it;
 - :mod:`~dlscale.kmeans.command`: ``dlscale kmeans``: inputs per rank, images, outputs;
+- :mod:`~dlscale.kmeans.on_ranks`: ``dlscale kmeans`` started as N ranks from Python (lesson 08);
 - :mod:`~dlscale.bench.kmeans`: ``dlscale bench kmeans``: the engines side by side, and their scaling.
 
 Lesson 08 teaches it. ``import dlscale.kmeans`` works without scikit-learn; asking for

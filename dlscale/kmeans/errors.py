@@ -1,5 +1,10 @@
-"""The K-Means estimator's error for a bad argument or an engine that cannot run here (launching ranks fails with
-dlscale.cluster.launch.LaunchError, and the command line with its own one-line errors)."""
+"""The K-Means estimator's error: a bad argument, or an engine that cannot run here.
+
+The kit's other errors around K-Means are its own: ``dlscale kmeans`` refuses a missing or unreadable
+input with :class:`dlscale.kmeans.command.InputError`, and starting ranks fails with
+:class:`dlscale.jobs.local_ranks.LaunchError`. All three are :class:`dlscale.errors.DlscaleError`, which the
+command line prints as one line.
+"""
 
 from dlscale.errors import DlscaleError
 

@@ -20,21 +20,10 @@ scikit-learn's.
 from __future__ import annotations
 
 import math
-import os
-from types import ModuleType
 
 import torch
 
-from dlscale.errors import importable
-
-#: Parts the rows are split into for the threads: each keeps its own float64 sums. At least
-#: this many, so the order of the sums (their last bits) does not depend on up to 16 threads.
-MIN_PARTS = 64
-
-
-def available() -> bool:
-    """Whether the compiled pass can run here (numba is installed: the ``kmeans`` extra)."""
-    return importable("numba")
+from dlscale.kmeans import compiled_scoring
 
 
 def slack_scale(dtype: torch.dtype, d: int) -> float:
@@ -45,37 +34,6 @@ def slack_scale(dtype: torch.dtype, d: int) -> float:
     A row is skipped only when its centre wins by twice this, so no rounding can reverse it.
     """
     return 4 * (d + 2) * torch.finfo(dtype).eps
-
-
-def _compiled_loops() -> ModuleType:
-    """The compiled loops, numba's threads set up first (imported here: numba is optional)."""
-    import numba
-
-    if "NUMBA_THREADING_LAYER" not in os.environ:
-        # OpenMP first, as torch's own threads: beside torch's OpenMP threads, still spinning after
-        # its last call, numba's TBB or workqueue threads made each pass twice as slow here
-        # (docs/benchmarks.md). It takes effect at the process's first parallel call.
-        numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
-    from dlscale.kmeans import compiled
-
-    # numba's own pool, sized as torch's (the kit's thread choice for this process)
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-    return compiled
-
-
-def _weights_for_loops(weights: torch.Tensor | None) -> torch.Tensor:
-    """Contiguous float64 weights, or an empty array for weights of one (as the compiled loops read them)."""
-    return torch.empty(0, dtype=torch.float64) if weights is None else weights.double().contiguous()
-
-
-def _parts(rows: int) -> int:
-    """How many parts the rows are split into for the threads (see :data:`MIN_PARTS`)."""
-    return max(1, min(rows, max(MIN_PARTS, 4 * torch.get_num_threads())))
-
-
-def _formula(centers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``−2·c`` and ``‖c‖²`` in the data's precision: the distance of x to c is ``‖c‖² + Σ x·(−2c)`` (+ ‖x‖²)."""
-    return (-2 * centers).contiguous(), (centers * centers).sum(1)
 
 
 def _motion(old: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -101,18 +59,18 @@ class HamerlyPass:
 
     def __init__(self, x: torch.Tensor, weights: torch.Tensor | None):
         self.x = x.contiguous()
-        self.loops = _compiled_loops()
+        self.loops = compiled_scoring.loops()
         self.scale = slack_scale(x.dtype, x.shape[1])
         # ‖x‖² only scales the rounding slack: float64 of the data's values is plenty
         self.x_sq = torch.empty(len(x), dtype=torch.float64)
         self.loops.squared_norms(self.x.numpy(), self.x_sq.numpy())
         self.upper = torch.full_like(self.x_sq, math.inf)
         self.lower = torch.zeros_like(self.x_sq)
-        self.parts = _parts(-(-len(x) // self.loops.TILE))  # (in whole tiles)
+        self.parts = compiled_scoring.parts(-(-len(x) // self.loops.TILE))  # (in whole tiles)
         #: rows scored so far (each against every centre): how much of the work the bounds saved
         self.scored = 0
         self._passes_scoring_all = 0  # since the bounds last skipped too few rows (0: they pay)
-        self._weights = _weights_for_loops(weights)
+        self._weights = compiled_scoring.weights_for_loops(weights)
 
     def run(self, centers: torch.Tensor, previous: torch.Tensor | None, labels: torch.Tensor,
             sums: torch.Tensor, totals: torch.Tensor) -> int:
@@ -127,7 +85,7 @@ class HamerlyPass:
         zeros = torch.zeros(k, dtype=torch.float64)
         shift, other, gap = (zeros, zeros, zeros) if score_all else _motion(previous.double(), new64)
         c_max = float((new64 ** 2).sum(1).max())
-        cm2, c_sq = _formula(centers)
+        cm2, c_sq = compiled_scoring.formula(centers)
         part_sums = torch.zeros(self.parts, k, d, dtype=torch.float64)
         part_totals = torch.zeros(self.parts, k, dtype=torch.float64)
         changed = torch.zeros(self.parts, dtype=torch.int64)
@@ -145,20 +103,3 @@ class HamerlyPass:
             pays = not score_all and n_scored < (1 - self.MIN_SKIPPED) * len(self.x)
             self._passes_scoring_all = 0 if pays else self._passes_scoring_all + 1
         return int(changed.sum())
-
-
-def nearest(x: torch.Tensor, centers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's nearest centre, by the arithmetic of :class:`HamerlyPass`, and its squared distance (float64)."""
-    x = x.contiguous()
-    labels = torch.empty(len(x), dtype=torch.int64)
-    distance = torch.empty(len(x), dtype=torch.float64)
-    cm2, c_sq = _formula(centers)
-    _compiled_loops().nearest(x.numpy(), cm2.numpy(), c_sq.numpy(), labels.numpy(), distance.numpy())
-    return labels, distance
-
-
-def inertia(x: torch.Tensor, centers: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None) -> float:
-    """Σ w·‖x − c_label‖² over the rows, each term and the sum in float64, by a compiled loop."""
-    x = x.contiguous()
-    return float(_compiled_loops().inertia(x.numpy(), _weights_for_loops(weights).numpy(),
-                                           centers.contiguous().numpy(), labels.numpy(), _parts(len(x))))

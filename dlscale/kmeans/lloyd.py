@@ -35,7 +35,7 @@ import torch
 
 from dlscale import distributed
 from dlscale.errors import import_optional
-from dlscale.kmeans import hamerly
+from dlscale.kmeans import compiled_scoring, hamerly
 from dlscale.kmeans.errors import KMeansError
 from dlscale.kmeans.scoring import argmin_rows, assign, inertia_of
 
@@ -158,7 +158,7 @@ def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, 
 def _use_bounds(device: torch.device, skip_rows: bool | None) -> bool:
     """Whether to skip rows by Hamerly's bounds: on CPUs with numba, unless told."""
     if skip_rows is None:
-        return device.type == "cpu" and hamerly.available()
+        return device.type == "cpu" and compiled_scoring.available()
     if skip_rows:
         if device.type != "cpu":
             raise KMeansError(f"skipping rows by bounds runs on CPUs; on {device} every row is re-scored")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dlscale.kmeans import hamerly
+from dlscale.kmeans import compiled_scoring
 
 
 def argmin_rows(block: torch.Tensor) -> torch.Tensor:
@@ -38,8 +38,8 @@ def assign(x: torch.Tensor, centers: torch.Tensor, chunk: int, weights: torch.Te
     On CPUs with numba (``compiled`` None or True) by the compiled loop of the CPU engine, so
     ``predict`` gives exactly the labels a fit found; otherwise one GEMM per chunk.
     """
-    if compiled or (compiled is None and x.device.type == "cpu" and hamerly.available()):
-        labels, squared = hamerly.nearest(x, centers)
+    if compiled or (compiled is None and x.device.type == "cpu" and compiled_scoring.available()):
+        labels, squared = compiled_scoring.nearest(x, centers)
         return labels, float(_weighted_inertia(squared, weights))
     c_sq = (centers * centers).sum(1)
     labels = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
@@ -60,8 +60,8 @@ def inertia_of(x: torch.Tensor, centers: torch.Tensor, labels: torch.Tensor, chu
 
     On CPUs with numba by a compiled loop in float64 (no chunk-sized temporaries); otherwise by chunks.
     """
-    if x.device.type == "cpu" and hamerly.available():
-        return hamerly.inertia(x, centers, labels, weights)
+    if x.device.type == "cpu" and compiled_scoring.available():
+        return compiled_scoring.inertia(x, centers, labels, weights)
     total = torch.zeros((), dtype=torch.float64, device=x.device)
     for start in range(0, x.shape[0], chunk):
         xc = x[start:start + chunk]

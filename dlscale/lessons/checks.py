@@ -305,7 +305,7 @@ def _require_filled_in(*answers: Any) -> None:
 
 def _on_two_engines(function: Callable, *args: Any) -> list[Any]:
     """``function(*args)`` on two engines as ranks 0 and 1; a learner's stub raised there is raised here as itself."""
-    from dlscale.cluster.notebook_engines import EngineError, run_on_engines
+    from dlscale.jobs.notebook_engines import EngineError, run_on_engines
 
     _require_filled_in(*args)
     try:
@@ -430,7 +430,7 @@ def _centre_update_on_rank(update_centers: Callable) -> tuple[torch.Tensor, int]
 def check_centre_update(update_centers: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
     """08.1: new centres from each rank's local sums and counts, with a single all-reduce; an empty cluster
     keeps its centre."""
-    from dlscale.cluster.notebook_engines import EngineError, run_on_engines
+    from dlscale.jobs.notebook_engines import EngineError, run_on_engines
 
     _require_filled_in(update_centers)
     try:

@@ -272,8 +272,8 @@ def largest_loss_gap(recipe_losses: list[float], twin_losses: list[float]) -> fl
 
 def run_stage(path: str, **arguments) -> dict:
     """``main(**arguments)`` of a stage's file (the one an attendee wrote in a lesson, say), on an engine too:
-    as :func:`~dlscale.cluster.notebook_engines.run_file`, with ``recipes/`` importable (this module puts it on
+    as :func:`~dlscale.jobs.notebook_engines.run_file`, with ``recipes/`` importable (this module puts it on
     the path where it is imported), so that the file finds ``training_tools`` wherever it was written."""
-    from dlscale.cluster.notebook_engines import run_file
+    from dlscale.jobs.notebook_engines import run_file
 
     return run_file(path, **arguments)

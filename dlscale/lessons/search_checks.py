@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from dlscale.hpo import SearchSpaceError, load_space
-from dlscale.hpo.launch import rerun_best, search
+from dlscale.hpo.local_search import rerun_best, search
 
 #: How far the best trial's re-run may land from its value in the study, in R². On a CPU the same kernels run
 #: in the same order: the same R² to the last digit. On a GPU cuDNN may pick other convolution algorithms in each

@@ -9,9 +9,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from dlscale.cluster.launch import run_local, start_local
 from dlscale.hpo.space import load_space
 from dlscale.hpo.study import STUDY_FILE, StudyError, StudySettings, create_study, read_settings
+from dlscale.jobs.local_ranks import run_local, start_local
 
 
 def start_workers(study_dir: str | Path, n: int, threads: int = 1) -> list[subprocess.Popen]:

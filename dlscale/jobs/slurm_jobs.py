@@ -1,6 +1,6 @@
 """Submitting and watching Slurm jobs from Python: what lesson 09 and the tests do with the cluster.
 
-Works with any Slurm (the local cluster of :mod:`dlscale.cluster.local_slurm` or a site's): pass the
+Works with any Slurm (the local cluster of :mod:`dlscale.jobs.local_slurm` or a site's): pass the
 environment that points at it. A job that ends in any state but ``COMPLETED`` raises a
 :class:`JobFailedError` carrying the end of its output file, so a notebook cell that waits for a job
 fails when the job fails.

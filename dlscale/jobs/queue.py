@@ -5,7 +5,7 @@ detected: Perlmutter, Frontier), with ``sbatch`` on the path, :func:`open_queue`
 the real queue through ``slurm/SITE/``, charged as the instructor's settings say: Slurm's own
 input variables (``SBATCH_ACCOUNT``, ``SBATCH_RESERVATION``, ``SBATCH_QOS``, ``SBATCH_PARTITION``),
 set in the kernel's environment or in a file of ``NAME=value`` lines that ``DLSCALE_WORKSHOP_ENV``
-names. Elsewhere it starts a one-node cluster here (:class:`~dlscale.cluster.local_slurm.LocalSlurm`)
+names. Elsewhere it starts a one-node cluster here (:class:`~dlscale.jobs.local_slurm.LocalSlurm`)
 when Slurm's programs are installed, or says that there is none.
 """
 
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlscale.cluster.environment import detect_site
 from dlscale.errors import DlscaleError
+from dlscale.jobs.environment import detect_site
 
 #: Sites with scripts in slurm/, by the name :func:`detect_site` gives them.
 SITE_SCRIPTS = {"NERSC Perlmutter": "perlmutter", "OLCF Frontier": "frontier"}
@@ -50,7 +50,7 @@ class Queue:
         """What each of ``tasks`` tasks of a job with one CPU each is given (``launch.sh SITE probe``): its output."""
         import subprocess
 
-        from dlscale.cluster.slurm_jobs import JOB_OUTPUT, wait_for_jobs
+        from dlscale.jobs.slurm_jobs import JOB_OUTPUT, wait_for_jobs
 
         wrap = f"--wrap=bash {self.env['DLSCALE_ROOT']}/slurm/launch.sh {self.site} probe"
         output = JOB_OUTPUT.parent.resolve() / "probe-%j.out"  # (the runs' folder, not beside the notebook)
@@ -105,7 +105,7 @@ def site_of(environ: dict[str, str]) -> str | None:
 
 def open_queue(root: str | Path, environ: dict[str, str] | None = None, start_local: bool = True) -> Queue:
     """The queue a lesson submits to (see the module's docstring); a local cluster is started if it is the one."""
-    from dlscale.cluster.local_slurm import LocalSlurm, missing_programs
+    from dlscale.jobs.local_slurm import LocalSlurm, missing_programs
 
     environ = job_environ(root, environ)
     if environ.get("DLSCALE_WORKSHOP_ENV"):

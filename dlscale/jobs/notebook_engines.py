@@ -6,7 +6,7 @@ starts N ipyparallel engines (local processes on a laptop or a login node; MPI e
 environment of one rank — the same variables torchrun sets — calls the function on all of
 them at once, and returns the per-rank results in rank order. Lesson 05 uses it::
 
-    from dlscale.cluster.notebook_engines import run_on_engines
+    from dlscale.jobs.notebook_engines import run_on_engines
     from dlscale.train import train
     results = run_on_engines(train, 2, "tiny", epochs=1)     # results[0] is rank 0's Result
 
@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dlscale.cluster.engine_watchdog import watch
 from dlscale.errors import DlscaleError, import_optional
+from dlscale.jobs.engine_watchdog import watch
 
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                    "DLSCALE_LAUNCHER")

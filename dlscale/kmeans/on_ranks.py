@@ -14,7 +14,7 @@ from typing import Literal
 
 import numpy as np
 
-from dlscale.cluster.launch import run_local
+from dlscale.jobs.local_ranks import run_local
 from dlscale.runtime.threads import fair_threads
 
 
@@ -24,7 +24,7 @@ def kmeans_command(launcher: Literal["torchrun", "mpirun", "none"], procs: int, 
     if launcher == "none" or procs == 1:
         return [sys.executable, "-m", *module]
     if launcher == "torchrun":
-        from dlscale.cluster.launch import torchrun_command
+        from dlscale.jobs.local_ranks import torchrun_command
         return torchrun_command(procs, module)
     if launcher == "mpirun":  # Intel MPI from PyPI installs mpirun beside the interpreter
         return [str(Path(sys.executable).with_name("mpirun")), "-n", str(procs), sys.executable, "-m", *module]

@@ -1,0 +1,73 @@
+"""Scoring on CPUs by compiled loops (numba, in the ``kmeans`` extra): each row's nearest centre, the inertia,
+and the set-up the bounded pass of :mod:`dlscale.kmeans.hamerly` shares with them.
+
+Every compiled call scores a distance by the GEMM formula's arithmetic, ``‖c‖² − 2·x·c`` in the data's
+precision, so the fit, ``predict`` and ``score`` round a row's distances the same way. The loops
+themselves are in :mod:`dlscale.kmeans.compiled`.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+import torch
+
+from dlscale.errors import importable
+
+#: Parts the rows are split into for the threads: each keeps its own float64 sums. At least
+#: this many, so the order of the sums (their last bits) does not depend on up to 16 threads.
+MIN_PARTS = 64
+
+
+def available() -> bool:
+    """Whether the compiled loops can run here (numba is installed: the ``kmeans`` extra)."""
+    return importable("numba")
+
+
+def loops() -> ModuleType:
+    """The compiled loops, numba's threads set up first (imported here: numba is optional)."""
+    import numba
+
+    if "NUMBA_THREADING_LAYER" not in os.environ:
+        # OpenMP first, as torch's own threads: beside torch's OpenMP threads, still spinning after
+        # its last call, numba's TBB or workqueue threads made each pass twice as slow here
+        # (docs/benchmarks.md). It takes effect at the process's first parallel call.
+        numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
+    from dlscale.kmeans import compiled
+
+    # numba's own pool, sized as torch's (the kit's thread choice for this process)
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    return compiled
+
+
+def weights_for_loops(weights: torch.Tensor | None) -> torch.Tensor:
+    """Contiguous float64 weights, or an empty array for weights of one (as the compiled loops read them)."""
+    return torch.empty(0, dtype=torch.float64) if weights is None else weights.double().contiguous()
+
+
+def parts(rows: int) -> int:
+    """How many parts the rows are split into for the threads (see :data:`MIN_PARTS`)."""
+    return max(1, min(rows, max(MIN_PARTS, 4 * torch.get_num_threads())))
+
+
+def formula(centers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``−2·c`` and ``‖c‖²`` in the data's precision: the distance of x to c is ``‖c‖² + Σ x·(−2c)`` (+ ‖x‖²)."""
+    return (-2 * centers).contiguous(), (centers * centers).sum(1)
+
+
+def nearest(x: torch.Tensor, centers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's nearest centre, by the arithmetic of the bounded pass (:mod:`dlscale.kmeans.hamerly`), and its squared distance (float64)."""
+    x = x.contiguous()
+    labels = torch.empty(len(x), dtype=torch.int64)
+    distance = torch.empty(len(x), dtype=torch.float64)
+    cm2, c_sq = formula(centers)
+    loops().nearest(x.numpy(), cm2.numpy(), c_sq.numpy(), labels.numpy(), distance.numpy())
+    return labels, distance
+
+
+def inertia(x: torch.Tensor, centers: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None) -> float:
+    """Σ w·‖x − c_label‖² over the rows, each term and the sum in float64, by a compiled loop."""
+    x = x.contiguous()
+    return float(loops().inertia(x.numpy(), weights_for_loops(weights).numpy(),
+                                 centers.contiguous().numpy(), labels.numpy(), parts(len(x))))
