@@ -96,16 +96,15 @@ _skip_reasons: list[str] = []
 NO_GPU = "no CUDA GPU here: the gpu tests run on a GPU node (pytest -m gpu)"
 
 
-#: Files whose every test starts a system beside it (a Slurm cluster, notebook kernels, a browser, Jupyter, Horovod's or
-#: torchrun's ranks, a fresh install): marked integration, so make test-fast leaves them to make test. Other files
-#: mark their own such tests.
-INTEGRATION_FILES = {"test_slurm.py", "test_notebooks.py", "test_browser.py", "test_jupyterlab.py", "test_horovod.py",
-                     "test_recipe_jobs.py", "test_quick_start.py", "test_experiments.py", "test_packaging.py"}
+#: The integration tier's folder: every test in it starts a system beside it (a Slurm cluster, notebook kernels, a
+#: browser, Jupyter, launched ranks or runs, ipyparallel engines, a fresh install). Each is marked integration, so that
+#: `-m "not integration"` leaves them out wherever they are collected from; make test-fast runs tests/unit alone.
+INTEGRATION = ROOT / "tests" / "integration"
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.path.name in INTEGRATION_FILES:
+        if item.path.is_relative_to(INTEGRATION):
             item.add_marker(pytest.mark.integration)
     if torch.cuda.is_available():
         return

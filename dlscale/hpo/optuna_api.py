@@ -4,7 +4,7 @@ A worker that finds a dead worker's trial must change that trial from outside it
 it failed (only if it is still running, so that two workers never both claim it) and queue its
 settings again. Optuna's ``Study`` has no public call for the first two; its storage does, behind
 ``study._storage`` and ``trial._trial_id``. Every such use is here, so that an Optuna release that
-moves them breaks one module, which ``tests/test_hpo.py`` runs at the floor (the oldest-Python
+moves them breaks one module, which ``tests/unit/test_hpo.py`` runs at the floor (the oldest-Python
 run) and at the newest version.
 
 The retry is Optuna's own callback: ``RetryFailedTrialCallback`` up to 4.8, renamed

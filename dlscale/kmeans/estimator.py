@@ -54,7 +54,7 @@ EXPECTED_FAILED_CHECKS = {
     "check_sample_weight_equivalence_on_dense_data": (
         "a weight of 2 is not the same as a repeated row for the random initialisation: the seeding draws "
         "from n rows instead of n + 1, so the initial centres differ (scikit-learn's KMeans declares the same); "
-        "from the same initial centres the weighted fit is exact (tests/test_kmeans.py)"),
+        "from the same initial centres the weighted fit is exact (tests/unit/test_kmeans.py)"),
 }
 
 

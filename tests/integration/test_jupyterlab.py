@@ -2,8 +2,8 @@
 
 import urllib.request
 
-from .browser import LabServer
-from .conftest import ROOT
+from ..browser import LabServer
+from ..conftest import ROOT
 
 
 def test_jupyterlab_serves_the_lesson_notebooks(tmp_path):

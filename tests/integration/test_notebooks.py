@@ -11,9 +11,9 @@ from dlscale.distributed import horovod_backend
 from dlscale.lessons import checks
 from dlscale.lessons.exercises import ExerciseError, generate, strip_solutions
 
-from .browser import missing as browser_missing
-from .conftest import ROOT
-from .notebooks import errors, execute, has_image, with_parameters
+from ..browser import missing as browser_missing
+from ..conftest import ROOT
+from ..notebooks import errors, execute, has_image, with_parameters
 
 pytestmark = pytest.mark.notebook
 
@@ -35,7 +35,7 @@ LESSONS = {
     "06_horovod.ipynb": {"steps": 20, "allreduce_max_kib": 256},
     "08_distributed_kmeans.ipynb": {"colours": [4, 8], "bench_copies": 1, "bench_iters": 3, "bench_rounds": 1},
     "09_scaling_out.ipynb": {"sizes": [1, 2], "steps": 20, "target_r2": 0.0, "preempt_epochs": 4,
-                             "node_sweep": False},  # (tests/test_slurm.py sweeps the two nodes)
+                             "node_sweep": False},  # (tests/integration/test_slurm.py sweeps the two nodes)
     "10_sharded_and_model_parallel.ipynb": {"steps": 12, "memory_width": 32, "memory_steps": 7,
                                             "memory_ranks": 2},
     "07_large_batch.ipynb": {"sweep_size": "smoke", "sweep_recipes": ["no scaling", "LARS + warmup"],
@@ -75,7 +75,7 @@ def test_every_lesson_is_covered_and_committed_without_outputs():
                     assert not cell["outputs"] and cell["execution_count"] is None, f"{path} has outputs"
 
 
-#: Lessons that tests/test_browser.py runs in JupyterLab with these same parameters. It asserts more than
+#: Lessons that tests/integration/test_browser.py runs in JupyterLab with these same parameters. It asserts more than
 #: the headless run would (no error, every figure drawn, widgets, the lesson's end state), so where the
 #: browser tests can run these are not executed headless a second time (in CI a skipped browser test fails
 #: the run). Where they cannot (no Chromium, e.g. make test without root), they run headless here instead.

@@ -6,7 +6,7 @@ import sys
 
 import yaml
 
-from .conftest import ROOT
+from ..conftest import ROOT
 
 if sys.version_info >= (3, 11):
     import tomllib

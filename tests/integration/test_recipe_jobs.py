@@ -2,7 +2,7 @@
 
 Only a site runs them for real; what is checked is what they would start there: the launcher's line (tasks,
 cores, GPU binding, the stage and its arguments), the software they load, and the network settings. The
-generic Slurm script (recipes/09_job.sbatch) runs on the local cluster in tests/test_slurm.py.
+generic Slurm script (recipes/09_job.sbatch) runs on the local cluster in tests/integration/test_slurm.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from .conftest import ROOT
+from ..conftest import ROOT
 
 SITE_COMMANDS = ("srun", "mpiexec", "module", "conda", "podman-hpc")
 

@@ -1,10 +1,6 @@
 """The thread count each process gives torch, from the CPUs it was given."""
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -42,17 +38,3 @@ def test_the_config_threads_win_over_the_environment(tiny):
 def test_fair_threads_fit_the_largest_run_on_the_cpus():
     assert [fair_threads(n, cpus=8) for n in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
     assert per_process_env(2, {"PATH": "/bin"}) == {"PATH": "/bin", "OMP_NUM_THREADS": "2"}
-
-
-@pytest.mark.skipif(not shutil.which("taskset") or not hasattr(os, "sched_getaffinity"),
-                    reason="needs taskset (util-linux) and Linux affinity masks")
-@pytest.mark.integration
-def test_a_run_bound_to_one_cpu_uses_one_thread_and_says_so(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK")}
-    run_dir = tmp_path / "run"
-    done = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "dlscale", "train", "tiny", "max_steps=2",
-                           f"run_dir={run_dir}", "progress=false", "plot=false", "checkpoint_every=0"],
-                          env=env, cwd=tmp_path, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    threads = json.loads((run_dir / "summary.json").read_text())["threads"]
-    assert threads == {"count": 1, "source": "affinity mask", "cpus": 1}

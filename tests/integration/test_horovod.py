@@ -17,7 +17,7 @@ from dlscale.checkpoint import list_checkpoints
 from dlscale.distributed import DistEnv, DistributedError, detect, horovod_backend, resolve_data_parallel
 from dlscale.metrics.tracking import read_rows
 
-from .conftest import ROOT, SAME_STEPS_FP64
+from ..conftest import ROOT, SAME_STEPS_FP64
 
 needs_horovod = pytest.mark.skipif(not horovod_backend.available(), reason="Horovod is not built (make horovod)")
 # float64, so that Horovod's summation order and one process agree to rounding on any CPU (conftest).
@@ -160,7 +160,7 @@ def test_noise_scale_is_refused_under_horovod():
 
 @needs_horovod
 def test_bench_allreduce_times_horovod_on_two_local_ranks(in_tmp):
-    from .conftest import run_cli
+    from ..conftest import run_cli
     done = run_cli("bench", "allreduce", "--nproc", "2", "--horovod", "--max-mib", "0.0625", "--out", "ar",
                    cwd=in_tmp, env={"PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"})
     assert done.returncode == 0, _why(done)

@@ -7,7 +7,7 @@ import pytest
 
 from dlscale.bench.large_batch import RECIPES, large_batch_sweep
 
-from .conftest import run_cli
+from ..conftest import run_cli
 
 
 @pytest.mark.slow

@@ -17,9 +17,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from .browser import Lab, missing, problems
-from .conftest import ROOT
-from .notebooks import with_parameters
+from ..browser import Lab, missing, problems
+from ..conftest import ROOT
+from ..notebooks import with_parameters
 from .test_notebooks import IN_THE_BROWSER, LESSONS
 
 pytestmark = pytest.mark.notebook

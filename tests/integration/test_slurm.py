@@ -23,7 +23,7 @@ from dlscale.errors import DlscaleError
 from dlscale.jobs.local_slurm import LocalSlurm, missing_programs, multi_node_unavailable
 from dlscale.metrics.tracking import read_rows
 
-from .conftest import ROOT, run_cli
+from ..conftest import ROOT, run_cli
 
 SCRIPTS = sorted([*ROOT.glob("slurm/*.sh"), *ROOT.glob("slurm/*/*.sbatch"), ROOT / "slurm/summit/train.lsf",
                   *ROOT.glob("slurm/sites/*.env"), *ROOT.glob("recipes/*.sbatch"),
@@ -196,7 +196,7 @@ def test_a_preempted_two_node_job_has_four_ranks_on_two_hosts_and_equals_one_pro
     """Four ranks on two hosts, signalled, checkpointed, requeued and resumed on both nodes, end where one process
     ends: float64, compared to rounding, as in test_distributed (with 4 ranks the order in which DDP sums a gradient
     element can change when a resumed job rebuilds its buckets)."""
-    from .conftest import SAME_STEPS_FP64
+    from ..conftest import SAME_STEPS_FP64
 
     # 12 epochs (384 steps) and the signal after 25 of them: it lands long before the end, however fast the machine
     settings = [*FP64, "epochs=12"]

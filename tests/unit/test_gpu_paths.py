@@ -18,7 +18,7 @@ from dlscale.distributed import DistributedError, process_group
 from dlscale.runtime.devices import DeviceError, gpu_index, resolve_device
 from dlscale.train import train
 
-from .conftest import ROOT
+from ..conftest import ROOT
 
 # -- which GPU a rank uses, and the group bound to it ---------------------------------------------
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import grimp
 
-from .conftest import ROOT
+from ..conftest import ROOT
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, left_out_line
+from ..conftest import ROOT, left_out_line
 
 #: A test that skips without root (it shapes a link in a network namespace of its own).
-NEEDS_ROOT = "tests/test_scaling.py::test_the_model_fitted_here_predicts_message_sizes_it_was_not_fitted_on"
-QUICK = "tests/test_train.py::test_a_gpu_index_past_those_visible_names_the_count"
+NEEDS_ROOT = "tests/integration/test_scaling.py::test_the_model_fitted_here_predicts_message_sizes_it_was_not_fitted_on"
+QUICK = "tests/unit/test_train.py::test_a_gpu_index_past_those_visible_names_the_count"
 
 
 def _without_python_310(home: Path, ci: bool = False) -> tuple[dict, list[str]]:
@@ -68,7 +68,7 @@ def test_ci_without_python_310_fails_at_once_naming_it(tmp_path):
 def test_without_chromium_the_browser_lessons_run_headless_instead(tmp_path):
     """Where the browser tests skip, every lesson is still executed: headless."""
     env = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # no chromium, no chromedriver
-    done = subprocess.run([sys.executable, "-m", "pytest", "tests/test_notebooks.py", "--collect-only", "-q",
+    done = subprocess.run([sys.executable, "-m", "pytest", "tests/integration/test_notebooks.py", "--collect-only", "-q",
                            "-p", "no:cacheprovider", "-k", "top_to_bottom"], cwd=ROOT, capture_output=True,
                           text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:]

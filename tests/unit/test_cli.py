@@ -1,22 +1,10 @@
+"""The dlscale command: its arguments checked, its errors one line each."""
+
 import json
 import re
 import sys
 
-import pytest
-
-from .conftest import ROOT, run_cli
-
-
-@pytest.mark.integration
-def test_train_end_to_end(in_tmp):
-    done = run_cli("train", "tiny", "epochs=2", "progress=false", cwd=in_tmp)
-    assert done.returncode == 0, done.stderr
-    assert re.search(r"[\d,]+ samples/s", done.stdout)
-    assert re.search(r"validation: mse [\d.]+, r2 0\.\d+", done.stdout)
-    run = in_tmp / "runs/tiny"
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps_done"] == 64 and summary["r2"] > 0.5
-    assert (run / "loss_curve.png").stat().st_size > 10_000
+from ..conftest import ROOT, run_cli
 
 
 def test_python_dash_m_dlscale_train_is_the_same_command(in_tmp):
@@ -25,43 +13,6 @@ def test_python_dash_m_dlscale_train_is_the_same_command(in_tmp):
                            "plot=false"], cwd=in_tmp, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "step 5/5" in done.stdout
-
-
-@pytest.mark.integration
-def test_overrides_without_a_config_use_the_defaults(in_tmp):
-    done = run_cli("train", "name=bare", "image_size=16", "train_samples=256", "val_samples=64", "width=4",
-                   "depth=1", "max_steps=3", "progress=false", "plot=false", cwd=in_tmp)
-    assert done.returncode == 0, done.stderr
-    assert (in_tmp / "runs/bare/metrics.csv").is_file()
-
-
-@pytest.mark.integration
-def test_bad_input_is_one_line_without_a_traceback(in_tmp):
-    for args, message in [
-        (["train", "tiny", "lr=fast"], "config key 'lr' expects float, got 'fast'"),
-        (["train", "tiny", "epoch=1"], "unknown config key 'epoch' (did you mean 'epochs'?)"),
-        (["train", "tiny", "data_dir=nowhere"], "data_dir nowhere does not exist"),
-        (["train", "tiny", "device=cuda:0"] if "cuda" not in sys.modules else ["train", "tiny", "device=cuda:99"],
-         "device=cuda"),
-        (["data", "check", "nowhere"], "data folder nowhere/train does not exist"),
-    ]:
-        done = run_cli(*args, cwd=in_tmp)
-        assert done.returncode == 2, (args, done.stdout, done.stderr)
-        assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
-
-
-@pytest.mark.integration
-def test_data_generate_then_check_then_train_on_it(in_tmp):
-    done = run_cli("data", "generate", "--out", "mydata", "image_size=16", "train_samples=512", "val_samples=128",
-                   "shard_size=100", "progress=false", cwd=in_tmp)
-    assert done.returncode == 0, done.stderr
-    assert re.search(r"wrote 512 training and 128 validation maps of 16x16 to mydata in [\d.]+ s \([\d,]+ maps/s\)",
-                     done.stdout)
-    assert len(list((in_tmp / "mydata/train").glob("*-x.npy"))) == 6
-    done = run_cli("data", "check", "mydata", cwd=in_tmp)
-    assert "train: 512 maps of shape (1, 16, 16), 3 targets, 6 shards: ok" in done.stdout
-    done = run_cli("train", "tiny", "data_dir=mydata", "max_steps=4", "progress=false", "plot=false", cwd=in_tmp)
-    assert done.returncode == 0 and "from mydata" in done.stdout, done.stderr
 
 
 def test_help_explains_every_key_and_command(in_tmp):
@@ -87,24 +38,6 @@ def test_exercises_check_reports_drift(in_tmp):
                    "--exercises", str(ROOT / "exercises"), cwd=in_tmp).returncode == 0
     done = run_cli("exercises", "--check", "--solutions", str(ROOT / "solutions"), "--exercises", "empty", cwd=in_tmp)
     assert done.returncode == 1 and "out of date" in done.stderr
-
-
-@pytest.mark.integration
-def test_data_check_names_shards_with_nan_or_inf(in_tmp):
-    import numpy as np
-    done = run_cli("data", "generate", "--out", "mydata", "image_size=8", "train_samples=200", "val_samples=100",
-                   "shard_size=100", "progress=false", cwd=in_tmp)
-    assert done.returncode == 0, done.stderr
-    for name, value, where in (("train/shard-00001-x.npy", np.nan, (3, 0, 2, 5)), ("val/shard-00000-y.npy", np.inf, (5, 1))):
-        array = np.load(in_tmp / "mydata" / name)
-        array[where] = value
-        np.save(in_tmp / "mydata" / name, array)
-    done = run_cli("data", "check", "mydata", cwd=in_tmp)
-    assert done.returncode == 2, done.stdout
-    assert "train: mydata/train/shard-00001-x.npy holds 1 NaN or infinite value(s)" in done.stdout
-    assert "val: mydata/val/shard-00000-y.npy holds 1 NaN or infinite value(s)" in done.stdout
-    assert "train: 200 maps of shape (1, 8, 8), 3 targets, 2 shards: NOT ok" in done.stdout
-    assert "2 shard file(s) in mydata hold NaN or infinite values" in done.stderr
 
 
 def _fake_run(folder, **summary):

@@ -1,53 +1,21 @@
-"""Data-parallel training: launcher detection, 2 ranks equal 1, a dead rank stops the job, resume."""
+"""Data-parallel training: the tests that launch ranks, engines or runs beside them (tests/unit/test_distributed.py
+has the rest)."""
 
 import contextlib
-import logging
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from dlscale.checkpoint import list_checkpoints
-from dlscale.distributed import DistEnv, DistributedError, detect, detect_launcher, expand_nodelist, free_port
+from dlscale.distributed import free_port
 from dlscale.metrics.tracking import read_rows
 
-from .conftest import SAME_STEPS_FP64
-
-
-def test_slurm_node_lists_expand():
-    assert expand_nodelist("nid[001234-001237,001240]") == ["nid001234", "nid001235", "nid001236", "nid001237",
-                                                             "nid001240"]
-    assert expand_nodelist("login01") == ["login01"]
-    assert expand_nodelist("gpu[7-8],cpu03") == ["gpu7", "gpu8", "cpu03"]
-
-
-@pytest.mark.parametrize("environ, expected", [
-    ({}, DistEnv()),
-    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "nid001",
-      "MASTER_PORT": "29600", "TORCHELASTIC_RUN_ID": "x"},
-     DistEnv(3, 1, 8, 4, "torchrun", "nid001", 29600)),
-    ({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "16", "SLURM_NTASKS_PER_NODE": "4",
-      "SLURM_JOB_NODELIST": "nid[001234-001237]", "SLURM_JOB_ID": "42"},
-     DistEnv(5, 1, 16, 4, "slurm", "nid001234", 29500)),
-    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-      "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "node7"}, DistEnv(1, 1, 2, 2, "mpi", "node7", 29500)),
-    ({"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2", "MASTER_ADDR": "h1"},
-     DistEnv(2, 0, 4, 2, "mpi", "h1", 29500)),
-])
-def test_detect_reads_each_launchers_variables(environ, expected):
-    assert detect(environ) == expected
-
-
-def test_a_slurm_allocation_alone_is_one_process_and_missing_variables_are_clear():
-    assert detect_launcher({"SLURM_JOB_ID": "1", "SLURM_NNODES": "2"}) == "single"
-    with pytest.raises(DistributedError, match="SLURM_JOB_NODELIST is not set"):
-        detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"})
-
+from ..conftest import SAME_STEPS_FP64
 
 # -- real processes over gloo ----------------------------------------------------------------------
 
@@ -80,7 +48,6 @@ def _assert_same_weights(reference, other):
         assert difference < SAME_STEPS_FP64, (key, difference)
 
 
-@pytest.mark.integration
 def test_two_ranks_under_torchrun_equal_one_process_and_only_rank0_writes(in_tmp):
     one = _single(in_tmp, "run_dir=runs/one")
     assert one.returncode == 0, one.stderr
@@ -122,7 +89,6 @@ def _process_or_none(pid):
         return None
 
 
-@pytest.mark.integration
 def test_two_ranks_killed_twice_resume_bit_for_bit(in_tmp):
     """A 2-rank job killed after step 32, resumed, killed again right after every rank has loaded, resumed.
 
@@ -153,7 +119,6 @@ def test_two_ranks_killed_twice_resume_bit_for_bit(in_tmp):
     assert trajectory() == reference  # bit for bit
 
 
-@pytest.mark.integration
 def test_a_dead_rank_stops_the_other_with_a_clear_message(in_tmp):
     port = free_port()
     procs = []
@@ -190,7 +155,6 @@ if env.rank == 0:
 """
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("mode", ["drain", "no-drain"])
 def test_a_normal_shutdown_waits_for_every_rank_and_a_failed_one_does_not(in_tmp, mode):
     # Waiting lets gloo's worker threads release the last collective before the interpreter
@@ -235,7 +199,6 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("mode", ["plain", "setup", "missing"])
 def test_ranks_wait_for_rank_0s_data_as_long_as_setup_timeout_s_not_dist_timeout_s(mode, tmp_path):
     """The barrier behind rank 0's data generation had the group's timeout (120 s in the gpu config): a data set
@@ -256,35 +219,8 @@ def test_ranks_wait_for_rank_0s_data_as_long_as_setup_timeout_s_not_dist_timeout
         assert "1" in lines[0].split("(", 2)[2]  # gloo's monitored barrier names the rank that did not come
 
 
-def test_the_setup_group_connects_lazily_and_leaves_the_environment_as_it_was(monkeypatch):
-    """A full mesh would open a socket to every rank on every rank of a large job; the monitored barrier needs
-    rank 0's links only. torch reads TORCH_GLOO_LAZY_INIT when it makes a gloo group."""
-    import datetime
-
-    import torch.distributed as dist
-
-    from dlscale.distributed import process_group
-
-    seen = []
-    monkeypatch.setattr(dist, "new_group", lambda **kw: seen.append((os.environ.get("TORCH_GLOO_LAZY_INIT"), kw)))
-    monkeypatch.delenv("TORCH_GLOO_LAZY_INIT", raising=False)
-    process_group._lazy_gloo_group(datetime.timedelta(seconds=60))
-    assert seen[0][0] == "1" and seen[0][1]["backend"] == "gloo" and "TORCH_GLOO_LAZY_INIT" not in os.environ
-    monkeypatch.setenv("TORCH_GLOO_LAZY_INIT", "0")  # a user's own choice is kept for their groups
-    process_group._lazy_gloo_group(datetime.timedelta(seconds=60))
-    assert seen[1][0] == "1" and os.environ["TORCH_GLOO_LAZY_INIT"] == "0"
-
-
-def test_bus_bandwidth_is_the_nccl_tests_formula():
-    from dlscale.bench.allreduce import bus_bandwidth
-    assert bus_bandwidth(1e9, 1.0, 2) == pytest.approx(1e9)  # 2·(2−1)/2 = 1
-    assert bus_bandwidth(1e9, 1.0, 8) == pytest.approx(1.75e9)  # 2·7/8
-    assert bus_bandwidth(1e9, 0.5, 4) == pytest.approx(3e9)
-
-
-@pytest.mark.integration
 def test_bench_allreduce_runs_on_two_local_ranks(in_tmp):
-    from .conftest import run_cli
+    from ..conftest import run_cli
     done = run_cli("bench", "allreduce", "--nproc", "2", "--max-mib", "0.25", "--out", "ar", cwd=in_tmp)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "all-reduce, 2 ranks, gloo" in done.stdout
@@ -313,15 +249,6 @@ def test_weak_and_strong_scaling_runs_report_efficiency(tiny, in_tmp):
     assert {row["threads_per_process"] for row in rows} == {fair_threads(2)}
     assert (in_tmp / "scaling/scaling.png").is_file()
     assert f"| weak | 2 | {fair_threads(2)} | 64 |" in format_scaling(rows)
-
-
-def test_rank_environments_group_engines_by_host():
-    from dlscale.jobs.notebook_engines import rank_environments
-    one_host = rank_environments(["a", "a"], 4000)
-    assert [e["LOCAL_RANK"] for e in one_host] == ["0", "1"] and one_host[0]["MASTER_ADDR"] == "127.0.0.1"
-    two_hosts = rank_environments(["n1", "n1", "n2", "n2"], 4000)
-    assert [e["LOCAL_RANK"] for e in two_hosts] == ["0", "1", "0", "1"]
-    assert {e["MASTER_ADDR"] for e in two_hosts} == {"n1"} and two_hosts[3]["WORLD_SIZE"] == "4"
 
 
 #: Run on an engine: who, where, and whether a process group was up; then it leaves one up on purpose.
@@ -358,7 +285,6 @@ def engines_alive():
     return [p for p in psutil.Process().children(recursive=True) if "ipyparallel.engine" in _cmdline(p)]
 
 
-@pytest.mark.integration
 def test_ipyparallel_engines_run_one_job_and_return_every_rank(in_tmp, monkeypatch):
     """One job on two engines; the engines stay up for the next call from the same folder, which finds no process
     group left up; a call from another folder gets engines started there, the others stop; a failed call stops its."""
@@ -399,7 +325,6 @@ def halfway():
 """
 
 
-@pytest.mark.integration
 def test_what_rank_0_prints_on_the_engines_shows_while_it_runs(in_tmp):
     """A cell that trains on the engines printed nothing until every rank was done (40-75 s looking stuck)."""
     import io
@@ -436,7 +361,6 @@ def _left_running(pids: set[int], wait: float = 20) -> set[int]:
     return alive
 
 
-@pytest.mark.integration
 def test_engines_stop_when_their_kernel_is_killed_instead_of_exiting(tmp_path):
     """A kernel killed (a shutdown that outlasts the kernel manager's wait, a restart, a hub culling it) used to
     leave its controller and engines running, orphaned, each in a process session of its own."""
@@ -455,21 +379,6 @@ def test_engines_stop_when_their_kernel_is_killed_instead_of_exiting(tmp_path):
     assert not any(_running(pid) for pid in engines), "the killed kernel's engines are still running"
 
 
-def test_engine_log_cleanup_race_stays_out_of_the_notebook(caplog):
-    """ipyparallel's harmless "Failed to remove" error is dropped; its other errors still show."""
-    import ipyparallel as ipp
-
-    from dlscale.jobs.notebook_engines import _NoCleanupRace
-
-    cluster = ipp.Cluster(n=1, log_level=40)
-    cluster.log.addFilter(_NoCleanupRace())
-    with caplog.at_level(logging.ERROR, logger=cluster.log.name):
-        cluster.log.error("Failed to remove /root/.ipython/profile_default/log/ipengine-1.log: [Errno 2] gone")
-        cluster.log.error("Engine set failed to start")
-    assert [r.getMessage() for r in caplog.records] == ["Engine set failed to start"]
-
-
-@pytest.mark.integration
 def test_two_ranks_under_intel_mpi_equal_one_process(in_tmp):
     """mpirun from the impi-rt wheel; no MASTER_ADDR, so rank 0's host is broadcast with mpi4py."""
     bin_dir = os.path.dirname(sys.executable)
@@ -484,7 +393,6 @@ def test_two_ranks_under_intel_mpi_equal_one_process(in_tmp):
     _assert_same_weights(in_tmp / "runs/one", in_tmp / "runs/mpi")
 
 
-@pytest.mark.integration
 def test_gradient_accumulation_takes_the_same_steps(in_tmp):
     common = ("optimizer=sgd", "lr=0.05", "max_steps=40")
     one = _single(in_tmp, "run_dir=runs/one", *common)
@@ -497,48 +405,3 @@ def test_gradient_accumulation_takes_the_same_steps(in_tmp):
     assert [r["step"] for r in read_rows(in_tmp / "runs/acc/metrics.csv")] == list(range(1, 41))
     assert read_rows(in_tmp / "runs/acc/metrics.csv")[0]["loss"] == pytest.approx(
         read_rows(in_tmp / "runs/one/metrics.csv")[0]["loss"], rel=1e-6)  # the logged loss is the whole batch's
-
-
-def test_the_benchmarks_timing_reductions_run_on_its_device(monkeypatch):
-    """Under NCCL a CPU tensor in a collective is an error: the timings travel on the benchmark's device.
-
-    No GPU here, so the collective is stood in for and records where its tensor lives ("meta" plays
-    the GPU: any device other than the CPU shows the same mistake).
-    """
-    from dlscale import distributed
-    from dlscale.bench import allreduce
-    seen = []
-    monkeypatch.setattr(distributed, "all_reduce_max", lambda tensor: seen.append(tensor.device) or torch.tensor(0.5))
-    assert allreduce.slowest_rank(0.5, torch.device("meta")) == 0.5
-    assert seen == [torch.device("meta")]
-
-
-def test_collectives_of_plain_numbers_use_the_groups_device(monkeypatch):
-    from dlscale.distributed import process_group
-    monkeypatch.setattr(process_group.dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(process_group.dist, "get_backend", lambda *a: "nccl")
-    monkeypatch.setattr(process_group.torch.cuda, "current_device", lambda: 3)
-    assert process_group.collective_device() == torch.device("cuda", 3)
-    monkeypatch.setattr(process_group.dist, "get_backend", lambda *a: "gloo")
-    assert process_group.collective_device() == torch.device("cpu")
-
-
-def test_one_runner_starts_local_processes_and_a_failure_carries_their_own_words(tmp_path):
-    # the benchmarks, dlscale kmeans, a study's workers and re-runs, and bench allreduce --nproc all start processes
-    # through it: threads each, this environment's programs first, and one error with the start and end of stderr
-    from dlscale.jobs.local_ranks import LaunchError, run_local, start_local
-
-    script = ("import os, sys; print(os.environ.get('OMP_NUM_THREADS'), os.environ['PATH'].split(os.pathsep)[0]); "
-              "sys.stderr.write('the rank failed: first words\\n' + 'x\\n' * 3000 + 'the launcher: last words\\n'); "
-              "sys.exit(int(sys.argv[1]))")
-    done = run_local([sys.executable, "-c", script, "0"], "a probe", threads=3)
-    assert done.stdout.split() == ["3", str(Path(sys.executable).parent)]
-    with pytest.raises(LaunchError) as err:
-        run_local([sys.executable, "-c", script, "4"], "a probe", threads=1)
-    message = str(err.value)
-    assert message.startswith("a probe failed (exit status 4):\nthe rank failed: first words")
-    assert message.endswith("the launcher: last words") and len(message) < 4200  # the middle is cut, not the ends
-    assert run_local([sys.executable, "-c", script, "5"], "a probe", capture=False).returncode == 5
-    with open(tmp_path / "log", "ab") as log:
-        process = start_local([sys.executable, "-c", script, "0"], log, threads=2, env={"EXTRA": "1"})
-    assert process.wait(timeout=60) == 0 and (tmp_path / "log").read_text().startswith("2 ")

@@ -1,4 +1,5 @@
-"""Beyond data parallel: FSDP and tensor parallelism of the ViT equal one process; sharded checkpoints; bad combinations."""
+"""Beyond data parallel: the tests that launch ranks, engines or runs beside them (tests/unit/test_sharded.py
+has the rest)."""
 
 import json
 import re
@@ -10,15 +11,13 @@ import pytest
 import torch
 
 from dlscale.checkpoint import checkpoint_dir, list_checkpoints, load_model
-from dlscale.config import ConfigError, load_config
-from dlscale.distributed import DistEnv, DistributedError, free_port, resolve_data_parallel
-from dlscale.distributed.parallelize import ParallelPlan, build_step_model, plan_parallelism
-from dlscale.metrics.memory import estimate_bytes, saved_activation_bytes
+from dlscale.config import load_config
+from dlscale.distributed import free_port
+from dlscale.metrics.memory import estimate_bytes
 from dlscale.metrics.tracking import read_rows
 from dlscale.models import build_model, count_parameters
-from dlscale.runtime.precision import Precision
 
-from .conftest import SAME_STEPS_FP64
+from ..conftest import SAME_STEPS_FP64
 
 # float64 for the equivalence runs: honest differences are then ~1e-13 (conftest's bound is 1e-9),
 # while a wrong shard, average or norm moves the weights by 1e-4 or more.
@@ -39,7 +38,6 @@ def _torchrun(cwd, *extra, ranks=2):
     return done
 
 
-@pytest.mark.integration
 def test_a_rank_with_no_validation_map_does_not_leave_the_others_waiting(tmp_path):
     """One map to validate on and two ranks: rank 1's share is empty, and it used to skip the reduction that rank 0
     then waited in until dist_timeout_s (then the job failed)."""
@@ -66,7 +64,6 @@ def one_process(tmp_path_factory):
     return folder
 
 
-@pytest.mark.integration
 def test_fsdp_on_two_ranks_equals_one_process_and_writes_a_sharded_checkpoint(one_process):
     done = _torchrun(one_process, "run_dir=runs/fsdp", "data_parallel=fsdp", *FP64)
     assert "(fsdp)" in done.stdout
@@ -77,14 +74,12 @@ def test_fsdp_on_two_ranks_equals_one_process_and_writes_a_sharded_checkpoint(on
     assert summary["applied"]["fsdp"] and summary["applied"]["data_parallel_ranks"] == 2
 
 
-@pytest.mark.integration
 def test_tensor_parallel_on_two_ranks_equals_one_process(one_process):
     done = _torchrun(one_process, "run_dir=runs/tp", "tensor_parallel=2", *FP64)
     assert "tensor parallel over 2" in done.stdout
     assert _difference(one_process / "runs/one-adamw", one_process / "runs/tp") < SAME_STEPS_FP64
 
 
-@pytest.mark.integration
 def test_fsdp_times_tensor_parallel_with_lamb_and_clipping_equals_one_process(one_process):
     """DP 2 × TP 2: LAMB's trust ratios and the clipping norm need the norms of whole tensors, not of shards."""
     done = _torchrun(one_process, "run_dir=runs/2d", "tensor_parallel=2", "optimizer=lamb", "lr=0.01",
@@ -96,7 +91,6 @@ def test_fsdp_times_tensor_parallel_with_lamb_and_clipping_equals_one_process(on
     assert val_2d["r2"] == pytest.approx(val_one["r2"], abs=1e-9)  # the two tensor-parallel ranks count once
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("optimizer", ["lars", "larc"])
 def test_layerwise_optimizers_on_tensor_parallel_shards_equal_one_process(in_tmp, optimizer):
     """A trust ratio from the norm of a local shard would differ on each rank and from one process."""
@@ -106,7 +100,6 @@ def test_layerwise_optimizers_on_tensor_parallel_shards_equal_one_process(in_tmp
     assert _difference(in_tmp / "runs/one", in_tmp / "runs/tp") < SAME_STEPS_FP64
 
 
-@pytest.mark.integration
 def test_fsdp_with_lamb_equals_one_process(one_process):
     _torchrun(one_process, "run_dir=runs/fsdp-lamb", "data_parallel=fsdp", "optimizer=lamb", "lr=0.01",
               "grad_clip=0.5", *FP64)
@@ -128,7 +121,6 @@ if os.environ["RANK"] == "0":  # one rank prints, so two ranks' lines cannot int
 """
 
 
-@pytest.mark.integration
 def test_fsdp_with_accumulation_reduce_scatters_only_on_the_last_micro_batch(in_tmp):
     """Four micro-batches per step, yet one reduce-scatter per FSDP unit per step: the inner ones stay local."""
     (in_tmp / "count.py").write_text(COUNT_REDUCE_SCATTERS)
@@ -140,20 +132,6 @@ def test_fsdp_with_accumulation_reduce_scatters_only_on_the_last_micro_batch(in_
     assert counted["reduce_scatters"] == 2 * counted["units"]  # (without the skip: 4 times as many)
 
 
-def test_activation_checkpointing_computes_the_same_gradients_from_fewer_saved_bytes():
-    cfg = load_config("vit-tiny")
-    x, grads, saved = torch.randn(8, 1, 16, 16), [], []
-    for checkpointing in (False, True):
-        torch.manual_seed(0)
-        model = build_model(cfg.override({"activation_checkpointing": checkpointing}))
-        saved.append(saved_activation_bytes(model, x))
-        model(x).pow(2).sum().backward()
-        grads.append([p.grad for p in model.parameters()])
-    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(*grads))
-    assert saved[1] < saved[0] / 3  # each block keeps only its input
-
-
-@pytest.mark.integration
 def test_fsdp_holds_half_the_parameter_and_optimizer_bytes_of_ddp(in_tmp):
     _torchrun(in_tmp, "run_dir=runs/ddp", "max_steps=2")
     _torchrun(in_tmp, "run_dir=runs/fsdp", "max_steps=2", "data_parallel=fsdp")
@@ -170,7 +148,6 @@ def test_fsdp_holds_half_the_parameter_and_optimizer_bytes_of_ddp(in_tmp):
     assert all(0.45 < held / whole < 0.55 for held in per_rank["fsdp"])
 
 
-@pytest.mark.integration
 def test_a_sharded_run_resumes_exactly_and_reshards_from_four_ranks_to_two(in_tmp):
     common = ["run_dir=runs/r", "data_parallel=fsdp", "max_steps=24", "checkpoint_every=12"]
     _torchrun(in_tmp, *common, ranks=4)
@@ -192,7 +169,6 @@ def test_a_sharded_run_resumes_exactly_and_reshards_from_four_ranks_to_two(in_tm
     assert [r["loss"] for r in resharded[12:]] == pytest.approx([r["loss"] for r in full[12:]], rel=1e-5)
 
 
-@pytest.mark.integration
 def test_export_writes_the_whole_model_of_a_sharded_run(in_tmp):
     _torchrun(in_tmp, "run_dir=runs/tp", "tensor_parallel=2", "max_steps=6")
     done = subprocess.run([sys.executable, "-m", "dlscale", "export", "runs/tp", "model.pt"], cwd=in_tmp,
@@ -203,43 +179,3 @@ def test_export_writes_the_whole_model_of_a_sharded_run(in_tmp):
     assert exported["model"]["blocks.0.attention.wq.weight"].shape == (32, 32)  # whole, not a half
     assert all(torch.equal(exported["model"][k], v) for k, v in model.state_dict().items())
     assert exported["config"]["tensor_parallel"] == 2
-
-
-# -- what cannot run is one clear error ---------------------------------------------------------------
-
-@pytest.mark.parametrize("overrides, message", [
-    ({"tensor_parallel": 2}, "needs model=vit"),
-    ({"model": "vit", "width": 32, "heads": 4, "tensor_parallel": 3}, "must divide heads=4"),
-    ({"model": "vit", "width": 30, "heads": 4}, "must divide width=30"),
-    ({"model": "vit", "tensor_parallel": 2, "data_parallel": "horovod"}, "needs data_parallel=fsdp or auto"),
-    ({"model": "vit", "data_parallel": "fsdp", "noise_scale_every": 5}, "noise_scale_every' is not supported"),
-])
-def test_bad_combinations_are_one_clear_config_error(overrides, message):
-    with pytest.raises(ConfigError, match=message):
-        load_config("tiny", overrides)
-
-
-def test_tensor_parallel_must_divide_the_ranks_and_fsdp_cannot_run_under_horovod():
-    cfg = load_config("vit-tiny", {"tensor_parallel": 2})
-    with pytest.raises(ConfigError, match="tensor_parallel=2 does not divide the 3 ranks"):
-        plan_parallelism(cfg, DistEnv(0, 0, 3, 3, "torchrun", "127.0.0.1", 29500))
-    with pytest.raises(DistributedError, match="data_parallel=fsdp needs torch.distributed"):
-        resolve_data_parallel("fsdp", "horovodrun")
-
-
-def test_fp16_with_sharded_parameters_says_what_to_use():
-    cfg = load_config("vit-tiny", {"data_parallel": "fsdp"})
-    with pytest.raises(ConfigError, match="use precision=bf16 or fp32"):
-        build_step_model(torch.nn.Linear(2, 2), None, cfg, ParallelPlan("fsdp", 1, 0, 2), Precision("fp16", "cuda"))
-
-
-def test_fsdp_sends_one_and_a_half_times_ddp_and_tensor_parallel_scales_with_the_activations():
-    from dlscale.scaling.collectives import data_parallel_bytes, tensor_parallel_bytes
-
-    two = data_parallel_bytes(1_000_000, 2)
-    assert two == {"DDP": 4_000_000, "FSDP": 6_000_000}  # 2·½·P·4 bytes, and 3·½·P·4
-    assert data_parallel_bytes(1_000_000, 1) == {"DDP": 0, "FSDP": 0}  # nothing to exchange alone
-    assert data_parallel_bytes(1_000_000, 8)["DDP"] == 2 * 7 / 8 * 4_000_000
-    # four all-reduces per block of batch × tokens × width values; twice the batch, twice the bytes
-    assert tensor_parallel_bytes(16, 64, 32, 2, 2) == 4 * 2 * 2 * 0.5 * 16 * 64 * 32 * 4
-    assert tensor_parallel_bytes(32, 64, 32, 2, 2) == 2 * tensor_parallel_bytes(16, 64, 32, 2, 2)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from .conftest import ROOT
+from ..conftest import ROOT
 
 #: What a notebook may import besides the door: the engine itself, and (in a stage of the recipe: a cell tagged
 #: recipe, or the attendee's stage, whose metadata names its recipe file) the recipe's own imports.

@@ -1,0 +1,1 @@
+"""The unit tier: tests that start no system beside them (make test-fast runs these alone)."""

@@ -1,0 +1,135 @@
+"""Data-parallel training: launcher detection, 2 ranks equal 1, a dead rank stops the job, resume."""
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlscale.distributed import DistEnv, DistributedError, detect, detect_launcher, expand_nodelist
+
+
+def test_slurm_node_lists_expand():
+    assert expand_nodelist("nid[001234-001237,001240]") == ["nid001234", "nid001235", "nid001236", "nid001237",
+                                                             "nid001240"]
+    assert expand_nodelist("login01") == ["login01"]
+    assert expand_nodelist("gpu[7-8],cpu03") == ["gpu7", "gpu8", "cpu03"]
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({}, DistEnv()),
+    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "nid001",
+      "MASTER_PORT": "29600", "TORCHELASTIC_RUN_ID": "x"},
+     DistEnv(3, 1, 8, 4, "torchrun", "nid001", 29600)),
+    ({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "16", "SLURM_NTASKS_PER_NODE": "4",
+      "SLURM_JOB_NODELIST": "nid[001234-001237]", "SLURM_JOB_ID": "42"},
+     DistEnv(5, 1, 16, 4, "slurm", "nid001234", 29500)),
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+      "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "node7"}, DistEnv(1, 1, 2, 2, "mpi", "node7", 29500)),
+    ({"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2", "MASTER_ADDR": "h1"},
+     DistEnv(2, 0, 4, 2, "mpi", "h1", 29500)),
+])
+def test_detect_reads_each_launchers_variables(environ, expected):
+    assert detect(environ) == expected
+
+
+def test_a_slurm_allocation_alone_is_one_process_and_missing_variables_are_clear():
+    assert detect_launcher({"SLURM_JOB_ID": "1", "SLURM_NNODES": "2"}) == "single"
+    with pytest.raises(DistributedError, match="SLURM_JOB_NODELIST is not set"):
+        detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"})
+
+
+def test_the_setup_group_connects_lazily_and_leaves_the_environment_as_it_was(monkeypatch):
+    """A full mesh would open a socket to every rank on every rank of a large job; the monitored barrier needs
+    rank 0's links only. torch reads TORCH_GLOO_LAZY_INIT when it makes a gloo group."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from dlscale.distributed import process_group
+
+    seen = []
+    monkeypatch.setattr(dist, "new_group", lambda **kw: seen.append((os.environ.get("TORCH_GLOO_LAZY_INIT"), kw)))
+    monkeypatch.delenv("TORCH_GLOO_LAZY_INIT", raising=False)
+    process_group._lazy_gloo_group(datetime.timedelta(seconds=60))
+    assert seen[0][0] == "1" and seen[0][1]["backend"] == "gloo" and "TORCH_GLOO_LAZY_INIT" not in os.environ
+    monkeypatch.setenv("TORCH_GLOO_LAZY_INIT", "0")  # a user's own choice is kept for their groups
+    process_group._lazy_gloo_group(datetime.timedelta(seconds=60))
+    assert seen[1][0] == "1" and os.environ["TORCH_GLOO_LAZY_INIT"] == "0"
+
+
+def test_bus_bandwidth_is_the_nccl_tests_formula():
+    from dlscale.bench.allreduce import bus_bandwidth
+    assert bus_bandwidth(1e9, 1.0, 2) == pytest.approx(1e9)  # 2·(2−1)/2 = 1
+    assert bus_bandwidth(1e9, 1.0, 8) == pytest.approx(1.75e9)  # 2·7/8
+    assert bus_bandwidth(1e9, 0.5, 4) == pytest.approx(3e9)
+
+
+def test_rank_environments_group_engines_by_host():
+    from dlscale.jobs.notebook_engines import rank_environments
+    one_host = rank_environments(["a", "a"], 4000)
+    assert [e["LOCAL_RANK"] for e in one_host] == ["0", "1"] and one_host[0]["MASTER_ADDR"] == "127.0.0.1"
+    two_hosts = rank_environments(["n1", "n1", "n2", "n2"], 4000)
+    assert [e["LOCAL_RANK"] for e in two_hosts] == ["0", "1", "0", "1"]
+    assert {e["MASTER_ADDR"] for e in two_hosts} == {"n1"} and two_hosts[3]["WORLD_SIZE"] == "4"
+
+
+def test_engine_log_cleanup_race_stays_out_of_the_notebook(caplog):
+    """ipyparallel's harmless "Failed to remove" error is dropped; its other errors still show."""
+    import ipyparallel as ipp
+
+    from dlscale.jobs.notebook_engines import _NoCleanupRace
+
+    cluster = ipp.Cluster(n=1, log_level=40)
+    cluster.log.addFilter(_NoCleanupRace())
+    with caplog.at_level(logging.ERROR, logger=cluster.log.name):
+        cluster.log.error("Failed to remove /root/.ipython/profile_default/log/ipengine-1.log: [Errno 2] gone")
+        cluster.log.error("Engine set failed to start")
+    assert [r.getMessage() for r in caplog.records] == ["Engine set failed to start"]
+
+
+def test_the_benchmarks_timing_reductions_run_on_its_device(monkeypatch):
+    """Under NCCL a CPU tensor in a collective is an error: the timings travel on the benchmark's device.
+
+    No GPU here, so the collective is stood in for and records where its tensor lives ("meta" plays
+    the GPU: any device other than the CPU shows the same mistake).
+    """
+    from dlscale import distributed
+    from dlscale.bench import allreduce
+    seen = []
+    monkeypatch.setattr(distributed, "all_reduce_max", lambda tensor: seen.append(tensor.device) or torch.tensor(0.5))
+    assert allreduce.slowest_rank(0.5, torch.device("meta")) == 0.5
+    assert seen == [torch.device("meta")]
+
+
+def test_collectives_of_plain_numbers_use_the_groups_device(monkeypatch):
+    from dlscale.distributed import process_group
+    monkeypatch.setattr(process_group.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(process_group.dist, "get_backend", lambda *a: "nccl")
+    monkeypatch.setattr(process_group.torch.cuda, "current_device", lambda: 3)
+    assert process_group.collective_device() == torch.device("cuda", 3)
+    monkeypatch.setattr(process_group.dist, "get_backend", lambda *a: "gloo")
+    assert process_group.collective_device() == torch.device("cpu")
+
+
+def test_one_runner_starts_local_processes_and_a_failure_carries_their_own_words(tmp_path):
+    # the benchmarks, dlscale kmeans, a study's workers and re-runs, and bench allreduce --nproc all start processes
+    # through it: threads each, this environment's programs first, and one error with the start and end of stderr
+    from dlscale.jobs.local_ranks import LaunchError, run_local, start_local
+
+    script = ("import os, sys; print(os.environ.get('OMP_NUM_THREADS'), os.environ['PATH'].split(os.pathsep)[0]); "
+              "sys.stderr.write('the rank failed: first words\\n' + 'x\\n' * 3000 + 'the launcher: last words\\n'); "
+              "sys.exit(int(sys.argv[1]))")
+    done = run_local([sys.executable, "-c", script, "0"], "a probe", threads=3)
+    assert done.stdout.split() == ["3", str(Path(sys.executable).parent)]
+    with pytest.raises(LaunchError) as err:
+        run_local([sys.executable, "-c", script, "4"], "a probe", threads=1)
+    message = str(err.value)
+    assert message.startswith("a probe failed (exit status 4):\nthe rank failed: first words")
+    assert message.endswith("the launcher: last words") and len(message) < 4200  # the middle is cut, not the ends
+    assert run_local([sys.executable, "-c", script, "5"], "a probe", capture=False).returncode == 5
+    with open(tmp_path / "log", "ab") as log:
+        process = start_local([sys.executable, "-c", script, "0"], log, threads=2, env={"EXTRA": "1"})
+    assert process.wait(timeout=60) == 0 and (tmp_path / "log").read_text().startswith("2 ")
