@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from dlscale.config import FIELDS, config_names, describe_field, load_config
+from dlscale.config import SECTION_KEYS, config_names, describe_field, load_config
 from dlscale.errors import DlscaleError, RangeError, check_range
 from dlscale.scaling.sites import SITES
 
@@ -359,8 +359,9 @@ def _config_arguments(parser: argparse.ArgumentParser, default: str | None = "de
 def _add_train(commands: Any) -> None:
     from dlscale.training.preemption import PREEMPTED_EXIT_CODE
 
-    keys = "\n".join(textwrap.fill(describe_field(k), 100, initial_indent="  ", subsequent_indent="      ")
-                     for k in FIELDS)
+    keys = "\n".join(f"{name}:\n" + "\n".join(textwrap.fill(describe_field(k), 100, initial_indent="  ",
+                                                              subsequent_indent="      ") for k in section_keys)
+                     for name, section_keys in SECTION_KEYS.items())
     train = commands.add_parser(
         "train", help="train the model on the synthetic maps (or your shards)",
         description="Train with the one training loop; metrics, plots and checkpoints go to the run directory.",

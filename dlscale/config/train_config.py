@@ -34,132 +34,145 @@ class ConfigError(DlscaleError, ValueError):
     """A config file or override is wrong; the message names the key and what it accepts."""
 
 
-def _knob(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
+#: The config's sections, in the order ``dlscale train --help`` lists them: each builder is given only its own
+#: (``cfg.sections.model`` to the model's builder, ``cfg.sections.optim`` to the optimizer's...). On the command line
+#: and in the YAML files the keys stay flat (``lr=3e-3``); a key's section is where it is declared below.
+SECTION_NAMES = ("run", "data", "model", "parallel", "training", "optim", "logging")
 
 
+def _knob(section: str) -> Any:
+    """The field maker of one section: ``_model(default, help)`` declares a key of the model section."""
+    def knob(default: Any, help: str) -> Any:
+        return field(default=default, metadata={"help": help, "section": section})
+    return knob
+
+
+_run, _data, _model, _parallel, _training, _optim, _logging = (_knob(name) for name in SECTION_NAMES)
 
 #: The models a config may name: the kit's two, and each added with dlscale.models.register_model (which appends).
 MODEL_NAMES: list[str] = ["cnn", "vit"]
+
 
 @dataclass
 class TrainConfig:
     """All settings of one training run. ``dlscale train --help`` lists them with their help."""
 
-    # -- run -----------------------------------------------------------------
-    name: str = _knob("demo", "Run name; the run directory defaults to runs/<name>.")
-    run_dir: str = _knob("", "Where metrics, plots, the resolved config and checkpoints go ('' = runs/<name>).")
-    seed: int = _knob(0, "Seed for model init, shuffling and the synthetic data.")
-    device: str = _knob("auto", "'auto' (CUDA if present, else CPU), 'cpu', 'cuda' or 'cuda:N'.")
-    resume: bool = _knob(False, "Continue from the latest checkpoint in run_dir if there is one (a fresh start otherwise).")
-
-    # -- data ----------------------------------------------------------------
-    data_dir: str = _knob("", "Folder of shards (see dlscale.data); '' = generate the synthetic set into data/ on first use.")
-    image_size: int = _knob(32, "Side of the square synthetic maps, in pixels (power of two, >= 8).")
-    train_samples: int = _knob(8192, "Number of synthetic training maps.")
-    val_samples: int = _knob(1024, "Number of synthetic held-out maps.")
-    shard_size: int = _knob(1024, "Maps per shard file when generating.")
-    noise: float = _knob(0.3, "White-noise level added to the synthetic maps (higher = harder).")
-    threads: int = _knob(0, "torch threads of each training process (0 = from OMP_NUM_THREADS, Slurm's "
+    # -- run: the run: its name and folder, seed, device and threads -------------------------------
+    name: str = _run("demo", "Run name; the run directory defaults to runs/<name>.")
+    run_dir: str = _run("", "Where metrics, plots, the resolved config and checkpoints go ('' = runs/<name>).")
+    seed: int = _run(0, "Seed for model init, shuffling and the synthetic data.")
+    device: str = _run("auto", "'auto' (CUDA if present, else CPU), 'cpu', 'cuda' or 'cuda:N'.")
+    resume: bool = _run(False, "Continue from the latest checkpoint in run_dir if there is one (a fresh start otherwise).")
+    threads: int = _run(0, "torch threads of each training process (0 = from OMP_NUM_THREADS, Slurm's "
                          "cpus-per-task or the CPUs the process may use, in that order).")
-    num_workers: int = _knob(-1, "DataLoader worker processes per rank (-1 = auto: 0 on CPU, 4 on GPU).")
-    prefetch_factor: int = _knob(2, "Batches each worker loads ahead (only with workers > 0).")
-    persistent_workers: bool = _knob(True, "Keep worker processes alive between epochs (only with workers > 0).")
-    stage_dir: str = _knob("", "Copy the data to this node-local folder before training and read it there "
+
+    # -- data: the data: the synthetic set or shards, and how each rank loads them -----------------
+    data_dir: str = _data("", "Folder of shards (see dlscale.data); '' = generate the synthetic set into data/ on first use.")
+    image_size: int = _data(32, "Side of the square synthetic maps, in pixels (power of two, >= 8).")
+    train_samples: int = _data(8192, "Number of synthetic training maps.")
+    val_samples: int = _data(1024, "Number of synthetic held-out maps.")
+    shard_size: int = _data(1024, "Maps per shard file when generating.")
+    noise: float = _data(0.3, "White-noise level added to the synthetic maps (higher = harder).")
+    num_workers: int = _data(-1, "DataLoader worker processes per rank (-1 = auto: 0 on CPU, 4 on GPU).")
+    prefetch_factor: int = _data(2, "Batches each worker loads ahead (only with workers > 0).")
+    persistent_workers: bool = _data(True, "Keep worker processes alive between epochs (only with workers > 0).")
+    stage_dir: str = _data("", "Copy the data to this node-local folder before training and read it there "
                                "(e.g. $TMPDIR or /tmp; environment variables are expanded; '' = off).")
-    augment: bool = _knob(False, "Shift, mirror and rotate every training map at random, per sample in the loader "
+    augment: bool = _data(False, "Shift, mirror and rotate every training map at random, per sample in the loader "
                                  "(real CPU work per sample, as decoding and augmenting are; lesson 02).")
-    pin_memory: bool = _knob(True, "Page-locked host buffers for faster copies to the GPU (ignored on CPU).")
-    data_in_memory: bool = _knob(False, "Read this rank's first epoch of batches once, keep them on the device and "
+    pin_memory: bool = _data(True, "Page-locked host buffers for faster copies to the GPU (ignored on CPU).")
+    data_in_memory: bool = _data(False, "Read this rank's first epoch of batches once, keep them on the device and "
                                          "replay them every epoch: no loader and no copy in the step (the 'data in "
                                          "memory' run of dlscale bench breakdown; not for training a model).")
 
-    # -- model ---------------------------------------------------------------
-    model: str = _knob("cnn", "The regressor: a CNN, a small vision transformer (vit; the model lesson 10 shards "
+    # -- model: the model, and how it runs ---------------------------------------------------------
+    model: str = _model("cnn", "The regressor: a CNN, a small vision transformer (vit; the model lesson 10 shards "
                               "with FSDP and tensor parallelism), or a model added with dlscale.models.register_model.")
-    width: int = _knob(16, "CNN: channels of the first conv block, doubled at each later block. "
+    width: int = _model(16, "CNN: channels of the first conv block, doubled at each later block. "
                            "ViT: the width of every token.")
-    depth: int = _knob(3, "CNN: number of conv blocks (each halves the map size). ViT: number of transformer blocks.")
-    heads: int = _knob(4, "ViT: attention heads per block (must divide width).")
-    patch_size: int = _knob(4, "ViT: side of the square patches that become tokens (must divide image_size).")
-    activation_checkpointing: bool = _knob(
+    depth: int = _model(3, "CNN: number of conv blocks (each halves the map size). ViT: number of transformer blocks.")
+    heads: int = _model(4, "ViT: attention heads per block (must divide width).")
+    patch_size: int = _model(4, "ViT: side of the square patches that become tokens (must divide image_size).")
+    activation_checkpointing: bool = _model(
         False, "ViT: keep only each block's input and recompute its activations in the backward pass "
                "(less memory, about one more forward pass of time).")
-    channels_last: bool = _knob(False, "Use the NHWC memory format (faster convolutions on tensor-core GPUs).")
-    cudnn_benchmark: bool = _knob(False, "On a GPU, let cuDNN time its convolution algorithms on the first steps and "
+    channels_last: bool = _model(False, "Use the NHWC memory format (faster convolutions on tensor-core GPUs).")
+    cudnn_benchmark: bool = _model(False, "On a GPU, let cuDNN time its convolution algorithms on the first steps and "
                                          "keep the fastest (worth it when every batch has the same shape).")
-    norm: Literal["batch", "group"] = _knob(
+    norm: Literal["batch", "group"] = _model(
         "batch", "Normalisation layers: batch norm, or group norm (independent of how the batch is split).")
-    sync_batchnorm: bool = _knob(False, "With several GPUs, compute batch-norm statistics over all ranks (CUDA only).")
+    sync_batchnorm: bool = _model(False, "With several GPUs, compute batch-norm statistics over all ranks (CUDA only).")
+    compile: bool = _model(False, "Compile the model with torch.compile (the first steps take longer).")
+    cuda_graphs: bool = _model(False, "With compile on CUDA, capture steps as CUDA graphs (mode reduce-overhead).")
 
-    # -- data parallel -------------------------------------------------------
-    data_parallel: Literal["auto", "ddp", "horovod", "fsdp", "none"] = _knob(
+    # -- parallel: how the ranks share the work ----------------------------------------------------
+    data_parallel: Literal["auto", "ddp", "horovod", "fsdp", "none"] = _parallel(
         "auto", "How the ranks share the work of one batch: PyTorch DDP, Horovod's DistributedOptimizer, or FSDP "
                 "(parameters, gradients and optimizer state sharded over the ranks; auto = Horovod when launched by "
                 "horovodrun, FSDP with tensor_parallel on several data-parallel ranks, DDP otherwise). none: every "
                 "rank steps alone on its share, no gradient is sent (the models drift apart; the 'no "
                 "communication' run of dlscale bench breakdown).")
-    tensor_parallel: int = _knob(1, "ViT: split every block's attention heads and MLP over this many ranks "
+    tensor_parallel: int = _parallel(1, "ViT: split every block's attention heads and MLP over this many ranks "
                                     "(consecutive ranks, so inside a node); the rest of the ranks are data-parallel.")
-    horovod_fp16_compression: bool = _knob(False, "Horovod: send gradients as fp16 (half the bytes, "
+    horovod_fp16_compression: bool = _parallel(False, "Horovod: send gradients as fp16 (half the bytes, "
                                                   "rounded gradients).")
-    dist_backend: Literal["auto", "nccl", "gloo"] = _knob("auto", "Process-group backend: auto = NCCL on GPUs, gloo on CPUs.")
-    dist_timeout_s: float = _knob(300.0, "Seconds a collective may wait for the other ranks before the job stops "
+    dist_backend: Literal["auto", "nccl", "gloo"] = _parallel("auto", "Process-group backend: auto = NCCL on GPUs, gloo on CPUs.")
+    dist_timeout_s: float = _parallel(300.0, "Seconds a collective may wait for the other ranks before the job stops "
                                          "with an error (a dead or missing rank never hangs the job). On gloo a "
                                          "dead peer is noticed within a second; NCCL notices it only when this "
                                          "runs out (the gpu config sets 120).")
-    setup_timeout_s: float = _knob(1800.0, "Seconds the ranks wait for one another while a run sets up: rank 0 "
+    setup_timeout_s: float = _parallel(1800.0, "Seconds the ranks wait for one another while a run sets up: rank 0 "
                                            "generating the synthetic data set, each node's first rank staging the "
                                            "shards (work for all, which dist_timeout_s would cut short).")
-    bucket_cap_mb: float = _knob(25.0, "DDP gradient bucket size in MiB (all-reduce granularity).")
-    gradient_as_bucket_view: bool = _knob(True, "DDP: gradients are views into the all-reduce buckets (saves memory).")
-    static_graph: bool = _knob(False, "DDP: the graph is the same every step (lets DDP skip some bookkeeping).")
+    bucket_cap_mb: float = _parallel(25.0, "DDP gradient bucket size in MiB (all-reduce granularity).")
+    gradient_as_bucket_view: bool = _parallel(True, "DDP: gradients are views into the all-reduce buckets (saves memory).")
+    static_graph: bool = _parallel(False, "DDP: the graph is the same every step (lets DDP skip some bookkeeping).")
 
-    # -- optimisation --------------------------------------------------------
-    epochs: int = _knob(6, "Passes over the training set.")
-    max_steps: int = _knob(0, "Stop after this many optimizer steps (0 = run all epochs).")
-    global_batch_size: int = _knob(64, "Samples per optimizer step over all ranks; the per-rank batch is derived.")
-    grad_accumulation: int = _knob(1, "Micro-batches per optimizer step: each rank's batch is split into this many, "
+    # -- training: how long, how large a batch, in what precision ----------------------------------
+    epochs: int = _training(6, "Passes over the training set.")
+    max_steps: int = _training(0, "Stop after this many optimizer steps (0 = run all epochs).")
+    global_batch_size: int = _training(64, "Samples per optimizer step over all ranks; the per-rank batch is derived.")
+    grad_accumulation: int = _training(1, "Micro-batches per optimizer step: each rank's batch is split into this many, "
                                       "and DDP all-reduces only after the last one (less memory, same step).")
-    optimizer: Literal["adamw", "sgd", "lars", "larc", "lamb"] = _knob(
-        "adamw", "Optimizer; lars, larc (around SGD) and lamb adapt the step per layer for large batches.")
-    lr: float = _knob(2e-3, "Peak learning rate at base_batch; lr_scaling adapts it to global_batch_size.")
-    lr_scaling: Literal["none", "linear", "sqrt"] = _knob(
-        "none", "How the LR follows the batch: lr * k or lr * sqrt(k) with k = global_batch_size / base_batch.")
-    base_batch: int = _knob(64, "The global batch at which lr was tuned (used by lr_scaling).")
-    momentum: float = _knob(0.9, "SGD/LARS momentum (adamw and lamb use beta1 = momentum).")
-    weight_decay: float = _knob(1e-4, "Decoupled weight decay; biases and norm parameters are exempt.")
-    trust_coefficient: float = _knob(0.0, "LARS/LARC trust coefficient (0 = the optimizer's default: 1e-3 LARS, 0.02 LARC).")
-    larc_mode: Literal["clip", "scale"] = _knob("clip", "LARC: clip the per-layer LR at the global LR, or scale it.")
-    warmup_steps: int = _knob(50, "Optimizer steps of linear warmup to the peak LR.")
-    warmup_epochs: float = _knob(0.0, "Warmup length in epochs; when > 0 it replaces warmup_steps.")
-    warmup_start_factor: float = _knob(
-        0.0, "Warmup starts at this fraction of the peak LR (0 = auto: the unscaled LR when lr_scaling is on, "
-             "as in Goyal et al., else 1/warmup_steps).")
-    decay: Literal["cosine", "linear", "poly", "step", "none"] = _knob(
-        "cosine", "LR decay after warmup: to 0 at the last step (cosine, linear, poly), x0.1 at 50% and 75% (step).")
-    grad_clip: float = _knob(0.0, "Clip the global gradient norm to this value (0 = off).")
-    precision: Literal["auto", "fp32", "bf16", "fp16", "fp64"] = _knob(
+    precision: Literal["auto", "fp32", "bf16", "fp16", "fp64"] = _training(
         "auto", "Forward-pass precision: auto = bf16 on Ampere+ GPUs, fp16 with loss scaling on V100, fp32 on CPU; "
                 "fp64 = float64 parameters and data (slow: for checks that two runs agree to rounding).")
-    optimizer_impl: Literal["auto", "foreach", "fused", "loop"] = _knob(
+
+    # -- optim: the optimizer and its learning-rate schedule ---------------------------------------
+    optimizer: Literal["adamw", "sgd", "lars", "larc", "lamb"] = _optim(
+        "adamw", "Optimizer; lars, larc (around SGD) and lamb adapt the step per layer for large batches.")
+    lr: float = _optim(2e-3, "Peak learning rate at base_batch; lr_scaling adapts it to global_batch_size.")
+    lr_scaling: Literal["none", "linear", "sqrt"] = _optim(
+        "none", "How the LR follows the batch: lr * k or lr * sqrt(k) with k = global_batch_size / base_batch.")
+    base_batch: int = _optim(64, "The global batch at which lr was tuned (used by lr_scaling).")
+    momentum: float = _optim(0.9, "SGD/LARS momentum (adamw and lamb use beta1 = momentum).")
+    weight_decay: float = _optim(1e-4, "Decoupled weight decay; biases and norm parameters are exempt.")
+    trust_coefficient: float = _optim(0.0, "LARS/LARC trust coefficient (0 = the optimizer's default: 1e-3 LARS, 0.02 LARC).")
+    larc_mode: Literal["clip", "scale"] = _optim("clip", "LARC: clip the per-layer LR at the global LR, or scale it.")
+    warmup_steps: int = _optim(50, "Optimizer steps of linear warmup to the peak LR.")
+    warmup_epochs: float = _optim(0.0, "Warmup length in epochs; when > 0 it replaces warmup_steps.")
+    warmup_start_factor: float = _optim(
+        0.0, "Warmup starts at this fraction of the peak LR (0 = auto: the unscaled LR when lr_scaling is on, "
+             "as in Goyal et al., else 1/warmup_steps).")
+    decay: Literal["cosine", "linear", "poly", "step", "none"] = _optim(
+        "cosine", "LR decay after warmup: to 0 at the last step (cosine, linear, poly), x0.1 at 50% and 75% (step).")
+    grad_clip: float = _optim(0.0, "Clip the global gradient norm to this value (0 = off).")
+    optimizer_impl: Literal["auto", "foreach", "fused", "loop"] = _optim(
         "auto", "torch SGD/AdamW implementation: one kernel per tensor (loop), multi-tensor (foreach), fused; "
                 "auto = foreach.")
-    compile: bool = _knob(False, "Compile the model with torch.compile (the first steps take longer).")
-    cuda_graphs: bool = _knob(False, "With compile on CUDA, capture steps as CUDA graphs (mode reduce-overhead).")
-    profile_steps: tuple = _knob((), "Profile optimizer steps [start, stop), e.g. 10,15: a Chrome trace and a "
-                                     "summary in run_dir; on CUDA also the window for nsys --capture-range.")
-    noise_scale_every: int = _knob(0, "Measure the gradient noise scale B_simple every N steps (0 = off).")
 
-    # -- logging, checkpoints ------------------------------------------------
-    checkpoint_every: int = _knob(200, "Write a checkpoint every N optimizer steps (0 = only at the end).")
-    keep_checkpoints: int = _knob(2, "How many recent checkpoints to keep.")
-    tracking: Literal["csv", "wandb"] = _knob("csv", "Metrics always go to CSV in run_dir; 'wandb' also logs to Weights & Biases.")
-    wandb_project: str = _knob("dlscale", "Weights & Biases project (with tracking=wandb).")
-    wandb_mode: Literal["offline", "online", "disabled"] = _knob(
+    # -- logging: what a run writes and measures: checkpoints, metrics, plots, profiles ------------
+    checkpoint_every: int = _logging(200, "Write a checkpoint every N optimizer steps (0 = only at the end).")
+    keep_checkpoints: int = _logging(2, "How many recent checkpoints to keep.")
+    tracking: Literal["csv", "wandb"] = _logging("csv", "Metrics always go to CSV in run_dir; 'wandb' also logs to Weights & Biases.")
+    wandb_project: str = _logging("dlscale", "Weights & Biases project (with tracking=wandb).")
+    wandb_mode: Literal["offline", "online", "disabled"] = _logging(
         "offline", "Weights & Biases mode; the WANDB_MODE environment variable wins when set.")
-    progress: bool = _knob(True, "Show a tqdm progress bar on the main process.")
-    plot: bool = _knob(True, "Write loss_curve.png into run_dir at the end.")
+    progress: bool = _logging(True, "Show a tqdm progress bar on the main process.")
+    plot: bool = _logging(True, "Write loss_curve.png into run_dir at the end.")
+    profile_steps: tuple = _logging((), "Profile optimizer steps [start, stop), e.g. 10,15: a Chrome trace and a "
+                                     "summary in run_dir; on CUDA also the window for nsys --capture-range.")
+    noise_scale_every: int = _logging(0, "Measure the gradient noise scale B_simple every N steps (0 = off).")
 
     # ------------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -261,6 +274,12 @@ class TrainConfig:
                               f"{self.grad_accumulation} micro-batches; choose a divisor of {per_rank}")
         return per_rank // self.grad_accumulation
 
+    @property
+    def sections(self) -> Sections:
+        """The config as its sections (``cfg.sections.optim.lr``): what each builder is given."""
+        values = vars(self)
+        return Sections(*(SECTIONS[name](**{key: values[key] for key in SECTION_KEYS[name]}) for name in SECTION_NAMES))
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -286,6 +305,28 @@ class TrainConfig:
 _HINTS = typing.get_type_hints(TrainConfig)
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
+
+#: Each section's keys, in their order in :class:`TrainConfig`.
+SECTION_KEYS = {name: tuple(key for key, f in FIELDS.items() if f.metadata["section"] == name) for name in SECTION_NAMES}
+#: Each section as a frozen dataclass of its keys (``ModelSection`` has ``model``, ``width``, ``depth``...), made from
+#: the fields above so that a key is declared once. A builder that reads a key of another section fails at once.
+SECTIONS = {name: dataclasses.make_dataclass(f"{name.title()}Section", [(key, _HINTS[key]) for key in SECTION_KEYS[name]],
+                                             frozen=True) for name in SECTION_NAMES}
+for _section in SECTIONS.values():
+    _section.__module__ = __name__  # (make_dataclass's own module argument is Python 3.12's): pickled by name
+RunSection, DataSection, ModelSection, ParallelSection, TrainingSection, OptimSection, LoggingSection = SECTIONS.values()
+
+
+class Sections(typing.NamedTuple):
+    """A config's seven sections (:attr:`TrainConfig.sections`)."""
+
+    run: Any
+    data: Any
+    model: Any
+    parallel: Any
+    training: Any
+    optim: Any
+    logging: Any
 
 
 def describe_field(key: str) -> str:

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from dlscale.config import ConfigError, TrainConfig
+from dlscale.config import ConfigError
+from dlscale.config.train_config import ModelSection, ParallelSection
 from dlscale.distributed.launch_variables import DistEnv
 from dlscale.runtime.precision import Precision
 
@@ -56,8 +57,9 @@ class ParallelPlan:
         return self.data_parallel
 
 
-def plan_parallelism(cfg: TrainConfig, env: DistEnv) -> ParallelPlan:
-    """The :class:`ParallelPlan` for ``cfg`` on this job; a :class:`ConfigError` if the world does not fit it."""
+def plan_parallelism(cfg: ParallelSection, env: DistEnv) -> ParallelPlan:
+    """The :class:`ParallelPlan` for the config's parallel section (``cfg.sections.parallel``) on this job; a
+    :class:`ConfigError` if the world does not fit it."""
     tp = cfg.tensor_parallel
     if env.world_size % tp:
         raise ConfigError(f"tensor_parallel={tp} does not divide the {env.world_size} ranks of this job; launch a "
@@ -147,9 +149,10 @@ def apply_ddp(model: nn.Module, env: DistEnv, bucket_cap_mb: float = 25.0, gradi
                                    gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph)
 
 
-def build_step_model(model: nn.Module, env: DistEnv, cfg: TrainConfig, plan: ParallelPlan | None = None,
-                     policy: Precision | None = None) -> nn.Module:
-    """The module the training step calls.
+def build_step_model(model: nn.Module, env: DistEnv, parallel: ParallelSection, model_section: ModelSection,
+                     plan: ParallelPlan | None = None, policy: Precision | None = None) -> nn.Module:
+    """The module the training step calls, from the config's parallel section (DDP's buckets) and its model
+    section (whether to compile).
 
     FSDP and tensor parallelism shard ``model`` in place and return it. Otherwise ``model`` is
     wrapped in DDP and the DDP module compiled when asked, and ``model`` itself stays plain, for
@@ -165,15 +168,15 @@ def build_step_model(model: nn.Module, env: DistEnv, cfg: TrainConfig, plan: Par
             apply_fsdp(model, plan.mesh["dp"], bf16=policy is not None and policy.name == "bf16")
         return model
     alone = plan is not None and plan.data_parallel == "none"  # (one rank, or every rank stepping alone)
-    wrapped = model if alone else apply_ddp(model, env, cfg.bucket_cap_mb, cfg.gradient_as_bucket_view,
-                                            cfg.static_graph)
-    if not cfg.compile:
+    wrapped = model if alone else apply_ddp(model, env, parallel.bucket_cap_mb, parallel.gradient_as_bucket_view,
+                                            parallel.static_graph)
+    if not model_section.compile:
         return wrapped
     # DDP first, then compile (PyTorch's DDP notes, "TorchDynamo DDPOptimizer"): Dynamo sees DDP and
     # breaks the graph at its bucket boundaries, so each bucket's all-reduce starts while the rest of
     # the backward runs. Compiled first and wrapped after, the backward is one autograd node and
     # every all-reduce waits for its end.
-    return torch.compile(wrapped, mode="reduce-overhead" if cfg.cuda_graphs else None)
+    return torch.compile(wrapped, mode="reduce-overhead" if model_section.cuda_graphs else None)
 
 
 def uncompiled(module: nn.Module) -> nn.Module:

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from dlscale.config import TrainConfig
+from dlscale.config.train_config import LoggingSection
 from dlscale.errors import DlscaleError, import_optional
 
 TRAIN_FILE = "metrics.csv"
@@ -54,11 +54,11 @@ def _truncate(path: Path, last_step: int) -> None:
         writer.writerows(rows)
 
 
-def _start_wandb(cfg: TrainConfig, run_dir: Path):
+def _start_wandb(logging: LoggingSection, run_dir: Path, run_name: str, config: dict[str, Any]):
     wandb = import_optional("wandb", "tracking", "tracking=wandb", TrackingError, "or set tracking=csv")
-    mode = os.environ.get("WANDB_MODE", cfg.wandb_mode)
-    run = wandb.init(project=cfg.wandb_project, name=cfg.name, dir=str(run_dir), mode=mode,
-                     config=cfg.to_dict(), reinit="finish_previous")
+    mode = os.environ.get("WANDB_MODE", logging.wandb_mode)
+    run = wandb.init(project=logging.wandb_project, name=run_name, dir=str(run_dir), mode=mode,
+                     config=config, reinit="finish_previous")
     # Step rows arrive in blocks of 10, after the noise-scale and validation rows of the same steps, and
     # W&B drops a row whose step= is below one already logged. So every row carries the optimizer step
     # as an ordinary value, and each series is plotted against it.
@@ -73,10 +73,14 @@ WANDB_PREFIXES = ("train", "val", "noise")
 
 
 class MetricsLogger:
-    """Writes the step and validation rows of one run (no-op on ranks other than the main one)."""
+    """Writes the step and validation rows of one run (no-op on ranks other than the main one).
 
-    def __init__(self, cfg: TrainConfig, run_dir: str | Path, resume_step: int | None = None,
-                 is_main: bool = True, val_columns: Sequence[str] = ()):
+    It is given the config's logging section; W&B also records the run's name and its whole config.
+    """
+
+    def __init__(self, logging: LoggingSection, run_dir: str | Path, run_name: str = "",
+                 config: dict[str, Any] | None = None, resume_step: int | None = None, is_main: bool = True,
+                 val_columns: Sequence[str] = ()):
         self.run_dir = Path(run_dir)
         self.enabled = is_main
         self.val_columns = ["epoch", "step", *val_columns]
@@ -93,8 +97,8 @@ class MetricsLogger:
         self._train_csv = csv.DictWriter(self._train, fieldnames=TRAIN_COLUMNS)
         if self._train.tell() == 0:
             self._train_csv.writeheader()
-        if cfg.tracking == "wandb":
-            self._wandb = _start_wandb(cfg, self.run_dir)
+        if logging.tracking == "wandb":
+            self._wandb = _start_wandb(logging, self.run_dir, run_name, config or {})
 
     def log_steps(self, rows: list[dict[str, Any]]) -> None:
         """Append step rows (keys of ``TRAIN_COLUMNS``)."""

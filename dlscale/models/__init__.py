@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from dlscale.config import TrainConfig
+from dlscale.config.train_config import ModelSection
 from dlscale.data.synthetic import TARGET_NAMES
 from dlscale.models.cnn import CNNRegressor
 from dlscale.models.registry import MODELS, model_spec, register_model
@@ -22,19 +23,23 @@ __all__ = ["MODELS", "CNNRegressor", "ViTRegressor", "build_model", "count_param
 
 
 def build_model(cfg: TrainConfig, in_channels: int = 1, num_outputs: int = len(TARGET_NAMES)) -> nn.Module:
-    """The model a config names (:mod:`~dlscale.models.registry`), in the memory format it asks for (on the CPU)."""
-    return model_spec(cfg.model).build(cfg, in_channels, num_outputs)
+    """The model a config names (:mod:`~dlscale.models.registry`), in the memory format it asks for (on the CPU).
+
+    Its builder is given the config's model section, the shape of one map and the seed, nothing else.
+    """
+    shape = (in_channels, cfg.image_size, cfg.image_size)
+    return model_spec(cfg.model).build(cfg.sections.model, shape, num_outputs, cfg.seed)
 
 
-def _cnn(cfg: TrainConfig, in_channels: int, num_outputs: int) -> nn.Module:
-    model = CNNRegressor(in_channels, num_outputs, width=cfg.width, depth=cfg.depth, norm=cfg.norm)
-    return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
+def _cnn(model: ModelSection, input_shape: tuple[int, int, int], num_outputs: int, seed: int) -> nn.Module:
+    cnn = CNNRegressor(input_shape[0], num_outputs, width=model.width, depth=model.depth, norm=model.norm)
+    return cnn.to(memory_format=torch.channels_last) if model.channels_last else cnn
 
 
-def _vit(cfg: TrainConfig, in_channels: int, num_outputs: int) -> nn.Module:
-    return ViTRegressor(in_channels, num_outputs, image_size=cfg.image_size, patch_size=cfg.patch_size,
-                        width=cfg.width, depth=cfg.depth, heads=cfg.heads,
-                        activation_checkpointing=cfg.activation_checkpointing, seed=cfg.seed)
+def _vit(model: ModelSection, input_shape: tuple[int, int, int], num_outputs: int, seed: int) -> nn.Module:
+    return ViTRegressor(input_shape[0], num_outputs, image_size=input_shape[-1], patch_size=model.patch_size,
+                        width=model.width, depth=model.depth, heads=model.heads,
+                        activation_checkpointing=model.activation_checkpointing, seed=seed)
 
 
 register_model("cnn", _cnn)

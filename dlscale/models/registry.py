@@ -3,7 +3,9 @@
 A model brings everything the rest of the kit needs to know about it, so that adding one touches
 ``models/`` alone (or the user's own module):
 
-- a ``build(cfg, in_channels, num_outputs)`` function, registered here under its config name;
+- a ``build(model, input_shape, num_outputs, seed)`` function, registered here under its config name. It is given
+  the config's model section only (``cfg.sections.model``: ``model``, ``width``, ``depth``...), the shape of one
+  sample (channels, height, width) and the run's seed;
 - on the model class, optionally, ``parallel_units()``: the submodules that FSDP shards one at a
   time and tensor parallelism splits (a transformer's blocks), and ``tensor_parallel_plan``: for
   each submodule path inside a unit, ``"colwise"`` or ``"rowwise"``. ``distributed/`` reads these
@@ -19,8 +21,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from dlscale.config import ConfigError, TrainConfig
-from dlscale.config.train_config import MODEL_NAMES
+from dlscale.config import ConfigError
+from dlscale.config.train_config import MODEL_NAMES, ModelSection
 
 
 @dataclass(frozen=True)
@@ -28,16 +30,18 @@ class ModelSpec:
     """A model the config can name: how to build it, and whether a sharded run may build it on the meta device."""
 
     name: str
-    build: Callable[[TrainConfig, int, int], nn.Module]  # (cfg, in_channels, num_outputs) -> the model, on the CPU
+    #: (the model section, one sample's (channels, height, width), outputs, seed) -> the model, on the CPU
+    build: Callable[[ModelSection, tuple[int, int, int], int, int], nn.Module]
     meta_init: bool = False
 
 
 MODELS: dict[str, ModelSpec] = {}
 
 
-def register_model(name: str, build: Callable[[TrainConfig, int, int], nn.Module],
+def register_model(name: str, build: Callable[[ModelSection, tuple[int, int, int], int, int], nn.Module],
                    meta_init: bool = False) -> ModelSpec:
-    """Make ``model=NAME`` build ``build(cfg, in_channels, num_outputs)`` in every config, run and command."""
+    """Make ``model=NAME`` build ``build(model_section, input_shape, num_outputs, seed)`` in every config, run and
+    command."""
     if not name.isidentifier():
         raise ConfigError(f"a model's name must be a word (letters, digits, _), not {name!r}")
     MODELS[name] = spec = ModelSpec(name, build, meta_init)

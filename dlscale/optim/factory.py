@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dlscale.config import TrainConfig
+from dlscale.config.train_config import OptimSection
 from dlscale.optim.layerwise import LAMB, LARS
 
 __all__ = ["LAMB", "LARS", "build_optimizer", "param_groups"]
@@ -33,8 +33,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
             {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(cfg: TrainConfig, model: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
-    """The optimizer ``cfg.optimizer`` names, over :func:`param_groups` of ``model``, at ``lr`` (default ``cfg.lr``)."""
+def build_optimizer(cfg: OptimSection, model: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
+    """The optimizer the config's optim section (``cfg.sections.optim``) names, over :func:`param_groups` of ``model``,
+    at ``lr`` (default the section's ``lr``)."""
     groups = param_groups(model, cfg.weight_decay)
     lr = cfg.lr if lr is None else lr
     trust = {"trust_coefficient": cfg.trust_coefficient} if cfg.trust_coefficient else {}

@@ -123,7 +123,7 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
     check_writable(cfg.resolved_run_dir)  # (before the data and the training, not at the first checkpoint)
     threads = apply_threads(requested=cfg.threads)  # before any kernel runs: from the CPUs this process was given
     seed_everything(cfg.seed)
-    plan = plan_parallelism(cfg, env)
+    plan = plan_parallelism(cfg.sections.parallel, env)
     check_fits(cfg, device, plan)
 
     train_loader, val_loader, data_root = rank_loaders(cfg, env, device, plan.data_rank, plan.data_ranks)
@@ -157,13 +157,14 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
         flops = counted(False)
         if cfg.activation_checkpointing:
             flops = dataclasses.replace(flops, recomputed=counted(True).per_sample - flops.per_sample)
-    step_model = build_step_model(model, env, cfg, plan, policy)  # (before the optimizer: FSDP/TP make DTensors)
+    # (before the optimizer: FSDP and TP make DTensors of the parameters)
+    step_model = build_step_model(model, env, cfg.sections.parallel, cfg.sections.model, plan, policy)
     if on_meta:
         model.to_empty(device=device)
         model.init_weights(cfg.seed)
     reset_peak(device)  # the memory table's peak is the sharded layout's, not the whole model's before it
     peak_lr = scale_lr(cfg.lr, cfg.base_batch, cfg.global_batch_size, cfg.lr_scaling)
-    optimizer, grad_sync = gradient_sync(plan.data_parallel, step_model, build_optimizer(cfg, model, lr=peak_lr),
+    optimizer, grad_sync = gradient_sync(plan.data_parallel, step_model, build_optimizer(cfg.sections.optim, model, lr=peak_lr),
                                          model, cfg.horovod_fp16_compression, cfg.grad_accumulation)
     steps_per_epoch = len(train_loader) // cfg.grad_accumulation
     total_steps = min(cfg.epochs * steps_per_epoch, cfg.max_steps or cfg.epochs * steps_per_epoch)
@@ -180,8 +181,9 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
     if env.is_main:
         cfg.save(cfg.resolved_run_dir / "config.yaml")
     names = target_names(data_root, dataset.num_targets)
-    logger = MetricsLogger(cfg, cfg.resolved_run_dir, resume_step=step if resumed_from else None,
-                           is_main=env.is_main, val_columns=["mse", "r2", *(f"r2_{n}" for n in names)])
+    logger = MetricsLogger(cfg.sections.logging, cfg.resolved_run_dir, cfg.name, cfg.to_dict(),
+                           resume_step=step if resumed_from else None, is_main=env.is_main,
+                           val_columns=["mse", "r2", *(f"r2_{n}" for n in names)])
     layer_names = {p: n for n, p in model.named_parameters()}
     step_log = StepLog(logger, [layer_names[p] for g in optimizer.param_groups for p in g["params"]]
                        if hasattr(optimizer, "trust_ratios") else [])

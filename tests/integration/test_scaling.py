@@ -47,7 +47,7 @@ def test_data_in_memory_and_every_rank_alone_change_what_the_run_does(tmp_path, 
     from dlscale.distributed.launch_variables import DistEnv
     from dlscale.distributed.parallelize import plan_parallelism
     with pytest.raises(ConfigError, match="tensor_parallel"):
-        plan_parallelism(load_config("vit-tiny", ["data_parallel=none", "tensor_parallel=2"]),
+        plan_parallelism(load_config("vit-tiny", ["data_parallel=none", "tensor_parallel=2"]).sections.parallel,
                          DistEnv(rank=0, world_size=2))
 
 

@@ -79,3 +79,26 @@ def test_per_rank_batch_is_derived_from_the_global_batch():
     assert cfg.per_rank_batch(4) == 16
     with pytest.raises(ConfigError, match="does not split evenly over 3 ranks"):
         cfg.per_rank_batch(3)
+
+
+def test_the_keys_are_flat_outside_and_in_sections_inside():
+    """Every key belongs to exactly one section; a section holds the config's values and nothing else, so a builder
+    given one section cannot read another's key; the command line and the files stay flat."""
+    import dataclasses
+
+    from dlscale.config import FIELDS, SECTION_KEYS
+
+    assert sorted(key for keys in SECTION_KEYS.values() for key in keys) == sorted(FIELDS)
+    assert list(SECTION_KEYS) == ["run", "data", "model", "parallel", "training", "optim", "logging"]
+    cfg = load_config("tiny", ["lr=3e-3", "width=12", "bucket_cap_mb=5"])
+    sections = cfg.sections
+    assert (sections.optim.lr, sections.model.width, sections.parallel.bucket_cap_mb) == (3e-3, 12, 5.0)
+    for name, keys in SECTION_KEYS.items():
+        section = getattr(sections, name)
+        assert {f.name for f in dataclasses.fields(section)} == set(keys)
+        assert all(getattr(section, key) == getattr(cfg, key) for key in keys)
+    with pytest.raises(AttributeError):
+        sections.model.lr  # noqa: B018  (the model's builder sees the model's keys only)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sections.optim.lr = 1.0
+    assert "lr" in cfg.to_dict() and "optim" not in cfg.to_dict()  # saved flat, as the YAML files are written

@@ -75,7 +75,7 @@ def test_biases_and_norm_parameters_do_not_decay():
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.ndim > 1 for p in decay["params"]) and all(p.ndim <= 1 for p in no_decay["params"])
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
-    sgd = build_optimizer(load_config("tiny", ["optimizer=sgd", "momentum=0.8"]), model)
+    sgd = build_optimizer(load_config("tiny", ["optimizer=sgd", "momentum=0.8"]).sections.optim, model)
     assert isinstance(sgd, torch.optim.SGD) and sgd.param_groups[0]["momentum"] == 0.8
 
 

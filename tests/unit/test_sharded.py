@@ -42,7 +42,7 @@ def test_bad_combinations_are_one_clear_config_error(overrides, message):
 def test_tensor_parallel_must_divide_the_ranks_and_fsdp_cannot_run_under_horovod():
     cfg = load_config("vit-tiny", {"tensor_parallel": 2})
     with pytest.raises(ConfigError, match="tensor_parallel=2 does not divide the 3 ranks"):
-        plan_parallelism(cfg, DistEnv(0, 0, 3, 3, "torchrun", "127.0.0.1", 29500))
+        plan_parallelism(cfg.sections.parallel, DistEnv(0, 0, 3, 3, "torchrun", "127.0.0.1", 29500))
     with pytest.raises(DistributedError, match="data_parallel=fsdp needs torch.distributed"):
         resolve_data_parallel("fsdp", "horovodrun")
 
@@ -50,7 +50,8 @@ def test_tensor_parallel_must_divide_the_ranks_and_fsdp_cannot_run_under_horovod
 def test_fp16_with_sharded_parameters_says_what_to_use():
     cfg = load_config("vit-tiny", {"data_parallel": "fsdp"})
     with pytest.raises(ConfigError, match="use precision=bf16 or fp32"):
-        build_step_model(torch.nn.Linear(2, 2), None, cfg, ParallelPlan("fsdp", 1, 0, 2), Precision("fp16", "cuda"))
+        build_step_model(torch.nn.Linear(2, 2), None, cfg.sections.parallel, cfg.sections.model,
+                         ParallelPlan("fsdp", 1, 0, 2), Precision("fp16", "cuda"))
 
 
 def test_fsdp_sends_one_and_a_half_times_ddp_and_tensor_parallel_scales_with_the_activations():

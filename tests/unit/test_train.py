@@ -307,7 +307,8 @@ def test_compile_wraps_ddp_so_the_all_reduce_overlaps_the_backward():
     try:
         cfg = load_config("tiny", {"compile": True})
         model = build_model(cfg, 1, 2)
-        step_model = build_step_model(model, DistEnv(world_size=2, backend="gloo"), cfg)  # "2 ranks": DDP wraps
+        two_ranks = DistEnv(world_size=2, backend="gloo")  # "2 ranks": DDP wraps
+        step_model = build_step_model(model, two_ranks, cfg.sections.parallel, cfg.sections.model)
         assert isinstance(step_model, torch._dynamo.eval_frame.OptimizedModule)
         ddp = step_model._orig_mod
         assert isinstance(ddp, torch.nn.parallel.DistributedDataParallel) and ddp.module is model
@@ -346,7 +347,10 @@ def test_a_model_is_added_without_touching_the_rest_of_the_kit(in_tmp):
         def forward(self, x):
             return self.layers(x)
 
-    register_model("pixel_mlp_for_tests", lambda cfg, c, n: PixelMLP(c, n, cfg.image_size ** 2, cfg.width))
+    def build(model, shape, outputs, seed):  # given the model section alone: a key of another section fails here
+        return PixelMLP(shape[0], outputs, shape[1] * shape[2], model.width)
+
+    register_model("pixel_mlp_for_tests", build)
     try:
         cfg = load_config("tiny", {"model": "pixel_mlp_for_tests", "width": 32, "epochs": 2})
         assert isinstance(build_model(cfg), PixelMLP)
