@@ -143,6 +143,21 @@ def _bench_ladder(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_parity(args: argparse.Namespace) -> int:
+    from dlscale.bench.parity import SINGLE_PROCESS, format_parity, time_stage
+
+    stages = {name[:2]: name for name in SINGLE_PROCESS}
+    unknown = [number for number in args.stages.split(",") if number.strip() not in stages]
+    if unknown:
+        print(f"dlscale bench parity: --stages: no single-process stage {', '.join(unknown)}; the stages are "
+              f"{', '.join(stages)}", file=sys.stderr)
+        return 2
+    rows = [time_stage(stages[number.strip()], rounds=args.rounds, config=args.config, epochs=args.epochs)
+            for number in args.stages.split(",")]
+    print(format_parity(rows))
+    return 0
+
+
 def _bench_loader(args: argparse.Namespace) -> int:
     from dlscale.bench.loader import bench_loader
 
@@ -525,11 +540,25 @@ def _add_bench_kmeans(bench_commands: Any) -> None:
     kmeans_bench.set_defaults(handler=_bench_kmeans)
 
 
+def _add_bench_parity(bench_commands: Any) -> None:
+    parity = bench_commands.add_parser(
+        "parity", help="the engine against the plain recipe: each stage and its engine twin, timed in turns",
+        description="Run each single-process stage of recipes/ and its engine twin (dlscale.train with the same "
+                    "settings) in turns, in one process on the same data, and print the time of each and their ratio "
+                    "(the engine's cost over the plain loop), with the largest loss difference (0: the same steps).")
+    parity.add_argument("--stages", default="01,02,03,04", help="comma-separated stage numbers (01, 02, 03, 04)")
+    parity.add_argument("--config", default="demo", help="the data set both train on (default demo, the README's run)")
+    parity.add_argument("--epochs", type=_number(int, 1), default=3)
+    parity.add_argument("--rounds", type=_number(int, 1), default=3, help="timed runs of each, in turns (the median "
+                                                                       "is reported)")
+    parity.set_defaults(handler=_bench_parity)
+
+
 def _add_bench(commands: Any) -> None:
     bench = commands.add_parser("bench", help="benchmarks that print ratios measured side by side")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
     for add in (_add_bench_optim, _add_bench_ladder, _add_bench_loader, _add_bench_allreduce, _add_bench_scaling,
-                _add_bench_breakdown, _add_bench_memory, _add_bench_kmeans):
+                _add_bench_breakdown, _add_bench_memory, _add_bench_kmeans, _add_bench_parity):
         add(bench_commands)
 
 

@@ -298,7 +298,7 @@ STAGE_TOLERANCE = {"cpu": 1e-4, "cuda": 3e-2}
 
 def check_stage(stage: str, mine: dict, twin: dict, device: str | None = None) -> None:
     """The attendee's stage (``main``'s result: losses per step, R² per epoch) trains as ``dlscale.train`` does
-    with the same settings (``twin``, from :func:`~dlscale.lessons.recipes.engine_twin`), within
+    with the same settings (``twin``, from :func:`~dlscale.bench.parity.engine_twin`), within
     :data:`STAGE_TOLERANCE` for ``device`` (default: CUDA where a GPU is visible); a difference names where it
     begins."""
     kind = device or ("cuda" if torch.cuda.is_available() else "cpu")

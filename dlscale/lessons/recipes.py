@@ -11,35 +11,15 @@ from __future__ import annotations
 
 import difflib
 import json
-import sys
 from pathlib import Path
 
-from dlscale.errors import DlscaleError
+from dlscale.bench.parity import (  # (the twin is a measurement: bench/; the lessons and their door use it from here)
+    RecipeError,
+    recipe_path,
+)
 
 #: What a recipe file has after its cell: the command line (a kernel must not run it, its argv is Jupyter's).
 SCRIPT_FOOTER = '\n\nif __name__ == "__main__":\n    main(**parse_args(main))\n'
-
-#: The repository's recipes/ folder (the recipes are not part of the installed package).
-RECIPES = Path(__file__).resolve().parents[2] / "recipes"
-# The stages import their shared plumbing (recipes/training_tools.py) from their own folder, which python
-# puts first on the path for a script it runs; a kernel that runs a stage's cell (any lesson imports
-# dlscale.lessons first), or a test that loads a stage, finds it here.
-if str(RECIPES) not in sys.path:
-    sys.path.append(str(RECIPES))
-
-
-class RecipeError(DlscaleError, ValueError):
-    """A recipe cell or file is missing or malformed; the message names it."""
-
-
-def recipe_path(name: str) -> Path:
-    """The file of one stage, e.g. ``recipe_path("05_ddp.py")``."""
-    path = RECIPES / name
-    if not path.is_file():
-        raise RecipeError(f"{path} does not exist: the recipes live in the repository's recipes/ folder "
-                          f"(clone it, or run `dlscale recipes` in it)")
-    return path
-
 
 def recipe_diff(old: str, new: str) -> str:
     """The unified diff from one stage's file to the next's: the lines a lesson adds to the recipe."""
@@ -203,71 +183,6 @@ def gapped_recipe(name: str, source: str) -> str:
     text = "".join(lines)
     compile(text, f"recipes/{name} with gaps", "exec")  # a gap must cut whole statements
     return text
-
-
-# -- the engine's twin of each stage -----------------------------------------------------------------
-
-#: Recipe arguments whose config key has another name.
-_CONFIG_KEYS = {"batch_size": "global_batch_size", "workers": "num_workers", "clip": "grad_clip",
-                "tp": "tensor_parallel", "scaling": "lr_scaling", "optimizer_name": "optimizer",
-                "accumulate": "grad_accumulation"}
-#: Recipe arguments with no effect on what is computed (where it runs, where it writes, what it logs).
-_NOT_COMPUTED = {"device", "checkpoint", "resume", "config", "log_every", "profile_steps"}
-
-
-def recipe_defaults(stage: str) -> dict:
-    """The arguments of a stage's ``main`` and their defaults (read from its file, which is not run)."""
-    import ast
-
-    tree = ast.parse(recipe_path(stage).read_text())
-    main = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main")
-    names = [a.arg for a in main.args.args]
-    defaults = main.args.defaults
-    return {name: ast.literal_eval(value) for name, value in zip(names[len(names) - len(defaults):], defaults)
-            if name != "device"}
-
-
-def engine_settings(stage: str, **arguments) -> tuple[str, dict]:
-    """``(config, overrides)`` with which ``dlscale.train`` computes what ``main(**arguments)`` of a stage does.
-
-    The recipe's defaults apply where ``arguments`` are silent. The stages before 07 keep the LR
-    constant, those before 03 train in fp32, the CNN uses group norm (the recipe's), and Horovod
-    (06) reduces contiguous tensors only, so its stage keeps the default memory layout.
-    """
-    number = int(stage[:2])
-    values = {**recipe_defaults(stage), **arguments}
-    overrides = {_CONFIG_KEYS.get(k, k): v for k, v in values.items() if k not in _NOT_COMPUTED}
-    overrides.setdefault("num_workers", 0)
-    if overrides.get("lr_scaling") == "auto":  # stage 07's rule: square root for Adam-like optimizers
-        overrides["lr_scaling"] = "sqrt" if overrides.get("optimizer", "adamw") in ("adamw", "lamb") else "linear"
-    if number < 7 or number == 10:
-        overrides.update(warmup_steps=0, decay="none")
-    if number < 3:
-        overrides["precision"] = "fp32"
-    if number == 10:
-        overrides.update(model="vit", data_parallel="fsdp")
-    else:
-        overrides.update(norm="group", channels_last=4 <= number != 6)
-    if number == 6:
-        overrides["data_parallel"] = "horovod"
-    return values.get("config", "tiny"), overrides
-
-
-def engine_twin(stage: str, name: str | None = None, **arguments) -> dict:
-    """``dlscale.train`` with the settings of a stage's ``main(**arguments)``, its results shaped as the recipe's:
-    ``{"losses": [per step], "r2": [per epoch]}`` (on engines too: nothing in it holds a sharded model)."""
-    from dlscale.training.loop import train_quietly
-
-    config, settings = engine_settings(stage, **arguments)
-    result = train_quietly(config, name=name or f"engine-twin-{stage[:-3]}", progress=False, plot=False, **settings)
-    return {"losses": [row["loss"] for row in result.steps], "r2": [row["r2"] for row in result.history]}
-
-
-def largest_loss_gap(recipe_losses: list[float], twin_losses: list[float]) -> float:
-    """The largest difference between the losses a recipe logged and those of its engine twin, step by step."""
-    if len(recipe_losses) != len(twin_losses):
-        raise RecipeError(f"the recipe took {len(recipe_losses)} steps, the engine {len(twin_losses)}")
-    return max(abs(a - b) for a, b in zip(recipe_losses, twin_losses))
 
 
 def run_stage(path: str, **arguments) -> dict:

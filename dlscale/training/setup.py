@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from dlscale.checkpoint import (
 )
 from dlscale.config import ConfigError, TrainConfig
 from dlscale.config.resume_check import check_resume
+from dlscale.config.train_config import ModelSection
 from dlscale.data.loader import InMemoryBatches, rank_loaders, target_names
 from dlscale.data.shards import data_identity
 from dlscale.distributed import DistEnv, horovod_backend
@@ -46,6 +48,7 @@ from dlscale.metrics.noise_scale import NoiseScaleEstimator, NoiseScaleProbe
 from dlscale.metrics.steplog import StepLog
 from dlscale.metrics.tracking import MetricsLogger
 from dlscale.models import build_model, count_parameters, is_channels_last, model_spec
+from dlscale.models.registry import ModelSpec
 from dlscale.optim.factory import build_optimizer
 from dlscale.optim.schedules import scale_lr, warmup_schedule
 from dlscale.profiling import FlopCount, count_flops, nvtx_backend
@@ -101,6 +104,25 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+@functools.lru_cache(maxsize=16)
+def model_flops(spec: ModelSpec, model: ModelSection, input_shape: tuple[int, ...], targets: int) -> FlopCount:
+    """FLOPs per sample of the model a model section describes, counted once per architecture and input shape in a
+    process (a sweep's rounds, a benchmark's turns, a lesson's repeated runs train the same model again).
+
+    Counted on a twin on the meta device: no memory, no kernel on the GPU, nothing collective. The model's own FLOPs
+    leave out what activation checkpointing recomputes (counted apart: it is hardware work, not the model's).
+    """
+    def counted(checkpointing: bool) -> FlopCount:
+        with torch.device("meta"):
+            twin = spec.build(dataclasses.replace(model, activation_checkpointing=checkpointing), input_shape, targets, 0)
+            return count_flops(twin, input_shape, nn.MSELoss(), targets)
+
+    flops = counted(False)
+    if model.activation_checkpointing:
+        flops = dataclasses.replace(flops, recomputed=counted(True).per_sample - flops.per_sample)
+    return flops
+
+
 def check_fits(cfg: TrainConfig, device: torch.device, plan: ParallelPlan) -> None:
     """The checks that need the job: a :class:`ConfigError` that says what to change, before anything is built."""
     if plan.sharded and cfg.val_samples % plan.data_ranks:
@@ -147,16 +169,7 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
         train_loader = InMemoryBatches(train_loader, lambda x, y: to_device(x, y, device, cfg.channels_last,
                                                                            policy.param_dtype))
     loss_fn = nn.MSELoss()
-    # Counted on a twin on the meta device: no memory, no kernel on the GPU, nothing collective. The model's own
-    # FLOPs leave out what activation checkpointing recomputes (counted apart: it is hardware work, not the model's).
-    with torch.device("meta"):
-        def counted(checkpointing: bool) -> FlopCount:
-            twin = build_model(cfg.override({"activation_checkpointing": checkpointing}), dataset.input_shape[0],
-                               dataset.num_targets)
-            return count_flops(twin, dataset.input_shape, loss_fn, dataset.num_targets)
-        flops = counted(False)
-        if cfg.activation_checkpointing:
-            flops = dataclasses.replace(flops, recomputed=counted(True).per_sample - flops.per_sample)
+    flops = model_flops(model_spec(cfg.model), cfg.sections.model, tuple(dataset.input_shape), dataset.num_targets)
     # (before the optimizer: FSDP and TP make DTensors of the parameters)
     step_model = build_step_model(model, env, cfg.sections.parallel, cfg.sections.model, plan, policy)
     if on_meta:

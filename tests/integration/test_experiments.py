@@ -56,3 +56,13 @@ def test_a_recipe_that_diverges_is_a_row_of_the_table_not_a_failed_sweep(in_tmp)
     assert diverged["val_r2"] != diverged["val_r2"] and diverged["steps"] >= 1  # NaN, and the step it happened
     assert "| linear | diverged |" in (in_tmp / "sweep/table.md").read_text()
     assert "starting afresh" in (in_tmp / "sweep/b64-linear/output.log").read_text()  # its log is kept
+
+
+def test_bench_parity_times_a_stage_against_its_engine_twin_on_the_same_steps(in_tmp):
+    done = run_cli("bench", "parity", "--stages", "01", "--rounds", "1", "--epochs", "1", "--config", "tiny", cwd=in_tmp)
+    assert done.returncode == 0, done.stderr
+    row = re.search(r"\| 01_baseline \| ([\d.]+) .*\| ([\d.]+) .*\| ([\d.]+)× .*\| (\S+) \|", done.stdout)
+    assert row and float(row[4]) == 0.0, done.stdout  # the same losses, step for step
+    assert not list(in_tmp.iterdir())  # (it ran in a folder of its own)
+    refused = run_cli("bench", "parity", "--stages", "05", cwd=in_tmp)
+    assert refused.returncode == 2 and "no single-process stage 05" in refused.stderr

@@ -88,7 +88,7 @@ def test_the_recipe_reads_its_rank_from_each_launcher(monkeypatch):
     """torchrun, srun and Polaris's mpiexec (PALS) name the ranks differently; the first one set wins."""
     from training_tools import from_launcher
 
-    from dlscale.lessons.recipes import RECIPES  # noqa: F401  (puts recipes/ on the path)
+    from dlscale.bench.parity import RECIPES  # noqa: F401  (puts recipes/ on the path)
 
     for name in ("RANK", "SLURM_PROCID", "PMI_RANK", "WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE"):
         monkeypatch.delenv(name, raising=False)

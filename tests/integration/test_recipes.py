@@ -6,12 +6,8 @@ import runpy
 
 import pytest
 
+from dlscale.bench.parity import RECIPES, engine_twin, largest_loss_gap
 from dlscale.jobs.notebook_engines import run_file, run_on_engines
-from dlscale.lessons.recipes import (
-    RECIPES,
-    engine_twin,
-    largest_loss_gap,
-)
 from tests.unit.test_recipes import _solution
 
 #: Loss difference allowed between a stage and the engine (see the module's docstring).

@@ -1,6 +1,7 @@
 """The training loop in one process: configs, optimizers, resume, stopping and the model registry."""
 
 import csv
+import json
 import os
 import re
 import subprocess
@@ -365,3 +366,19 @@ def test_a_model_is_added_without_touching_the_rest_of_the_kit(in_tmp):
         MODELS.pop("pixel_mlp_for_tests")
         from dlscale.config.train_config import MODEL_NAMES
         MODEL_NAMES.remove("pixel_mlp_for_tests")
+
+
+def test_the_flops_are_counted_once_per_architecture_and_again_for_another(tiny, in_tmp):
+    """Runs of the same model in one process (a sweep's rounds, a benchmark's turns) count its FLOPs once; another
+    width is another architecture, counted anew, and its count is larger."""
+    from dlscale.training import setup
+
+    def flops(**overrides):
+        result = train(tiny(max_steps=1, **overrides))
+        return json.loads((result.run_dir / "summary.json").read_text())["flops_per_sample"]
+
+    setup.model_flops.cache_clear()
+    first, again, wider = flops(name="a"), flops(name="b"), flops(name="c", width=16)
+    info = setup.model_flops.cache_info()
+    assert (info.misses, info.hits) == (2, 1)
+    assert first == again < wider
