@@ -194,25 +194,38 @@ def _one_hot_pass(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.
     return int(changed)
 
 
+def _farthest_distinct_rows(x: torch.Tensor, far: torch.Tensor, count: int) -> torch.Tensor:
+    """The rows of the ``count`` farthest distinct points (the first copy of each, in order of distance, then row)."""
+    order = torch.argsort(far, descending=True, stable=True)
+    _, group = torch.unique(x[order], dim=0, return_inverse=True)
+    first = torch.full((int(group.max()) + 1,), len(order), dtype=torch.int64, device=x.device)
+    first.scatter_reduce_(0, group, torch.arange(len(order), device=x.device), "amin")
+    return order[torch.sort(first).values[:count]]
+
+
 def _relocate_empty_clusters(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor,
                              labels: torch.Tensor, sums: torch.Tensor, totals: torch.Tensor) -> None:
     """scikit-learn's repair: each empty cluster takes one of the points farthest from their centres.
 
-    Every rank offers its own farthest points (unweighted distance, as scikit-learn); the
-    candidates of all ranks are gathered and sorted (distance, then rank, then row) so every
-    rank picks the same ones. The donors lose those points' weighted sums and weights.
-    ``sums`` and ``totals`` are changed in place.
+    Each takes a different point: copies of one row (a photo's many pixels of one colour) are offered once, and a
+    point another rank offered too is taken once, so that when k is at least the number of distinct points every
+    one of them becomes a centre. Only when the distinct points run out do empty clusters take copies. Every rank
+    offers its own farthest points (unweighted distance, as scikit-learn); the candidates of all ranks are gathered
+    and sorted (distance, then rank, then row) so every rank picks the same ones. The donors lose those points'
+    weighted sums and weights. ``sums`` and ``totals`` are changed in place.
     """
     empty = torch.nonzero(totals == 0).flatten()
     n_empty = len(empty)
     far = ((x - centers[labels]) ** 2).sum(1).double()
+    distinct = _farthest_distinct_rows(x, far, n_empty)
     take = min(n_empty, x.shape[0])
-    values, rows = torch.topk(far, take)
+    copies = torch.topk(far, take).indices  # (for when there are fewer distinct points than empty clusters)
+    rows = torch.cat([distinct, copies[~torch.isin(copies, distinct)]])[:take]
     d = x.shape[1]
     # Each candidate travels as [distance, rank, row, label, weight, features...], padded to n_empty rows.
     rank = distributed.rank()
     offer = torch.full((n_empty, 5 + d), -math.inf, dtype=torch.float64, device=x.device)
-    offer[:take, 0] = values
+    offer[:take, 0] = far[rows]
     offer[:take, 1] = rank
     offer[:take, 2] = rows.double()
     offer[:take, 3] = labels[rows].double()
@@ -220,7 +233,13 @@ def _relocate_empty_clusters(x: torch.Tensor, weights: torch.Tensor | None, cent
     offer[:take, 5:] = x[rows].double()
     offer = torch.cat(distributed.all_gather(offer))
     order = sorted(range(len(offer)), key=lambda i: (-float(offer[i, 0]), float(offer[i, 1]), float(offer[i, 2])))
-    for cluster, index in zip(empty.tolist(), order[:n_empty]):
+    offered = [i for i in order if offer[i, 0] > -math.inf]
+    taken: list[int] = []
+    for index in offered:  # distinct points first, in order...
+        if len(taken) < n_empty and not any(torch.equal(offer[index, 5:], offer[j, 5:]) for j in taken):
+            taken.append(index)
+    taken += [i for i in offered if i not in taken][:n_empty - len(taken)]  # ...then copies, if points run out
+    for cluster, index in zip(empty.tolist(), taken):
         candidate = offer[index]
         donor, weight = int(candidate[3]), candidate[4]
         sums[donor] -= weight * candidate[5:]

@@ -138,3 +138,19 @@ def test_the_centre_update_check_rejects_a_mean_of_means_and_two_all_reduces():
         checks.check_centre_update(mean_of_means)
     with pytest.raises(AssertionError, match="all-reduce it once"):
         checks.check_centre_update(two_messages)
+
+
+def test_two_ranks_cover_every_distinct_point_once_each(in_tmp):
+    """The relocation over ranks: a point both ranks hold copies of is taken once, by both ranks alike."""
+    from dlscale.jobs.local_ranks import torchrun_command
+    from tests.unit.test_kmeans import duplicated_points
+
+    points, x = duplicated_points()
+    np.save(in_tmp / "data.npy", x)
+    np.save(in_tmp / "init.npy", x[:60])
+    args = _kmeans_args(in_tmp, "two", "torch", k=60)
+    done = subprocess.run(torchrun_command(2, args), capture_output=True, text=True, timeout=300, env=_launcher_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    centers = np.load(in_tmp / "two/centers.npy")
+    nearest = np.sqrt(((points[:, None, :] - centers[None]) ** 2).sum(-1)).min(1)
+    assert nearest.max() < 1e-5 and json.loads((in_tmp / "two/summary.json").read_text())["inertia"] < 1e-6

@@ -173,3 +173,23 @@ def test_the_gpu_chunk_counts_the_float64_copy_of_its_rows():
     assert rows * (16 * (4 + 8) + 784 * 8) <= GPU_CHUNK_BUDGET
     assert default_chunk_size(16, 4, "cuda") * 784 * 8 > 30 * GPU_CHUNK_BUDGET  # what the old count allowed
     assert default_chunk_size(16, 4, "cpu", n_features=784) == default_chunk_size(16, 4, "cpu")  # CPUs: unchanged
+
+
+def duplicated_points(dtype=np.float64):
+    """40 distinct points, each copied 50 times, shuffled; 60 initial centres from the first rows (so many copies of
+    a few points, and at the first pass many empty clusters). Before the relocation took distinct rows, this fit
+    ended with 38 distinct centres and an inertia of 51."""
+    rng = np.random.default_rng(22)
+    points = rng.normal(size=(40, 5))
+    x = np.repeat(points, 50, axis=0)
+    rng.shuffle(x)
+    return points, x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_every_distinct_point_becomes_a_centre_when_there_are_clusters_enough(dtype):
+    points, x = duplicated_points(dtype)
+    fit = KMeans(60, init=x[:60], n_init=1).fit(x)
+    nearest = np.sqrt(((points[:, None, :] - fit.cluster_centers_[None]) ** 2).sum(-1)).min(1)
+    assert nearest.max() < 1e-5  # each of the 40 points is a centre
+    assert fit.inertia_ < 1e-6
