@@ -25,6 +25,7 @@ process count under ``torchrun`` (torch) and ``mpirun`` (daal4py), on the first 
 from __future__ import annotations
 
 import json
+import platform
 import time
 import warnings
 from pathlib import Path
@@ -79,12 +80,26 @@ def benchmark_data(kinds: tuple[str, ...] = KINDS, n: int = 1_000_000, d: int = 
     return out
 
 
-def _time_fit(fit) -> tuple[float, int, float]:
-    """Seconds, iterations and inertia of one fit. Timed by hand, once per round (round-robin over the engines):
+def _time_fit(fit) -> tuple[float, int, float, str]:
+    """Seconds, iterations, inertia and pass of one fit. Timed by hand, once per round (round-robin over the engines):
     a fit lasts seconds, and torch.utils.benchmark.Timer's warm-up runs would triple the benchmark."""
     started = time.perf_counter()
-    iterations, inertia = fit()
-    return time.perf_counter() - started, iterations, inertia
+    iterations, inertia, pass_name = fit()
+    return time.perf_counter() - started, iterations, inertia, pass_name
+
+
+def cpu_description() -> str:
+    """The CPU's model and the widest SIMD torch's kernels use on it (AVX2, AVX512, SVE256...; DEFAULT is none of
+    them, as on most Arm CPUs without SVE, where NEON is the baseline)."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "Model")):  # (x86's and Arm's names for it)
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {torch.get_num_threads()} threads, SIMD {torch.backends.cpu.get_cpu_capability()}"
 
 
 #: The two phases: (name, max_iter or None for the fixed iterations, tol).
@@ -101,9 +116,9 @@ def _engines(x: np.ndarray, init: np.ndarray, iterations: int, tol: float = 0.0,
     k = len(init)
 
     def ours(backend: str, device: str = "cpu"):
-        def fit() -> tuple[int, float]:
+        def fit() -> tuple[int, float, str]:
             model = KMeans(k, init=init, max_iter=iterations, tol=tol, backend=backend, device=device).fit(x)
-            return model.n_iter_, model.inertia_
+            return model.n_iter_, model.inertia_, model.pass_
         return fit
 
     engines = {}
@@ -114,7 +129,7 @@ def _engines(x: np.ndarray, init: np.ndarray, iterations: int, tol: float = 0.0,
             def fit() -> tuple[int, float]:
                 model = SklearnKMeans(k, init=init.astype(data.dtype), n_init=1, max_iter=iterations, tol=tol,
                                       algorithm="lloyd").fit(data)
-                return model.n_iter_, model.inertia_
+                return model.n_iter_, model.inertia_, "lloyd"
             return fit
 
         engines["scikit-learn"] = theirs(x)
@@ -176,14 +191,15 @@ def _scaling(x: np.ndarray, init: np.ndarray, procs: list[int], iterations: int,
 def _phase_rows(data: str, phase: str, engines: dict, rounds: int) -> list[dict]:
     """Each engine's median round of one phase on one data set, and its times against scikit-learn's."""
     # Rounds go round-robin over the engines, so a slow spell of this shared machine hits all of them.
-    timings: dict[str, list[tuple[float, int, float]]] = {engine: [] for engine in engines}
+    timings: dict[str, list[tuple[float, int, float, str]]] = {engine: [] for engine in engines}
     for _ in range(rounds):
         for engine, fit in engines.items():
             timings[engine].append(_time_fit(fit))
     rows = []
     for engine, runs in timings.items():
-        seconds, done, inertia = sorted(runs)[len(runs) // 2]  # the median round
-        rows.append({"data": data, "engine": engine, "kind": "engine", "phase": phase, "processes": 1,
+        seconds, done, inertia, pass_name = sorted(runs)[len(runs) // 2]  # the median round
+        rows.append({"data": data, "engine": engine, "pass": pass_name, "kind": "engine", "phase": phase,
+                     "processes": 1,
                      "threads_per_process": torch.get_num_threads(), "seconds": seconds, "iterations": done,
                      "inertia": float(inertia), "seconds_per_iteration": seconds / max(done, 1), "rounds": rounds})
     reference = next((r for r in rows if r["engine"] == "scikit-learn"), None)
@@ -220,7 +236,8 @@ def bench_kmeans(n: int = 1_000_000, d: int = 32, k: int = 64, iterations: int =
         label, x, kk = sets[0]
         init = x[np.random.default_rng(seed + 1).choice(len(x), kk, replace=False)].copy()
         rows += [{"data": label, **row} for row in _scaling(x, init, procs, iterations, out_dir, seed)]
-    (out_dir / "kmeans.json").write_text(json.dumps({"n": n, "d": d, "k": k, "rows": rows}, indent=1) + "\n")
+    (out_dir / "kmeans.json").write_text(json.dumps({"n": n, "d": d, "k": k, "cpu": cpu_description(), "rows": rows},
+                                                    indent=1) + "\n")
     kmeans_ratios([r for r in rows if r["kind"] == "engine"]).savefig(out_dir / "kmeans.png", dpi=120)
     return rows
 
@@ -231,10 +248,11 @@ def format_kmeans(rows: list[dict]) -> str:
         return f"{value:.2f}×" if value else ""
 
     engines = [r for r in rows if r["kind"] == "engine"]
-    table = markdown_table(
-        ["data", "phase", "engine", "iterations", "inertia", "seconds", "s per iteration", "per iteration vs sklearn",
-         "whole fit vs sklearn"],
-        [(r["data"], r["phase"], r["engine"], r["iterations"], f"{r['inertia']:.6g}", f"{r['seconds']:.3f}",
+    table = f"CPU: {cpu_description()}\n\n" + markdown_table(
+        ["data", "phase", "engine", "pass", "iterations", "inertia", "seconds", "s per iteration",
+         "per iteration vs sklearn", "whole fit vs sklearn"],
+        [(r["data"], r["phase"], r["engine"], r.get("pass", ""), r["iterations"], f"{r['inertia']:.6g}",
+          f"{r['seconds']:.3f}",
           f"{r['seconds_per_iteration']:.4f}", ratio(r["ratio_to_sklearn"]), ratio(r["time_ratio_to_sklearn"]))
          for r in engines])
     scaling = [r for r in rows if r["kind"] == "scaling"]

@@ -55,6 +55,9 @@ EXPECTED_FAILED_CHECKS = {
         "a weight of 2 is not the same as a repeated row for the random initialisation: the seeding draws "
         "from n rows instead of n + 1, so the initial centres differ (scikit-learn's KMeans declares the same); "
         "from the same initial centres the weighted fit is exact (tests/unit/test_kmeans.py)"),
+    "check_sample_weight_equivalence_on_sparse_data": (
+        "the same check on a sparse copy of the data, which is made dense and fitted as above (scikit-learn's "
+        "KMeans declares it too)"),
 }
 
 
@@ -70,22 +73,34 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixin, Ba
     ----------
     n_clusters : int, default=8
         The number of clusters (centres).
-    init : {"k-means++", "k-means||", "random"} or array-like of shape (n_clusters, n_features), \
+    init : {"k-means++", "k-means||", "random"}, callable or array-like of shape (n_clusters, n_features), \
 default="k-means++"
         How the initial centres are chosen. ``"k-means++"`` is scikit-learn's greedy
         k-means++ in one process and runs as its distributed form, k-means|| (Bahmani et al.
         2012), over several ranks. ``"random"`` draws rows. All three follow ``sample_weight``.
+        A callable is called as scikit-learn calls it, ``init(X, n_clusters, random_state)``, with the data
+        centred on its mean (on the first rank's shard over several ranks, whose centres every rank then takes).
     n_init : "auto" or int, default="auto"
         Runs from different initial centres; the one of lowest inertia is kept. ``"auto"`` is
-        1 for ``"k-means++"``, ``"k-means||"`` and an array, and 10 for ``"random"``.
+        1 for ``"k-means++"``, ``"k-means||"`` and an array, and 10 for ``"random"`` and a callable.
     max_iter : int, default=300
         Lloyd iterations at most, per run.
     tol : float, default=1e-4
         Stop when the squared shift of the centres is at most ``tol`` times the mean variance
         of the features (over all ranks' data). With ``tol=0`` only a pass that changes no
         label stops it.
+    verbose : int, default=0
+        With 1 or more, print "Initialization complete", each iteration's inertia and why the fit stopped, as
+        scikit-learn does (on the first rank; each printed inertia costs one more scoring pass).
     random_state : int, RandomState instance or None, default=None
         Seeds the initialisation (the same seed gives the same centres on every rank).
+    copy_x : bool, default=True
+        scikit-learn's: whether the data may be centred in place. The data are never changed here (the engine
+        centres a copy it needs anyway for the device), so ``False`` is accepted and changes nothing.
+    algorithm : {"lloyd", "elkan"}, default="lloyd"
+        scikit-learn's choice of iteration. Both run Lloyd's iterations and give its results, as scikit-learn's
+        two do; on CPUs each pass skips the rows whose centre cannot have changed by Hamerly's bounds (one lower
+        bound per row, where Elkan keeps k), and on GPUs each pass scores every row.
     backend : {"auto", "torch", "daal4py"}, default="auto"
         The engine. ``"auto"`` takes daal4py for ranks started by ``mpirun`` without a torch
         process group, and torch everywhere else.
@@ -119,6 +134,9 @@ default="k-means++"
         The engine that ran (``"torch"`` or ``"daal4py"``).
     timings_ : dict
         Seconds of the kept fit: ``init``, ``iterations``, ``per_iteration`` and ``total``.
+    pass_ : str
+        The pass the fit ran: ``"compiled"`` (CPUs with numba: Hamerly's bounds, scoring and sums in one loop),
+        ``"gemm"`` (every row scored by a GEMM: GPUs, or CPUs without numba) or ``"daal4py"``.
 
     See Also
     --------
@@ -133,8 +151,9 @@ default="k-means++"
     K-Means has no weights input) and stops on oneDAL's own criterion.
 
     ``check_estimator`` passes except for :data:`EXPECTED_FAILED_CHECKS`:
-    ``check_sample_weight_equivalence_on_dense_data``, which scikit-learn's ``KMeans`` also
-    declares (a weight of 2 changes the random draw of the initial centres, not the fit).
+    ``check_sample_weight_equivalence_on_dense_data`` and ``..._on_sparse_data``, which scikit-learn's ``KMeans``
+    also declares (a weight of 2 changes the random draw of the initial centres, not the fit). A sparse (CSR)
+    ``X`` is made dense once (n × d in its dtype): every pass reads whole rows.
 
     Examples
     --------
@@ -155,11 +174,14 @@ default="k-means++"
 
     _parameter_constraints: dict = {
         "n_clusters": [Interval(Integral, 1, None, closed="left")],
-        "init": [StrOptions({"k-means++", "k-means||", "random"}), "array-like"],
+        "init": [StrOptions({"k-means++", "k-means||", "random"}), callable, "array-like"],
         "n_init": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
         "max_iter": [Interval(Integral, 1, None, closed="left")],
         "tol": [Interval(Real, 0, None, closed="left")],
+        "verbose": ["verbose"],
         "random_state": ["random_state"],
+        "copy_x": ["boolean"],
+        "algorithm": [StrOptions({"lloyd", "elkan"})],
         "backend": [StrOptions(set(BACKENDS))],
         "device": [str, torch.device, None],
         "chunk_size": [Interval(Integral, 1, None, closed="left"), None],
@@ -169,15 +191,19 @@ default="k-means++"
     }
 
     def __init__(self, n_clusters: int = 8, *, init: str | Any = "k-means++", n_init: str | int = "auto",
-                 max_iter: int = 300, tol: float = 1e-4, random_state: Any = None, backend: str = "auto",
-                 device: str | None = None, chunk_size: int | None = None, n_local_trials: int | None = None,
-                 oversampling: float | None = None, rounds: int = 5):
+                 max_iter: int = 300, tol: float = 1e-4, verbose: int = 0, random_state: Any = None,
+                 copy_x: bool = True, algorithm: str = "lloyd", backend: str = "auto", device: str | None = None,
+                 chunk_size: int | None = None, n_local_trials: int | None = None, oversampling: float | None = None,
+                 rounds: int = 5):
         self.n_clusters = n_clusters
         self.init = init
         self.n_init = n_init
         self.max_iter = max_iter
         self.tol = tol
+        self.verbose = verbose
         self.random_state = random_state
+        self.copy_x = copy_x
+        self.algorithm = algorithm
         self.backend = backend
         self.device = device
         self.chunk_size = chunk_size
@@ -188,6 +214,7 @@ default="k-means++"
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.transformer_tags.preserves_dtype = ["float64", "float32"]
+        tags.input_tags.sparse = True  # (CSR, made dense once)
         return tags
 
     # -- fitting ----------------------------------------------------------------------------------
@@ -216,6 +243,9 @@ default="k-means++"
         if weights is not None and self.backend_ == "daal4py":
             raise KMeansError("backend='daal4py' takes no sample_weight (oneDAL's K-Means has no weights input): "
                               "use backend='torch' (under torchrun or srun for several ranks)")
+        if callable(self.init) and self.backend_ == "daal4py":
+            raise KMeansError("backend='daal4py' takes no callable init (oneDAL seeds itself or takes an array): "
+                              "pass its centres as an array, or use backend='torch'")
         rows = torch.tensor([float(len(x))], dtype=torch.float64, device=x.device)
         n_total = int(distributed.all_reduce_sum(rows)[0])
         if n_total < self.n_clusters:
@@ -223,12 +253,16 @@ default="k-means++"
                               "clusters or give more samples")
         if group_size() > 1 and len(x) == 0:
             raise KMeansError("this rank's shard is empty: give every rank at least one sample")
-        init, seeds = self._checked_init(x), self._seeds(self._n_runs())
+        if self.algorithm == "elkan" and self.n_clusters == 1:
+            warnings.warn("algorithm='elkan' doesn't make sense for a single cluster. Using 'lloyd' instead.",
+                          RuntimeWarning, stacklevel=2)
+        self._n_init = self._n_runs()  # (scikit-learn's name for it, which its own tests read)
+        init, seeds = self._checked_init(x), self._seeds(self._n_init)
         runs = (self._runs_daal4py(x, init, seeds) if self.backend_ == "daal4py" else
                 self._runs_torch(x, weights, init, seeds, n_total))
         best = min(runs, key=lambda run: run.inertia)  # the first of equals, as scikit-learn keeps
         self.cluster_centers_, self.labels_ = best.cluster_centers, best.labels
-        self.inertia_, self.n_iter_, self.timings_ = best.inertia, best.n_iter, best.timings
+        self.inertia_, self.n_iter_, self.timings_, self.pass_ = best.inertia, best.n_iter, best.timings, best.pass_name
         self._n_features_out = self.n_clusters
         distinct = int(np.count_nonzero(np.bincount(self.labels_, minlength=self.n_clusters)))
         if group_size() <= 1 and distinct < self.n_clusters:
@@ -267,7 +301,9 @@ default="k-means++"
         """scikit-learn's validation for arrays, lists and DataFrames; the same rules for a tensor, in place."""
         if not isinstance(X, torch.Tensor):
             array = validate_data(self, X, reset=reset, dtype=[np.float64, np.float32], order="C",
-                                  accept_sparse=False, ensure_min_samples=0 if group_size() > 1 else 1)
+                                  accept_sparse="csr", ensure_min_samples=0 if group_size() > 1 else 1)
+            if hasattr(array, "toarray"):  # sparse: made dense once (n × d), as every pass reads whole rows
+                array = np.ascontiguousarray(array.toarray())
             return torch.from_numpy(array).to(device)
         x = X.detach().to(device)
         if x.ndim != 2:
@@ -307,9 +343,9 @@ default="k-means++"
         return self.chunk_size or default_chunk_size(self.n_clusters, x.element_size(), x.device, x.shape[1])
 
     def _n_runs(self) -> int:
-        explicit = not isinstance(self.init, str)
-        if self.n_init == "auto":
-            return 10 if not explicit and self.init == "random" else 1
+        explicit = not isinstance(self.init, str) and not callable(self.init)
+        if self.n_init == "auto":  # (as scikit-learn: one run from a good seeding or given centres, else 10)
+            return 1 if explicit or self.init in ("k-means++", "k-means||") else 10
         if explicit and self.n_init != 1:
             warnings.warn(f"Explicit initial center position passed: performing only one init in KMeans instead "
                           f"of n_init={self.n_init}.", RuntimeWarning, stacklevel=3)
@@ -324,9 +360,13 @@ default="k-means++"
 
     def _checked_init(self, x: torch.Tensor) -> str | np.ndarray:
         """``init`` as given, or as an array of the data's dtype whose shape fits ``n_clusters`` and ``x``."""
-        if isinstance(self.init, str):
+        if isinstance(self.init, str) or callable(self.init):
             return self.init
-        centers = check_array(self.init, dtype=np.float32 if x.dtype == torch.float32 else np.float64, copy=True)
+        return self._checked_centers(self.init, x)
+
+    def _checked_centers(self, given: Any, x: torch.Tensor) -> np.ndarray:
+        """Initial centres given as an array or returned by a callable ``init``, in the data's dtype, of the right shape."""
+        centers = check_array(given, dtype=np.float32 if x.dtype == torch.float32 else np.float64, copy=True)
         if centers.shape[0] != self.n_clusters:
             raise KMeansError(f"The shape of the initial centers {centers.shape} does not match the number "
                               f"of clusters {self.n_clusters}.")
@@ -335,10 +375,12 @@ default="k-means++"
                               f"of features of the data {x.shape[1]}.")
         return centers
 
-    def _initial_centers(self, x: torch.Tensor, weights: torch.Tensor | None, init: str | np.ndarray, seed: int,
-                         mean: torch.Tensor) -> torch.Tensor:
+    def _initial_centers(self, x: torch.Tensor, weights: torch.Tensor | None, init: str | np.ndarray | Any,
+                         seed: int, mean: torch.Tensor) -> torch.Tensor:
         """Starting centres for the mean-centred rows ``x`` (an explicit ``init`` is centred the same way)."""
         k = self.n_clusters
+        if callable(init):
+            return self._called_init(init, x, seed)
         if not isinstance(init, str):
             return torch.from_numpy(init).to(device=x.device, dtype=x.dtype) - mean
         generator = torch.Generator().manual_seed(seed)
@@ -348,6 +390,16 @@ default="k-means++"
             return kmeans_parallel(x, k, generator, self._chunk(x), oversampling=self.oversampling,
                                    rounds=self.rounds, weights=weights)
         return kmeans_plusplus(x, k, generator, self.n_local_trials, weights)
+
+    def _called_init(self, init: Any, x: torch.Tensor, seed: int) -> torch.Tensor:
+        """A callable ``init``'s centres for the centred rows ``x``: the first rank's, on every rank."""
+        centers = None
+        if distributed.rank() == 0:
+            called = init(x.cpu().numpy(), self.n_clusters, random_state=np.random.RandomState(seed))
+            centers = self._checked_centers(called, x)
+        if group_size() > 1:
+            centers = distributed.broadcast_object(centers)
+        return torch.from_numpy(centers).to(device=x.device, dtype=x.dtype)
 
     def _runs_torch(self, x: torch.Tensor, weights: torch.Tensor | None, init: str | np.ndarray, seeds: list[int],
                     n_total: int) -> Iterator[KMeansFit]:
@@ -362,9 +414,16 @@ default="k-means++"
             started = time.perf_counter()
             centers = self._initial_centers(x, weights, init, seed, mean)
             init_seconds = time.perf_counter() - started
-            run = lloyd(x, weights, centers, self.max_iter, threshold, chunk)
+            if self.verbose:
+                self._say("Initialization complete")
+            run = lloyd(x, weights, centers, self.max_iter, threshold, chunk, verbose=bool(self.verbose))
             yield KMeansFit((run.centers + mean).cpu().numpy(), run.labels.cpu().numpy(), run.inertia, run.n_iter,
-                            timings(init_seconds, run.seconds, run.n_iter))
+                            timings(init_seconds, run.seconds, run.n_iter), run.pass_name)
+
+    @staticmethod
+    def _say(line: str) -> None:
+        if distributed.rank() == 0:
+            print(line, flush=True)
 
     def _runs_daal4py(self, x: torch.Tensor, init: str | np.ndarray, seeds: list[int]) -> Iterator[KMeansFit]:
         """One oneDAL fit per seed."""

@@ -66,6 +66,9 @@ class LloydFit:
     #: Distances computed, in rows (each row against every centre), over all passes on this rank:
     #: how much of the work the bounds saved.
     rows_scored: int
+    #: The pass that ran: ``"compiled"`` (CPUs: Hamerly's bounds, the scoring and the sums in one numba loop) or
+    #: ``"gemm"`` (every row scored by a GEMM per chunk, the sums by a one-hot GEMM: GPUs, or CPUs without numba).
+    pass_name: str = "compiled"
 
 
 def global_mean(x: torch.Tensor, n_total: int, step: int = 2**16) -> torch.Tensor:
@@ -108,12 +111,13 @@ class _ClusterSums:
 
 
 def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, max_iter: int, threshold: float,
-          chunk: int, skip_rows: bool | None = None) -> LloydFit:
+          chunk: int, skip_rows: bool | None = None, verbose: bool = False) -> LloydFit:
     """Lloyd's iterations from ``centers`` on this rank's rows ``x`` (weights float64, or None for ones).
 
     ``skip_rows`` chooses Hamerly's bounds in one compiled pass (default on CPUs where numba,
     of the ``kmeans`` extra, is installed) or the one-hot pass that re-scores every row
-    (default on GPUs); both give the same labels.
+    (default on GPUs); both give the same labels. ``verbose`` prints each iteration's inertia and why it stopped, as
+    scikit-learn's ``verbose=1`` does (on the first rank; the inertia costs one more scoring pass per iteration).
     """
     started = time.perf_counter()
     k, d = centers.shape
@@ -129,17 +133,25 @@ def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, 
             changed = bounds.run(centers, previous, labels, local.sums, local.weights)
         else:
             changed = _one_hot_pass(x, weights, centers, labels, chunk, local)
+        if verbose:
+            _say(f"Iteration {iterations - 1}, inertia {_total(inertia_of(x, centers, labels, chunk, weights), x)}")
         sums, totals, changed_everywhere = local.all_reduce(changed)
         if bool((totals == 0).any()):
             _relocate_empty_clusters(x, weights, centers, labels, sums, totals)
-        # A cluster of zero weight keeps its (zero) sum as its centre, as scikit-learn does.
-        new_centers = torch.where(totals[:, None] > 0, sums / totals.clamp(min=1e-300)[:, None], sums).to(x.dtype)
+        # A cluster still empty (more clusters than distinct points) goes where the heaviest one is, as scikit-learn's
+        # does: it stays empty, and the fit can converge.
+        means = sums / totals.clamp(min=1e-300)[:, None]
+        new_centers = torch.where(totals[:, None] > 0, means, means[torch.argmax(totals)]).to(x.dtype)
         shift = float(((new_centers - centers) ** 2).sum())
         previous, centers = centers, new_centers
         if changed_everywhere == 0:
             strict = True
+            if verbose:
+                _say(f"Converged at iteration {iterations - 1}: strict convergence.")
             break
         if shift <= threshold:
+            if verbose:
+                _say(f"Converged at iteration {iterations - 1}: center shift {shift} within tolerance {threshold}.")
             break
     passes = iterations
     if strict or use_bounds:
@@ -150,9 +162,20 @@ def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, 
     else:  # on GPUs a full assignment gives the labels and the inertia in one pass
         passes += 1
         labels, inertia = assign(x, centers, chunk, weights, compiled=False)
-    inertia = float(distributed.all_reduce_sum(torch.tensor([inertia], dtype=torch.float64, device=x.device))[0])
+    inertia = _total(inertia, x)
     scored = bounds.scored if use_bounds else passes * x.shape[0]
-    return LloydFit(centers, labels, inertia, iterations, time.perf_counter() - started, scored)
+    return LloydFit(centers, labels, inertia, iterations, time.perf_counter() - started, scored,
+                    "compiled" if use_bounds else "gemm")
+
+
+def _total(inertia: float, x: torch.Tensor) -> float:
+    """This rank's inertia summed over the ranks (a collective)."""
+    return float(distributed.all_reduce_sum(torch.tensor([inertia], dtype=torch.float64, device=x.device))[0])
+
+
+def _say(line: str) -> None:
+    if distributed.rank() == 0:
+        print(line, flush=True)
 
 
 def _use_bounds(device: torch.device, skip_rows: bool | None) -> bool:
@@ -209,7 +232,8 @@ def _relocate_empty_clusters(x: torch.Tensor, weights: torch.Tensor | None, cent
 
     Each takes a different point: copies of one row (a photo's many pixels of one colour) are offered once, and a
     point another rank offered too is taken once, so that when k is at least the number of distinct points every
-    one of them becomes a centre. Only when the distinct points run out do empty clusters take copies. Every rank
+    one of them becomes a centre. Only when the distinct points run out do empty clusters take copies, and never
+    a point at distance 0 (it is a centre already). Every rank
     offers its own farthest points (unweighted distance, as scikit-learn); the candidates of all ranks are gathered
     and sorted (distance, then rank, then row) so every rank picks the same ones. The donors lose those points'
     weighted sums and weights. ``sums`` and ``totals`` are changed in place.
@@ -233,7 +257,9 @@ def _relocate_empty_clusters(x: torch.Tensor, weights: torch.Tensor | None, cent
     offer[:take, 5:] = x[rows].double()
     offer = torch.cat(distributed.all_gather(offer))
     order = sorted(range(len(offer)), key=lambda i: (-float(offer[i, 0]), float(offer[i, 1]), float(offer[i, 2])))
-    offered = [i for i in order if offer[i, 0] > -math.inf]
+    # (a point at distance 0 already is a centre: moving it only moves the emptiness, as when there are more
+    # clusters than distinct points, where scikit-learn stops relocating too)
+    offered = [i for i in order if offer[i, 0] > 0]
     taken: list[int] = []
     for index in offered:  # distinct points first, in order...
         if len(taken) < n_empty and not any(torch.equal(offer[index, 5:], offer[j, 5:]) for j in taken):

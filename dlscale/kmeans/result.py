@@ -16,6 +16,9 @@ class KMeansFit:
     inertia: float
     n_iter: int
     timings: dict[str, float]
+    #: The engine's pass: ``"compiled"`` or ``"gemm"`` (the torch engine, :class:`~dlscale.kmeans.lloyd.LloydFit`),
+    #: or ``"daal4py"``.
+    pass_name: str = "daal4py"
 
 
 def timings(init: float, iterations: float, n_iter: int, total: float | None = None) -> dict[str, float]:

@@ -2,6 +2,7 @@
 sample weights exact against scikit-learn, weighted seeding, the bounds that skip rows, and the extra."""
 
 import doctest
+import re
 import subprocess
 import sys
 
@@ -199,3 +200,53 @@ def test_the_cpu_pass_tests_the_bounds_only_while_they_skip_enough_rows():
     assert noise[1 + probe] < 1.0  # and then test them again
     blobs = _pass_shares(torch.from_numpy(make_blobs(20_000, n_features=16, centers=48, random_state=0)[0]), 48, 10)
     assert max(blobs[1 + probe:]) < 0.5  # where they pay, they are tested every pass
+
+
+# -- scikit-learn's own parameters ----------------------------------------------------------------------
+
+def test_scikit_learns_parameters_are_accepted_and_do_what_they_say(capsys):
+    """algorithm (both run the same iterations), copy_x (the data are never changed), verbose (scikit-learn's
+    lines), a callable init (called on the centred data, as scikit-learn calls it)."""
+    x, _ = _blobs()
+    original = x.copy()
+    init = x[:6].copy()
+    lloyd = KMeans(6, init=init, n_init=1, algorithm="lloyd").fit(x)
+    elkan = KMeans(6, init=init, n_init=1, algorithm="elkan", copy_x=False).fit(x)
+    np.testing.assert_array_equal(lloyd.labels_, elkan.labels_)
+    np.testing.assert_allclose(lloyd.cluster_centers_, elkan.cluster_centers_)
+    assert np.array_equal(x, original)
+    with pytest.raises(ValueError, match="algorithm"):
+        KMeans(6, algorithm="full").fit(x)
+
+    KMeans(6, init=init, n_init=1, verbose=1, tol=0).fit(x)
+    out = capsys.readouterr().out
+    assert "Initialization complete" in out and re.search(r"Iteration 0, inertia [\d.e+]+", out)
+    assert re.search(r"Converged at iteration \d+: strict convergence", out)
+    KMeans(6, init=init, n_init=1, verbose=1, tol=1e-2).fit(x)
+    assert re.search(r"center shift [\d.e+-]+ within tolerance", capsys.readouterr().out)
+
+    seen = {}
+
+    def first_rows(data, n_clusters, random_state):
+        seen["mean"], seen["state"] = data.mean(0), random_state
+        return data[:n_clusters]
+
+    called = KMeans(6, init=first_rows, random_state=0).fit(x)
+    np.testing.assert_allclose(seen["mean"], 0, atol=1e-9)  # centred, as scikit-learn passes it
+    assert isinstance(seen["state"], np.random.RandomState)
+    np.testing.assert_array_equal(called.labels_, lloyd.labels_)  # the same first rows, so the same fit
+    with pytest.raises(KMeansError, match="initial centers .* does not match the number of clusters"):
+        KMeans(6, init=lambda data, k, random_state: data[:k - 1]).fit(x)
+
+
+def test_a_sparse_matrix_is_clustered_as_its_dense_twin():
+    from scipy import sparse
+
+    x, _ = _blobs()
+    x[np.abs(x) < 2] = 0  # (mostly zeros, as sparse data are)
+    init = x[:6].copy()
+    dense = KMeans(6, init=init, n_init=1).fit(x)
+    csr = KMeans(6, init=init, n_init=1).fit(sparse.csr_matrix(x))
+    np.testing.assert_array_equal(dense.labels_, csr.labels_)
+    np.testing.assert_allclose(dense.cluster_centers_, csr.cluster_centers_)
+    np.testing.assert_array_equal(csr.predict(sparse.csr_matrix(x[:50])), dense.predict(x[:50]))
