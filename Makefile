@@ -139,10 +139,11 @@ test-oldest: oldest-env
 # Run the oldest-Python tests only where a Python 3.10 was found (oldest-check has said the rest).
 RUN_OLDEST := $(if $(filter yes,$(TEST_OLDEST)),$(if $(OLDEST_PYTHON),yes))
 
-# The oldest-Python run goes beside the suite, in one process, its output in .venv-oldest.log: the suite leaves a
-# third of the CPUs idle, and the run is done long before the suite is. Its last lines are printed at the end.
+# The oldest-Python run goes beside the suite, in one process at the lowest priority (nice), its output in
+# .venv-oldest.log: the suite leaves a third of the CPUs idle, and the run takes only those. It is done long before
+# the suite is; its last lines are printed at the end.
 test: oldest-check setup-dev $(if $(filter yes,$(HOROVOD)),horovod) $(SYSTEM_PACKAGES)
-	$(if $(RUN_OLDEST),($(MAKE) --no-print-directory test-oldest OLDEST_WORKERS=1 > $(OLDEST_VENV).log 2>&1) & oldest=$$!;) \
+	$(if $(RUN_OLDEST),(nice -n 19 $(MAKE) --no-print-directory test-oldest OLDEST_WORKERS=1 > $(OLDEST_VENV).log 2>&1) & oldest=$$!;) \
 	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS); \
 	status=$$?; \
 	$(if $(RUN_OLDEST),if wait $$oldest; then echo "make test: the oldest-Python run ($(OLDEST_VENV).log):"; \

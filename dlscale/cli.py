@@ -527,8 +527,9 @@ def _add_bench_kmeans(bench_commands: Any) -> None:
                     "photo's colours, for the first iterations and to convergence, and print iterations, inertia, "
                     "seconds and the ratios to scikit-learn; then strong and weak scaling of the distributed "
                     "backends over local processes (torchrun, mpirun) on the first kind.")
-    kmeans_bench.add_argument("--kinds", default="blobs,noise,china,flower",
-                              help="kinds of data: blobs, noise (no clusters), china and flower (a photo's colours)")
+    kmeans_bench.add_argument("--kinds", default="blobs,noise,china,flower,mixture",
+                              help="kinds of data: blobs, noise (no clusters), china and flower (a photo's colours), "
+                                   "mixture (128 features, 40 overlapping clusters)")
     kmeans_bench.add_argument("--n", type=_number(int, 1), default=1_000_000, help="samples of blobs (noise: 0.4 n)")
     kmeans_bench.add_argument("--d", type=_number(int, 1), default=32, help="features of blobs and noise")
     kmeans_bench.add_argument("--k", type=_number(int, 1), default=64, help="clusters of blobs and noise")

@@ -8,7 +8,9 @@ measured, because what pays differs between them (:data:`KINDS`):
   (and the torch engine's bounds skip them);
 - **noise**: isotropic Gaussian noise, no cluster structure: rows keep changing cluster;
 - **a photo's colours** (scikit-learn's ``china.jpg`` and ``flower.jpg``, each twice, as lesson
-  08 quantizes them): 3 features, many repeated values.
+  08 quantizes them): 3 features, many repeated values;
+- **mixture**: 128 features, 40 overlapping Gaussian clusters, 0.12 ``n`` rows: where BLAS's blocked GEMM
+  is at its best and a loop over features at its worst.
 
 and in two phases:
 
@@ -37,7 +39,7 @@ from dlscale.errors import importable
 from dlscale.reporting.tables import markdown_table
 
 #: The kinds of data the benchmark can fit, in the order it fits them.
-KINDS = ("blobs", "noise", "china", "flower")
+KINDS = ("blobs", "noise", "china", "flower", "mixture")
 
 
 def make_blobs(n: int, d: int, k: int, seed: int = 0) -> np.ndarray:
@@ -52,6 +54,14 @@ def make_blobs(n: int, d: int, k: int, seed: int = 0) -> np.ndarray:
 def make_noise(n: int, d: int, seed: int = 0) -> np.ndarray:
     """``n`` float32 samples of isotropic Gaussian noise: no cluster structure at all."""
     return np.random.default_rng(seed).standard_normal((n, d), dtype=np.float32)
+
+
+def make_mixture(n: int, d: int = 128, k: int = 40, seed: int = 0) -> np.ndarray:
+    """``n`` float32 samples of ``k`` Gaussian clusters in ``d`` dimensions that overlap (centres drawn from N(0, 1),
+    unit noise): a high-dimensional case, issue 46's."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((k, d), dtype=np.float32)
+    return centres[rng.integers(0, k, size=n)] + rng.standard_normal((n, d), dtype=np.float32)
 
 
 def photo_colours(name: str, copies: int = 2) -> np.ndarray:
@@ -72,6 +82,9 @@ def benchmark_data(kinds: tuple[str, ...] = KINDS, n: int = 1_000_000, d: int = 
             out.append((f"blobs {n:,} × {d}, k={k}", make_blobs(n, d, k, seed), k))
         elif kind == "noise":
             out.append((f"noise {2 * n // 5:,} × {d}, k={k}", make_noise(2 * n // 5, d, seed), k))
+        elif kind == "mixture":
+            rows = 12 * n // 100
+            out.append((f"mixture {rows:,} × 128, k=40", make_mixture(rows, seed=seed), 40))
         elif kind in ("china", "flower"):
             x = photo_colours(kind, photo_copies)
             out += [(f"{kind}.jpg colours {len(x):,} × 3, k={kk}", x, kk) for kk in photo_k]

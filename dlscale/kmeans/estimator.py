@@ -28,7 +28,7 @@ from dlscale.kmeans import daal
 from dlscale.kmeans.backend import BACKENDS, resolve_backend
 from dlscale.kmeans.errors import KMeansError
 from dlscale.kmeans.initialization import kmeans_parallel, kmeans_plusplus, random_init
-from dlscale.kmeans.lloyd import default_chunk_size, global_mean, lloyd, mean_variance
+from dlscale.kmeans.lloyd import default_chunk_size, global_mean, lloyd, mean_variance, say_on_first_rank
 from dlscale.kmeans.result import KMeansFit, timings
 from dlscale.kmeans.scoring import assign
 from dlscale.runtime.devices import resolve_device
@@ -393,12 +393,20 @@ default="k-means++"
 
     def _called_init(self, init: Any, x: torch.Tensor, seed: int) -> torch.Tensor:
         """A callable ``init``'s centres for the centred rows ``x``: the first rank's, on every rank."""
-        centers = None
+        centers: np.ndarray | str | None = None
+        failure = None
         if distributed.rank() == 0:
-            called = init(x.cpu().numpy(), self.n_clusters, random_state=np.random.RandomState(seed))
-            centers = self._checked_centers(called, x)
+            try:
+                called = init(x.cpu().numpy(), self.n_clusters, random_state=np.random.RandomState(seed))
+                centers = self._checked_centers(called, x)
+            except Exception as err:  # (said to the other ranks before it is raised, so that none waits for it)
+                failure, centers = err, f"{type(err).__name__}: {err}"
         if group_size() > 1:
             centers = distributed.broadcast_object(centers)
+        if failure is not None:
+            raise failure
+        if isinstance(centers, str):
+            raise KMeansError(f"the callable init failed on the first rank ({centers}): fix it there")
         return torch.from_numpy(centers).to(device=x.device, dtype=x.dtype)
 
     def _runs_torch(self, x: torch.Tensor, weights: torch.Tensor | None, init: str | np.ndarray, seeds: list[int],
@@ -415,15 +423,10 @@ default="k-means++"
             centers = self._initial_centers(x, weights, init, seed, mean)
             init_seconds = time.perf_counter() - started
             if self.verbose:
-                self._say("Initialization complete")
+                say_on_first_rank("Initialization complete")
             run = lloyd(x, weights, centers, self.max_iter, threshold, chunk, verbose=bool(self.verbose))
             yield KMeansFit((run.centers + mean).cpu().numpy(), run.labels.cpu().numpy(), run.inertia, run.n_iter,
                             timings(init_seconds, run.seconds, run.n_iter), run.pass_name)
-
-    @staticmethod
-    def _say(line: str) -> None:
-        if distributed.rank() == 0:
-            print(line, flush=True)
 
     def _runs_daal4py(self, x: torch.Tensor, init: str | np.ndarray, seeds: list[int]) -> Iterator[KMeansFit]:
         """One oneDAL fit per seed."""

@@ -134,7 +134,8 @@ def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, 
         else:
             changed = _one_hot_pass(x, weights, centers, labels, chunk, local)
         if verbose:
-            _say(f"Iteration {iterations - 1}, inertia {_total(inertia_of(x, centers, labels, chunk, weights), x)}")
+            inertia = _total(inertia_of(x, centers, labels, chunk, weights), x)
+            say_on_first_rank(f"Iteration {iterations - 1}, inertia {inertia}")
         sums, totals, changed_everywhere = local.all_reduce(changed)
         if bool((totals == 0).any()):
             _relocate_empty_clusters(x, weights, centers, labels, sums, totals)
@@ -147,11 +148,12 @@ def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, 
         if changed_everywhere == 0:
             strict = True
             if verbose:
-                _say(f"Converged at iteration {iterations - 1}: strict convergence.")
+                say_on_first_rank(f"Converged at iteration {iterations - 1}: strict convergence.")
             break
         if shift <= threshold:
             if verbose:
-                _say(f"Converged at iteration {iterations - 1}: center shift {shift} within tolerance {threshold}.")
+                say_on_first_rank(f"Converged at iteration {iterations - 1}: center shift {shift} within tolerance "
+                                  f"{threshold}.")
             break
     passes = iterations
     if strict or use_bounds:
@@ -173,7 +175,8 @@ def _total(inertia: float, x: torch.Tensor) -> float:
     return float(distributed.all_reduce_sum(torch.tensor([inertia], dtype=torch.float64, device=x.device))[0])
 
 
-def _say(line: str) -> None:
+def say_on_first_rank(line: str) -> None:
+    """Print a line of ``verbose`` output once for the job."""
     if distributed.rank() == 0:
         print(line, flush=True)
 
@@ -218,12 +221,21 @@ def _one_hot_pass(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.
 
 
 def _farthest_distinct_rows(x: torch.Tensor, far: torch.Tensor, count: int) -> torch.Tensor:
-    """The rows of the ``count`` farthest distinct points (the first copy of each, in order of distance, then row)."""
+    """The rows of the ``count`` farthest distinct points (the first copy of each, in order of distance, then row).
+
+    Only the farthest rows are compared, as many as it takes (1,024 or 8 per empty cluster, doubled while copies
+    fill them): a fit with an empty cluster on a million rows does not sort all of them by their features.
+    """
     order = torch.argsort(far, descending=True, stable=True)
-    _, group = torch.unique(x[order], dim=0, return_inverse=True)
-    first = torch.full((int(group.max()) + 1,), len(order), dtype=torch.int64, device=x.device)
-    first.scatter_reduce_(0, group, torch.arange(len(order), device=x.device), "amin")
-    return order[torch.sort(first).values[:count]]
+    pool = min(len(order), max(1024, 8 * count))
+    while True:
+        candidates = order[:pool]
+        _, group = torch.unique(x[candidates], dim=0, return_inverse=True)
+        first = torch.full((int(group.max()) + 1,), pool, dtype=torch.int64, device=x.device)
+        first.scatter_reduce_(0, group, torch.arange(pool, device=x.device), "amin")
+        if len(first) >= count or pool == len(order):
+            return candidates[torch.sort(first).values[:count]]
+        pool = min(len(order), 2 * pool)
 
 
 def _relocate_empty_clusters(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor,

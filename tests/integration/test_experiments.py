@@ -11,10 +11,12 @@ from ..conftest import run_cli
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # a hang guard: 16 runs take ~5 min on 2 quiet cores and 2-3x that on a busy machine
+@pytest.mark.timeout(1800)  # a hang guard: 16 runs take ~3 min on 2 quiet cores and 2-3x that on a busy machine
 def test_large_batch_sweep_writes_its_table_and_tells_the_story(in_tmp):
-    rows = large_batch_sweep("sweep", size="ci", progress=False)
-    assert len(rows) == 1 + 3 * len(RECIPES)
+    # every recipe the story below reads (sqrt scaling, which it does not, is left out: 3 runs fewer)
+    told = [r for r in RECIPES if r != "sqrt"]
+    rows = large_batch_sweep("sweep", size="ci", recipes=told, progress=False)
+    assert len(rows) == 1 + 3 * len(told)
     with open(in_tmp / "sweep/table.csv") as handle:
         assert len(list(csv.DictReader(handle))) == len(rows)
     table = (in_tmp / "sweep/table.md").read_text()
@@ -31,7 +33,7 @@ def test_large_batch_sweep_writes_its_table_and_tells_the_story(in_tmp):
     assert r2[("no scaling", 128)] < baseline - 0.3
     # below the noise scale (8x) a scaled recipe keeps up with the baseline, to the tolerance lesson 07's
     # conclusions use ("within 0.02 of the baseline")...
-    assert max(r2[(r, 8)] for r in RECIPES if r != "no scaling") > baseline - 0.02
+    assert max(r2[(r, 8)] for r in told if r != "no scaling") > baseline - 0.02
     # ...warmup helps linear scaling (where, moves with the CPU's float32 kernels: at 32x on CI's CPU, at 8x on an
     # Intel Xeon, where the two tie at 32x: 0.612 and 0.614), and at 32x the layer-wise optimizers hold up better
     # than no scaling

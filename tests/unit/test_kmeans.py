@@ -147,11 +147,12 @@ def test_auto_picks_torch_in_one_process_and_daal4py_for_mpi_ranks(monkeypatch):
 def test_the_benchmark_fits_each_kind_of_data_in_both_phases_beside_scikit_learn(tmp_path):
     from dlscale.bench.kmeans import FLOAT64_REFERENCE, bench_kmeans, format_kmeans
 
-    rows = bench_kmeans(n=4000, d=8, k=6, iterations=3, rounds=1, kinds=("blobs", "noise", "china"), photo_k=(4,),
-                        photo_copies=1, out_dir=tmp_path)
+    rows = bench_kmeans(n=4000, d=8, k=6, iterations=3, rounds=1, kinds=("blobs", "noise", "china", "mixture"),
+                        photo_k=(4,), photo_copies=1, out_dir=tmp_path)
     by = {(r["data"], r["phase"], r["engine"]): r for r in rows}
     data = list(dict.fromkeys(r["data"] for r in rows))
-    assert data == ["blobs 4,000 × 8, k=6", "noise 1,600 × 8, k=6", "china.jpg colours 273,280 × 3, k=4"]
+    assert data == ["blobs 4,000 × 8, k=6", "noise 1,600 × 8, k=6", "china.jpg colours 273,280 × 3, k=4",
+                    "mixture 480 × 128, k=40"]
     for label in data:
         for phase in ("first iterations", "to convergence"):
             ours, theirs = by[label, phase, "dlscale torch (cpu)"], by[label, phase, "scikit-learn"]
