@@ -55,7 +55,9 @@ def test_step_profiler_writes_a_trace_with_the_training_ranges(tiny):
     assert summary["steps"] == 3 and [r["name"] for r in summary["ranges"]] == ["data", "forward", "backward",
                                                                                  "optimizer"]
     assert all(r["calls"] == 3 and r["cpu_ms_per_step"] > 0 for r in summary["ranges"])
-    assert summary["top_operators"] and "aten::" in summary["top_operators"][0]["name"]
+    # torch's operators are listed (which one tops the list moves with the machine's load: on a busy one the
+    # DataLoader's own range can take longest)
+    assert any("aten::" in op["name"] for op in summary["top_operators"])
 
 
 def test_no_trace_without_a_window(tiny):
