@@ -220,13 +220,13 @@ def _one_hot_pass(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.
     return int(changed)
 
 
-def _farthest_distinct_rows(x: torch.Tensor, far: torch.Tensor, count: int) -> torch.Tensor:
-    """The rows of the ``count`` farthest distinct points (the first copy of each, in order of distance, then row).
+def _farthest_distinct_rows(x: torch.Tensor, order: torch.Tensor, count: int) -> torch.Tensor:
+    """The rows of the ``count`` farthest distinct points (the first copy of each), ``order`` being the rows by
+    distance, farthest first.
 
     Only the farthest rows are compared, as many as it takes (1,024 or 8 per empty cluster, doubled while copies
     fill them): a fit with an empty cluster on a million rows does not sort all of them by their features.
     """
-    order = torch.argsort(far, descending=True, stable=True)
     pool = min(len(order), max(1024, 8 * count))
     while True:
         candidates = order[:pool]
@@ -253,9 +253,10 @@ def _relocate_empty_clusters(x: torch.Tensor, weights: torch.Tensor | None, cent
     empty = torch.nonzero(totals == 0).flatten()
     n_empty = len(empty)
     far = ((x - centers[labels]) ** 2).sum(1).double()
-    distinct = _farthest_distinct_rows(x, far, n_empty)
+    order = torch.argsort(far, descending=True, stable=True)  # (distance, then row)
+    distinct = _farthest_distinct_rows(x, order, n_empty)
     take = min(n_empty, x.shape[0])
-    copies = torch.topk(far, take).indices  # (for when there are fewer distinct points than empty clusters)
+    copies = order[:take]  # (for when there are fewer distinct points than empty clusters)
     rows = torch.cat([distinct, copies[~torch.isin(copies, distinct)]])[:take]
     d = x.shape[1]
     # Each candidate travels as [distance, rank, row, label, weight, features...], padded to n_empty rows.
