@@ -87,10 +87,11 @@ demo: setup
 # skip and say how to install them.
 SYSTEM_PACKAGES ?= $(shell [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null && echo slurm-packages browser-packages)
 
-# Three test processes (pytest-xdist), each taking whole test files (a file's Slurm cluster or browser
-# stays in one process) and running torch on one thread. Most integration tests wait on ranks, Slurm, a
-# kernel or the browser much of the time: with three on 2 cores the suite used 135% of them and took
-# 10% less time than with two (docs/benchmarks.md). TEST_WORKERS=0: one process.
+# Three test processes (pytest-xdist), each running torch on one thread. The longest tests are handed
+# out first and one process takes each file that shares a module fixture (a Slurm cluster, the browser):
+# tests/conftest.py's scheduler. Most integration tests wait on ranks, Slurm, a kernel or the browser
+# much of the time: with three on 2 cores the suite used 135% of them and took 10% less time than with
+# two (docs/benchmarks.md). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 3
 
 # The oldest Python the README promises, with the lowest versions pyproject.toml's floors allow
@@ -144,7 +145,7 @@ RUN_OLDEST := $(if $(filter yes,$(TEST_OLDEST)),$(if $(OLDEST_PYTHON),yes))
 # the suite is; its last lines are printed at the end.
 test: oldest-check setup-dev $(if $(filter yes,$(HOROVOD)),horovod) $(SYSTEM_PACKAGES)
 	$(if $(RUN_OLDEST),(nice -n 19 $(MAKE) --no-print-directory test-oldest OLDEST_WORKERS=1 > $(OLDEST_VENV).log 2>&1) & oldest=$$!;) \
-	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS); \
+	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) $(PYTEST_ARGS); \
 	status=$$?; \
 	$(if $(RUN_OLDEST),if wait $$oldest; then echo "make test: the oldest-Python run ($(OLDEST_VENV).log):"; \
 	tail -n 3 $(OLDEST_VENV).log; else tail -n 60 $(OLDEST_VENV).log; status=1; fi;) \
@@ -155,7 +156,7 @@ test: oldest-check setup-dev $(if $(filter yes,$(HOROVOD)),horovod) $(SYSTEM_PAC
 # launched ranks (those are tests/integration, which make test runs too). Under 3 minutes on 2 cores.
 test-fast: setup-dev
 	$(BIN)/python -m pytest tests/unit \
-	  $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+	  $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) $(PYTEST_ARGS)
 
 lab: setup-dev
 	$(BIN)/jupyter lab --notebook-dir=.

@@ -102,10 +102,46 @@ NO_GPU = "no CUDA GPU here: the gpu tests run on a GPU node (pytest -m gpu)"
 INTEGRATION = ROOT / "tests" / "integration"
 
 
+#: The files whose tests share a module fixture (a Slurm cluster, JupyterLab and its browser, a reference run,
+#: folders of ipyparallel engines): one test process takes each of them whole, so the fixture is made once. Every
+#: other test goes to whichever process is free (tests/unit/test_suite_order.py checks the list).
+ONE_PROCESS = ("test_browser.py", "test_slurm.py", "test_sharded.py", "test_train.py", "test_recipes.py")
+
+#: The files whose tests take longest, longest first. make test's processes take work in collection order, so
+#: these go first, the rest of the integration tier next and the unit tier last: its short tests fill the gaps
+#: at the end, where a long file or lesson started last would run alone while the other processes sit idle.
+LONGEST_FIRST = ("test_browser.py", "test_slurm.py", "test_notebooks.py", "test_experiments.py", "test_sharded.py",
+                 "test_train.py", "test_distributed.py", "test_recipes.py", "test_horovod.py")
+
+
+def _longest_first(item) -> tuple[int, int]:
+    """Sort key: a file's items stay together (its module fixtures are made once) and keep their order."""
+    if not item.path.is_relative_to(INTEGRATION):
+        return (2, 0)
+    name = item.path.name
+    return (0, LONGEST_FIRST.index(name)) if name in LONGEST_FIRST else (1, 0)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scheduler by scopes, where a scope is a file of :data:`ONE_PROCESS` or else one test, handed
+    out in collection order. (Its ``--dist loadgroup`` would say the same with markers, but with pytest 9.2 and
+    pytest-xdist 3.8 it groups nothing: the group is appended to ``item._nodeid``, which pytest 9.2 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesOrTests(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if Path(path).name in ONE_PROCESS else nodeid
+
+    config.option.loadscopereorder = False  # (it would put the scopes with the most tests first)
+    return FilesOrTests(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.is_relative_to(INTEGRATION):
             item.add_marker(pytest.mark.integration)
+    items.sort(key=_longest_first)  # (stable)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason=NO_GPU)

@@ -144,6 +144,20 @@ def nearest(x, cm2, c_sq, labels, distance):
 
 
 @njit(parallel=True, cache=True)
+def column_sums(x, parts):
+    """The sum of each column of ``x``, in float64: per part of the rows in parallel, then the parts in order."""
+    n, d = x.shape
+    size = (n + parts - 1) // parts
+    totals = np.zeros((parts, d))
+    for p in prange(parts):
+        total = totals[p]
+        for i in range(p * size, min(n, (p + 1) * size)):
+            for t in range(d):
+                total[t] += x[i, t]
+    return totals.sum(0)
+
+
+@njit(parallel=True, cache=True)
 def squared_norms(x, out):
     """``‖x‖²`` of every row, in float64."""
     n, d = x.shape
@@ -170,3 +184,74 @@ def inertia(x, w, centers, labels, parts):
             total += w[i] * row if weighted else row
         totals[p] = total
     return totals.sum()
+
+
+# -- the BLAS pass's loops (dlscale.kmeans.blas_pass): a GEMM scores the rows, these read its block --------------
+
+@njit(parallel=True, cache=True)
+def nearest_two_of_scores(scores, best, first, second):
+    """For each row of ``scores`` (rows × k of ``‖c‖² − 2·x·c``, from a GEMM): its smallest column (the first of
+    equals) and the two smallest values. Branch-free (min, max, arithmetic): 3× faster than with branches here."""
+    n, k = scores.shape
+    for i in prange(n):
+        a, b, label = np.inf, np.inf, np.int32(0)
+        for j in range(k):
+            v = scores[i, j]
+            b = min(b, max(v, a))
+            label += (np.int32(j) - label) * np.int32(v < a)
+            a = min(v, a)
+        best[i], first[i], second[i] = label, a, b
+
+
+@njit(parallel=True, cache=True)
+def nearest_two_of_rows(x, rows, cm2, c_sq, best, first, second):
+    """The rows ``rows`` of ``x`` scored by :func:`lloyd_pass`'s arithmetic: nearest centre, first and second values."""
+    n = rows.shape[0]
+    d = x.shape[1]
+    tiles = (n + TILE - 1) // TILE
+    for tile in prange(tiles):
+        rows_t = np.empty((d, TILE), x.dtype)
+        tile_best = np.empty(TILE, np.int32)
+        tile_first = np.empty(TILE, x.dtype)
+        tile_second = np.empty(TILE, x.dtype)
+        acc = np.empty(TILE, x.dtype)
+        start = tile * TILE
+        m = min(n, start + TILE) - start
+        for r in range(m):
+            for t in range(d):
+                rows_t[t, r] = x[rows[start + r], t]
+        _nearest_two(rows_t, m, cm2, c_sq, tile_best, tile_first, tile_second, acc)
+        for r in range(m):
+            best[start + r], first[start + r], second[start + r] = tile_best[r], tile_first[r], tile_second[r]
+
+
+@njit(parallel=True, cache=True)
+def apply_labels(x, w, best, first, second, labels, upper, lower, x_sq, scale, c_slack, sums, totals, changed):
+    """Set every row's bounds from its two nearest values and move the rows whose label changed between the sums.
+
+    The rows are split into parts exactly as :func:`lloyd_pass` splits them, and each part moves its rows in the
+    same order, so the float64 sums are bit for bit those the compiled pass would have left.
+    """
+    n, d = x.shape
+    parts = sums.shape[0]
+    tiles = (n + TILE - 1) // TILE
+    per_part = (tiles + parts - 1) // parts
+    weighted = w.shape[0] > 0
+    for p in prange(parts):
+        part_sums, part_totals = sums[p], totals[p]
+        for i in range(p * per_part * TILE, min(n, (p + 1) * per_part * TILE)):
+            upper[i] = math.sqrt(max(first[i] + x_sq[i] * (1 + scale) + c_slack, 0.0))
+            lower[i] = math.sqrt(max(second[i] + x_sq[i] * (1 - scale) - c_slack, 0.0))
+            old, new = labels[i], best[i]
+            if old == new:
+                continue
+            labels[i] = new
+            changed[p] += 1
+            weight = w[i] if weighted else 1.0
+            for t in range(d):
+                part_sums[new, t] += weight * x[i, t]
+            part_totals[new] += weight
+            if old >= 0:
+                for t in range(d):
+                    part_sums[old, t] -= weight * x[i, t]
+                part_totals[old] -= weight

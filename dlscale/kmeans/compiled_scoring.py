@@ -71,3 +71,9 @@ def inertia(x: torch.Tensor, centers: torch.Tensor, labels: torch.Tensor, weight
     x = x.contiguous()
     return float(loops().inertia(x.numpy(), weights_for_loops(weights).numpy(),
                                  centers.contiguous().numpy(), labels.numpy(), parts(len(x))))
+
+
+def column_sums(x: torch.Tensor) -> torch.Tensor:
+    """The sum of each column of ``x`` in float64, by a compiled loop over parts of the rows."""
+    x = x.contiguous()
+    return torch.from_numpy(loops().column_sums(x.numpy(), parts(len(x))))

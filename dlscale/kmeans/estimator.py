@@ -24,7 +24,7 @@ import torch
 from dlscale import distributed
 from dlscale.distributed import group_size
 from dlscale.errors import import_optional
-from dlscale.kmeans import daal
+from dlscale.kmeans import daal, sparse_input
 from dlscale.kmeans.backend import BACKENDS, resolve_backend
 from dlscale.kmeans.errors import KMeansError
 from dlscale.kmeans.initialization import kmeans_parallel, kmeans_plusplus, random_init
@@ -135,8 +135,11 @@ default="k-means++"
     timings_ : dict
         Seconds of the kept fit: ``init``, ``iterations``, ``per_iteration`` and ``total``.
     pass_ : str
-        The pass the fit ran: ``"compiled"`` (CPUs with numba: Hamerly's bounds, scoring and sums in one loop),
-        ``"gemm"`` (every row scored by a GEMM: GPUs, or CPUs without numba) or ``"daal4py"``.
+        The pass the fit ran (on CPUs with numba, chosen per fit by time; the one that ran most passes):
+        ``"compiled"`` (Hamerly's bounds, scoring and sums in one compiled loop), ``"blas"`` (every row scored by
+        a GEMM, with the compiled pass's labels and sums: faster at many features on many CPUs), ``"gemm"`` (every
+        row scored by a GEMM, the sums by a one-hot GEMM: GPUs, or CPUs without numba) or ``"daal4py"``. The
+        choice never changes the result.
 
     See Also
     --------
@@ -153,7 +156,8 @@ default="k-means++"
     ``check_estimator`` passes except for :data:`EXPECTED_FAILED_CHECKS`:
     ``check_sample_weight_equivalence_on_dense_data`` and ``..._on_sparse_data``, which scikit-learn's ``KMeans``
     also declares (a weight of 2 changes the random draw of the initial centres, not the fit). A sparse (CSR)
-    ``X`` is made dense once (n × d in its dtype): every pass reads whole rows.
+    ``X`` is made dense once (n × d in its dtype, held twice while fitting), when that fits in the memory free: every
+    pass reads whole rows (:mod:`~dlscale.kmeans.sparse_input` says why).
 
     Examples
     --------
@@ -302,8 +306,8 @@ default="k-means++"
         if not isinstance(X, torch.Tensor):
             array = validate_data(self, X, reset=reset, dtype=[np.float64, np.float32], order="C",
                                   accept_sparse="csr", ensure_min_samples=0 if group_size() > 1 else 1)
-            if hasattr(array, "toarray"):  # sparse: made dense once (n × d), as every pass reads whole rows
-                array = np.ascontiguousarray(array.toarray())
+            if hasattr(array, "toarray"):  # sparse: made dense once, if it fits (sparse_input says why)
+                array = sparse_input.dense(array)
             return torch.from_numpy(array).to(device)
         x = X.detach().to(device)
         if x.ndim != 2:

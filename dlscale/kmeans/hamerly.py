@@ -70,7 +70,7 @@ class HamerlyPass:
         #: rows scored so far (each against every centre): how much of the work the bounds saved
         self.scored = 0
         self._passes_scoring_all = 0  # since the bounds last skipped too few rows (0: they pay)
-        self._weights = compiled_scoring.weights_for_loops(weights)
+        self.weights = compiled_scoring.weights_for_loops(weights)  # (as the loops read them)
 
     def run(self, centers: torch.Tensor, previous: torch.Tensor | None, labels: torch.Tensor,
             sums: torch.Tensor, totals: torch.Tensor) -> int:
@@ -91,7 +91,7 @@ class HamerlyPass:
         changed = torch.zeros(self.parts, dtype=torch.int64)
         scored = torch.zeros(self.parts, dtype=torch.int64)
         self.loops.lloyd_pass(
-            self.x.numpy(), self._weights.numpy(), cm2.numpy(), c_sq.numpy(), labels.numpy(), self.upper.numpy(),
+            self.x.numpy(), self.weights.numpy(), cm2.numpy(), c_sq.numpy(), labels.numpy(), self.upper.numpy(),
             self.lower.numpy(), self.x_sq.numpy(), self.scale, shift.numpy(), other.numpy(), gap.numpy(),
             self.scale * c_max, 2 * self.scale * c_max, score_all, part_sums.numpy(), part_totals.numpy(),
             changed.numpy(), scored.numpy())

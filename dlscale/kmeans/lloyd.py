@@ -14,6 +14,9 @@ the best of its ``n_init`` runs. It needs torch (and numba on CPUs, to skip rows
   (:mod:`~dlscale.kmeans.hamerly`). A row is skipped only when its centre is nearer than
   every other by more than the rounding error of the distance formula, so the labels are
   those a full argmin gives: exact against scikit-learn, which recomputes every distance.
+  At many features a GEMM may score every row faster than the loop scores the few left
+  (:mod:`~dlscale.kmeans.blas_pass`): each fit times both and runs the faster
+  (:mod:`~dlscale.kmeans.cpu_pass`); the two give the same labels and sums, bit for bit.
 - **On GPUs** every row is re-scored each iteration and the sums are a one-hot GEMM: free of
   the atomics that make ``index_add_`` differ from run to run there, and a GPU does the
   whole GEMM faster than it could gather the few rows that need it.
@@ -35,7 +38,8 @@ import torch
 
 from dlscale import distributed
 from dlscale.errors import import_optional
-from dlscale.kmeans import compiled_scoring, hamerly
+from dlscale.kmeans import compiled_scoring
+from dlscale.kmeans.cpu_pass import CpuPass
 from dlscale.kmeans.errors import KMeansError
 from dlscale.kmeans.scoring import argmin_rows, assign, inertia_of
 
@@ -66,19 +70,25 @@ class LloydFit:
     #: Distances computed, in rows (each row against every centre), over all passes on this rank:
     #: how much of the work the bounds saved.
     rows_scored: int
-    #: The pass that ran: ``"compiled"`` (CPUs: Hamerly's bounds, the scoring and the sums in one numba loop) or
-    #: ``"gemm"`` (every row scored by a GEMM per chunk, the sums by a one-hot GEMM: GPUs, or CPUs without numba).
+    #: The pass that ran (most of the passes, on CPUs, where it is chosen by time): ``"compiled"`` (Hamerly's bounds,
+    #: the scoring and the sums in one numba loop), ``"blas"`` (every row scored by a GEMM, the labels and sums
+    #: those of the compiled pass) or ``"gemm"`` (every row scored by a GEMM per chunk, the sums by a one-hot GEMM:
+    #: GPUs, or CPUs without numba).
     pass_name: str = "compiled"
 
 
 def global_mean(x: torch.Tensor, n_total: int, step: int = 2**16) -> torch.Tensor:
     """The mean row over all ranks' rows, summed in float64 (then the same on 1 rank or N, to rounding).
 
-    By cache-sized steps: ``x.sum(0, dtype=torch.float64)`` on a float32 tensor is 6× slower here.
+    On CPUs with numba by a compiled loop (10× faster than torch here: it copies no rows to float64); otherwise by
+    cache-sized steps (``x.sum(0, dtype=torch.float64)`` on a float32 tensor is 6× slower).
     """
-    total = x.new_zeros(x.shape[1], dtype=torch.float64)
-    for start in range(0, x.shape[0], step):
-        total += x[start:start + step].double().sum(0)
+    if x.device.type == "cpu" and compiled_scoring.available():
+        total = compiled_scoring.column_sums(x)
+    else:
+        total = x.new_zeros(x.shape[1], dtype=torch.float64)
+        for start in range(0, x.shape[0], step):
+            total += x[start:start + step].double().sum(0)
     return distributed.all_reduce_sum(total) / n_total
 
 
@@ -111,12 +121,14 @@ class _ClusterSums:
 
 
 def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, max_iter: int, threshold: float,
-          chunk: int, skip_rows: bool | None = None, verbose: bool = False) -> LloydFit:
+          chunk: int, skip_rows: bool | None = None, verbose: bool = False, cpu_pass: str = "auto") -> LloydFit:
     """Lloyd's iterations from ``centers`` on this rank's rows ``x`` (weights float64, or None for ones).
 
     ``skip_rows`` chooses Hamerly's bounds in one compiled pass (default on CPUs where numba,
     of the ``kmeans`` extra, is installed) or the one-hot pass that re-scores every row
-    (default on GPUs); both give the same labels. ``verbose`` prints each iteration's inertia and why it stopped, as
+    (default on GPUs); both give the same labels. With the bounds, ``cpu_pass`` chooses how the rows the bounds
+    leave are scored: "auto" (by time, per fit: :mod:`~dlscale.kmeans.cpu_pass`), "compiled" or "blas"; the results
+    are bit for bit the same. ``verbose`` prints each iteration's inertia and why it stopped, as
     scikit-learn's ``verbose=1`` does (on the first rank; the inertia costs one more scoring pass per iteration).
     """
     started = time.perf_counter()
@@ -124,7 +136,7 @@ def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, 
     use_bounds = _use_bounds(x.device, skip_rows)
     labels = torch.full((x.shape[0],), -1, dtype=torch.int64, device=x.device)
     local = _ClusterSums(k, d, x.device)
-    bounds = hamerly.HamerlyPass(x, weights) if use_bounds else None
+    bounds = CpuPass(x, weights, chunk, cpu_pass) if use_bounds else None
     strict = False
     iterations = 0
     previous = None
@@ -167,7 +179,7 @@ def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, 
     inertia = _total(inertia, x)
     scored = bounds.scored if use_bounds else passes * x.shape[0]
     return LloydFit(centers, labels, inertia, iterations, time.perf_counter() - started, scored,
-                    "compiled" if use_bounds else "gemm")
+                    bounds.name if use_bounds else "gemm")
 
 
 def _total(inertia: float, x: torch.Tensor) -> float:

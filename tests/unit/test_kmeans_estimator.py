@@ -146,7 +146,7 @@ def test_package_imports_without_scikit_learn_and_the_estimator_names_the_extra(
 def test_skipping_rows_gives_the_labels_of_full_rescoring_and_skips_most_of_them():
     x = torch.from_numpy(make_blobs(20_000, n_features=8, centers=12, cluster_std=1.5, random_state=6)[0])
     init = x[torch.randperm(len(x), generator=torch.Generator().manual_seed(0))[:12]].clone()
-    skipping = lloyd(x, None, init.clone(), 100, 0.0, 1024, skip_rows=True)
+    skipping = lloyd(x, None, init.clone(), 100, 0.0, 1024, skip_rows=True, cpu_pass="compiled")
     full = lloyd(x, None, init.clone(), 100, 0.0, 1024, skip_rows=False)  # the GPU path, run on the CPU
     assert skipping.n_iter == full.n_iter > 5
     assert torch.equal(skipping.labels, full.labels)
@@ -166,7 +166,7 @@ def test_rows_near_a_tie_are_rescored_not_skipped():
     reference = SklearnKMeans(3, init=init, n_init=1, algorithm="lloyd", max_iter=20).fit(x)
     ours = KMeans(3, init=init, max_iter=20, backend="torch", device="cpu").fit(x)
     xt, centers = torch.from_numpy(x - x.mean(0)), torch.from_numpy(init - x.mean(0))
-    skipping = lloyd(xt, None, centers, 20, 0.0, 512, skip_rows=True)
+    skipping = lloyd(xt, None, centers, 20, 0.0, 512, skip_rows=True, cpu_pass="compiled")
     assert torch.equal(skipping.labels, _assign(xt, skipping.centers, 512)[0])  # a full argmin agrees on every row
     assert skipping.rows_scored < 0.6 * len(x) * (skipping.n_iter + 1)  # while the far rows were skipped
     assert ours.inertia_ == pytest.approx(reference.inertia_, rel=1e-5)
@@ -200,6 +200,84 @@ def test_the_cpu_pass_tests_the_bounds_only_while_they_skip_enough_rows():
     assert noise[1 + probe] < 1.0  # and then test them again
     blobs = _pass_shares(torch.from_numpy(make_blobs(20_000, n_features=16, centers=48, random_state=0)[0]), 48, 10)
     assert max(blobs[1 + probe:]) < 0.5  # where they pay, they are tested every pass
+
+
+def _mixture(n: int, d: int, k: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """Rows about k random means in d dimensions, with exact copies of some rows (ties in every pass)."""
+    gen = torch.Generator().manual_seed(seed)
+    means = torch.randn(k, d, generator=gen, dtype=torch.float64) * 3
+    x = means[torch.randint(0, k, (n,), generator=gen)] + torch.randn(n, d, generator=gen, dtype=torch.float64)
+    x[: n // 4] = x[torch.randint(n // 4, n, (n // 4,), generator=gen)]
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_blas_and_compiled_passes_give_one_result_bit_for_bit_whichever_runs_when(dtype, monkeypatch):
+    from dlscale.kmeans.cpu_pass import CpuPass
+
+    x, k = _mixture(6000, 48, 24, dtype), 24
+    weights = torch.rand(len(x), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    fits = {choice: lloyd(x, weights, x[:k].clone(), 60, 0.0, 1000, cpu_pass=choice) for choice in ("compiled", "blas")}
+    turns = iter(["blas", "compiled", "compiled", "blas"] * 100)
+    monkeypatch.setattr(CpuPass, "_pick", lambda self: next(turns))
+    fits["alternating"] = lloyd(x, weights, x[:k].clone(), 60, 0.0, 1000)
+    compiled = fits.pop("compiled")
+    assert compiled.pass_name == "compiled" and fits["blas"].pass_name == "blas" and compiled.n_iter > 5
+    for fit in fits.values():
+        assert fit.n_iter == compiled.n_iter and fit.inertia == compiled.inertia
+        assert torch.equal(fit.centers, compiled.centers) and torch.equal(fit.labels, compiled.labels)
+    assert torch.equal(fits["blas"].labels, _assign(x, compiled.centers, 1000)[0])  # predict's labels
+
+
+def test_near_ties_under_the_gemm_are_scored_by_the_compiled_arithmetic():
+    from dlscale.kmeans import compiled_scoring
+    from dlscale.kmeans.blas_pass import BlasPass
+    from dlscale.kmeans.hamerly import HamerlyPass
+
+    # Rows within float32 rounding of the bisector of two centres (u ± v), at 64 features: BLAS's sums and the compiled
+    # loop's round them differently, and the nearest centre depends on which one scored them.
+    gen = torch.Generator().manual_seed(3)
+    v, u = torch.nn.functional.normalize(torch.randn(64, generator=gen), dim=0), torch.randn(64, generator=gen)
+    x = torch.randn(20_000, 64, generator=gen)
+    x -= ((x - u) @ v)[:, None] * v - torch.randn(len(x), 1, generator=gen) * 1e-6 * v
+    centers = torch.stack([u - v, u + v, u + 40 * torch.randn(64, generator=gen)])
+    x = torch.cat([x, centers[2] + torch.randn(20_000, 64, generator=gen)])  # and rows near the third, far from any tie
+    exact, _ = compiled_scoring.nearest(x, centers)
+    by_gemm = torch.addmm((centers * centers).sum(1), x, centers.T, alpha=-2).argmin(1)
+    assert not torch.equal(by_gemm, exact)  # (what the rescoring is for)
+    blas = BlasPass(HamerlyPass(x, None), 4096)
+    labels = torch.full((len(x),), -1, dtype=torch.int64)
+    sums, totals = torch.zeros(3, 64, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
+    assert blas.run(centers, labels, sums, totals) == len(x)
+    assert torch.equal(labels, exact)
+    assert 0 < blas.rescored <= 20_000  # the near ties only
+    torch.testing.assert_close(sums, torch.zeros_like(sums).index_add_(0, labels, x.double()), rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("faster", ["blas", "compiled"])
+def test_the_cpu_pass_is_chosen_by_time_and_the_compiled_one_timed_again_while_slower(faster, monkeypatch):
+    from dlscale.kmeans import cpu_pass
+
+    clock, ran = [0.0], []
+    for kind, owner in (("blas", cpu_pass.BlasPass), ("compiled", cpu_pass.HamerlyPass)):
+        def timed(self, *args, kind=kind, original=owner.run):
+            ran.append(kind)
+            clock[0] += 1.0 if kind == faster else 3.0  # (seconds of a fake clock)
+            return original(self, *args)
+        monkeypatch.setattr(owner, "run", timed)
+    monkeypatch.setattr(cpu_pass.time, "perf_counter", lambda: clock[0])
+    # numba compiles on the first pass only: that pass's time is not taken
+    monkeypatch.setattr(cpu_pass, "_compiled_versions", lambda loops: min(len(ran), 1))
+    x = torch.rand(3000, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    fit = lloyd(x, None, x[:12].clone(), 40, -1.0, 1000)  # (no tolerance: 40 passes, unless no label changes)
+    assert fit.pass_name == faster and fit.n_iter == 40
+    assert ran[:3] == ["blas", "blas", "compiled"]  # the GEMM timed again (it compiled), then the compiled loop
+    again = [i for i, kind in enumerate(ran[3:], 3) if kind != faster]
+    if faster == "blas":  # the compiled pass gets faster as its bounds skip more rows: timed every 9th pass
+        assert again == list(range(3 + cpu_pass.PROBE_AFTER, len(ran), cpu_pass.PROBE_AFTER + 1))
+        assert len(again) == 4
+    else:  # the GEMM's time does not fall: never timed again
+        assert again == []
 
 
 # -- scikit-learn's own parameters ----------------------------------------------------------------------
@@ -250,3 +328,16 @@ def test_a_sparse_matrix_is_clustered_as_its_dense_twin():
     np.testing.assert_array_equal(dense.labels_, csr.labels_)
     np.testing.assert_allclose(dense.cluster_centers_, csr.cluster_centers_)
     np.testing.assert_array_equal(csr.predict(sparse.csr_matrix(x[:50])), dense.predict(x[:50]))
+
+
+def test_a_sparse_matrix_too_large_to_make_dense_is_refused_in_one_line(monkeypatch):
+    from scipy import sparse
+
+    from dlscale.kmeans import sparse_input
+
+    x = sparse.random(10_000, 1_000, density=0.001, format="csr", random_state=0)  # 80 MB dense, twice while fitting
+    monkeypatch.setattr(sparse_input, "available_memory", lambda: 100 * 2**20)
+    with pytest.raises(KMeansError, match=r"10,000 × 1,000 is made dense .*\(0\.1 GiB .*0\.1 GiB free.*TruncatedSVD"):
+        KMeans(4, n_init=1).fit(x)
+    monkeypatch.setattr(sparse_input, "available_memory", lambda: 200 * 2**20)
+    assert KMeans(4, n_init=1, max_iter=2).fit(x).cluster_centers_.shape == (4, 1_000)
