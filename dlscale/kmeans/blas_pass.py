@@ -36,6 +36,7 @@ class BlasPass:
         self.best = torch.empty(n, dtype=torch.int32)
         self.first = torch.empty(n, dtype=bounds.x.dtype)
         self.second = torch.empty(n, dtype=bounds.x.dtype)
+        self.near = torch.empty(n, dtype=torch.bool)
         #: rows scored again by the compiled arithmetic (near ties), over the fit
         self.rescored = 0
 
@@ -46,17 +47,17 @@ class BlasPass:
         x, k, d = bounds.x, *centers.shape
         cm2, c_sq = compiled_scoring.formula(centers)
         c_max = float((centers.double() ** 2).sum(1).max())
+        # Each value is within scale·(‖x‖² + ‖c‖²) of the exact one, by either arithmetic: a winner ahead by
+        # more than twice that on both sides cannot lose under the compiled loop's rounding.
+        tie_scale = 4 * bounds.scale
         block = torch.empty(min(self.chunk, len(x)) * k, dtype=x.dtype)
         for start in range(0, len(x), self.chunk):
             rows = x[start:start + self.chunk]
             scores = torch.addmm(c_sq, rows, centers.T, alpha=-2, out=block[:len(rows) * k].view(len(rows), k))
             end = start + len(rows)
-            loops.nearest_two_of_scores(scores.numpy(), self.best[start:end].numpy(), self.first[start:end].numpy(),
-                                        self.second[start:end].numpy())
-        # Each value is within scale·(‖x‖² + ‖c‖²) of the exact one, by either arithmetic: a winner ahead by
-        # more than twice that on both sides cannot lose under the compiled loop's rounding.
-        margin = 4 * bounds.scale * (bounds.x_sq + c_max)
-        near = torch.nonzero(self.second.double() - self.first.double() <= margin).squeeze(1)
+            loops.nearest_two_of_scores(scores.numpy(), bounds.x_sq[start:end].numpy(), tie_scale, c_max,
+                                        *(t[start:end].numpy() for t in (self.best, self.first, self.second, self.near)))
+        near = torch.nonzero(self.near).squeeze(1)
         if len(near):
             best, first, second = (torch.empty(len(near), dtype=t.dtype) for t in (self.best, self.first, self.second))
             loops.nearest_two_of_rows(x.numpy(), near.numpy(), cm2.numpy(), c_sq.numpy(), best.numpy(),

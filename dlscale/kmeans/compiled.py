@@ -189,9 +189,10 @@ def inertia(x, w, centers, labels, parts):
 # -- the BLAS pass's loops (dlscale.kmeans.blas_pass): a GEMM scores the rows, these read its block --------------
 
 @njit(parallel=True, cache=True)
-def nearest_two_of_scores(scores, best, first, second):
+def nearest_two_of_scores(scores, x_sq, tie_scale, c_max, best, first, second, near):
     """For each row of ``scores`` (rows × k of ``‖c‖² − 2·x·c``, from a GEMM): its smallest column (the first of
-    equals) and the two smallest values. Branch-free (min, max, arithmetic): 3× faster than with branches here."""
+    equals), the two smallest values, and whether they are within ``tie_scale·(‖x‖² + c_max)`` of each other (a
+    near tie, which rounding could reverse). Branch-free (min, max, arithmetic): 3× faster than with branches here."""
     n, k = scores.shape
     for i in prange(n):
         a, b, label = np.inf, np.inf, np.int32(0)
@@ -201,6 +202,7 @@ def nearest_two_of_scores(scores, best, first, second):
             label += (np.int32(j) - label) * np.int32(v < a)
             a = min(v, a)
         best[i], first[i], second[i] = label, a, b
+        near[i] = np.float64(b) - np.float64(a) <= tie_scale * (x_sq[i] + c_max)
 
 
 @njit(parallel=True, cache=True)
