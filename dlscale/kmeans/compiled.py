@@ -49,6 +49,22 @@ def _nearest_two(rows_t, m, cm2, c_sq, best, first, second, acc):
             best[r] += (label - best[r]) * np.int32(v < a)
 
 
+@njit(cache=True, inline="always")
+def _move_row(x, w, weighted, i, new, labels, part_sums, part_totals):
+    """Give row ``i`` the label ``new`` (not its label now): move its weighted features from the old cluster's sums
+    to the new one's. One function for both passes, so their float64 sums agree bit for bit."""
+    old = labels[i]
+    labels[i] = new
+    weight = w[i] if weighted else 1.0
+    for t in range(x.shape[1]):
+        part_sums[new, t] += weight * x[i, t]
+    part_totals[new] += weight
+    if old >= 0:
+        for t in range(x.shape[1]):
+            part_sums[old, t] -= weight * x[i, t]
+        part_totals[old] -= weight
+
+
 @njit(parallel=True, cache=True)
 def lloyd_pass(x, w, cm2, c_sq, labels, upper, lower, x_sq, scale, shift, other, gap, c_slack, skip_slack,
                score_all, sums, totals, changed, scored):
@@ -103,19 +119,9 @@ def lloyd_pass(x, w, cm2, c_sq, labels, upper, lower, x_sq, scale, shift, other,
             for r in range(m):
                 i = index[r]
                 upper[i], lower[i] = upper_t[r], lower_t[r]
-                old, new = labels[i], best[r]
-                if old == new:
-                    continue
-                labels[i] = new
-                changed[p] += 1
-                weight = w[i] if weighted else 1.0
-                for t in range(d):
-                    part_sums[new, t] += weight * x[i, t]
-                part_totals[new] += weight
-                if old >= 0:
-                    for t in range(d):
-                        part_sums[old, t] -= weight * x[i, t]
-                    part_totals[old] -= weight
+                if labels[i] != best[r]:
+                    _move_row(x, w, weighted, i, best[r], labels, part_sums, part_totals)
+                    changed[p] += 1
 
 
 @njit(parallel=True, cache=True)
@@ -234,7 +240,7 @@ def apply_labels(x, w, best, first, second, labels, upper, lower, x_sq, scale, c
     The rows are split into parts exactly as :func:`lloyd_pass` splits them, and each part moves its rows in the
     same order, so the float64 sums are bit for bit those the compiled pass would have left.
     """
-    n, d = x.shape
+    n = x.shape[0]
     parts = sums.shape[0]
     tiles = (n + TILE - 1) // TILE
     per_part = (tiles + parts - 1) // parts
@@ -244,16 +250,6 @@ def apply_labels(x, w, best, first, second, labels, upper, lower, x_sq, scale, c
         for i in range(p * per_part * TILE, min(n, (p + 1) * per_part * TILE)):
             upper[i] = math.sqrt(max(first[i] + x_sq[i] * (1 + scale) + c_slack, 0.0))
             lower[i] = math.sqrt(max(second[i] + x_sq[i] * (1 - scale) - c_slack, 0.0))
-            old, new = labels[i], best[i]
-            if old == new:
-                continue
-            labels[i] = new
-            changed[p] += 1
-            weight = w[i] if weighted else 1.0
-            for t in range(d):
-                part_sums[new, t] += weight * x[i, t]
-            part_totals[new] += weight
-            if old >= 0:
-                for t in range(d):
-                    part_sums[old, t] -= weight * x[i, t]
-                part_totals[old] -= weight
+            if labels[i] != best[i]:
+                _move_row(x, w, weighted, i, best[i], labels, part_sums, part_totals)
+                changed[p] += 1
