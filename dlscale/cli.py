@@ -794,6 +794,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _leave_now(code: int) -> None:
+    """Exit at once, without finalizing the interpreter. After a peer died, gloo's worker threads may still be freeing
+    the failed collective's buffers, which takes the GIL; a thread the finalizing interpreter ends mid-destructor
+    aborts the rank (SIGABRT after the one-line error, the exit code lost: seen once in CI). Nothing is left to write:
+    each metrics row is flushed as it is written, and checkpoints are written whole."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # A rank killed inside C++ (SIGABRT, SIGSEGV in gloo, NCCL or a kernel) then prints where
@@ -803,6 +813,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(args)
     except DlscaleError as err:
         print(f"dlscale: error: {err}", file=sys.stderr)
+        distributed = sys.modules.get("dlscale.distributed")  # (loaded by any command that can meet a dead peer)
+        if distributed is not None and isinstance(err, distributed.PeerFailedError):
+            _leave_now(2)
         return 2
     except KeyboardInterrupt:
         print("dlscale: interrupted", file=sys.stderr)

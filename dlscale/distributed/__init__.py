@@ -21,6 +21,7 @@ from dlscale.distributed.launch_variables import (
     DEFAULT_PORT,
     DistEnv,
     DistributedError,
+    PeerFailedError,
     detect,
     detect_launcher,
     expand_nodelist,
@@ -49,7 +50,7 @@ from dlscale.distributed.process_group import (
     uses_horovod,
 )
 
-__all__ = ["DEFAULT_PORT", "DistEnv", "DistributedError", "all_gather", "all_gather_object", "all_reduce_max",
+__all__ = ["DEFAULT_PORT", "DistEnv", "DistributedError", "PeerFailedError", "all_gather", "all_gather_object", "all_reduce_max",
            "all_reduce_max_flag", "all_reduce_mean", "all_reduce_sum", "barrier", "broadcast_object",
            "collective_device", "detect", "detect_launcher", "expand_nodelist", "free_port", "group_is_up",
            "group_size", "init", "is_main", "is_peer_failure", "print0", "rank", "resolve_data_parallel", "setup_waits", "shutdown", "uses_horovod"]

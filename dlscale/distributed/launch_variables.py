@@ -43,6 +43,11 @@ class DistributedError(DlscaleError):
     """The job's processes could not form or keep a process group; the message says why."""
 
 
+class PeerFailedError(DistributedError):
+    """A collective failed on this rank because another rank died or was killed: the command leaves at once
+    (:func:`dlscale.cli.main`), without finalizing the interpreter beside gloo's worker threads."""
+
+
 def detect_launcher(environ: Mapping[str, str] | None = None) -> str:
     """``horovodrun``, ``torchrun``, ``slurm``, ``mpi``, a name set in ``DLSCALE_LAUNCHER``, or ``single``.
 

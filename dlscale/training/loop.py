@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from dlscale import distributed
 from dlscale.checkpoint import save_training_checkpoint, training_extras
 from dlscale.config import ConfigError, TrainConfig, load_config
-from dlscale.distributed import DistributedError, all_reduce_max_flag, is_peer_failure
+from dlscale.distributed import PeerFailedError, all_reduce_max_flag, is_peer_failure
 from dlscale.distributed.dtensors import local
 from dlscale.distributed.parallelize import cuda_graph_skips
 from dlscale.errors import DlscaleError
@@ -82,7 +82,7 @@ def train(cfg: TrainConfig | str | None = None, /, *, on_epoch: EpochCallback | 
     except RuntimeError as err:
         if not env.distributed or isinstance(err, DlscaleError) or not is_peer_failure(err):
             raise  # this rank's own error, with its traceback
-        raise DistributedError(f"rank {env.rank} of {env.world_size} stopped: a collective operation failed "
+        raise PeerFailedError(f"rank {env.rank} of {env.world_size} stopped: a collective operation failed "
                                f"({str(err).splitlines()[0][:200]}). Another rank probably died or was killed; "
                                f"resume with resume=true from the last checkpoint") from err
     finally:

@@ -67,3 +67,28 @@ def test_data_check_names_shards_with_nan_or_inf(in_tmp):
     assert "val: mydata/val/shard-00000-y.npy holds 1 NaN or infinite value(s)" in done.stdout
     assert "train: 200 maps of shape (1, 8, 8), 3 targets, 2 shards: NOT ok" in done.stdout
     assert "2 shard file(s) in mydata hold NaN or infinite values" in done.stderr
+
+
+LEAVES_AT_ONCE = """
+import argparse, atexit
+from dlscale import cli, distributed
+atexit.register(print, "the interpreter finalized")  # (what finalizing runs; gloo's threads could abort there)
+def failing(args):
+    raise distributed.PeerFailedError("rank 0 of 2 stopped: a collective operation failed")
+def build_parser():
+    parser = argparse.ArgumentParser()
+    parser.set_defaults(handler=failing)
+    return parser
+cli.build_parser = build_parser
+cli.main([])
+"""
+
+
+def test_a_rank_whose_peer_died_says_so_in_one_line_and_leaves_without_finalizing(tmp_path):
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", LEAVES_AT_ONCE], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    assert done.stderr == "dlscale: error: rank 0 of 2 stopped: a collective operation failed\n"
+    assert "finalized" not in done.stdout
