@@ -171,7 +171,8 @@ def _scaling_run(launcher: str, procs: int, data: Path, init: Path, k: int, iter
 
 def _scaling(x: np.ndarray, init: np.ndarray, procs: list[int], iterations: int, out_dir: Path,
              seed: int) -> list[dict]:
-    """Strong scaling (the same data over more ranks) and weak scaling (each rank keeps its share's size)."""
+    """Strong scaling (the same data over more ranks) and weak scaling (each rank keeps its share's size). On one
+    process the two are the same run, launched once."""
     from dlscale.kmeans.daal import available as daal_available
     from dlscale.runtime.threads import fair_threads
 
@@ -180,6 +181,9 @@ def _scaling(x: np.ndarray, init: np.ndarray, procs: list[int], iterations: int,
     np.save(out_dir / "init.npy", init)
     for mode in ("strong", "weak"):
         for count in procs:
+            if mode == "weak" and count == 1:  # one process holds all the data either way: strong scaling's run
+                rows += [{**row, "mode": "weak"} for row in rows if row["mode"] == "strong" and row["processes"] == 1]
+                continue
             data = out_dir / f"data-{mode}-{count}.npy"
             size = len(x) * (count if mode == "weak" else 1)
             np.save(data, x if size == len(x) else np.tile(x, (count, 1)))  # (weak: each rank as much as one had)

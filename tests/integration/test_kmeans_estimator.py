@@ -87,3 +87,30 @@ def test_two_gloo_ranks_with_weights_equal_one_process(in_tmp):
     wrong = run_cli("kmeans", "--input", "data.npy", "--sample-weight", "init.npy", "--k", "6", "--out", "bad",
                     cwd=in_tmp)
     assert wrong.returncode == 2 and "one weight per sample" in wrong.stderr and "Traceback" not in wrong.stderr
+
+
+UNLIKE_COMPILE_AHEAD = """
+import numpy as np, scipy.sparse
+from dlscale.kmeans import KMeans, compiled
+rng = np.random.default_rng(1)
+photo = rng.integers(0, 256, size=(30000, 3)).astype(np.uint8)  # a photo's colours, as lesson 08 fits them
+model = KMeans(16, random_state=0).fit(photo)
+model.predict(photo.astype(np.float64)), model.transform(photo[:10]), model.score(photo)
+wide = rng.normal(size=(3000, 128))
+KMeans(40, n_init=2, random_state=0).fit(wide, sample_weight=rng.random(3000)).fit_predict(wide)
+KMeans(5, init="random", random_state=0, max_iter=50).fit(scipy.sparse.random(500, 20, density=0.1, format="csr",
+                                                                             random_state=0))
+print(sum(sum(f.stats.cache_misses.values()) for f in vars(compiled).values() if hasattr(f, "stats")))
+"""
+
+
+def test_after_compile_ahead_a_fit_of_any_kind_compiles_nothing():
+    """`make setup-dev` compiles the loops once (python -m dlscale.kmeans.compile_ahead): every later process loads
+    them from numba's cache, whatever its data (a photo's colours, 128 features weighted, sparse), instead of
+    spending ~20 s compiling."""
+    ahead = subprocess.run([sys.executable, "-m", "dlscale.kmeans.compile_ahead"], capture_output=True, text=True,
+                           timeout=600)
+    assert ahead.returncode == 0 and "in numba's cache" in ahead.stdout, ahead.stderr[-2000:]
+    done = subprocess.run([sys.executable, "-c", UNLIKE_COMPILE_AHEAD], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "0"  # no loop compiled in this process

@@ -171,6 +171,27 @@ def test_the_benchmark_fits_each_kind_of_data_in_both_phases_beside_scikit_learn
     assert (tmp_path / "kmeans.png").stat().st_size > 10_000
 
 
+def test_the_scaling_runs_launch_one_process_once_for_strong_and_weak(tmp_path, monkeypatch):
+    """One process holds all the data in both modes: the same run, so it is launched once and given to both."""
+    import dlscale.bench.kmeans as bench
+
+    launched = []
+
+    def fake_run(launcher, procs, data, init, k, iterations, out, threads):
+        launched.append((launcher, out.name, len(np.load(data))))
+        return {"backend": "torch", "threads": {"count": threads}, "seconds": 1.0, "n_iter": iterations,
+                "seconds_per_iteration": 0.5 * procs if "weak" in out.name else 0.5 / procs}
+
+    monkeypatch.setattr(bench, "_scaling_run", fake_run)
+    monkeypatch.setattr("dlscale.kmeans.daal.available", lambda: False)
+    x = np.zeros((10, 3), dtype=np.float32)
+    rows = bench._scaling(x, x[:2], [1, 2], 3, tmp_path, 0)
+    assert launched == [("torchrun", "torchrun-strong-1", 10), ("torchrun", "torchrun-strong-2", 10),
+                        ("torchrun", "torchrun-weak-2", 20)]
+    assert [(r["mode"], r["processes"], r["samples"]) for r in rows] == [("strong", 1, 10), ("strong", 2, 10),
+                                                                         ("weak", 1, 10), ("weak", 2, 20)]
+    assert [r["efficiency"] for r in rows] == [1.0, 1.0, 1.0, 0.5]
+
 def test_the_gpu_chunk_counts_the_float64_copy_of_its_rows():
     """The GPU pass adds each chunk's rows in float64 too: without them, 784 features overran the budget ~35 times."""
     from dlscale.kmeans.lloyd import GPU_CHUNK_BUDGET, default_chunk_size
