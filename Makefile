@@ -2,7 +2,7 @@
 # `make demo` and `make test` are all there is to type.
 #
 #   make demo       virtual environment + install, then train the demo model
-#   make test       the same plus the test extras, then the test suite with Horovod built beside it; the core tests on
+#   make test       the same plus the test extras and Horovod, then the test suite; then the core tests on
 #                   the oldest Python the README promises with the floors' versions (make test-oldest).
 #                   Without a Python 3.10 that run is left out, with one line saying so; in CI (CI=true)
 #                   its absence fails the run
@@ -143,26 +143,13 @@ test-oldest: oldest-env
 # Run the oldest-Python tests only where a Python 3.10 was found (oldest-check has said the rest).
 RUN_OLDEST := $(if $(filter yes,$(TEST_OLDEST)),$(if $(OLDEST_PYTHON),yes))
 
-# Horovod is built beside the suite too (make horovod, at the lowest priority, its output in $(HOROVOD_LOG)): the
-# build takes 2-3 minutes of both cores, which the suite's idle third covers. Its exit status goes to
-# $(HOROVOD_STATUS), named to the tests in DLSCALE_HOROVOD_BUILD; the tests that need Horovod come after the longest
-# files and wait for it there (tests/conftest.py). A failed build fails make test with the end of its log.
-HOROVOD_LOG    := $(VENV)/horovod-build.log
-HOROVOD_STATUS := $(VENV)/horovod-build.status
-BUILD_HOROVOD  := $(filter yes,$(HOROVOD))
-
 # The oldest-Python run goes beside the suite, in one process at the lowest priority (nice), its output in
 # .venv-oldest.log: the suite leaves a third of the CPUs idle, and the run takes only those. It is done long before
 # the suite is; its last lines are printed at the end.
-test: oldest-check setup-dev $(SYSTEM_PACKAGES)
-	$(if $(BUILD_HOROVOD),rm -f $(HOROVOD_STATUS); (nice -n 19 $(MAKE) --no-print-directory horovod > $(HOROVOD_LOG) 2>&1; \
-	echo $$? > $(HOROVOD_STATUS).new; mv $(HOROVOD_STATUS).new $(HOROVOD_STATUS)) & horovod=$$!;) \
+test: oldest-check setup-dev $(if $(filter yes,$(HOROVOD)),horovod) $(SYSTEM_PACKAGES)
 	$(if $(RUN_OLDEST),(nice -n 19 $(MAKE) --no-print-directory test-oldest OLDEST_WORKERS=1 > $(OLDEST_VENV).log 2>&1) & oldest=$$!;) \
-	$(if $(BUILD_HOROVOD),DLSCALE_HOROVOD_BUILD=$(abspath $(HOROVOD_STATUS))) \
 	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) $(PYTEST_ARGS); \
 	status=$$?; \
-	$(if $(BUILD_HOROVOD),wait $$horovod; if [ "$$(cat $(HOROVOD_STATUS))" != 0 ]; then tail -n 60 $(HOROVOD_LOG); \
-	echo "make test: the Horovod build failed ($(HOROVOD_LOG)); HOROVOD=no leaves it and its tests out"; status=1; fi;) \
 	$(if $(RUN_OLDEST),if wait $$oldest; then echo "make test: the oldest-Python run ($(OLDEST_VENV).log):"; \
 	tail -n 3 $(OLDEST_VENV).log; else tail -n 60 $(OLDEST_VENV).log; status=1; fi;) \
 	[ "$(TEST_OLDEST)" != yes ] || [ -n "$(OLDEST_PYTHON)" ] || echo "$(OLDEST_LEFT_OUT)"; \

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import getpass
-import importlib
 import os
 import random
 import shutil
@@ -115,49 +114,12 @@ LONGEST_FIRST = ("test_browser.py", "test_slurm.py", "test_notebooks.py", "test_
                  "test_train.py", "test_distributed.py", "test_recipes.py", "test_horovod.py")
 
 
-#: Set by make test, which builds Horovod beside the suite: the file the build's exit status is written to when it ends.
-HOROVOD_BUILD = "DLSCALE_HOROVOD_BUILD"
-
-
-def _needs_horovod(item) -> bool:
-    """The tests that run Horovod: test_horovod.py's, and those of lesson 06 and its recipe (by name)."""
-    return item.path.is_relative_to(INTEGRATION) and "horovod" in item.nodeid.lower()
-
-
 def _longest_first(item) -> tuple[int, int]:
-    """Sort key: a file's items stay together (its module fixtures are made once) and keep their order. The tests
-    that run Horovod come after the longest files, by when make test's build beside the suite has ended."""
+    """Sort key: a file's items stay together (its module fixtures are made once) and keep their order."""
     if not item.path.is_relative_to(INTEGRATION):
         return (2, 0)
-    if _needs_horovod(item):
-        return (0, len(LONGEST_FIRST))
     name = item.path.name
     return (0, LONGEST_FIRST.index(name)) if name in LONGEST_FIRST else (1, 0)
-
-
-def horovod_built() -> bool:
-    """Whether Horovod imports here; under make test first waiting until the build it started beside the suite has
-    ended (a failed build fails the test, naming its log)."""
-    from dlscale.distributed import horovod_backend
-
-    status = os.environ.get(HOROVOD_BUILD)
-    if status:
-        status_file = Path(status)
-        while not status_file.exists():  # (the test's timeout bounds the wait)
-            time.sleep(1)
-        code = status_file.read_text().strip()
-        if code != "0":
-            pytest.fail(f"make test's Horovod build failed (exit status {code}): see {status_file.with_suffix('.log')}",
-                        pytrace=False)
-        importlib.invalidate_caches()  # (the installed package may be newer than the import system's view)
-    return horovod_backend.available()
-
-
-@pytest.fixture
-def built_horovod() -> None:
-    """Skip the test where Horovod is not built (make horovod); under make test, wait for the build beside it."""
-    if not horovod_built():
-        pytest.skip("Horovod is not built (make horovod)")
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -180,9 +142,6 @@ def pytest_collection_modifyitems(config, items):
         if item.path.is_relative_to(INTEGRATION):
             item.add_marker(pytest.mark.integration)
     items.sort(key=_longest_first)  # (stable)
-    if os.environ.get(HOROVOD_BUILD):
-        for item in filter(_needs_horovod, items):
-            item.add_marker(pytest.mark.timeout(1800))  # (with the wait for the build, if it has not ended)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason=NO_GPU)

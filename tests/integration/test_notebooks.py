@@ -7,11 +7,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from dlscale.distributed import horovod_backend
 from dlscale.lessons import checks
 from dlscale.lessons.exercises import ExerciseError, generate, strip_solutions
 
 from ..browser import missing as browser_missing
-from ..conftest import ROOT, horovod_built
+from ..conftest import ROOT
 from ..notebooks import errors, execute, has_image, with_parameters
 
 pytestmark = pytest.mark.notebook
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.notebook
 
 def _needs(name: str) -> None:
     """Lesson 06 needs Horovod (``make horovod``); without it the test skips, which CI counts as a failure."""
-    if "horovod" in name and not horovod_built():
+    if "horovod" in name and not horovod_backend.available():
         pytest.skip("Horovod is not built (make horovod)")
 
 LESSONS = {
@@ -41,7 +42,7 @@ LESSONS = {
                              "sweep_multiples": [8, 32]},
     "11_how_many_nodes.ipynb": {"steps": 80, "rounds": 2, "allreduce_max_kib": 1024, "sweep_epochs": 1,
                                 "node_breakdown": False, "target_r2": -1.0},
-    "12_search_not_just_scale.ipynb": {"trials": 4, "epochs": 3, "extra_trials": 2, "seeds": [0, 1]},  # (2 seeds: a range)
+    "12_search_not_just_scale.ipynb": {"trials": 4, "epochs": 3, "extra_trials": 2, "seeds": [0, 1]},  # (two: a range)
 }
 SOLUTION_PARAMETERS = {"01_single_device_baseline.ipynb": {"config": "tiny"}, "02_data_loading.ipynb": {},
                        "03_mixed_precision.ipynb": {}, "04_profiling.ipynb": {}, "05_data_parallel.ipynb": {},

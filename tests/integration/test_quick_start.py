@@ -41,8 +41,8 @@ def _without_root() -> list[str]:
 def test_make_test_without_python_310_or_root_passes_and_names_what_it_left_out(tmp_path):
     env, overrides = _without_python_310(tmp_path)
     args = f"{QUICK} {NEEDS_ROOT} -p no:cacheprovider --basetemp={tmp_path / 'pytest'}"
-    done = subprocess.run([*_without_root(), "make", "-s", "-C", str(ROOT), "-o", "setup-dev", "test",
-                           f"VENV={sys.prefix}", "HOROVOD=no", "TEST_WORKERS=0", f"PYTEST_ARGS={args}", *overrides],
+    done = subprocess.run([*_without_root(), "make", "-s", "-C", str(ROOT), "-o", "setup-dev", "-o", "horovod", "test",
+                           f"VENV={sys.prefix}", "TEST_WORKERS=0", f"PYTEST_ARGS={args}", *overrides],
                           capture_output=True, text=True, env=env, timeout=600)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
