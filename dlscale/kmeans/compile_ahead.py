@@ -1,12 +1,11 @@
 """Compile K-Means's CPU loops into numba's cache ahead of the first fit: ``python -m dlscale.kmeans.compile_ahead``.
 
-numba compiles each loop for each kind of input (float32 or float64, weighted or not) at its first
-call and keeps the machine code in its cache (``__pycache__`` beside the source, or
+numba compiles each loop for each kind of input (float32 or float64) at its first call and keeps the machine code in its cache (``__pycache__`` beside the source, or
 ``NUMBA_CACHE_DIR``). In a fresh install every process that fits before the cache is written
-compiles for itself: about 20 s of CPU each on 2 cores, paid by each rank of a first distributed
+compiles for itself: 20–25 s of CPU each on 2 cores, paid by each rank of a first distributed
 run, each kernel of a workshop room and each test process. ``make setup-dev`` (and so ``make lab``
 and ``make test``) runs this once after installing, so those processes load the code instead
-(docs/benchmarks.md, "Compiling ahead").
+(docs/testing.md; docs/benchmarks.md, "Over the budget at landing").
 
 It fits small data sets of each kind, so it compiles exactly what a fit, ``predict`` and ``score``
 call: both CPU passes (a fit by time runs the BLAS pass first, then the compiled one), the rescoring of
@@ -24,7 +23,8 @@ from dlscale.kmeans import compiled_scoring
 
 
 def compile_ahead() -> float:
-    """Fit, predict and score once for each input kind, so numba's cache holds every loop; the seconds it took."""
+    """Fit, predict and score once for each input kind, so numba's cache holds every loop; the seconds it took.
+    (Weights need no fit of their own: the loops read weights of one as an empty float64 array, the same type.)"""
     from dlscale.kmeans.estimator import KMeans
 
     started = time.perf_counter()
@@ -33,13 +33,12 @@ def compile_ahead() -> float:
     tied = np.array([[0.0] * 8, [2.0] * 8, [-3.0] * 8, [5.0] * 8])
     for dtype in (np.float32, np.float64):
         x = rows.astype(dtype)
-        for weights in (None, np.ones(len(x))):
-            for init in ("k-means++", "random", tied.astype(dtype)):
-                # max_iter 4 and tol 0: the BLAS pass, then the compiled one, then the faster of the two
-                model = KMeans(4, init=init, n_init=1, max_iter=4, tol=0.0, random_state=0,
-                               backend="torch", device="cpu").fit(x, sample_weight=weights)
-                model.predict(x)
-                model.score(x, sample_weight=weights)
+        for init in ("k-means++", "random", tied.astype(dtype)):
+            # max_iter 4 and tol 0: the BLAS pass, then the compiled one, then the faster of the two
+            model = KMeans(4, init=init, n_init=1, max_iter=4, tol=0.0, random_state=0, backend="torch",
+                           device="cpu").fit(x)
+            model.predict(x)
+            model.score(x)
     return time.perf_counter() - started
 
 
