@@ -192,6 +192,7 @@ def test_the_scaling_runs_launch_one_process_once_for_strong_and_weak(tmp_path, 
                                                                          ("weak", 1, 10), ("weak", 2, 20)]
     assert [r["efficiency"] for r in rows] == [1.0, 1.0, 1.0, 0.5]
 
+
 def test_the_gpu_chunk_counts_the_float64_copy_of_its_rows():
     """The GPU pass adds each chunk's rows in float64 too: without them, 784 features overran the budget ~35 times."""
     from dlscale.kmeans.lloyd import GPU_CHUNK_BUDGET, default_chunk_size
