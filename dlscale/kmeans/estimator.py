@@ -314,7 +314,8 @@ default="k-means++"
             raise KMeansError(f"Expected 2D array, got a tensor of shape {tuple(x.shape)}: pass samples × features")
         if x.dtype not in (torch.float32, torch.float64):
             x = x.double()
-        if not bool(torch.isfinite(x).all()):
+        # (the smallest and largest values are NaN or infinite if any is: no temporary of the data's size)
+        if x.numel() and not bool(torch.isfinite(torch.stack(torch.aminmax(x))).all()):
             raise KMeansError("Input X contains NaN or infinity: drop or impute those rows first")
         if reset:
             self.n_features_in_ = x.shape[1]
@@ -417,7 +418,7 @@ default="k-means++"
                     n_total: int) -> Iterator[KMeansFit]:
         """One torch fit per seed."""
         chunk = self._chunk(x)
-        mean = global_mean(x, n_total)
+        mean = global_mean(x, n_total, chunk)
         threshold = self.tol * mean_variance(x, mean, n_total, chunk) if self.tol > 0 else 0.0
         # As scikit-learn: subtract the mean, so that ‖x‖² − 2·x·c + ‖c‖² loses fewer digits.
         mean = mean.to(x.dtype)

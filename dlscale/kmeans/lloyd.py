@@ -77,18 +77,19 @@ class LloydFit:
     pass_name: str = "compiled"
 
 
-def global_mean(x: torch.Tensor, n_total: int, step: int = 2**16) -> torch.Tensor:
+def global_mean(x: torch.Tensor, n_total: int, chunk: int) -> torch.Tensor:
     """The mean row over all ranks' rows, summed in float64 (then the same on 1 rank or N, to rounding).
 
-    On CPUs with numba by a compiled loop (10× faster than torch here: it copies no rows to float64); otherwise by
-    cache-sized steps (``x.sum(0, dtype=torch.float64)`` on a float32 tensor is 6× slower).
+    On CPUs with numba by a compiled loop (10× faster than torch here: it copies no rows to float64); otherwise
+    chunk by chunk, each chunk's rows copied to float64 (``x.sum(0, dtype=torch.float64)`` on a float32 tensor is
+    6× slower), within the chunk's memory budget.
     """
     if x.device.type == "cpu" and compiled_scoring.available():
         total = compiled_scoring.column_sums(x)
     else:
         total = x.new_zeros(x.shape[1], dtype=torch.float64)
-        for start in range(0, x.shape[0], step):
-            total += x[start:start + step].double().sum(0)
+        for start in range(0, x.shape[0], chunk):
+            total += x[start:start + chunk].double().sum(0)
     return distributed.all_reduce_sum(total) / n_total
 
 
@@ -150,7 +151,7 @@ def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, 
             say_on_first_rank(f"Iteration {iterations - 1}, inertia {inertia}")
         sums, totals, changed_everywhere = local.all_reduce(changed)
         if bool((totals == 0).any()):
-            _relocate_empty_clusters(x, weights, centers, labels, sums, totals)
+            _relocate_empty_clusters(x, weights, centers, labels, sums, totals, chunk)
         # A cluster still empty (more clusters than distinct points) goes where the heaviest one is, as scikit-learn's
         # does: it stays empty, and the fit can converge.
         means = sums / totals.clamp(min=1e-300)[:, None]
@@ -250,8 +251,18 @@ def _farthest_distinct_rows(x: torch.Tensor, order: torch.Tensor, count: int) ->
         pool = min(len(order), 2 * pool)
 
 
+def _squared_distances(x: torch.Tensor, centers: torch.Tensor, labels: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Each row's squared distance to the centre of its label, float64, chunk by chunk: the whole data's
+    temporaries (two of n × d) would take more than the data again, on a GPU past its memory (docs/benchmarks.md)."""
+    far = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
+    for start in range(0, x.shape[0], chunk):
+        part = slice(start, start + chunk)
+        far[part] = ((x[part] - centers[labels[part]]) ** 2).sum(1)
+    return far
+
+
 def _relocate_empty_clusters(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor,
-                             labels: torch.Tensor, sums: torch.Tensor, totals: torch.Tensor) -> None:
+                             labels: torch.Tensor, sums: torch.Tensor, totals: torch.Tensor, chunk: int) -> None:
     """scikit-learn's repair: each empty cluster takes one of the points farthest from their centres.
 
     Each takes a different point: copies of one row (a photo's many pixels of one colour) are offered once, and a
@@ -264,7 +275,7 @@ def _relocate_empty_clusters(x: torch.Tensor, weights: torch.Tensor | None, cent
     """
     empty = torch.nonzero(totals == 0).flatten()
     n_empty = len(empty)
-    far = ((x - centers[labels]) ** 2).sum(1).double()
+    far = _squared_distances(x, centers, labels, chunk)
     order = torch.argsort(far, descending=True, stable=True)  # (distance, then row)
     distinct = _farthest_distinct_rows(x, order, n_empty)
     take = min(n_empty, x.shape[0])

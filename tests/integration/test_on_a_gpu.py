@@ -33,3 +33,22 @@ def test_mixed_precision_trains_on_the_gpu(tmp_path, precision):
     losses = _losses(tmp_path, "cuda", precision=precision)
     assert all(math.isfinite(loss) for loss in losses)
     assert sum(losses[-5:]) < sum(losses[:5])  # it learns
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_kmeans_on_the_gpu_ends_where_the_cpu_ends(dtype):
+    # The GPU scores every row by a GEMM, the CPU by its compiled pass or BLAS: the rounding differs, so equality
+    # is stated on well-separated blobs, where no row lies near a boundary, and the centres within float32's rounding.
+    import numpy as np
+
+    from dlscale.bench.kmeans import make_blobs
+    from dlscale.kmeans.estimator import KMeans
+
+    x = make_blobs(200_000, 16, 24, seed=3).astype(dtype)
+    init = x[np.random.default_rng(4).choice(len(x), 24, replace=False)]
+    cpu, gpu = (KMeans(24, init=init, max_iter=50, tol=0.0, device=device, backend="torch").fit(x)
+                for device in ("cpu", "cuda"))
+    assert gpu.pass_ == "gemm" and gpu.n_iter_ == cpu.n_iter_
+    assert (gpu.labels_ == cpu.labels_).mean() >= 0.9999
+    assert np.allclose(gpu.cluster_centers_, cpu.cluster_centers_, rtol=0, atol=1e-4)
+    assert gpu.inertia_ == pytest.approx(cpu.inertia_, rel=1e-5)

@@ -27,7 +27,7 @@ from ..conftest import ROOT, run_cli
 
 SCRIPTS = sorted([*ROOT.glob("slurm/*.sh"), *ROOT.glob("slurm/*/*.sbatch"), ROOT / "slurm/summit/train.lsf",
                   *ROOT.glob("slurm/sites/*.env"), *ROOT.glob("recipes/*.sbatch"),
-                  *ROOT.glob("recipes/jobs/*")])
+                  *ROOT.glob("recipes/jobs/*"), *ROOT.glob("scripts/*.sh")])
 TRAIN = ["tiny", "norm=group", "progress=false", "plot=false"]
 
 

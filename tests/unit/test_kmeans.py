@@ -202,6 +202,38 @@ def test_the_gpu_chunk_counts_the_float64_copy_of_its_rows():
     assert default_chunk_size(16, 4, "cpu", n_features=784) == default_chunk_size(16, 4, "cpu")  # CPUs: unchanged
 
 
+def test_the_gpu_path_holds_no_temporary_of_the_datas_size_but_its_centred_copy(monkeypatch):
+    """The GPU's pass, mean and relocation of empty clusters go chunk by chunk. Run here by the same code (no
+    bounds, no compiled loops), every tensor an operation returns is recorded: only the centred copy of the data is
+    as large as the data. On an H200, 200k × 784 took 1.8 GiB beyond its data when the relocation squared every
+    row's difference at once (docs/benchmarks.md)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from dlscale.kmeans import compiled_scoring, lloyd
+
+    class Sizes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.largest = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            given = {t.untyped_storage().data_ptr() for t in [*args, *(kwargs or {}).values()]
+                     if isinstance(t, torch.Tensor)}
+            self.largest += [t.numel() for t in (out if isinstance(out, (tuple, list)) else [out])  # (not views)
+                             if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in given]
+            return out
+
+    monkeypatch.setattr(lloyd, "_use_bounds", lambda device, skip_rows: False)
+    monkeypatch.setattr(compiled_scoring, "available", lambda: False)
+    _, x = duplicated_points(np.float32)  # (60 clusters, 40 distinct points: empty clusters to relocate)
+    with Sizes() as sizes:
+        fit = KMeans(60, init=x[:60], n_init=1, chunk_size=100).fit(torch.from_numpy(x))
+    assert fit.pass_ == "gemm" and fit.inertia_ < 1e-6
+    assert sum(size >= x.size for size in sizes.largest) == 1  # x - mean
+    assert sorted(sizes.largest)[-2] <= 100 * 60  # then a chunk's distance block
+
+
 def duplicated_points(dtype=np.float64):
     """40 distinct points, each copied 50 times, shuffled; 60 initial centres from the first rows (so many copies of
     a few points, and at the first pass many empty clusters). Before the relocation took distinct rows, this fit
