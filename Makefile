@@ -40,7 +40,7 @@ PYTEST_ARGS ?=
 HOROVOD     ?= yes
 BIN         := $(VENV)/bin
 
-.PHONY: setup setup-dev horovod slurm-packages browser-packages demo test test-fast test-oldest oldest-check oldest-env lab kernel exercises clean
+.PHONY: setup setup-dev horovod test-deps slurm-packages browser-packages demo test test-fast test-oldest oldest-check oldest-env lab kernel exercises clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -146,7 +146,17 @@ RUN_OLDEST := $(if $(filter yes,$(TEST_OLDEST)),$(if $(OLDEST_PYTHON),yes))
 # The oldest-Python run goes beside the suite, in one process at the lowest priority (nice), its output in
 # .venv-oldest.log: the suite leaves a third of the CPUs idle, and the run takes only those. It is done long before
 # the suite is; its last lines are printed at the end.
-test: oldest-check setup-dev $(if $(filter yes,$(HOROVOD)),horovod) $(SYSTEM_PACKAGES)
+# What make test installs. Horovod's wheel is compiled (both cores, ~140 s on 2) while pip installs the extras and
+# numba compiles K-Means's loops (mostly downloading, unpacking, one core), then installed once pip is done: the
+# build keeps its tools in a folder of its own, so no two pips write into the venv at once. If the build beside
+# fails, make horovod builds it again, alone, and shows why.
+test-deps: $(VENV)/.installed
+	$(if $(filter yes,$(HOROVOD)),[ -f $(VENV)/.installed-horovod ] || \
+	  scripts/build_horovod.sh --wheel-only $(BIN)/python > $(VENV)/horovod-wheel.log 2>&1 &) \
+	$(MAKE) --no-print-directory setup-dev; status=$$?; wait; [ $$status = 0 ] || exit $$status; \
+	$(if $(filter yes,$(HOROVOD)),$(MAKE) --no-print-directory horovod)
+
+test: oldest-check $(SYSTEM_PACKAGES) test-deps
 	$(if $(RUN_OLDEST),(nice -n 19 $(MAKE) --no-print-directory test-oldest OLDEST_WORKERS=1 > $(OLDEST_VENV).log 2>&1) & oldest=$$!;) \
 	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) $(PYTEST_ARGS); \
 	status=$$?; \

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Build and install Horovod for the torch already installed in a Python environment.
 #
-#   scripts/build_horovod.sh [PYTHON]        (default: python3 on PATH; `make horovod` passes the venv's)
+#   scripts/build_horovod.sh [--wheel-only] [PYTHON]    (default: python3 on PATH; `make horovod` passes the venv's)
+#
+# --wheel-only builds the wheel into the cache below and leaves the environment as it was (the build's own
+# tools go to a folder of their own): `make test` builds it while pip installs the extras, then installs it.
 #
 # Why a script: Horovod's last release (0.28.1, June 2023) ships no wheels, and its sdist
 # asks CMake for C++14, while torch >= 2.1 headers need C++17, so a plain
@@ -21,6 +24,8 @@
 # reused when the same torch asks again.
 set -euo pipefail
 
+wheel_only=0
+if [[ ${1:-} == --wheel-only ]]; then wheel_only=1; shift; fi
 PYTHON=${1:-${PYTHON:-python3}}
 VERSION=0.28.1
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -45,7 +50,9 @@ mkdir -p "$wheels"
 if ! ls "$wheels"/horovod-$VERSION-*.whl >/dev/null 2>&1; then
     work=$(mktemp -d)
     trap 'rm -rf "$work"' EXIT
-    "$PYTHON" -m pip install --quiet setuptools wheel cloudpickle psutil pyyaml packaging
+    # The build's tools in a folder of their own, not the environment: a build beside another pip install into
+    # the same environment (make test's) would have two pips writing the same packages.
+    "$PYTHON" -m pip install --quiet --target "$work/tools" setuptools wheel cloudpickle psutil pyyaml packaging
     "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "horovod==$VERSION" -d "$work"
     tar -xzf "$work/horovod-$VERSION.tar.gz" -C "$work"
     src=$work/horovod-$VERSION
@@ -69,8 +76,12 @@ if ! ls "$wheels"/horovod-$VERSION-*.whl >/dev/null 2>&1; then
     echo "build_horovod: compiling (several minutes)"
     HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
     HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
-    MAKEFLAGS=-j$(nproc) \
+    MAKEFLAGS=-j$(nproc) PYTHONPATH="$work/tools${PYTHONPATH:+:$PYTHONPATH}" \
         "$PYTHON" -m pip wheel --quiet --no-build-isolation --no-deps -w "$wheels" "$src"
+fi
+if [[ $wheel_only == 1 ]]; then
+    echo "build_horovod: the wheel is in $wheels"
+    exit 0
 fi
 
 "$PYTHON" -m pip install --quiet cloudpickle psutil pyyaml packaging

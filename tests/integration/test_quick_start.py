@@ -41,7 +41,7 @@ def _without_root() -> list[str]:
 def test_make_test_without_python_310_or_root_passes_and_names_what_it_left_out(tmp_path):
     env, overrides = _without_python_310(tmp_path)
     args = f"{QUICK} {NEEDS_ROOT} -p no:cacheprovider --basetemp={tmp_path / 'pytest'}"
-    done = subprocess.run([*_without_root(), "make", "-s", "-C", str(ROOT), "-o", "setup-dev", "-o", "horovod", "test",
+    done = subprocess.run([*_without_root(), "make", "-s", "-C", str(ROOT), "-o", "test-deps", "test",
                            f"VENV={sys.prefix}", "TEST_WORKERS=0", f"PYTEST_ARGS={args}", *overrides],
                           capture_output=True, text=True, env=env, timeout=600)
     out = done.stdout + done.stderr
