@@ -41,7 +41,7 @@ from dlscale.errors import import_optional
 from dlscale.kmeans import compiled_scoring
 from dlscale.kmeans.cpu_pass import CpuPass
 from dlscale.kmeans.errors import KMeansError
-from dlscale.kmeans.scoring import argmin_rows, assign, inertia_of
+from dlscale.kmeans.scoring import argmin_rows, assign, inertia_of, squared_distances
 
 #: Bytes the blocks of one chunk may take when ``chunk_size`` is not given. On CPUs a
 #: block that stays in the L2 cache is 3-4x faster than a large one (measured in
@@ -251,16 +251,6 @@ def _farthest_distinct_rows(x: torch.Tensor, order: torch.Tensor, count: int) ->
         pool = min(len(order), 2 * pool)
 
 
-def _squared_distances(x: torch.Tensor, centers: torch.Tensor, labels: torch.Tensor, chunk: int) -> torch.Tensor:
-    """Each row's squared distance to the centre of its label, float64, chunk by chunk: the whole data's
-    temporaries (two of n × d) would take more than the data again, on a GPU past its memory (docs/benchmarks.md)."""
-    far = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
-    for start in range(0, x.shape[0], chunk):
-        part = slice(start, start + chunk)
-        far[part] = ((x[part] - centers[labels[part]]) ** 2).sum(1)
-    return far
-
-
 def _relocate_empty_clusters(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor,
                              labels: torch.Tensor, sums: torch.Tensor, totals: torch.Tensor, chunk: int) -> None:
     """scikit-learn's repair: each empty cluster takes one of the points farthest from their centres.
@@ -275,7 +265,7 @@ def _relocate_empty_clusters(x: torch.Tensor, weights: torch.Tensor | None, cent
     """
     empty = torch.nonzero(totals == 0).flatten()
     n_empty = len(empty)
-    far = _squared_distances(x, centers, labels, chunk)
+    far = squared_distances(x, centers, labels, chunk)
     order = torch.argsort(far, descending=True, stable=True)  # (distance, then row)
     distinct = _farthest_distinct_rows(x, order, n_empty)
     take = min(n_empty, x.shape[0])

@@ -62,9 +62,14 @@ def inertia_of(x: torch.Tensor, centers: torch.Tensor, labels: torch.Tensor, chu
     """
     if x.device.type == "cpu" and compiled_scoring.available():
         return compiled_scoring.inertia(x, centers, labels, weights)
-    total = torch.zeros((), dtype=torch.float64, device=x.device)
+    return float(_weighted_inertia(squared_distances(x, centers, labels, chunk), weights))
+
+
+def squared_distances(x: torch.Tensor, centers: torch.Tensor, labels: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Each local row's squared distance to the centre of its label, float64, chunk by chunk: for the whole data at
+    once the temporaries (two of n × d) would take more than the data again, on a GPU past its memory."""
+    squared = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
     for start in range(0, x.shape[0], chunk):
-        xc = x[start:start + chunk]
-        squared = ((xc - centers[labels[start:start + chunk]]) ** 2).sum(1)
-        total += _weighted_inertia(squared, None if weights is None else weights[start:start + chunk])
-    return float(total)
+        part = slice(start, start + chunk)
+        squared[part] = ((x[part] - centers[labels[part]]) ** 2).sum(1)
+    return squared
