@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import os
+import re
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,10 @@ def _export(args: argparse.Namespace) -> int:
 
     model = load_model(args.run_dir)
     config = load_config(str(Path(args.run_dir) / "config.yaml")).to_dict()
+    folder = Path(args.out).resolve().parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise DlscaleError(f"{args.out} cannot be written: {folder} is not a folder you can write; create it, "
+                           f"or name another OUT")
     torch.save({"model": model.state_dict(), "config": config}, args.out)
     print(f"wrote the whole model of {args.run_dir} ({sum(p.numel() for p in model.parameters()):,} parameters, "
           f"{config['model']}) to {args.out}; load it with torch.load(path, weights_only=True)")
@@ -80,10 +86,12 @@ def _data_generate(args: argparse.Namespace) -> int:
 
 def _data_check(args: argparse.Namespace) -> int:
     from dlscale.data import DataError, ShardDataset, non_finite_values
+    from dlscale.data.loader import check_splits
 
-    bad = []
+    bad, splits = [], []
     for split in ("train", "val"):
         dataset = ShardDataset(f"{args.data_dir}/{split}")
+        splits.append(dataset)
         damaged = [(path, count) for path in (*dataset.x_paths, *dataset.y_paths)
                    if (count := non_finite_values(path))]
         for path, count in damaged:
@@ -91,6 +99,7 @@ def _data_check(args: argparse.Namespace) -> int:
         bad += damaged
         print(f"{split}: {len(dataset)} maps of shape {dataset.input_shape}, {dataset.num_targets} targets, "
               f"{len(dataset.x_paths)} shards: {'NOT ok' if damaged else 'ok'}")
+    check_splits(*splits, args.data_dir)
     if bad:
         raise DataError(f"{len(bad)} shard file(s) in {args.data_dir} hold NaN or infinite values (listed above); "
                         f"regenerate or clean them before training, since one such map makes the loss NaN")
@@ -344,8 +353,8 @@ def _number(kind: type, low: float | None = None, high: float | None = None, abo
     ("argument --batch: must be at least 1, not -64")."""
     def parse(text: str) -> float:
         try:
-            value = kind(text)
-        except ValueError:
+            value = _whole(text) if kind is int and _WHOLE_IN_FLOAT.fullmatch(text.strip()) else kind(text)
+        except (ValueError, OverflowError):
             raise argparse.ArgumentTypeError(f"{'a whole number' if kind is int else 'a number'} is needed, "
                                              f"not {text!r}") from None
         try:
@@ -353,6 +362,17 @@ def _number(kind: type, low: float | None = None, high: float | None = None, abo
         except RangeError as err:
             raise argparse.ArgumentTypeError(str(err).removeprefix("it ")) from None
     return parse
+
+
+#: A whole number written as a float (25.6e6, 1e9): taken as an int where it is whole.
+_WHOLE_IN_FLOAT = re.compile(r"[+-]?\d+(\.\d*)?[eE][+]?\d+")
+
+
+def _whole(text: str) -> int:
+    value = float(text)
+    if not value.is_integer():
+        raise ValueError(text)
+    return int(value)
 
 
 def _sizes(text: str) -> list[int]:
@@ -647,9 +667,9 @@ def _add_project(commands: Any) -> None:
     where.add_argument("--machine", default=None, metavar="YAML",
                        help="your cluster: gpus_per_node, inside and between (bandwidth_gbs, latency_us), source")
     where.add_argument("--gpus-per-node", type=_number(int, 1), default=None)
-    where.add_argument("--inside-gbs", type=_number(float, 0, above=True), default=None,
+    where.add_argument("--inside-gbs", type=_number(float, 1e-6, 1e6), default=None,
                        help="GB/s per direction between the GPUs of a node")
-    where.add_argument("--between-gbs", type=_number(float, 0, above=True), default=None,
+    where.add_argument("--between-gbs", type=_number(float, 1e-6, 1e6), default=None,
                        help="each GPU's share of the network between nodes, GB/s per direction")
     where.add_argument("--inside-latency-us", type=_number(float, 0), default=None)
     where.add_argument("--between-latency-us", type=_number(float, 0), default=None)
@@ -662,7 +682,8 @@ def _add_project(commands: Any) -> None:
     given.add_argument("--ms-per-sample", type=_number(float, 0, above=True), default=None,
                        help="one GPU's compute per sample, in ms")
     project.add_argument("--name", default="ResNet-50-sized gradient")
-    project.add_argument("--parameters", type=_number(int, 0), default=0, help="parameter count (default: ResNet-50's 25.6 M)")
+    project.add_argument("--parameters", type=_number(int, 1, 10**14), default=None,
+                         help="parameter count, 1 to 1e14 (default: ResNet-50's 25.6 M)")
     project.add_argument("--batch", type=_number(int, 1), default=64, help="batch per GPU")
     project.add_argument("--bytes-per-value", type=_number(int, 1, 8), default=4, help="4 for fp32 gradients, 2 for bf16")
     project.add_argument("--layout", choices=("ddp", "fsdp"), default="ddp")
@@ -804,8 +825,27 @@ def _leave_now(code: int) -> None:
     os._exit(code)
 
 
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, with ``key=value`` overrides taken wherever they stand: after the options too
+    (``dlscale hpo start SPACE --workers 2 device=cpu``), which argparse alone calls unrecognized."""
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest:
+        if hasattr(args, "overrides") and all("=" in item and not item.startswith("-") for item in rest):
+            args.overrides = [*args.overrides, *rest]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args
+
+
+def _one_line_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> str:
+    """A warning as the command prints it: one line, not the warnings module's two (the line, then the source)."""
+    return f"dlscale: warning: {' '.join(str(message).split())}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
+    warnings.formatwarning = _one_line_warning
     # A rank killed inside C++ (SIGABRT, SIGSEGV in gloo, NCCL or a kernel) then prints where
     # its Python code was, which is often all a batch job's log keeps of the failure.
     faulthandler.enable()
@@ -820,6 +860,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("dlscale: interrupted", file=sys.stderr)
         return 130
+    except OSError as err:  # (a file or folder the command was pointed at: missing, unwritable, full)
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"dlscale: error: {where}{err.strerror or err}; check the path, that you may write there and that "
+              f"the disk has room", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

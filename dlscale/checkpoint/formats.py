@@ -41,32 +41,45 @@ def load_latest_checkpoint(run_dir: str | Path, model: nn.Module | None = None,
                            optimizer: torch.optim.Optimizer | None = None,
                            check: Callable[[dict[str, Any] | None, Path], Any] | None = None
                            ) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that loads, or None if the run has none.
+    """The newest checkpoint that opens, or None if the run has none.
 
-    A file is read whole (an unreadable newest file falls back to the one before). A
-    sharded folder is read straight into ``model`` and ``optimizer`` (each rank its part,
-    whatever the world size that wrote it) by every rank together; the dict returned then
-    holds the rest of the state. ``check(recorded config, path)`` runs before any weight is
-    loaded into ``model`` (a resume refuses another run's checkpoint there).
+    A file is read whole; a sharded folder's metadata and training state are read (safely: no code in them
+    runs), then its tensors straight into ``model`` and ``optimizer`` (each rank its part, whatever the world
+    size that wrote it) by every rank together; the dict returned then holds the rest of the state. A newest
+    checkpoint that does not open (damaged, empty, crafted) is reported and the one before it is used.
+    ``check(recorded config, path)`` runs before any weight is loaded into ``model`` (a resume refuses
+    another run's checkpoint there).
     """
     paths = list_checkpoints(run_dir)
-    if paths and paths[-1].is_dir():
-        if model is None or optimizer is None:
-            raise CheckpointError(f"{paths[-1]} is a sharded checkpoint: load it with the model and optimizer, or "
-                                  f"with dlscale.checkpoint.load_model")
+    if paths and paths[-1].is_dir() and (model is None or optimizer is None):
+        raise CheckpointError(f"{paths[-1]} is a sharded checkpoint: load it with the model and optimizer, or "
+                              f"with dlscale.checkpoint.load_model")
+    found = whole.newest_readable(paths, run_dir, _open)
+    if found is None:
+        return None
+    path, state = found
+    if check is not None:
+        check(state.get("config"), path)
+    if path.is_dir():
         from dlscale.checkpoint import sharded
-        if check is not None:
-            check(sharded.recorded_config(paths[-1]), paths[-1])
-        return paths[-1], sharded.load_sharded_checkpoint(paths[-1], model, optimizer)
-    found = whole.load_newest_file(paths, run_dir)
-    if found is not None and check is not None:
-        check(found[1].get("config"), found[0])
-    return found
+        return path, sharded.load_sharded_checkpoint(path, model, optimizer)
+    return path, state
 
 
-def _head_outputs(shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> tuple[int, torch.dtype]:
+def _open(path: Path) -> dict[str, Any]:
+    """A file's whole state, or a sharded folder's training state (its tensors are read later, into the model)."""
+    if path.is_dir():
+        from dlscale.checkpoint import sharded
+        return sharded.open_folder(path)
+    return whole.read_file(path)
+
+
+def _head_outputs(shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], path: Path) -> tuple[int, torch.dtype]:
     """The output count and dtype of a saved model: the length of its last bias, the head's (both models end in one)."""
-    shape, dtype = [value for name, value in shapes.items() if name.endswith("bias")][-1]
+    biases = [value for name, value in shapes.items() if name.endswith("bias") and len(value[0]) == 1]
+    if not biases:
+        raise CheckpointError(f"{path} holds no model of the kit (no output layer's bias among its weights)")
+    shape, dtype = biases[-1]
     return shape[0], dtype
 
 
@@ -85,18 +98,23 @@ def load_model(run_dir: str | Path, in_channels: int = 1, num_outputs: int | Non
     if not paths:
         raise CheckpointError(f"{checkpoint_dir(run_dir)} holds no checkpoint; train with checkpoints first")
     cfg = load_config(str(run_dir / "config.yaml"))
-    newest = paths[-1]
+    # The newest that opens, whichever format: a damaged, empty or crafted newest one falls back, as a resume does.
+    newest, checkpoint = whole.newest_readable(paths, run_dir, _open)
     if newest.is_dir():
         from dlscale.checkpoint import sharded
         shapes = sharded.weight_shapes(newest)  # (from the metadata: no tensor is read)
-    else:  # the newest file that loads: a corrupt newest one falls back to the one before, as a resume does
-        newest, checkpoint = whole.load_newest_file([p for p in paths if not p.is_dir()], run_dir)
+    else:
         state = checkpoint["model"]  # (read once, for the shapes and the weights)
         shapes = {name: (tuple(value.shape), value.dtype) for name, value in state.items()}
-    outputs, dtype = _head_outputs(shapes)
+    outputs, dtype = _head_outputs(shapes, newest)
     model = build_model(cfg, in_channels, num_outputs or outputs).to(dtype)
-    if newest.is_dir():
-        sharded.load_weights(newest, model)
-    else:
-        model.load_state_dict(state)
+    try:
+        if newest.is_dir():
+            sharded.load_weights(newest, model)
+        else:
+            model.load_state_dict(state)
+    except (RuntimeError, KeyError) as err:
+        raise CheckpointError(f"{newest} holds the weights of another model than {run_dir}/config.yaml describes "
+                              f"(model={cfg.model}, width={cfg.width}, depth={cfg.depth}): "
+                              f"{' '.join(str(err).split())[:200]}; restore the run's own config.yaml") from None
     return model

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from dlscale.checkpoint.store import checkpoint_paths, keep_newest, remove_checkpoint, save_synced
+from dlscale.checkpoint import safe_dcp
+from dlscale.checkpoint.store import UnreadableCheckpoint, checkpoint_paths, keep_newest, remove_checkpoint, save_synced
 from dlscale.distributed import barrier, group_is_up, rank
 
 
@@ -67,7 +68,7 @@ def load_sharded_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim
 
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
-    dcp.load(state, checkpoint_id=path, no_dist=not group_is_up())
+    dcp.load(state, storage_reader=safe_dcp.reader(path), planner=safe_dcp.planner(), no_dist=not group_is_up())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     rest = torch.load(path / "training.pt", map_location="cpu", weights_only=True)
     own = path / f"rng-rank{rank():05d}.pt"
@@ -76,16 +77,29 @@ def load_sharded_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim
     return rest
 
 
+def open_folder(path: Path) -> dict[str, Any]:
+    """Rank 0's ``training.pt`` of a sharded folder, once its metadata has been read safely
+    (:mod:`~dlscale.checkpoint.safe_dcp`); :class:`UnreadableCheckpoint` for an empty, incomplete or crafted folder."""
+    safe_dcp.read_metadata(path)
+    training = path / "training.pt"
+    try:
+        rest = torch.load(training, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - missing, damaged or not tensors and plain containers
+        raise UnreadableCheckpoint(f"{path.name}/training.pt: {type(err).__name__}: "
+                                   f"{str(err).splitlines()[0][:200] if str(err) else ''}") from None
+    if not isinstance(rest, dict) or "position" not in rest:
+        raise UnreadableCheckpoint(f"{path.name}/training.pt holds no training state")
+    return rest
+
+
 def recorded_config(path: Path) -> dict[str, Any] | None:
     """The config a sharded folder was written with (from rank 0's ``training.pt``; no tensor is read)."""
-    return torch.load(path / "training.pt", map_location="cpu", weights_only=True).get("config")
+    return open_folder(path).get("config")
 
 
 def weight_shapes(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Each saved weight's shape and dtype, by name, from a sharded folder's metadata (no tensor is read)."""
-    import torch.distributed.checkpoint as dcp
-
-    metadata = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    metadata = safe_dcp.read_metadata(path).state_dict_metadata
     return {key.removeprefix("model."): (tuple(value.size), value.properties.dtype)
             for key, value in metadata.items() if key.startswith("model.") and hasattr(value, "size")}
 
@@ -97,5 +111,5 @@ def load_weights(path: Path, model: nn.Module) -> None:
     state = {"model": model.state_dict()}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # (one process is the intent)
-        dcp.load(state, checkpoint_id=path, no_dist=True)
+        dcp.load(state, storage_reader=safe_dcp.reader(path), planner=safe_dcp.planner(), no_dist=True)
     model.load_state_dict(state["model"])

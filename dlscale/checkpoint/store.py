@@ -15,6 +15,7 @@ load is set aside in ``checkpoints/unreadable/``, and can never push the good on
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -26,11 +27,17 @@ import torch
 
 from dlscale.errors import DlscaleError
 
+_FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk, a full quota
+_PROBE_BYTES = 16 * 1024
 _NAME = re.compile(r"^ckpt-(\d{8})(\.pt)?$")  # a file (one process wrote it) or a folder (sharded)
 
 
 class CheckpointError(DlscaleError):
     """No usable checkpoint where one was expected; the message names the file."""
+
+
+class UnreadableCheckpoint(CheckpointError):
+    """One checkpoint cannot be used (damaged, empty, not a checkpoint, unsafe): the loaders try the one before."""
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -51,11 +58,18 @@ def check_writable(run_dir: str | Path) -> None:
         probe = folder / f".write-test-{socket.gethostname()}-{os.getpid()}"
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            probe.write_bytes(b"")
-            probe.unlink()
+            with open(probe, "wb") as handle:  # (a few KiB, synced: an empty file is created even on a full disk)
+                handle.write(bytes(_PROBE_BYTES))
+                handle.flush()
+                os.fsync(handle.fileno())
         except OSError as err:
+            if err.errno in _FULL:
+                raise CheckpointError(f"{folder} is on a full disk or over its quota ({err.strerror}): free space "
+                                      f"there, or choose another run_dir (on a cluster, under $SCRATCH)") from None
             raise CheckpointError(f"{folder} cannot be written ({err.strerror or err}): choose a run_dir you can "
                                   f"write (run_dir=runs/<name>; on a cluster, under $SCRATCH)") from None
+        finally:
+            probe.unlink(missing_ok=True)
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -118,7 +132,18 @@ def set_aside(path: Path) -> Path:
 
 
 def save_synced(obj: Any, path: Path) -> None:
-    """``torch.save`` and fsync: the bytes are on disk when this returns."""
-    torch.save(obj, path)
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
+    """``torch.save`` and fsync: the bytes are on disk when this returns. A write that fails (a full disk, a quota)
+    removes the partial file and raises a :class:`CheckpointError` that says the last good checkpoint is intact."""
+    try:
+        with open(path, "wb") as handle:
+            torch.save(obj, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except (OSError, RuntimeError) as err:
+        path.unlink(missing_ok=True)
+        cause = getattr(err, "errno", None) or getattr(err.__cause__ or err.__context__, "errno", None)
+        why = ("the disk is full or over its quota" if cause in _FULL
+               else f"it could not be written ({' '.join(str(err).split())[:160]})")
+        raise CheckpointError(f"the checkpoint {path.name} in {path.parent} was not written: {why}. The last good "
+                              f"checkpoint there is intact: free space (or choose another run_dir), then resume=true"
+                              ) from None

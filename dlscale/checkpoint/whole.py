@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dlscale.checkpoint.store import CheckpointError, checkpoint_dir, checkpoint_paths, keep_newest, save_synced
+from dlscale.checkpoint.store import (
+    CheckpointError,
+    UnreadableCheckpoint,
+    checkpoint_dir,
+    checkpoint_paths,
+    keep_newest,
+    save_synced,
+)
 
 
 def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
@@ -26,18 +34,45 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], keep:
     return path
 
 
+def read_file(path: Path) -> dict[str, Any]:
+    """A checkpoint file's contents, or :class:`UnreadableCheckpoint` saying why not (damaged, empty, not a checkpoint).
+
+    ``weights_only=True``: only tensors and plain containers load, never pickled code.
+    """
+    if path.stat().st_size == 0:
+        raise UnreadableCheckpoint(f"{path.name} is empty (0 bytes)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any unreadable file is reported the same way
+        raise UnreadableCheckpoint(f"{path.name}: {type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+                                   ) from None
+    model = state.get("model") if isinstance(state, dict) else None
+    if not isinstance(model, dict) or not model or not all(isinstance(v, torch.Tensor) for v in model.values()):
+        raise UnreadableCheckpoint(f"{path.name} loads but holds no model weights (a dlscale checkpoint is a dict whose "
+                                   f"'model' maps names to tensors)")
+    return state
+
+
 def load_newest_file(paths: list[Path], run_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
     """The newest of ``paths`` (checkpoint files, oldest first) that loads, or None if there are none.
 
     A newest file that fails to load (a disk filled up, a copy broke off) is reported and
     the one before it is used; if every file fails, a :class:`CheckpointError` says so.
     """
+    return newest_readable(paths, run_dir, read_file)
+
+
+def newest_readable(paths: list[Path], run_dir: str | Path, read: Callable[[Path], Any]) -> tuple[Path, Any] | None:
+    """``(path, read(path))`` for the newest of ``paths`` that ``read`` opens without :class:`UnreadableCheckpoint`.
+
+    Each one skipped is reported in a warning; when none opens, a :class:`CheckpointError` lists them all.
+    """
     failures = []
     for path in reversed(paths):
         try:
-            return path, torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # noqa: BLE001 - any unreadable file is reported the same way
-            failures.append(f"{path.name}: {err}")
+            return path, read(path)
+        except UnreadableCheckpoint as err:
+            failures.append(str(err))
             warnings.warn(f"checkpoint {path} could not be loaded ({err}); trying an older one", stacklevel=3)
     if failures:
         raise CheckpointError(f"no checkpoint in {checkpoint_dir(run_dir)} could be loaded: {'; '.join(failures)}. "

@@ -44,13 +44,16 @@ def resume_changes(saved: Mapping[str, Any], cfg: TrainConfig) -> tuple[dict[str
 def check_resume(saved: Mapping[str, Any] | None, cfg: TrainConfig, path: Path,
                  data_identity: str | None = None) -> list[str]:
     """Refuse a checkpoint of another run (a :class:`ConfigError` naming the keys, or the data); else the changes
-    to print. ``data_identity`` is the digest of the ``data_dir`` this run reads (None for the synthetic set)."""
+    to print. ``data_identity`` is the digest of the shards this run reads (:func:`dlscale.data.data_identity`),
+    whether the synthetic set or a ``data_dir``: it is compared with the one the checkpoint recorded."""
     if saved is None:  # (a checkpoint of an older kit records no config)
         return []
     recorded = saved.get("data_identity")
     if data_identity and recorded and recorded != data_identity:
-        raise ConfigError(f"{path} belongs to another run: the shards in data_dir={cfg.data_dir} are not the data it "
-                          f"trained on (their names, sizes or contents differ). Resume with the data it trained on "
+        now = f"data_dir={cfg.data_dir}" if cfg.data_dir else "the synthetic set of these settings"
+        then = f"data_dir={saved.get('data_dir')}" if saved.get("data_dir") else "the synthetic set"
+        raise ConfigError(f"{path} belongs to another run: the shards of {now} are not the data it trained on "
+                          f"({then}; their names, sizes or contents differ). Resume with the data it trained on "
                           f"(the same shards may move: only their content counts), or start afresh in a new folder "
                           f"(run_dir=runs/<new name>)")
     allowed, refused = resume_changes(saved, cfg)

@@ -215,6 +215,10 @@ class TrainConfig:
                               "with compile, or turn compile off")
         if self.cuda_graphs and not self.compile:
             raise ConfigError("config key 'cuda_graphs' needs compile=true (graphs are captured by torch.compile)")
+        if not 0 <= self.seed < 2**32:  # (numpy's generators take seeds in [0, 2**32))
+            raise ConfigError(f"config key 'seed' must be a whole number from 0 to {2**32 - 1}, got {self.seed}")
+        if self.threads < 0:
+            raise ConfigError(f"config key 'threads' must be 0 (auto) or a number of threads >= 1, got {self.threads}")
         if self.num_workers < -1:
             raise ConfigError(f"config key 'num_workers' must be -1 (auto) or >= 0, got {self.num_workers}")
         size = self.image_size
@@ -351,7 +355,7 @@ def _coerce(key: str, value: Any) -> Any:
     if typing.get_origin(hint) is Literal:
         allowed = typing.get_args(hint)
         if value not in allowed:
-            raise ConfigError(f"config key '{key}' must be one of {', '.join(allowed)}; got {value!r}")
+            raise ConfigError(f"config key '{key}' must be one of {', '.join(allowed)}; got {_shown(value)}")
         return value
     try:
         if hint is bool:
@@ -381,8 +385,14 @@ def _coerce(key: str, value: Any) -> Any:
         pass
     else:
         raise AssertionError(f"unhandled type {hint} for {key}")  # a new field type needs a branch above
-    raise ConfigError(f"config key '{key}' expects {hint.__name__}, got {value!r} "
+    raise ConfigError(f"config key '{key}' expects {hint.__name__}, got {_shown(value)} "
                       f"(default is {FIELDS[key].default!r})")
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """A value as an error message shows it: its repr, cut to ``limit`` characters (a value can be huge)."""
+    text = repr(value) if not isinstance(value, (dict, list)) or len(value) < 20 else f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> dict[str, Any]:
@@ -420,17 +430,41 @@ def _find(name_or_path: str, relative_to: Path | None = None) -> Path:
                       f"({', '.join(config_names())})")
 
 
+#: The largest config file read (a shipped one is under 1 KiB).
+MAX_CONFIG_BYTES = 64 * 1024
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without aliases: a config has no use for them, and nested aliases expand a few hundred
+    bytes into gigabytes (the "billion laughs")."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, f"an alias (*{event.anchor}): configs do not take YAML "
+                                              f"aliases; write the value out", event.start_mark)
+        return super().compose_node(parent, index)
+
+
 def _read_chain(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Values of a YAML config merged over those it inherits, parent first."""
     if path.resolve() in seen:
         raise ConfigError(f"config {path} inherits from itself (through {' -> '.join(map(str, seen))})")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config {path} is {path.stat().st_size:,} bytes: a config lists a few keys; is it the "
+                          f"right file?")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_ConfigLoader) or {}
+    except UnicodeDecodeError:
+        raise ConfigError(f"config {path} is not UTF-8 text: a config is a YAML file of key: value lines "
+                          f"(save it as UTF-8)") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"config {path} is not valid YAML: {err}") from None
+        raise ConfigError(f"config {path} is not valid YAML: {' '.join(str(err).split())[:300]}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config {path} must be a mapping of key: value, got {type(data).__name__}")
     parent = data.pop("inherit", None)
+    if parent is not None and not isinstance(parent, str):
+        raise ConfigError(f"{path}: 'inherit' names a config (a shipped name or a YAML path), got {_shown(parent)}")
     merged = _read_chain(_find(parent, path.parent), seen + (path.resolve(),)) if parent else {}
     for key in data:
         if key not in FIELDS:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import bisect
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -20,6 +19,7 @@ from tqdm.auto import tqdm
 
 from dlscale.config import TrainConfig
 from dlscale.data.augment import augment_map, sample_rng
+from dlscale.data.scratch import STAGED, make_temp_dir, release
 from dlscale.data.shards import MANIFEST, DataError, generate_dataset, read_manifest, read_shard_header
 from dlscale.data.synthetic import DATA_VERSION, FieldSpec
 
@@ -177,7 +177,8 @@ def stage_data(data_root: str | Path, stage_dir: str, progress: bool = False) ->
     ``stage_dir`` may name environment variables (``$TMPDIR``, ``$SLURM_TMPDIR``). A copy whose
     files already match the source in names and sizes is reused (an unpacked archive is reused
     when its folder is complete); otherwise the data go to a temporary name that is then
-    renamed, so an interrupted copy is never read.
+    renamed, so an interrupted copy is never read. A copy holds a marker file (:data:`~dlscale.data.scratch.STAGED`):
+    only such a copy is ever replaced; a folder of the target's name without it is refused, not deleted.
     """
     source = Path(data_root)
     target_root = Path(os.path.expandvars(os.path.expanduser(stage_dir)))
@@ -187,17 +188,17 @@ def stage_data(data_root: str | Path, stage_dir: str, progress: bool = False) ->
     if source.is_file() and archive_name is None:
         raise DataError(f"{source} is a file: stage a data folder or a {'/'.join(ARCHIVE_SUFFIXES)} of one")
     target = target_root / (archive_name or source.name)
-    if archive_name is not None:
-        if (target / MANIFEST).is_file():
+    if target.exists() or target.is_symlink():
+        if not (target / STAGED).is_file():  # never replace what staging did not make
+            raise DataError(f"stage_dir: {target} exists and was not staged by dlscale, so it is left as it is; "
+                            f"choose another stage_dir, or move that folder away")
+        if archive_name is not None and (target / MANIFEST).is_file():
             return target
-        files = []
-    else:
-        files = sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file())
-        if target.is_dir() and all((target / f).is_file() and
-                                   (target / f).stat().st_size == (source / f).stat().st_size for f in files):
-            return target
-    target_root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target_root))
+    files = [] if archive_name is not None else sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file())
+    if archive_name is None and target.is_dir() and all(
+            (target / f).is_file() and (target / f).stat().st_size == (source / f).stat().st_size for f in files):
+        return target
+    staging = make_temp_dir(target_root, target.name)
     try:
         if archive_name is not None:
             import tarfile
@@ -212,8 +213,9 @@ def stage_data(data_root: str | Path, stage_dir: str, progress: bool = False) ->
             for name in tqdm(files, desc=f"staging to {target_root}", unit="file", disable=not progress):
                 (staging / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(source / name, staging / name)
-            staging_result = staging
-        if target.exists():
+            staging_result = release(staging)
+        (staging_result / STAGED).write_text(f"staged by dlscale from {source.resolve()}\n")
+        if target.exists():  # (an older or partial copy that staging made: the marker was checked above)
             shutil.rmtree(target)
         os.replace(staging_result, target)
     finally:
@@ -311,5 +313,19 @@ def rank_loaders(cfg: TrainConfig, env: Any, device: torch.device, data_rank: in
             data_root = stage_data(data_root, cfg.stage_dir)
     rank = env.rank if data_rank is None else data_rank
     ranks = env.world_size if data_ranks is None else data_ranks
-    return (make_loader(cfg, rank, ranks, "train", device, data_root),
-            make_loader(cfg, rank, ranks, "val", device, data_root), data_root)
+    train, val = (make_loader(cfg, rank, ranks, "train", device, data_root),
+                  make_loader(cfg, rank, ranks, "val", device, data_root))
+    check_splits(train.dataset, val.dataset.dataset, data_root)  # (before training: not after an epoch)
+    return train, val, data_root
+
+
+def check_splits(train: ShardDataset, val: ShardDataset, data_root: str | Path) -> None:
+    """A :class:`DataError` naming the folder when the two splits cannot serve one run: an empty split, or maps or
+    targets of other shapes in the validation split than in the training split."""
+    for name, split in (("train", train), ("val", val)):
+        if len(split) == 0:
+            raise DataError(f"{Path(data_root) / name} holds no samples (its shards have 0 rows); add data to it")
+    if (val.input_shape, val.num_targets) != (train.input_shape, train.num_targets):
+        raise DataError(f"{Path(data_root) / 'val'} holds maps {val.input_shape} with {val.num_targets} target(s), but "
+                        f"{Path(data_root) / 'train'} holds {train.input_shape} with {train.num_targets}: both splits "
+                        f"must hold the same kind of sample")

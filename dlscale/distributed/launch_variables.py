@@ -111,7 +111,12 @@ class DistEnv:
 def _int(environ: Mapping[str, str], *names: str, default: int | None = None) -> int:
     for name in names:
         if environ.get(name, "") != "":
-            return int(environ[name])
+            value = environ[name].strip()
+            if not value.isdigit() or (name.endswith("PORT") and not 0 < int(value) < 65536):
+                raise DistributedError(f"the environment variable {name}={environ[name]!r} must be a whole number"
+                                       f"{' from 1 to 65535 (a TCP port)' if name.endswith('PORT') else ' >= 0'}; "
+                                       f"set it so, or unset it")
+            return int(value)
     if default is None:
         raise DistributedError(f"none of {', '.join(names)} is set")
     return default

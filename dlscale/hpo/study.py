@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +134,20 @@ def read_settings(study_dir: str | Path) -> StudySettings:
     if not path.is_file():
         raise StudyError(f"no study in {study_dir} (no {STUDY_FILE}); start one with "
                          f"`dlscale hpo start SPACE --dir {study_dir}`")
-    return StudySettings(**json.loads(path.read_text()))
+    try:
+        held = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:  # (a truncated or hand-damaged file)
+        raise StudyError(f"{path} is not valid JSON ({err}); restore it, or start a new study in another --dir"
+                         ) from None
+    known = {f.name for f in fields(StudySettings)}
+    unknown = sorted(set(held) - known) if isinstance(held, dict) else []
+    if not isinstance(held, dict) or unknown:
+        raise StudyError(f"{path} holds {'unknown keys: ' + ', '.join(unknown) if unknown else 'no settings'} "
+                         f"(known: {', '.join(sorted(known))}); restore it, or start a new study in another --dir")
+    try:
+        return StudySettings(**held)
+    except TypeError as err:  # (a key it needs is missing)
+        raise StudyError(f"{path} is incomplete ({err}); restore it, or start a new study in another --dir") from None
 
 
 def open_storage(url: str, study_dir: str | Path) -> Any:

@@ -52,6 +52,7 @@ SlurmdUser={user}
 AuthType=auth/munge
 AuthInfo=socket={sockets}/munge.socket
 MpiDefault=none
+CommunicationParameters=NoInAddrAny
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/affinity
 SelectType=select/cons_tres
@@ -112,8 +113,16 @@ def first_job_id(counter: Path | None = None) -> int:
     """
     import fcntl
 
-    counter = counter or Path(tempfile.gettempdir()) / f"dlscale-slurm-clusters-{os.geteuid()}"
-    with open(counter, "a+") as handle:
+    counter = counter or _private_folder() / "slurm-clusters"
+    try:  # (never through a link: a file another user planted is refused, not followed)
+        fd = os.open(counter, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        raise SlurmError(f"{counter} cannot be opened ({err.strerror}): it counts the local clusters' job ids; "
+                         f"remove it if it is a link or another user's file") from None
+    if os.fstat(fd).st_uid != os.geteuid():
+        os.close(fd)
+        raise SlurmError(f"{counter} belongs to another user: remove it (it counts the local clusters' job ids)")
+    with open(fd, "r+") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # (two clusters starting at once get two blocks)
         handle.seek(0)
         text = handle.read().strip()
@@ -122,6 +131,14 @@ def first_job_id(counter: Path | None = None) -> int:
         handle.truncate()
         handle.write(f"{started + 1}\n")
     return 1 + (started % (67_000_000 // JOB_IDS_PER_CLUSTER)) * JOB_IDS_PER_CLUSTER
+
+
+def _private_folder() -> Path:
+    """A folder only this user writes (``$XDG_CACHE_HOME/dlscale`` or ``~/.cache/dlscale``), unlike the shared
+    temporary folder, where another local user can plant a file or a link under a name the kit will open."""
+    folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dlscale"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return folder
 
 
 def _address(index: int) -> str:
@@ -186,8 +203,10 @@ class LocalSlurm:
         memory_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
         memory = max(1, (memory_mib - 1024) // self.nodes)
         if self.nodes == 1:
-            controller, lines = self.host, [f"NodeName={self.host} Port={free_port()} CPUs={self.cpus} "
-                                            f"RealMemory={memory} State=UNKNOWN"]
+            # (every daemon on the loopback: with NoInAddrAny below they listen there, not on every interface)
+            controller = f"{self.host}(127.0.0.1)"
+            lines = [f"NodeName={self.host} NodeAddr=127.0.0.1 Port={free_port()} CPUs={self.cpus} "
+                     f"RealMemory={memory} State=UNKNOWN"]
         else:
             controller = f"{self.host}(127.0.0.1)"  # the controller stays on the machine itself
             lines = [f"NodeName={name} NodeAddr={_address(i)} Port={free_port()} CPUs={self.cpus} "
@@ -200,8 +219,9 @@ class LocalSlurm:
                                           ctld_port=free_port(), node_lines="\n".join(lines),
                                           node_names=",".join(self.node_names)))
         key = self.root / "munge.key"
-        key.write_bytes(os.urandom(1024))
-        key.chmod(0o600)
+        key.unlink(missing_ok=True)  # (a root given again: a new key, created private, never readable by others)
+        with open(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as handle:
+            handle.write(os.urandom(1024))
         env = self.environ()
         atexit.register(self.stop)  # a notebook kernel or script that ends without stop() leaves no daemons behind
         self._spawn([_program("munged"), "--foreground", "--force", f"--socket={self.sockets}/munge.socket",

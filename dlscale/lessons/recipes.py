@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from pathlib import Path
 
 from dlscale.bench.parity import (  # (the twin is a measurement: bench/; the lessons and their door use it from here)
@@ -57,6 +58,9 @@ def show_recipe_change(old: str, new: str) -> None:
 def recipe_cells(notebooks: Path) -> dict[str, str]:
     """{file name: cell source} for each cell tagged ``recipe`` in the notebooks of a folder."""
     found: dict[str, str] = {}
+    if not Path(notebooks).is_dir():
+        raise RecipeError(f"{notebooks} is not a folder of notebooks: run this in a clone of dlscale, or name the "
+                          f"lessons' folder with --notebooks")
     for path in sorted(Path(notebooks).glob("*.ipynb")):
         for cell in json.loads(path.read_text())["cells"]:
             if "recipe" not in cell.get("metadata", {}).get("tags", []):
@@ -67,10 +71,18 @@ def recipe_cells(notebooks: Path) -> dict[str, str]:
                 raise RecipeError(f"{path.name}: a cell tagged recipe must start with '# recipes/NAME.py', "
                                   f"not {first[:60]!r}")
             name = first.removeprefix("# recipes/")
+            if not _PLAIN_NAME.fullmatch(name):  # (never a path: a recipe is written inside recipes/ only)
+                raise RecipeError(f"{path.name}: a recipe cell must name a plain file in recipes/ "
+                                  f"('# recipes/NAME.py', letters, digits, _ . -), not {first[:60]!r}")
             if name in found:
                 raise RecipeError(f"{path.name}: recipes/{name} is written by two cells")
             found[name] = source
+    if not found:
+        raise RecipeError(f"{notebooks} holds no cell tagged recipe: name the lessons' folder with --notebooks")
     return found
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.py")
 
 
 def write_recipes(notebooks: Path, recipes: Path, check: bool = False) -> list[Path]:

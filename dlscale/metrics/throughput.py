@@ -46,6 +46,11 @@ class ThroughputMeter:
         self._last = None
         self._counting = False
 
+    def resume(self) -> None:
+        """Start timing again from now after a :meth:`pause` in the middle of an epoch (a checkpoint), so the next
+        step is counted: with a checkpoint after every step, every step is still measured."""
+        self._last = self._clock()
+
     def _wait_for_device(self) -> None:
         """On a device with its own queue, wait for it and count the wait in the last step (and its block)."""
         if self._sync is None or self._last is None:

@@ -102,14 +102,14 @@ def allreduce(n_bytes: float, ranks: int, link: Link, algorithm: str = "ring") -
     return ALLREDUCE[algorithm](n_bytes, ranks, link)
 
 
-def buckets(n_bytes: float, bucket_bytes: float | None) -> list[float]:
-    """The messages a gradient of ``n_bytes`` goes out as: full buckets of ``bucket_bytes`` and the rest (one
-    message when ``bucket_bytes`` is None)."""
+def buckets(n_bytes: float, bucket_bytes: float | None) -> list[tuple[float, int]]:
+    """The messages a gradient of ``n_bytes`` goes out as, as (size, how many): full buckets of ``bucket_bytes`` and
+    the rest (one message when ``bucket_bytes`` is None). Counted, not listed: a tiny bucket makes billions."""
     if not bucket_bytes or n_bytes <= bucket_bytes:
-        return [n_bytes]
+        return [(n_bytes, 1)]
     full = int(n_bytes // bucket_bytes)
     rest = n_bytes - full * bucket_bytes
-    return [bucket_bytes] * full + ([rest] if rest > 0 else [])
+    return [(bucket_bytes, full)] + ([(rest, 1)] if rest > 0 else [])
 
 
 def hierarchical_allreduce(n_bytes: float, gpus_per_node: int, nodes: int, inside: Link, between: Link,
@@ -159,15 +159,16 @@ def layout_communication(layout: str, gradient_bytes: float, gpus_per_node: int,
     if layout not in ("ddp", "fsdp"):
         raise ValueError(f"layout must be 'ddp' or 'fsdp', not {layout!r}")
     messages = buckets(gradient_bytes, bucket_bytes)
+    count = sum(n for _, n in messages)
     g = gpus_per_node
     if layout == "fsdp":
-        seconds = sum(2 * two_level_allgather(m, g, nodes, inside, between)
-                      + two_level_reduce_scatter(m, g, nodes, inside, between) for m in messages)
-        return Communication(seconds, "ring", len(messages))
+        seconds = sum(n * (2 * two_level_allgather(m, g, nodes, inside, between)
+                           + two_level_reduce_scatter(m, g, nodes, inside, between)) for m, n in messages)
+        return Communication(seconds, "ring", count)
     # (auto: each bucket's own choice, as NCCL chooses per call; the largest bucket's is reported)
-    seconds = sum(hierarchical_allreduce(m, g, nodes, inside, between, algorithm) for m in messages)
-    chosen = choose_allreduce(messages[0] / g, nodes, between) if algorithm == "auto" else algorithm
-    return Communication(seconds, chosen if nodes > 1 else "ring", len(messages))
+    seconds = sum(n * hierarchical_allreduce(m, g, nodes, inside, between, algorithm) for m, n in messages)
+    chosen = choose_allreduce(messages[0][0] / g, nodes, between) if algorithm == "auto" else algorithm
+    return Communication(seconds, chosen if nodes > 1 else "ring", count)
 
 
 def layout_seconds(layout: str, gradient_bytes: float, gpus_per_node: int, nodes: int, inside: Link,

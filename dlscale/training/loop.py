@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -32,6 +33,7 @@ from tqdm.auto import tqdm
 from dlscale import distributed
 from dlscale.checkpoint import save_training_checkpoint, training_extras
 from dlscale.config import ConfigError, TrainConfig, load_config
+from dlscale.data.shards import DataError
 from dlscale.distributed import PeerFailedError, all_reduce_max_flag, is_peer_failure
 from dlscale.distributed.dtensors import local
 from dlscale.distributed.parallelize import cuda_graph_skips
@@ -43,6 +45,7 @@ from dlscale.metrics.throughput import ThroughputMeter
 from dlscale.metrics.tracking import TRAIN_FILE, VAL_FILE, read_rows
 from dlscale.profiling import StepProfiler, mfu, peak_flops, peak_precision
 from dlscale.runtime.devices import resolve_device
+from dlscale.training.folder_lock import own_run_folder
 from dlscale.training.preemption import StopFlag, mark_stopped
 from dlscale.training.result import Result
 from dlscale.training.setup import Run, build_run
@@ -72,9 +75,10 @@ def train(cfg: TrainConfig | str | None = None, /, *, on_epoch: EpochCallback | 
     owns_group = owns_group and env.backend != "horovod"
     finished = False
     try:
-        run = build_run(cfg, env)
-        stopped, meter = _loop(run, on_epoch)
-        result = _finish(run, meter, stopped, started)
+        with own_run_folder(cfg.resolved_run_dir, env.is_main):  # one run per folder
+            run = build_run(cfg, env)
+            stopped, meter = _loop(run, on_epoch)
+            result = _finish(run, meter, stopped, started)
         finished = True
         return result
     except torch.OutOfMemoryError as err:
@@ -149,8 +153,10 @@ def _loop(run: Run, on_epoch: EpochCallback | None = None) -> tuple[tuple[str, s
                     preempted = True
                 every = cfg.checkpoint_every
                 if preempted or run.step == run.total_steps or (every and run.step % every == 0):
-                    meter.pause()
+                    meter.pause()  # (the checkpoint's time is not a step's)
                     _checkpoint(run, lr)
+                    if not end_of_epoch:
+                        meter.resume()  # (the next step is timed, whatever the checkpoint interval)
                 if preempted and stop.signal_name and env.is_main:  # (not a search's pruning: no requeue)
                     mark_stopped(run.run_dir, stop.reason, run.step)
                 if preempted or end_of_epoch:
@@ -182,6 +188,11 @@ def _stop_reason(stopped: bool, stop: StopFlag, on_epoch: EpochCallback | None) 
 def _validate(run: Run, epoch: int, say: Any) -> dict[str, float]:
     run.step_log.flush()
     metrics = evaluate(run.model, run.val_loader, run.device, run.cfg.channels_last, run.names)
+    broken = [key for key, value in metrics.items() if not math.isfinite(value)]
+    if broken:  # (the weights are finite, checked with each logged loss: the validation data are not)
+        raise DataError(f"validation after epoch {epoch + 1} gave {', '.join(f'{k} {metrics[k]}' for k in broken)}: "
+                        f"the validation split {run.data_root / 'val'} holds NaN or infinite values (maps or targets); "
+                        f"find them with `dlscale data check {run.data_root}`, then clean or regenerate the data")
     run.logger.log_validation({"epoch": epoch + 1, "step": run.step, **metrics})
     say(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     return metrics
@@ -234,8 +245,8 @@ def _finish(run: Run, meter: ThroughputMeter, stopped: tuple[str, str], started:
     # Every rank's own samples/s: a straggler shows as the slowest, which the breakdown takes (dlscale.bench.breakdown).
     each_rank = distributed.all_gather_object(meter.samples_per_s)
     # Rank 0 wrote the files; it hands their rows to the others (which may not share its file system).
-    history, step_rows = distributed.broadcast_object(
-        (read_rows(run_dir / VAL_FILE), read_rows(run_dir / TRAIN_FILE)) if env.is_main else None)
+    history, step_rows, kept = distributed.broadcast_object(
+        (read_rows(run_dir / VAL_FILE), read_rows(run_dir / TRAIN_FILE), _kept_summary(run)) if env.is_main else None)
     final = {k: v for k, v in history[-1].items() if k not in ("epoch", "step")} if history else {}
     # float32 convolutions on an Ampere or newer GPU run on TF32 tensor cores (cuDNN's default), float32
     # matmuls do not (cuBLAS's): MFU is against the peak of the kernels that do most of the FLOPs.
@@ -243,12 +254,16 @@ def _finish(run: Run, meter: ThroughputMeter, stopped: tuple[str, str], started:
     peak = peak_flops(device, peak_name)
     utilisation = mfu(meter.samples_per_s, run.flops.per_sample, peak, run.plan.tensor_parallel)  # per device
     result = Result(config=cfg, run_dir=run_dir, device=str(device), final=final, history=history,
-                    steps=step_rows, samples_per_s=meter.aggregate(run.plan.data_ranks), steps_done=run.step,
-                    total_steps=run.total_steps, seconds=time.perf_counter() - started, stop_reason=stopped[0],
+                    steps=step_rows, samples_per_s=kept.get("samples_per_s", 0.0) if kept else meter.aggregate(
+                        run.plan.data_ranks), steps_done=run.step, total_steps=run.total_steps,
+                    seconds=kept.get("seconds", 0.0) if kept else time.perf_counter() - started, stop_reason=stopped[0],
                     stop_detail=stopped[1],
                     model=run.model, peak_lr=run.peak_lr, noise_scale=run.noise_scale.b_simple, applied=applied,
                     mfu=utilisation)
-    if env.is_main:
+    if env.is_main and kept is not None:  # (a resume that trained no step: the run's figures stay as they were)
+        done = "is complete" if run.step >= run.total_steps else f"trained no step (at step {run.step})"
+        print(f"dlscale: {run_dir} {done}: nothing to train, and its summary.json is kept as it was", flush=True)
+    elif env.is_main:
         summary = {"samples_per_s": result.samples_per_s, "samples_per_s_per_rank": meter.samples_per_s,
                    "samples_per_s_each_rank": each_rank,
                    "world_size": env.world_size, "nodes": max(1, env.world_size // max(1, env.local_world_size)),
@@ -271,6 +286,18 @@ def _finish(run: Run, meter: ThroughputMeter, stopped: tuple[str, str], started:
         print(result.summary(), flush=True)
     run.logger.close()
     return result
+
+
+def _kept_summary(run: Run) -> dict[str, Any] | None:
+    """The summary a resumed run leaves as it was because it trained no step (a finished run resumed), else None."""
+    path = run.run_dir / "summary.json"
+    if run.step > run.first_step or run.resumed_from is None or not path.is_file():
+        return None
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return kept if isinstance(kept, dict) else None
 
 
 def train_quietly(cfg: TrainConfig | str | None = None, /, *, on_epoch: EpochCallback | None = None,

@@ -26,8 +26,10 @@ from dlscale.checkpoint import (
     CheckpointError,
     check_writable,
     clear_checkpoints,
+    list_checkpoints,
     load_latest_checkpoint,
     restore_training,
+    step_of,
 )
 from dlscale.config import ConfigError, TrainConfig
 from dlscale.config.resume_check import check_resume
@@ -76,7 +78,7 @@ class Run:
     train_loader: Any
     val_loader: Any
     data_root: Path
-    data_identity: str | None      # a user's data_dir: its shards' digest, checked on a resume
+    data_identity: str | None      # the shards' digest (dlscale.data.data_identity), checked on a resume
     names: list[str]
     steps_per_epoch: int
     total_steps: int
@@ -149,8 +151,9 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
     check_fits(cfg, device, plan)
 
     train_loader, val_loader, data_root = rank_loaders(cfg, env, device, plan.data_rank, plan.data_ranks)
-    # (the synthetic set is named by the keys that made it, which the resume check compares already)
-    identity = data_identity(data_root) if cfg.data_dir else None
+    # What the run trains on, by content, however it came (the synthetic set, a generated or a user's folder, a staged
+    # copy): a resume on other data is refused, whichever way either set was given.
+    identity = data_identity(data_root)
     dataset = train_loader.dataset
     # A sharded transformer is built on the meta device (no memory), sharded, then each rank allocates and
     # initializes its own shards only: no rank ever holds the whole model (FSDP2's pattern).
@@ -242,9 +245,24 @@ def _resume_or_start_afresh(cfg: TrainConfig, env: DistEnv, plan: ParallelPlan,
             step = restore_training(ckpt, model, optimizer, scheduler, scaler, noise_scale)
             del ckpt
     elif env.is_main:
-        clear_checkpoints(cfg.resolved_run_dir)
+        _clear_earlier_run(cfg.resolved_run_dir)
     distributed.barrier()  # every rank has loaded (or rank 0 has cleared) before any rank goes on
     return step, resumed_from
+
+
+def _clear_earlier_run(run_dir: Path) -> None:
+    """A fresh start in a folder with an earlier run's checkpoints removes them, and says how many and how not to.
+
+    Removed, not refused: the lessons, ``make demo`` and a sweep re-run the same folders on purpose, and a resume is
+    always asked for (resume=true). The line names what went, so a forgotten resume=true is seen at once.
+    """
+    earlier = list_checkpoints(run_dir)
+    removed = clear_checkpoints(run_dir)
+    if earlier:
+        print(f"dlscale: starting afresh in {run_dir}: removed the earlier run's {len(earlier)} checkpoint(s), "
+              f"the newest of step {step_of(earlier[-1])} (to continue a run, pass resume=true)", flush=True)
+    elif removed:
+        print(f"dlscale: starting afresh in {run_dir}: removed {removed} half-written checkpoint(s)", flush=True)
 
 
 def applied_settings(run: Run) -> dict[str, Any]:

@@ -1,0 +1,94 @@
+"""Reading a sharded (DCP) checkpoint folder without running code that the folder brings.
+
+``torch.distributed.checkpoint`` reads a folder's ``.metadata`` with a plain ``pickle.load`` and every
+non-tensor item (an optimizer's learning rate, its betas) with ``torch.load(weights_only=False)``: a
+crafted folder in a run's ``checkpoints/`` would run its code on a resume or an export. Here the metadata
+goes through an unpickler that builds only DCP's own metadata classes, torch's sizes, dtypes and layouts and
+paths, and the items through ``torch.load(weights_only=True)``. Anything else is refused with
+:class:`~dlscale.checkpoint.store.UnreadableCheckpoint`, and the loaders fall back to an older checkpoint,
+as for a damaged file.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dlscale.checkpoint.store import UnreadableCheckpoint
+
+#: The classes and functions a DCP ``.metadata`` pickle may name, by module.
+_ALLOWED = {
+    "torch.distributed.checkpoint.metadata": {"Metadata", "TensorStorageMetadata", "BytesStorageMetadata",
+                                              "ChunkStorageMetadata", "TensorProperties", "StorageMeta",
+                                              "MetadataIndex", "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo", "_StoragePrefix"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _ALLOWED.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+
+
+def read_metadata(path: Path) -> Any:
+    """The ``.metadata`` of a sharded checkpoint folder, read safely; :class:`UnreadableCheckpoint` if it cannot be."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    file = Path(path) / ".metadata"
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(file.read_bytes())).load()
+    except FileNotFoundError:
+        raise UnreadableCheckpoint(f"{Path(path).name} has no .metadata (an empty or incomplete sharded folder)") from None
+    except Exception as err:  # noqa: BLE001 - damaged or crafted: either way it is not read
+        raise UnreadableCheckpoint(f"{Path(path).name}/.metadata was refused: {err}") from None
+    if not isinstance(metadata, Metadata):
+        raise UnreadableCheckpoint(f"{Path(path).name}/.metadata holds a {type(metadata).__name__}, not DCP metadata")
+    return metadata
+
+
+def reader(path: Path) -> Any:
+    """A DCP storage reader for ``path`` whose metadata is read by :func:`read_metadata`."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            metadata = read_metadata(path)
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(str(path))
+
+
+def planner() -> Any:
+    """DCP's default load planner, with the non-tensor items read by ``torch.load(weights_only=True)``."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class SafePlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            try:
+                item = torch.load(value, weights_only=True)
+            except Exception as err:  # noqa: BLE001
+                raise UnreadableCheckpoint(f"an item ({read_item.dest_index.fqn}) of a sharded checkpoint was refused: "
+                                           f"{str(err).splitlines()[0][:200]}") from None
+            # Handed on as bytes of our own writing, so the planner's own placing (no private API) does the rest.
+            value = io.BytesIO()
+            torch.save(item, value)
+            value.seek(0)
+            super().load_bytes(read_item, value)
+
+    return SafePlanner()
