@@ -434,6 +434,10 @@ def _find(name_or_path: str, relative_to: Path | None = None) -> Path:
 MAX_CONFIG_BYTES = 64 * 1024
 
 
+class _AliasRefused(yaml.YAMLError):
+    """A YAML alias in a config (its line is the message)."""
+
+
 class _ConfigLoader(yaml.SafeLoader):
     """PyYAML's safe loader without aliases: a config has no use for them, and nested aliases expand a few hundred
     bytes into gigabytes (the "billion laughs")."""
@@ -441,8 +445,8 @@ class _ConfigLoader(yaml.SafeLoader):
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
-            raise yaml.composer.ComposerError(None, None, f"an alias (*{event.anchor}): configs do not take YAML "
-                                              f"aliases; write the value out", event.start_mark)
+            raise _AliasRefused(f"line {event.start_mark.line + 1} uses the YAML alias *{event.anchor}: configs take "
+                                f"no aliases; write the value out")
         return super().compose_node(parent, index)
 
 
@@ -458,6 +462,8 @@ def _read_chain(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise ConfigError(f"config {path} is not UTF-8 text: a config is a YAML file of key: value lines "
                           f"(save it as UTF-8)") from None
+    except _AliasRefused as err:
+        raise ConfigError(f"config {path}: {err}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"config {path} is not valid YAML: {' '.join(str(err).split())[:300]}") from None
     if not isinstance(data, dict):

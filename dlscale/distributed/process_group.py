@@ -95,8 +95,10 @@ def init(device: str = "auto", backend: str | None = None, timeout_s: float = 30
     try:
         # device_id binds the group to this rank's GPU: without it NCCL guesses the GPU from the global rank,
         # which is wrong with cyclic task layouts or tasks per node other than GPUs per node, and can hang.
-        dist.init_process_group(backend, init_method=f"tcp://{env.master_addr}:{env.master_port}", rank=env.rank,
-                                world_size=env.world_size, timeout=datetime.timedelta(seconds=timeout_s),
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = _loopback_store(env, timeout, environ)
+        dist.init_process_group(backend, init_method=None if store else f"tcp://{env.master_addr}:{env.master_port}",
+                                store=store, rank=env.rank, world_size=env.world_size, timeout=timeout,
                                 device_id=torch.device(resolved) if backend == "nccl" else None)
     except Exception as err:  # noqa: BLE001 - any failure to form the group: its own words first
         raise DistributedError(
@@ -104,6 +106,36 @@ def init(device: str = "auto", backend: str | None = None, timeout_s: float = 30
             f"{err}. (If it waited for the other ranks: check that every rank started within {timeout_s:.0f} s and "
             f"that MASTER_ADDR {env.master_addr}:{env.master_port} is a compute node every rank can reach.)") from None
     return replace(env, backend=backend)
+
+
+def _loopback_store(env: DistEnv, timeout: datetime.timedelta, environ: Mapping[str, str]) -> Any:
+    """The rendezvous store of a job whose ranks all run on this machine, listening on the loopback only.
+
+    torch's own store (``init_method=tcp://``) listens on every interface whatever MASTER_ADDR says, so a job on a
+    shared login node or laptop would take connections from the network. Rank 0 binds the socket to the loopback
+    itself and hands it to the store. ``None`` (torch's usual way) for any other job, and under torchrun, whose
+    agent has made the store already (its static rendezvous has no bind address: docs/architecture.md).
+    """
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" or not _is_loopback(env.master_addr):
+        return None
+    if env.rank != 0:
+        return dist.TCPStore(env.master_addr, env.master_port, env.world_size, False, timeout)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((env.master_addr, env.master_port))
+        listener.listen(socket.SOMAXCONN)
+        # The store takes the socket over; Python must not close it under the store.
+        return dist.TCPStore(env.master_addr, env.master_port, env.world_size, True, timeout,
+                             wait_for_workers=False, master_listen_fd=listener.detach())
+    except BaseException:
+        listener.close()
+        raise
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's IPv4 loopback (127.0.0.0/8, or ``localhost``)."""
+    return host == "localhost" or host.startswith("127.")
 
 
 def _ranks_share_a_gpu(env: DistEnv, device: str) -> bool:

@@ -29,7 +29,8 @@ TORCHRUN_LOGS = "runs/torchrun"
 
 def torchrun_command(nproc: int, module_args: list[str]) -> list[str]:
     """Start ``python -m MODULE ARGS`` as ``nproc`` local ranks under torchrun (a free port each time)."""
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--master-port={free_port()}",
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
+            f"--master-port={free_port()}",
             f"--log-dir={TORCHRUN_LOGS}", "-m", *module_args]
 
 

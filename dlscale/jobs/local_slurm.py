@@ -52,7 +52,6 @@ SlurmdUser={user}
 AuthType=auth/munge
 AuthInfo=socket={sockets}/munge.socket
 MpiDefault=none
-CommunicationParameters=NoInAddrAny
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/affinity
 SelectType=select/cons_tres
@@ -203,7 +202,7 @@ class LocalSlurm:
         memory_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
         memory = max(1, (memory_mib - 1024) // self.nodes)
         if self.nodes == 1:
-            # (every daemon on the loopback: with NoInAddrAny below they listen there, not on every interface)
+            # (the daemons reach one another on the loopback; see docs/architecture.md for where they listen)
             controller = f"{self.host}(127.0.0.1)"
             lines = [f"NodeName={self.host} NodeAddr=127.0.0.1 Port={free_port()} CPUs={self.cpus} "
                      f"RealMemory={memory} State=UNKNOWN"]

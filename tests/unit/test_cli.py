@@ -95,6 +95,25 @@ MISTAKES = [
     (["plan", "low", "--allreduce", "one-size.json"], "one-size.json has fewer than two message sizes timed"),
     (["plan", "low", "--allreduce", "zero.json"], "zero.json is not an all-reduce result: every row needs bytes and "
                                                   "ms above 0"),
+    # #61: paths out of recipes/, configs that are not configs (a YAML bomb refused at once), numbers out of range
+    (["recipes", "--notebooks", "up", "--recipes", "out"], "a recipe cell must name a plain file in recipes/"),
+    (["recipes", "--notebooks", "abs", "--recipes", "out"], "not '# recipes//"),
+    (["recipes", "--check", "--notebooks", "nonexist"], "nonexist is not a folder of notebooks"),
+    (["train", "latin1.yaml"], "config latin1.yaml is not UTF-8 text"),
+    (["train", "model.pt"], "config model.pt is not UTF-8 text"),
+    (["train", "inherit.yaml"], "inherit.yaml: 'inherit' names a config (a shipped name or a YAML path), got 5"),
+    (["train", "bomb.yaml"], "config bomb.yaml: line 2 uses the YAML alias *a: configs take no aliases"),
+    (["train", "huge.yaml"], "config huge.yaml is 70,003 bytes"),
+    (["train", "tiny", "seed=-1"], "config key 'seed' must be a whole number from 0 to 4294967295, got -1"),
+    (["train", "tiny", "seed=1e23"], "config key 'seed' expects int, got '1e23'"),
+    (["train", "tiny", "threads=-5"], "config key 'threads' must be 0 (auto) or a number of threads >= 1, got -5"),
+    (["project", "--samples-per-s", "2600", "--parameters", "1e30"], "argument --parameters: must be at most 1e+14"),
+    (["project", "--samples-per-s", "2600", "--parameters", "0"], "argument --parameters: must be at least 1, not 0"),
+    (["project", "--samples-per-s", "2600", "--between-gbs", "1e-320"], "argument --between-gbs: must be at least"),
+    (["report", "low", "--out", "afile/table"], "afile/table"),
+    (["data", "generate", "--out", "gen", "image_size=65536"], "maps of 65536x65536 take 147,456.0 GiB, but . has"),
+    (["hpo", "worker", "--dir", "damaged"], "damaged/study.json is not valid JSON"),
+    (["hpo", "worker", "--dir", "unknown"], "unknown/study.json"),
 ]
 
 #: Search spaces a hand can get wrong: a string for a list, a word for a number, a quoted boolean, a list for a map.
@@ -120,6 +139,20 @@ def test_every_mistake_in_the_table_is_one_line_without_a_traceback(in_tmp, capf
                                                               "source": ["print(1)\n"]}]}))
     (in_tmp / "half.yaml").write_text("gpus_per_node: 4\ninside: {bandwidth_gbs: 100}\n")
     (in_tmp / "latin1.yaml").write_bytes("name: s\nbase: tiny  # réglé\n".encode("latin-1"))
+    for folder, first_line in (("up", "# recipes/../escaped.py"), ("abs", f"# recipes/{in_tmp}/abs.py")):
+        (in_tmp / folder).mkdir()
+        (in_tmp / folder / "x.ipynb").write_text(json.dumps({"cells": [{"cell_type": "code", "metadata": {
+            "tags": ["recipe"]}, "source": [f"{first_line}\nprint(1)\n"]}]}))
+    (in_tmp / "model.pt").write_bytes(b"PK\x03\x04" + bytes(range(256)))
+    (in_tmp / "inherit.yaml").write_text("inherit: 5\n")
+    nine = ", ".join(["*a"] * 9)  # (four levels of nine: 6,561 copies from 150 bytes; more levels take minutes)
+    (in_tmp / "bomb.yaml").write_text(f"a: &a [x, x]\nb: &b [{nine}]\nc: &c [{nine.replace('a', 'b')}]\n"
+                                      f"d: [{nine.replace('a', 'c')}]\n")
+    (in_tmp / "huge.yaml").write_text("# " + "x" * 70_000 + "\n")
+    (in_tmp / "damaged").mkdir()
+    (in_tmp / "damaged/study.json").write_text('{"name": "s", "ba')
+    (in_tmp / "unknown").mkdir()
+    (in_tmp / "unknown/study.json").write_text('{"name": "s", "colour": "red"}')
     for args, message in MISTAKES:
         try:
             code = main(args)
@@ -130,3 +163,4 @@ def test_every_mistake_in_the_table_is_one_line_without_a_traceback(in_tmp, capf
         assert message in lines[-1], (args, lines)
         assert len(lines) == 1, (args, lines)
     assert not (in_tmp / "study").exists() and not (in_tmp / "typo").exists()  # refused: no folder left behind
+    assert not (in_tmp / "escaped.py").exists() and not (in_tmp / "abs.py").exists() and not (in_tmp / "gen").exists()

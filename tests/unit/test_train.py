@@ -186,14 +186,18 @@ def test_a_resume_on_other_data_is_refused_and_the_same_data_moved_is_not(tiny, 
     from dlscale.config import ConfigError
     from dlscale.data import FieldSpec, generate_dataset, synthetic_dir
     cfg = tiny()
-    train(tiny(max_steps=1))  # (makes the synthetic set, copied as "the user's data")
+    train(tiny(max_steps=20, checkpoint_every=20))  # (makes the synthetic set, copied as "the user's data")
     shutil.copytree(synthetic_dir(cfg), "mine")
     generate_dataset("other", FieldSpec(image_size=cfg.image_size, noise=cfg.noise), cfg.train_samples,
                      cfg.val_samples, cfg.shard_size, seed=1, progress=False)
+    # trained on the synthetic set, resumed on a folder of other data: refused too (#61)
+    with pytest.raises(ConfigError, match=r"the shards of data_dir=other are not the data it trained on \(the "
+                                          r"synthetic set;"):
+        train(tiny(max_steps=40, resume=True, data_dir="other"))
     first = train(tiny(max_steps=40, checkpoint_every=20, data_dir="mine"))
     list_checkpoints("runs/tiny")[-1].unlink()  # (resume from step 20)
-    with pytest.raises(ConfigError, match="belongs to another run: the shards in data_dir=other are not the data it "
-                                          "trained on"):
+    with pytest.raises(ConfigError, match=r"belongs to another run: the shards of data_dir=other are not the data it "
+                                          r"trained on \(data_dir=mine;"):
         train(tiny(max_steps=40, resume=True, data_dir="other"))
     shutil.move("mine", "moved")
     resumed = train(tiny(max_steps=40, resume=True, data_dir="moved"))
