@@ -188,7 +188,9 @@ def _stop_reason(stopped: bool, stop: StopFlag, on_epoch: EpochCallback | None) 
 def _validate(run: Run, epoch: int, say: Any) -> dict[str, float]:
     run.step_log.flush()
     metrics = evaluate(run.model, run.val_loader, run.device, run.cfg.channels_last, run.names)
-    broken = [key for key, value in metrics.items() if not math.isfinite(value)]
+    # The error (mse) is the test: a NaN or infinite map or target makes it so. R² alone may be infinite on honest
+    # data (one validation map, or a target that is constant: no variance to explain).
+    broken = [key for key, value in metrics.items() if not key.startswith("r2") and not math.isfinite(value)]
     if broken:  # (the weights are finite, checked with each logged loss: the validation data are not)
         raise DataError(f"validation after epoch {epoch + 1} gave {', '.join(f'{k} {metrics[k]}' for k in broken)}: "
                         f"the validation split {run.data_root / 'val'} holds NaN or infinite values (maps or targets); "
