@@ -120,6 +120,17 @@ def _recipes(args: argparse.Namespace) -> int:
                       "recipe file", "recipes")
 
 
+def _lessons_reset(args: argparse.Namespace) -> int:
+    from dlscale.lessons.reset import reset_lesson
+
+    removed = reset_lesson(args.lesson, args.runs)
+    for path in removed:
+        print(f"removed {path}")
+    print(f"lesson {args.lesson} starts over: {len(removed)} run folder(s) or file(s) removed from {args.runs}/ "
+          f"(your stage files, my_*.py, kept)" if removed else f"lesson {args.lesson} has no runs in {args.runs}/")
+    return 0
+
+
 def _generated(changed: list[Path], check: bool, kind: str, command: str) -> int:
     """What a generator wrote, or with ``check`` what is out of date (exit status 1 if anything is)."""
     if check:
@@ -443,6 +454,18 @@ def _add_recipes(commands: Any) -> None:
     recipes.add_argument("--notebooks", default="notebooks")
     recipes.add_argument("--recipes", default="recipes")
     recipes.set_defaults(handler=_recipes)
+
+
+def _add_lessons(commands: Any) -> None:
+    lessons = commands.add_parser("lessons", help="the lessons' runs: start one over",
+                                  description="Act on a lesson's runs (the folders runs/lessonNN and runs/lessonNN_*).")
+    actions = lessons.add_subparsers(dest="lessons_command", required=True, metavar="ACTION")
+    reset = actions.add_parser("reset", help="remove one lesson's runs, so that it starts over; nothing else",
+                               description="Remove runs/lessonNN and runs/lessonNN_* (the attendee's stage files "
+                                           "my_*.py are kept); no other folder is touched.")
+    reset.add_argument("lesson", help="the lesson's two digits, e.g. 05")
+    reset.add_argument("--runs", default="runs", help="the runs folder (default: runs)")
+    reset.set_defaults(handler=_lessons_reset)
 
 
 def _add_bench_optim(bench_commands: Any) -> None:
@@ -809,7 +832,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dlscale",
         description="Deep learning at scale: train (one engine for lessons, jobs and notebooks), data, benchmarks, K-Means, reports, node planning, hyperparameter search, and the lessons' exercises and recipes.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_train, _add_data, _add_exercises, _add_recipes, _add_bench, _add_kmeans, _add_export, _add_report,
+    for add in (_add_train, _add_data, _add_exercises, _add_recipes, _add_lessons, _add_bench, _add_kmeans, _add_export, _add_report,
                 _add_plan, _add_project, _add_experiment, _add_hpo, _add_info):
         add(commands)
     return parser

@@ -95,7 +95,9 @@ _add("dlscale.lessons.conclusions", "breakdown_conclusions", "compare_spreads", 
      "noise_scale_conclusions", "precision_conclusion", "search_conclusions", "sweep_conclusions",
      "width_conclusions")
 _add("dlscale.bench.parity", "engine_twin", "largest_loss_gap", "recipe_path")
-_add("dlscale.lessons.recipes", "run_stage", "show_recipe_change")
+_add("dlscale.lessons.recipes", "show_ours", "show_recipe_change", "use_ours")
+_add("dlscale.lessons.stage_probes", "run_stage")
+_add("dlscale.lessons.gaps", "hint")
 for _module in ("checks", "plan_checks", "recipe_checks"):  # the exercises' checks, called as checks.check_x(...)
     _WHERE[_module] = (f"dlscale.lessons.{_module}", None)
 _add("dlscale.lessons.checks", "regression_problem")

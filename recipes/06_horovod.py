@@ -23,7 +23,8 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from dlscale.data import mini_cosmoflow  # (map, targets) pairs read from shard files
 # the plumbing every stage shares, plain PyTorch in this folder: the device, logged losses and samples/s, checkpoints
-from training_tools import Progress, ProfilingWindow, load_checkpoint, marked, parse_args, pick_device, save_checkpoint
+from training_tools import (Progress, ProfilingWindow, from_launcher, load_checkpoint, marked, parse_args,
+                            pick_device, save_checkpoint)
 
 
 def make_model(width: int = 8, depth: int = 2, outputs: int = 3) -> nn.Sequential:
@@ -60,12 +61,22 @@ def main(config: str = "tiny", epochs: int = 2, batch_size: int = 32, lr: float 
          accumulate: int = 1) -> dict:
     hvd.init()  # 1: join the job (horovodrun, srun or mpirun started the processes)
     rank, world_size, local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+    # srun or mpiexec start tasks that a Horovod built without MPI (the gloo build of scripts/build_horovod.sh)
+    # cannot join: each would train alone as rank 0 of 1, all on one GPU, overwriting one checkpoint
+    launched = from_launcher("SLURM_NTASKS", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", default=world_size)
+    if "HOROVOD_SIZE" not in os.environ and launched != world_size:
+        raise SystemExit(f"Horovod sees {world_size} rank(s), but the launcher started {launched} tasks: this Horovod "
+                         f"cannot join tasks it did not start. Start the job with horovodrun -np {launched}")
     if batch_size % (world_size * accumulate):
         raise SystemExit(f"--batch-size {batch_size} is the global batch: it must split evenly over {world_size} "
                          f"ranks x {accumulate} micro-batches")
     device = pick_device(device, local_rank)  # 2: one GPU per process
     torch.manual_seed(seed)
+    if rank != 0:  # rank 0 writes the data set on a first run, once; the others wait, then read it
+        hvd.allreduce(torch.zeros(1), name="data written")
     train_set, val_set = mini_cosmoflow(config)
+    if rank == 0:
+        hvd.allreduce(torch.zeros(1), name="data written")
     # 3: each rank a disjoint share: the sampler shuffles as stage 01 did (a permutation seeded by seed + epoch)
     # and takes every world_size-th index from `rank`; drop_last gives every rank the same number of steps
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=seed, drop_last=True)

@@ -81,9 +81,13 @@ def main(config: str = "tiny", epochs: int = 2, batch_size: int = 32, lr: float 
     # a rank waits at most 5 minutes for the others to join, and later for each collective: a peer that never
     # started, or died, ends the job with an error naming the timeout, not a hang until the time limit
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(minutes=5))
+                            timeout=datetime.timedelta(minutes=5), device_id=device if device.type == "cuda" else None)
     torch.manual_seed(seed)  # the same initial weights on every rank (DDP also copies rank 0's)
+    if rank != 0:  # rank 0 writes the data set on a first run, once; the others wait, then read it
+        dist.barrier()
     train_set, val_set = mini_cosmoflow(config)
+    if rank == 0:
+        dist.barrier()
     # each rank a disjoint share: the sampler shuffles as stage 01 did (a permutation seeded by seed + epoch)
     # and takes every world_size-th index from `rank`; drop_last gives every rank the same number of steps
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=seed, drop_last=True)

@@ -109,7 +109,11 @@ def main(config: str = "tiny", epochs: int = 2, batch_size: int = 32, lr: float 
     # started, or died, ends the job with an error naming the timeout, not a hang until the time limit
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(minutes=5), device_id=device if device.type == "cuda" else None)
+    if rank != 0:  # rank 0 writes the data set on a first run, once; the others wait, then read it
+        dist.barrier()
     train_set, val_set = mini_cosmoflow(config)
+    if rank == 0:
+        dist.barrier()
     # ranks in a grid of (data parallel) x (tensor parallel); the tp ranks of a row read the same samples
     mesh = init_device_mesh(device.type, (data_ranks, tp), mesh_dim_names=("dp", "tp"))
     data_rank = mesh["dp"].get_local_rank()

@@ -98,12 +98,19 @@ class ProfilingWindow:
 
     def __init__(self, steps: str, trace: str = "trace.json"):
         self.first, self.last = (int(s) for s in steps.split(",")) if steps else (0, 0)
-        self.trace, self.done, self.profiler = trace, 0, torch.profiler.profile(record_shapes=True)
+        # Under Nsight Systems (it sets NSYS_PROFILING_SESSION_ID) torch.profiler traces the CPU only: a second CUDA
+        # tracer in one process fails with CUPTI's "multiple subscribers" error, and nsys records the GPU anyway.
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available() and not os.environ.get("NSYS_PROFILING_SESSION_ID"):
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.trace, self.done = trace, 0
+        self.profiler = torch.profiler.profile(activities=activities, record_shapes=True)
 
     def step(self) -> None:
         """After each training step: start or end the recording at the window's edges."""
         self.done, gpu = self.done + 1, torch.cuda.is_available()
         if self.done in (self.first, self.last) and gpu:
+            torch.cuda.synchronize()  # (the kernels queued so far run inside the capture, not after its end)
             (torch.cuda.profiler.start if self.done == self.first else torch.cuda.profiler.stop)()
         if self.done == self.first:
             self.profiler.start()

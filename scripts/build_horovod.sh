@@ -37,6 +37,13 @@ if [[ -z ${torch_version:-} ]]; then
 fi
 gpu=${HOROVOD_GPU:-$([[ $torch_cuda != none ]] && command -v nvcc > /dev/null && echo nccl || echo cpu)}
 if [[ $gpu == nccl ]]; then
+    # Horovod links NCCL statically unless told otherwise, and needs nccl.h. PyPI's torch brings its NCCL as
+    # libnccl.so.2 in the nvidia-nccl wheel: link that one, shared (one NCCL in the process), through a folder with
+    # its header and a libnccl.so link; HOROVOD_NCCL_HOME names another (a site's NCCL). A100 and H100 by default.
+    nccl_home=${HOROVOD_NCCL_HOME:-$("$PYTHON" -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null \
+                                     || true)}
+    cuda_archs=${HOROVOD_BUILD_CUDA_CC_LIST:-80,90}
+    echo "build_horovod: NCCL from ${nccl_home:-nowhere} (linked shared), CUDA architectures $cuda_archs"
     echo "build_horovod: horovod $VERSION for torch $torch_version (CUDA $torch_cuda): gloo and NCCL (HOROVOD_GPU_OPERATIONS=NCCL)"
 else
     echo "build_horovod: horovod $VERSION for torch $torch_version: gloo, CPU tensors only"
@@ -71,7 +78,19 @@ if ! ls "$wheels"/horovod-$VERSION-*.whl >/dev/null 2>&1; then
             echo "build_horovod: FindPytorch.cmake changed; check the CPU-only patch" >&2; exit 1; }
         sed -i 's/print(True if ((torch.version.cuda is not None) and (CUDA_HOME is not None)) else False)/print(False)/' "$find"
     else
-        export HOROVOD_GPU_OPERATIONS=NCCL
+        if [[ ! -f ${nccl_home:-/nonexistent}/include/nccl.h ]]; then
+            echo "build_horovod: no nccl.h in ${nccl_home:-the nvidia-nccl wheel}: set HOROVOD_NCCL_HOME to an NCCL" \
+                 "with its headers (the one torch uses: a site's nccl module, or NVIDIA's package of the same version)" >&2
+            exit 1
+        fi
+        mkdir -p "$work/nccl/lib"
+        ln -s "$nccl_home/include" "$work/nccl/include"
+        for library in "$nccl_home"/lib/libnccl.so*; do
+            ln -sf "$library" "$work/nccl/lib/$(basename "$library")"
+        done
+        [[ -e $work/nccl/lib/libnccl.so ]] || ln -s "$nccl_home/lib/libnccl.so.2" "$work/nccl/lib/libnccl.so"
+        export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME=$work/nccl HOROVOD_NCCL_LINK=SHARED
+        export HOROVOD_BUILD_CUDA_CC_LIST=$cuda_archs
     fi
     echo "build_horovod: compiling (several minutes)"
     HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \

@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
-# The checks a session with a GPU machine runs in one go (docs/benchmarks.md, "On a GPU machine"):
+# The checks a session with a GPU machine runs in one go (docs/benchmarks.md, "On a GPU machine"), risk first:
+# a lease is one GPU for about 15 minutes, all tries together, so the first 8 minutes test what no CPU can show.
 #
 #     OUT=folder bash scripts/gpu_checks.sh [SECONDS]
 #
 # from the repository root, with a python3 that has torch (CUDA), numpy, scikit-learn and numba, the kit
 # not installed (it runs from the checkout). Each step writes one file under $OUT and has its own time
-# limit; a step that would not finish inside SECONDS (default 480) is left out, named in $OUT/log.txt.
+# limit; a step that would not finish inside SECONDS (default 480) is left out, and without a CUDA GPU every
+# step is skipped: either way $OUT/log.txt says so in one line per step.
 #   env.txt          the CPU (lscpu), the GPU (nvidia-smi), the versions
+#   probe.txt        NCCL's version as torch sees it, nsys and nvtx, where nccl.h and libnccl* are
+#   ddp.txt          recipe 05 under torchrun at world size 1 over NCCL (NCCL_DEBUG=INFO: "Init COMPLETE"),
+#                    compiled and not, with --accumulate 2: the two runs' losses side by side
+#   parity.txt       recipe stages 03 and 04 against the engine on CUDA (dlscale bench parity)
+#   fsdp.txt         recipe 10 (FSDP2 and DCP) on one GPU for an epoch, then resumed from its DCP folder
+#   compile.txt      dlscale train on the GPU with compile=true cuda_graphs=true, group and batch norm, MFU
+#   nsys.txt         nsys on the engine and on recipe 04 (torch.profiler beside nsys: CPU tracing only)
+#   horovod.txt      the Horovod build with NCCL (scripts/build_horovod.sh), last of the risks: its own limit
 #   gpu_tests.txt    pytest -m gpu: the tests that skip themselves without CUDA
-#   kmeans2.txt      dlscale bench kmeans on two hardware threads (taskset), one kind of data per process,
-#                    side by side on threads of their own: the CPU-family comparison with a 2-vCPU machine
-#   kmeans_all.txt   dlscale bench kmeans with every thread, the CUDA engine included
 #   kmeans_gpu.txt   K-Means on the GPU at 1M × 3, 1M × 32 and 200k × 784 (scripts/kmeans_on_gpu.py)
 #   profile.txt      lesson 04's profiler window on the GPU (is backward's device time attributed?)
+#   kmeans2.txt      dlscale bench kmeans on two hardware threads (a 2-vCPU machine's share), CPU only
+#   kmeans_all.txt   dlscale bench kmeans with every thread, the CUDA engine included
 # STEPS names the steps to run (default: all, in that order); KINDS the kinds of data of kmeans2, and
 # SIDE_BY_SIDE=0 runs them one after another (no other process beside each); ROUNDS the fits per engine.
 set -u
@@ -23,11 +32,16 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 log() { echo "[$((SECONDS - START)) s] $*" | tee -a "$OUT/log.txt"; }
+ALL="probe ddp parity fsdp compile nsys horovod gpu_tests kmeans_gpu profile kmeans2 kmeans_all"
+STEPS=${STEPS:-$ALL}
+# Without a CUDA GPU nothing here can show what it is for: every step says so and is skipped.
+no_gpu=$("$PY" -c 'import torch; print("" if torch.cuda.is_available() else f"no CUDA GPU: torch {torch.__version__} sees none")' \
+         2>&1 | tail -n 1)
 # step NAME LIMIT COMMAND...: run it if LIMIT seconds are left, output to $OUT/NAME
-STEPS=${STEPS:-kmeans2 gpu_tests kmeans_all kmeans_gpu profile}
 step() {
     local name=$1 limit=$2; shift 2
     [[ " $STEPS " == *" ${name%.txt} "* ]] || return 0
+    if [[ -n $no_gpu ]]; then log "skipped: $name ($no_gpu)"; return; fi
     if (( SECONDS - START + limit > BUDGET )); then log "left out: $name (needs up to $limit s)"; return; fi
     log "start: $name"
     timeout "$limit" "$@" > "$OUT/$name" 2>&1
@@ -42,12 +56,67 @@ torch.backends.cpu.get_cpu_capability(), torch.cuda.get_device_name(0) if torch.
   done
 } > "$OUT/env.txt" 2>&1
 log "env written"
+work=$(mktemp -d)
 
-log "compile ahead"; timeout 120 "$PY" -m dlscale.kmeans.compile_ahead >> "$OUT/log.txt" 2>&1
+# shellcheck disable=SC2016  # (each bash -c expands its own variables)
+step probe.txt 15 bash -c '"$0" -c "import torch; print(\"NCCL\", torch.cuda.nccl.version())"
+    nsys --version || echo "no nsys"
+    "$0" -c "import nvtx; print(\"nvtx\", nvtx.__file__)" || echo "no nvtx module"
+    "$0" -c "import nvidia.nccl as n, glob; d = list(n.__path__)[0]; print(\"nvidia-nccl wheel:\", d, glob.glob(d + \"/include/*.h\"), glob.glob(d + \"/lib/libnccl*\"))" || echo "no nvidia-nccl wheel"
+    find / -name nccl.h -not -path "/proc/*" 2>/dev/null | head -n 5' "$PY"
+
+# shellcheck disable=SC2016
+step ddp.txt 120 bash -c 'for compiled in --compile --no-compile; do
+        echo "== recipe 05 $compiled --accumulate 2"
+        NCCL_DEBUG=INFO "$0" -m torch.distributed.run --standalone --nproc-per-node 1 recipes/05_ddp.py --device cuda \
+            --epochs 1 --workers 2 --accumulate 2 --precision bf16 $compiled --checkpoint "$1/ddp$compiled.pt" 2>&1 |
+            grep -E "Init COMPLETE|step [0-9]+:|epoch|Error|error" | head -n 40
+    done' "$PY" "$work"
+
+step parity.txt 150 "$PY" -m dlscale bench parity --stages 03,04 --config tiny --epochs 1 --rounds 1
+
+# shellcheck disable=SC2016
+step fsdp.txt 120 bash -c '"$0" -m torch.distributed.run --standalone --nproc-per-node 1 recipes/10_fsdp_tp.py \
+        --device cuda --epochs 1 --workers 2 --checkpoint "$1/dcp" &&
+    "$0" -m torch.distributed.run --standalone --nproc-per-node 1 recipes/10_fsdp_tp.py \
+        --device cuda --epochs 2 --workers 2 --checkpoint "$1/dcp" --resume && ls -R "$1/dcp"' "$PY" "$work"
+
+# shellcheck disable=SC2016
+step compile.txt 150 bash -c 'for norm in group batch; do
+        echo "== norm=$norm compile=true cuda_graphs=true"
+        "$0" -m dlscale train gpu device=cuda compile=true cuda_graphs=true norm=$norm max_steps=60 progress=false \
+            plot=false run_dir="$1/compile-$norm" | tail -n 3
+        "$0" -c "import json, sys; s = json.load(open(sys.argv[1])); print({k: v for k, v in s.items() if k in
+            (\"samples_per_s\", \"mfu\", \"hardware_utilisation\", \"peak_flops\", \"flops_per_sample\")})" \
+            "$1/compile-$norm/summary.json"
+    done' "$PY" "$work"
+
+# shellcheck disable=SC2016
+step nsys.txt 150 bash -c 'nsys profile --capture-range=cudaProfilerApi -o "$1/engine" --force-overwrite true \
+        "$0" -m dlscale train gpu device=cuda profile_steps=20,30 max_steps=40 run_dir="$1/nsys-engine" progress=false \
+        plot=false && nsys stats --report nvtx_sum --format csv "$1/engine.nsys-rep" > "$1/nvtx.csv" &&
+        "$0" -c "import sys; from dlscale.profiling.nsys import parse_nvtx_sum
+for row in parse_nvtx_sum(open(sys.argv[1]).read()): print(row)" "$1/nvtx.csv"
+    nsys profile --capture-range=cudaProfilerApi -o "$1/recipe04" --force-overwrite true \
+        "$0" recipes/04_compile.py --device cuda --epochs 1 --workers 2 --profile-steps 10,15 \
+        --checkpoint "$1/recipe04.pt" 2>&1 | grep -iE "cupti|subscriber|error|Self CPU" | head -n 20' "$PY" "$work"
+
+step horovod.txt 300 env HOROVOD_WHEELS="$work/horovod" bash scripts/build_horovod.sh "$PY"
+
+step gpu_tests.txt 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/integration/test_on_a_gpu.py -o addopts=""
+
+step kmeans_gpu.txt 120 "$PY" scripts/kmeans_on_gpu.py
+
+# shellcheck disable=SC2016
+step profile.txt 120 bash -c '"$0" -m dlscale train gpu device=cuda profile_steps=20,30 max_steps=40 run_dir=/tmp/profile &&
+    cat /tmp/profile/profile_summary.json' "$PY"
 
 # The CPU-family comparison: each kind of data on two hardware threads of its own (a 2-vCPU machine's share),
 # the kinds side by side so that they fit a short lease; every engine of a kind takes turns on the same threads.
 export KINDS=${KINDS:-noise mixture blobs china flower} SIDE_BY_SIDE=${SIDE_BY_SIDE:-1} ROUNDS=${ROUNDS:-3}
+if [[ -z $no_gpu && " $STEPS " == *" kmeans"* ]]; then
+    log "compile ahead"; timeout 120 "$PY" -m dlscale.kmeans.compile_ahead >> "$OUT/log.txt" 2>&1
+fi
 # shellcheck disable=SC2016  # (expanded by the inner bash)
 step kmeans2.txt 300 bash -c '
     threads=(); while read -r cpu core; do threads+=("$cpu"); done < <(lscpu -p=CPU,CORE | grep -v "^#" | sort -t, -k2n -k1n | tr , " ")
@@ -63,13 +132,6 @@ step kmeans2.txt 300 bash -c '
     wait
     for kind in $KINDS; do echo "== $kind"; cat "/tmp/kmeans2-$kind.txt"; done' "$PY"
 
-step gpu_tests.txt 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/integration/test_on_a_gpu.py -o addopts=""
-
 step kmeans_all.txt 200 "$PY" -m dlscale bench kmeans --procs "" --n "${KMEANS_N:-1000000}" --rounds 3 --out /tmp/kmeans_all
-
-step kmeans_gpu.txt 120 "$PY" scripts/kmeans_on_gpu.py
-
-# shellcheck disable=SC2016
-step profile.txt 120 bash -c '"$0" -m dlscale train gpu device=cuda profile_steps=20,30 max_steps=40 run_dir=/tmp/profile &&
-    cat /tmp/profile/profile_summary.json' "$PY"
+rm -rf "$work"
 log "done"

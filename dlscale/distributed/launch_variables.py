@@ -162,8 +162,11 @@ def detect(environ: Mapping[str, str] | None = None) -> DistEnv:
     if launcher == "mpi":
         rank = _int(environ, "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
         world = _int(environ, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MPI_WORLD_SIZE")
-        local = _int(environ, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID", default=0)
-        local_size = _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", default=world)
+        local = _int(environ, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID", "PMI_LOCAL_RANK",
+                     default=0)
+        # (Polaris's PALS says how many ranks share the node: without it, 8 ranks on 2 nodes would seem to share 4 GPUs)
+        local_size = _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PALS_LOCAL_SIZE",
+                          "PMI_LOCAL_SIZE", default=world)
         master = _mpi_master(environ) if world > 1 else "127.0.0.1"
         return DistEnv(rank, local, world, local_size, "mpi", master, port)
     # torchrun, and helpers that set torchrun's variables (DLSCALE_LAUNCHER names them)

@@ -147,6 +147,20 @@ def check_loader_choice(choose: Callable[[dict, float], tuple[int, bool]]) -> No
     _passed("02.1")
 
 
+def check_staging_payoff(epochs_to_pay_off: Callable[[float, float, float], int | None]) -> None:
+    """02.2: the fewest epochs after which staging once and reading locally took less time than reading in place."""
+    cases = [((10.0, 4.0, 1.0), 4), ((9.0, 4.0, 1.0), 4), ((0.5, 4.0, 1.0), 1), ((10.0, 1.0, 1.0), None),
+             ((10.0, 1.0, 2.0), None), ((3.0, 10.0, 1.0), 1)]
+    for (stage, in_place, local), expected in cases:
+        answer = epochs_to_pay_off(stage, in_place, local)
+        assert answer == expected, (
+            f"staging {stage:g} s once, an epoch {in_place:g} s in place or {local:g} s locally: got {answer}, "
+            f"expected {expected}. After n epochs staging has cost {stage:g} + n x {local:g} s against n x {in_place:g} "
+            f"s: the fewest n for which that is strictly less (a tie has not paid yet), or None if a local epoch is "
+            f"not faster")
+    _passed("02.2")
+
+
 def _amp_reference(make_model: Callable, steps: list, name: str) -> tuple[torch.nn.Module, float]:
     from dlscale.runtime.precision import Precision
 

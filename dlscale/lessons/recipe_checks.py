@@ -287,37 +287,5 @@ def check_fsdp_sharding(shard: Callable[[nn.Module, Any], None]) -> None:
     _passed("10.3")
 
 
-# -- the lesson's stage, written by the attendee, against the engine ------------------------------------
-
-#: How far the attendee's losses may lie from the engine's, relative to the loss. On a CPU both run the same
-#: kernels in the same order: what differs is rounding (well below 1e-5). On a GPU, cuDNN may choose other
-#: convolution algorithms in each process, some not deterministic, and TF32 may be on: a few parts in 1e3
-#: per step, which grow over the steps, so 3% there. A mistake in a stage moves the loss by far more.
-STAGE_TOLERANCE = {"cpu": 1e-4, "cuda": 3e-2}
-
-
-def check_stage(stage: str, mine: dict, twin: dict, device: str | None = None) -> None:
-    """The attendee's stage (``main``'s result: losses per step, R² per epoch) trains as ``dlscale.train`` does
-    with the same settings (``twin``, from :func:`~dlscale.bench.parity.engine_twin`), within
-    :data:`STAGE_TOLERANCE` for ``device`` (default: CUDA where a GPU is visible); a difference names where it
-    begins."""
-    kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    tolerance, lesson = STAGE_TOLERANCE[kind], stage[:2]
-    losses, reference = list(mine["losses"]), list(twin["losses"])
-    assert len(losses) == len(reference), (
-        f"your stage logged {len(losses)} steps, dlscale.train {len(reference)} with the same settings: check the "
-        f"batch size each rank loads (the global batch over the ranks) and drop_last")
-    for step, (a, b) in enumerate(zip(losses, reference)):
-        if abs(a - b) > tolerance * max(1.0, abs(b)):
-            where = ("the first step's loss: the forward pass, the loss or the data each rank reads" if step == 0 else
-                     f"step {step} (the steps before it agree): the update, the optimizer, the learning rate or "
-                     f"the gradients' scaling, clipping or averaging")
-            raise AssertionError(f"your stage's loss {a:.6f} differs from dlscale.train's {b:.6f} from {where} "
-                                 f"(allowed on {kind}: {tolerance:g} of the loss)")
-    for epoch, (a, b) in enumerate(zip(mine["r2"], twin["r2"]), 1):
-        assert abs(a - b) <= max(1e-3, tolerance), (
-            f"the losses agree but epoch {epoch}'s validation R² is {a:.4f}, dlscale.train's {b:.4f}: the R² "
-            f"(1 - squared error / variance, per target, over every rank's share)")
-    print(f"Lesson {lesson}'s stage passed ✓ {len(losses)} steps as dlscale.train takes them (largest difference "
-          f"{max((abs(a - b) for a, b in zip(losses, reference)), default=0):.1e}), validation R² "
-          f"{mine['r2'][-1]:.4f}")
+# -- the lesson's stage, written by the attendee: gap by gap, then against the engine (stage_check.py) -----------
+from dlscale.lessons.stage_check import STAGE_TOLERANCE, check_gaps, check_stage  # noqa: E402 F401  (the lessons' names)

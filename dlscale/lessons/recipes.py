@@ -13,11 +13,13 @@ import difflib
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from dlscale.bench.parity import (  # (the twin is a measurement: bench/; the lessons and their door use it from here)
     RecipeError,
     recipe_path,
 )
+from dlscale.lessons.gaps import GAPS, gap_ids, gap_span
 
 #: What a recipe file has after its cell: the command line (a kernel must not run it, its argv is Jupyter's).
 SCRIPT_FOOTER = '\n\nif __name__ == "__main__":\n    main(**parse_args(main))\n'
@@ -33,19 +35,28 @@ _DIFF_STYLES = (("+++", "font-weight:bold"), ("---", "font-weight:bold"), ("+", 
                 ("-", "background:#ffebe9"), ("@@", "color:#57606a;background:#f6f8fa"))
 
 
-def recipe_change_html(old: str, new: str) -> str:
-    """:func:`recipe_diff` as HTML: one line per line of code, never wrapped (a long line scrolls), added lines
-    green and removed ones red, then the whole new file behind a click."""
+_BOX = "font-family:monospace;font-size:12px;line-height:1.35;white-space:pre;overflow-x:auto"
+
+
+def _diff_html(diff: str) -> str:
+    """A unified diff as HTML: one line per line of code, never wrapped (a long line scrolls), added lines green
+    and removed ones red."""
     import html
 
     rows = []
-    for line in recipe_diff(old, new).splitlines():
+    for line in diff.splitlines():
         style = next((css for prefix, css in _DIFF_STYLES if line.startswith(prefix)), "")
         rows.append(f'<div style="{style}">{html.escape(line) or "&nbsp;"}</div>')
-    box = "font-family:monospace;font-size:12px;line-height:1.35;white-space:pre;overflow-x:auto"
+    return f'<div class="dlscale-diff" style="{_BOX}">{"".join(rows)}</div>'
+
+
+def recipe_change_html(old: str, new: str) -> str:
+    """:func:`recipe_diff` as HTML (:func:`_diff_html`), then the whole new file behind a click."""
+    import html
+
     whole = html.escape(recipe_path(new).read_text())
-    return (f'<div class="dlscale-diff" style="{box}">{"".join(rows)}</div>'
-            f'<details><summary>the whole of recipes/{new}</summary><div style="{box}">{whole}</div></details>')
+    return (_diff_html(recipe_diff(old, new)) +
+            f'<details><summary>the whole of recipes/{new}</summary><div style="{_BOX}">{whole}</div></details>')
 
 
 def show_recipe_change(old: str, new: str) -> None:
@@ -102,94 +113,21 @@ def write_recipes(notebooks: Path, recipes: Path, check: bool = False) -> list[P
 
 # -- the stage the attendee writes ----------------------------------------------------------------
 
-#: What each lesson leaves for the attendee to write in its stage: (the first line's text, the last line's
-#: text, what to write there), in the order of the file. Each gap is the statements from the first line
-#: that holds the first text to the next line that holds the second; it becomes a TODO that raises.
-GAPS: dict[str, list[tuple[str, str, str]]] = {
-    "01_baseline.py": [
-        ("return float((1 - ((y - pred)", "return float((1 - ((y - pred)",
-         "return the validation R²: 1 - squared error / variance per target (sums over the rows), averaged "
-         "over the targets, as a float"),
-        ("optimizer.zero_grad()", "optimizer.step()",
-         "one step: zero the gradients, loss = loss_fn(model(x), y), backward, the optimizer's step"),
-    ],
-    "02_data_loading.py": [
-        ("loading = dict(", "loading = dict(",
-         "loading = the DataLoader's settings: `workers` worker processes, pinned memory on a GPU only"),
-        ("x, y = x.to(device, non_blocking=True)", "x, y = x.to(device, non_blocking=True)",
-         "copy x and y to the device without making the host wait (the batch is pinned on a GPU)"),
-    ],
-    "03_mixed_precision.py": [
-        ("dtype = {", "scaler = torch.amp.GradScaler(",
-         "dtype = torch.bfloat16, torch.float16 or None (fp32) from `precision`; scaler = a GradScaler for "
-         "device.type, enabled only for fp16"),
-        ("with torch.autocast(", "scaler.update()",
-         "forward and loss under torch.autocast(device.type, dtype), enabled unless fp32; backward of the scaled "
-         "loss; unscale, clip the gradient norm to `clip`, step and update through the scaler"),
-    ],
-    "04_compile.py": [
-        ("step_model = torch.compile(", "step_model = torch.compile(",
-         "step_model = torch.compile(model), or the model itself when compile is False"),
-        ('with marked("forward")', "scaler.update()",
-         "stage 03's step, with its forward, backward and optimizer step each inside `with marked(name):` "
-         '("forward", "backward", "optimizer step")'),
-        ("window.step()", "window.step()", "tell the profiling window that a step ended"),
-    ],
-    "05_ddp.py": [
-        ("dist.all_reduce(sums)", "dist.all_reduce(sums)", "add up every rank's sums (one all-reduce)"),
-        ("dist.init_process_group(", "timedelta(minutes=5)",
-         "join the process group: nccl on a GPU, gloo on a CPU, this rank of world_size, a 5-minute timeout"),
-        ("sampler = DistributedSampler(", "sampler = DistributedSampler(",
-         "sampler = this rank's share of train_set (DistributedSampler: world_size, rank, seed, drop_last=True)"),
-        ("ddp_model = DistributedDataParallel(", "ddp_model = DistributedDataParallel(",
-         "ddp_model = the model in DistributedDataParallel (device_ids=[device.index] on a GPU, None on a CPU)"),
-        ("sampler.set_epoch(epoch)", "sampler.set_epoch(epoch)", "a new order every epoch: tell the sampler the epoch"),
-    ],
-    "06_horovod.py": [
-        ("hvd.init()", "rank, world_size, local_rank = hvd.rank()",
-         "join Horovod's job, then rank, world_size, local_rank from hvd"),
-        ("optimizer = hvd.DistributedOptimizer(", "op=hvd.Average, backward_passes_per_step",
-         "optimizer = AdamW(groups, lr=lr) in hvd.DistributedOptimizer: named parameters, op=hvd.Average, "
-         "backward_passes_per_step=accumulate"),
-        ("hvd.broadcast_parameters(", "hvd.broadcast_parameters(", "every rank starts from rank 0's weights"),
-    ],
-    "07_large_batch.py": [
-        ("peak_lr = lr * {", "peak_lr = lr * {",
-         "peak_lr = lr scaled by k = batch_size / base_batch: k (linear), sqrt(k) (sqrt) or 1 (none)"),
-        ("if step < warmup_steps:", "return 0.5 * (1 + math.cos(",
-         "the factor at `step`: from `start` up to 1 linearly over warmup_steps, then a cosine down to 0 at "
-         "total_steps"),
-        ("scheduler.step()", "scheduler.step()", "advance the schedule after each optimizer step"),
-    ],
-    "10_fsdp_tp.py": [
-        ('with torch.device("meta"):', "model = ViTRegressor(",
-         "model = the ViTRegressor built on the meta device (shapes only, no memory)"),
-        ("if tp > 1:", "parallelize_module(block",
-         'with tp > 1, split each block over mesh["tp"] with parallelize_module: attention.wq, wk, wv and mlp.w1 '
-         "column-wise, attention.wo and mlp.w2 row-wise"),
-        ("for block in model.blocks:", "if bf16 else MixedPrecisionPolicy())",
-         'fully_shard each block over mesh["dp"] with MixedPrecisionPolicy(**bf16), then the whole model (its '
-         "output in float32 under bf16)"),
-        ("model.to_empty(", "model.init_weights(seed)",
-         "allocate this rank's shards on the device, then initialize them from the seed"),
-        ("dcp.save(", "checkpoint_id=os.path.join(",
-         'save {"model", "optimizer", "epoch": epoch + 1} with dcp.save, in os.path.join(checkpoint, f"epoch-{...}")'),
-    ],
-}
-
-
 def gapped_recipe(name: str, source: str) -> str:
-    """The source of stage ``name`` with each of its :data:`GAPS` replaced by a TODO that raises
-    ``NotImplementedError("TODO 05.b: ...")`` (indented as the first line it replaces): what the attendee fills in."""
+    """The source of stage ``name`` with each of its gaps (:data:`~dlscale.lessons.gaps.GAPS`) replaced by a TODO
+    that says what must be true there and raises ``NotImplementedError("TODO 05.b: ...")`` (indented as the first
+    line it replaces): what the attendee fills in."""
     lines, start = source.splitlines(keepends=True), 0
-    for letter, (first, last, hint) in zip("abcdefgh", GAPS[name]):
-        label = f"TODO {name[:2]}.{letter}: {hint}"
-        begin = next((i for i in range(start, len(lines)) if first in lines[i]), None)
-        end = next((i for i in range(begin, len(lines)) if last in lines[i]), None) if begin is not None else None
-        if end is None:
-            raise RecipeError(f"recipes/{name}: the gap {label!r} needs a line with {first!r}, then one with {last!r}")
+    for gap_id, gap in zip(gap_ids(name), GAPS[name]):
+        label = f"TODO {gap_id}: {gap.asks}"
+        span = gap_span(lines, gap, start)
+        if span is None:
+            raise RecipeError(f"recipes/{name}: the gap {label!r} needs a line with {gap.first!r}, then one with "
+                              f"{gap.last!r}")
+        begin, end = span
         indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
-        stub = [f"{indent}# {label}\n", f"{indent}raise NotImplementedError({json.dumps(label, ensure_ascii=False)})\n"]
+        stub = [f"{indent}# {label}  (hint({gap_id!r}) helps)\n",
+                f"{indent}raise NotImplementedError({json.dumps(label, ensure_ascii=False)})\n"]
         lines[begin:end + 1] = stub
         start = begin + len(stub)
     text = "".join(lines)
@@ -197,10 +135,60 @@ def gapped_recipe(name: str, source: str) -> str:
     return text
 
 
-def run_stage(path: str, **arguments) -> dict:
-    """``main(**arguments)`` of a stage's file (the one an attendee wrote in a lesson, say), on an engine too:
-    as :func:`~dlscale.jobs.notebook_engines.run_file`, with ``recipes/`` importable (this module puts it on
-    the path where it is imported), so that the file finds ``training_tools`` wherever it was written."""
-    from dlscale.jobs.notebook_engines import run_file
+def stage_name(lesson: str) -> str:
+    """The stage file of a lesson: ``"05"`` -> ``"05_ddp.py"`` (a ValueError names the lessons with a stage)."""
+    found = [name for name in GAPS if name.startswith(f"{lesson[:2]}_")]
+    if not found:
+        raise ValueError(f"lesson {lesson!r} has no stage to write: the stages are {', '.join(s[:2] for s in GAPS)}")
+    return found[0]
 
-    return run_file(path, **arguments)
+
+def _stage_text(source: str) -> list[str]:
+    """A stage's lines without what frames it in a lesson (``%%writefile``, the cell's header) or a file (the
+    command line): what the attendee and we wrote."""
+    lines = source.removesuffix(SCRIPT_FOOTER).rstrip("\n").splitlines()
+    return [line for line in lines if not line.startswith(("%%writefile", "# recipes/"))]
+
+
+def ours_beside_theirs(lesson: str, theirs: str) -> str:
+    """The unified diff from the attendee's stage (its source) to ours: what ours does otherwise."""
+    name = stage_name(lesson)
+    return "\n".join(difflib.unified_diff(_stage_text(theirs), _stage_text(recipe_path(name).read_text()),
+                                          "your stage", f"ours (recipes/{name})", lineterm="", n=2))
+
+
+def show_ours(lesson: str, theirs: str | dict | None = None) -> None:
+    """Display the difference between the attendee's stage and ours, coloured (nothing when they are the same).
+
+    ``theirs`` is :func:`~dlscale.lessons.stage_probes.run_stage`'s result, a stage's source or file, or None: the
+    file the lesson wrote for the ranks (``runs/lessonNN/my_*.py``), or the stage run last in this kernel."""
+    from IPython.display import HTML, display
+
+    from dlscale.lessons.stage_probes import last_source
+
+    if isinstance(theirs, dict):
+        theirs = theirs.get("source")
+    if theirs is None:
+        written = sorted(Path("runs", f"lesson{lesson[:2]}").glob("my_*.py"))
+        theirs = written[0].read_text() if written else last_source(stage_name(lesson))
+    elif "\n" not in theirs and Path(theirs).is_file():
+        theirs = Path(theirs).read_text()
+    if theirs is None:
+        raise ValueError(f"no stage of lesson {lesson} has run in this kernel: run yours first, or pass its source")
+    diff = ours_beside_theirs(lesson, theirs)
+    display(HTML(_diff_html(diff) if diff else f"<p>Your stage {lesson} is ours, line for line.</p>"))
+
+
+def use_ours(lesson: str) -> Any:
+    """Our stage for the rest of a lesson (after a stage that fails, or one skipped): its ``main`` for a lesson that
+    runs the stage in the kernel (01-04), its file's path for one that runs it on ranks (05-07, 10). Every stage
+    run after this says that it is ours."""
+    import runpy
+
+    name = stage_name(lesson)
+    path = recipe_path(name)
+    print(f"From here lesson {lesson[:2]} runs OUR stage (recipes/{name}), not yours: every measurement it feeds "
+          f"says so. Your stage stays where you wrote it.")
+    if lesson[:2] in ("01", "02", "03", "04"):
+        return runpy.run_path(str(path), run_name="recipe")["main"]
+    return str(path)

@@ -64,8 +64,9 @@ def test_horovod_is_built_with_nccl_where_torch_and_the_toolkit_have_cuda(cuda, 
     """Built gloo-only, Horovod crashed at a GPU tensor's first all-reduce (horovod/horovod#2478)."""
     fake = tmp_path / "bin"
     fake.mkdir()
-    python = fake / "python"  # answers the script's one question about torch, as a CUDA or CPU build would
-    python.write_text(f'#!/bin/sh\necho "2.13.0+{"cu124" if cuda != "none" else "cpu"} {cuda}"\n')
+    python = fake / "python"  # answers the script's questions about torch and its NCCL, as a CUDA or CPU build would
+    python.write_text(f'#!/bin/sh\ncase "$*" in *nvidia.nccl*) echo /wheels/nvidia/nccl ;;\n'
+                      f'*) echo "2.13.0+{"cu124" if cuda != "none" else "cpu"} {cuda}" ;; esac\n')
     tools = [python] + ([fake / "nvcc"] if nvcc else [])
     for tool in tools:
         tool.write_text(tool.read_text() if tool.exists() else "#!/bin/sh\n")
@@ -75,6 +76,9 @@ def test_horovod_is_built_with_nccl_where_torch_and_the_toolkit_have_cuda(cuda, 
                                                       "PATH": f"{fake}:/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith(expected), done.stdout
+    # PyPI's torch brings NCCL in the nvidia-nccl wheel: linked from there, shared, for A100 and H100 (issue 59)
+    assert ("NCCL from /wheels/nvidia/nccl (linked shared), CUDA architectures 80,90" in done.stdout) == (
+        "NCCL" in expected)
 
 
 def test_horovodrun_variables_are_detected_and_pick_horovod():
@@ -219,3 +223,20 @@ def test_the_compression_check_rejects_fp32_bytes_and_absolute_errors():
         checks.check_fp16_compression(fp32_bytes)
     with pytest.raises(AssertionError, match="relative"):
         checks.check_fp16_compression(absolute)
+
+
+@needs_horovod
+def test_the_horovod_stage_started_by_srun_stops_with_one_line_instead_of_training_alone(tmp_path):
+    """With the gloo build, srun's tasks each became rank 0 of 1, all on GPU 0, overwriting one checkpoint (#59)."""
+    environ = {**os.environ, "SLURM_NTASKS": "2", "SLURM_PROCID": "0", "PYTHONPATH": str(ROOT / "recipes")}
+    for name in ("HOROVOD_SIZE", "HOROVOD_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        environ.pop(name, None)
+    tasks = [subprocess.Popen([sys.executable, str(ROOT / "recipes/06_horovod.py"), "--epochs", "1", "--device",
+                               "cpu", "--workers", "0"], cwd=tmp_path, env={**environ, "SLURM_PROCID": str(task)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for task in range(2)]
+    for task in tasks:
+        _, err = task.communicate(timeout=120)
+        assert task.returncode == 1 and err.strip().splitlines()[-1] == (
+            "Horovod sees 1 rank(s), but the launcher started 2 tasks: this Horovod cannot join tasks it did not "
+            "start. Start the job with horovodrun -np 2"), err
+    assert not list(tmp_path.glob("*.pt"))  # refused before any training: no checkpoint written

@@ -51,7 +51,7 @@ SOLUTION_PARAMETERS = {"01_single_device_baseline.ipynb": {"config": "tiny"}, "0
                        "10_sharded_and_model_parallel.ipynb": {}, "11_how_many_nodes.ipynb": {},
                        "12_search_not_just_scale.ipynb": {"budget": 6}}
 EXERCISES = {"01_single_device_baseline.ipynb": {"Exercise 01.1", "Exercise 01.2", "Exercise 01.3"},
-             "02_data_loading.ipynb": {"Exercise 02.1"},
+             "02_data_loading.ipynb": {"Exercise 02.1", "Exercise 02.2"},
              "03_mixed_precision.ipynb": {"Exercise 03.1", "Exercise 03.2"},
              "04_profiling.ipynb": {"Exercise 04.1", "Exercise 04.2"},
              "05_data_parallel.ipynb": {"Exercise 05.1", "Exercise 05.2", "Exercise 05.3"},

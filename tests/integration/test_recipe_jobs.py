@@ -16,17 +16,18 @@ from ..conftest import ROOT
 SITE_COMMANDS = ("srun", "mpiexec", "module", "conda", "podman-hpc")
 
 
-def _render(tmp_path, script: str, *args: str, env: dict | None = None, nodes: int = 2) -> tuple[str, str]:
+def _render(tmp_path, script: str, *args: str, env: dict | None = None, nodes: int = 2,
+            hosts: tuple[str, ...] = ()) -> tuple[str, str]:
     """Run a job script as its scheduler would start it, with the site's commands recorded instead of run.
     Returns (the launcher's line, every recorded call)."""
     fake, log = tmp_path / "bin", tmp_path / "calls.log"
     fake.mkdir(exist_ok=True)
-    hosts = "\n".join(f"nid00{i}" for i in range(nodes)) + "\n"
+    hosts = "\n".join(hosts or [f"nid00{i}" for i in range(nodes)]) + "\n"
     (tmp_path / "nodes").write_text(hosts)
     (fake / "scontrol").write_text(f"#!/bin/sh\ncat {tmp_path / 'nodes'}\n")
     for tool in SITE_COMMANDS:  # each records its arguments and the environment the ranks would see
         (fake / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> "{log}"\n'
-                                 f'[ "{tool}" = module ] || env | grep -E "^(NCCL|FI|MASTER|OMP|MIOPEN)_" | '
+                                 f'[ "{tool}" = module ] || env | grep -E "^((NCCL|FI|MASTER|OMP|MIOPEN)_|LD_LIBRARY_PATH=|CUDA_VISIBLE_DEVICES=)" | '
                                  f'sed "s/^/  /" >> "{log}"\n')
     for tool in fake.iterdir():
         tool.chmod(0o755)
@@ -38,14 +39,15 @@ def _render(tmp_path, script: str, *args: str, env: dict | None = None, nodes: i
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     calls = log.read_text()
-    launcher = next(line for line in calls.splitlines() if line.startswith(("srun --", "mpiexec")) and "05_ddp" in line)
+    launcher = next(line for line in calls.splitlines() if line.startswith(("srun -", "mpiexec")) and "05_ddp" in line)
     return launcher, calls
 
 
 def test_perlmutter_runs_a_task_per_gpu_with_32_cores_the_module_and_the_gpu_order(tmp_path):
     launcher, calls = _render(tmp_path, "jobs/perlmutter.sbatch", "--epochs", "2")
     assert "module load pytorch" in calls
-    assert launcher.startswith("srun --cpu-bind=cores --gpu-bind=none --kill-on-bad-exit=1 bash -c")
+    # -c: srun (Slurm >= 22.05) does not inherit --cpus-per-task, and --cpu-bind=cores would give one core
+    assert launcher.startswith("srun -c 32 --cpu-bind=cores --gpu-bind=none --kill-on-bad-exit=1 bash -c")
     assert "CUDA_VISIBLE_DEVICES=3,2,1,0 exec python" in launcher
     assert launcher.endswith(f"{ROOT}/recipes/05_ddp.py --device cuda --epochs 2")
     assert "#SBATCH --cpus-per-task=32" in (ROOT / "recipes/jobs/perlmutter.sbatch").read_text()
@@ -59,17 +61,25 @@ def test_perlmutter_on_one_node_does_not_ask_for_the_network_plugin_and_runs_an_
                               nodes=1)
     assert "module load" not in calls and "NCCL_NET=" not in calls
     assert "podman-hpc run --rm --mpi --gpu --nccl" in launcher and "nersc/pytorch:24.08.01 bash -c" in launcher
+    # the image holds torch, not the kit: the clone mounted and on the path; the site's settings passed in
+    assert f"-v {ROOT}:{ROOT}" in launcher and f"-e PYTHONPATH={ROOT}" in launcher
+    for name in ("NCCL_NET", "FI_CXI_DEFAULT_CQ_SIZE", "CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME"):
+        assert f" -e {name} " in launcher, name
 
 
 def test_frontier_binds_each_of_8_tasks_to_its_closest_gcd_with_rccls_plugin_and_miopens_cache(tmp_path):
     launcher, calls = _render(tmp_path, "jobs/frontier.sbatch", "--epochs", "2")
-    assert "module load PrgEnv-gnu rocm/6.4.1 craype-accel-amd-gfx90a" in calls and "module load aws-ofi-rccl" in calls
-    for flag in ("--ntasks-per-node=8", "-c7", "--gpus-per-node=8", "--gpu-bind=closest",
-                 "--network=disable_rdzv_get", "--kill-on-bad-exit=1"):
+    # OLCF's module names, ROCm before the plugin built against it (rocm/6.4.1 and aws-ofi-rccl ended the job)
+    assert calls.index("module load PrgEnv-gnu craype-accel-amd-gfx90a rocm") < calls.index(
+        "module load rccl-net-plugin")
+    for flag in ("--ntasks-per-node=8", "-c7", "--gpus-per-node=8", "--gpu-bind=closest", "--kill-on-bad-exit=1"):
         assert f" {flag} " in launcher, flag
     assert launcher.endswith("recipes/05_ddp.py --device cuda --epochs 2")
+    # on the allocation, with alt_read, for RCCL at scale (OLCF); two nodes: the plugin required, not TCP
+    assert "#SBATCH --network=disable_rdzv_get" in (ROOT / "recipes/jobs/frontier.sbatch").read_text()
     for setting in ("NCCL_SOCKET_IFNAME=hsn0", "MIOPEN_USER_DB_PATH=/tmp/someone-miopen-cache-4242",
-                    "MIOPEN_CUSTOM_CACHE_DIR=/tmp/someone-miopen-cache-4242", "OMP_NUM_THREADS=7"):
+                    "MIOPEN_CUSTOM_CACHE_DIR=/tmp/someone-miopen-cache-4242", "OMP_NUM_THREADS=7",
+                    "FI_CXI_RDZV_PROTO=alt_read", "NCCL_NET=AWS Libfabric"):
         assert f"  {setting}\n" in calls, setting
     assert "srun --ntasks-per-node=1 mkdir -p /tmp/someone-miopen-cache-4242" in calls  # MIOpen does not make it
 
@@ -80,15 +90,25 @@ def test_polaris_starts_4_ranks_per_node_with_mpiexec_bound_by_depth_and_alcfs_n
     assert launcher.startswith("mpiexec -n 8 --ppn 4 --depth 8 --cpu-bind depth --env OMP_NUM_THREADS=8 python")
     assert launcher.endswith("recipes/05_ddp.py --device cuda --epochs 2 --config demo")
     for setting in ("NCCL_NET=AWS Libfabric", "NCCL_NET_GDR_LEVEL=PHB", "NCCL_CROSS_NIC=1", "MASTER_ADDR=nid000",
-                    "MASTER_PORT=14242"):
+                    "MASTER_PORT=14242", "CUDA_VISIBLE_DEVICES=3,2,1,0"):  # (ALCF's GPUs in reverse order)
         assert f"  {setting}\n" in calls, setting
+    # the forced plugin found: ALCF's aws-ofi-nccl and hwloc folders on the library path
+    assert "  LD_LIBRARY_PATH=/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:/soft/libraries/hwloc/lib" in calls
+
+
+def test_polaris_takes_the_master_from_the_nodefiles_first_line_as_pals_places_rank_0(tmp_path):
+    """PALS's mpiexec puts rank 0 on the nodefile's first host; sorted, MASTER_ADDR named another node."""
+    launcher, calls = _render(tmp_path, "jobs/polaris.pbs", env={"ARGS": "--epochs 1"}, hosts=("x3002", "x1001"))
+    assert "  MASTER_ADDR=x3002\n" in calls and launcher.startswith("mpiexec -n 8 ")
 
 
 def test_the_recipe_reads_its_rank_from_each_launcher(monkeypatch):
     """torchrun, srun and Polaris's mpiexec (PALS) name the ranks differently; the first one set wins."""
-    from training_tools import from_launcher
+    import importlib
 
     from dlscale.bench.parity import RECIPES  # noqa: F401  (puts recipes/ on the path)
+
+    from_launcher = importlib.import_module("training_tools").from_launcher
 
     for name in ("RANK", "SLURM_PROCID", "PMI_RANK", "WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE"):
         monkeypatch.delenv(name, raising=False)

@@ -8,6 +8,8 @@ import pytest
 
 from dlscale.bench.parity import RECIPES, engine_twin, largest_loss_gap
 from dlscale.jobs.notebook_engines import run_file, run_on_engines
+from dlscale.lessons.stage_check import check_gaps
+from dlscale.lessons.stage_probes import run_stage
 from tests.unit.test_recipes import _solution
 
 #: Loss difference allowed between a stage and the engine (see the module's docstring).
@@ -60,10 +62,27 @@ def test_distributed_stage_on_two_ranks_trains_as_the_engine(stage, arguments, r
     arguments = {"epochs": 1, "device": "cpu", "workers": 0, **arguments}
     if stage != "10_fsdp_tp.py":
         arguments["compile"] = False  # (stage 04's test compiles; here the ranks and their reductions)
-    recipe = run_on_engines(run_file, 2, str(RECIPES / stage), **arguments)
+    recipe = run_on_engines(run_stage, 2, str(RECIPES / stage), **arguments)  # (watched, as a lesson runs it)
     assert recipe[0]["losses"] == recipe[1]["losses"], "the ranks logged different losses: not all-reduced"
+    for rank in recipe:
+        check_gaps(stage, rank)  # every probe passes ours on two ranks (the sampler's shares, the split plan)
     engine = run_on_engines(engine_twin, 2, stage, **arguments)
     _assert_equal_runs(recipe[0], engine[0])
+
+
+def test_a_tensor_parallel_split_taken_out_is_named_on_two_ranks(ranks_folder):
+    """Gap 10.b does nothing with tp=1, so tests/unit/test_stage_gaps.py cannot show it: here with tp=2."""
+    from tests.unit.test_stage_gaps import MUTANTS, _mutant
+
+    MUTANTS["10.b"] = lambda lines: ["pass"]
+    try:
+        (ranks_folder / "mutant_10_b.py").write_text(_mutant("10.b"))
+    finally:
+        del MUTANTS["10.b"]
+    ranks = run_on_engines(run_stage, 2, str(ranks_folder / "mutant_10_b.py"), epochs=1, device="cpu", workers=0,
+                           precision="fp32", tp=2, checkpoint="mutant-10b")
+    with pytest.raises(AssertionError, match=r"^TODO 10\.b .*tp=2, but no block was split"):
+        check_gaps("10_fsdp_tp.py", ranks[0])
 
 
 def test_sharded_stage_resumes_from_its_dcp_checkpoint_exactly(ranks_folder):

@@ -527,6 +527,8 @@ def test_each_site_renders_one_task_per_gpu_and_a_world_the_config_splits_over(s
         assert settings["MIOPEN_CUSTOM_CACHE_DIR"] == settings["MIOPEN_USER_DB_PATH"]
         assert settings["MIOPEN_USER_DB_PATH"].startswith(str(tmp_path / "node-local"))  # $TMPDIR: node-local
         assert Path(settings["MIOPEN_USER_DB_PATH"]).is_dir()  # MIOpen does not create it
+        # on every node, not the batch node alone (a dry run says so instead)
+        assert f"not run here: srun --ntasks-per-node=1 mkdir -p {settings['MIOPEN_USER_DB_PATH']}" in done.stderr
     if site == "perlmutter":
         assert "module load pytorch" in calls
         # HPE's settings for NCCL over Slingshot

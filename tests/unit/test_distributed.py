@@ -30,6 +30,9 @@ def test_slurm_node_lists_expand():
       "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "node7"}, DistEnv(1, 1, 2, 2, "mpi", "node7", 29500)),
     ({"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2", "MASTER_ADDR": "h1"},
      DistEnv(2, 0, 4, 2, "mpi", "h1", 29500)),
+    # Polaris's mpiexec (PALS) on 2 nodes of 4 GPUs: 4 ranks per node, not 8 (which no GPU count would fit)
+    ({"PMI_RANK": "5", "PMI_SIZE": "8", "PMI_LOCAL_RANK": "1", "PMI_LOCAL_SIZE": "4", "PALS_RANKID": "5",
+      "PALS_LOCAL_RANKID": "1", "PALS_LOCAL_SIZE": "4", "MASTER_ADDR": "x3002"}, DistEnv(5, 1, 8, 4, "mpi", "x3002", 29500)),
 ])
 def test_detect_reads_each_launchers_variables(environ, expected):
     assert detect(environ) == expected

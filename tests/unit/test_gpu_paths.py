@@ -416,3 +416,52 @@ def test_cudnns_autotuner_is_on_for_the_gpu_config_and_set_per_run_on_a_gpu(tiny
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
     result = train(tiny(max_steps=2))  # on the CPU: nothing to tune, and it says so
     assert result.applied["cudnn_benchmark"] is False and torch.backends.cudnn.benchmark is True
+
+
+# -- the recipe's profiling window under Nsight Systems (issue 59) ------------------------------------------------
+
+def test_the_recipes_profiling_window_traces_the_cpu_only_under_nsys_and_synchronizes_at_its_edges(monkeypatch,
+                                                                                                     tmp_path):
+    """Beside nsys a second CUDA tracer fails (CUPTI: multiple subscribers); a capture stopped without a synchronize
+    loses the kernels still queued."""
+    import importlib
+
+    from dlscale.bench.parity import RECIPES  # noqa: F401  (puts recipes/ on the path)
+
+    ProfilingWindow = importlib.import_module("training_tools").ProfilingWindow  # noqa: N806
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("synchronize"))
+    monkeypatch.setattr(torch.cuda.profiler, "start", lambda: calls.append("capture starts"))
+    monkeypatch.setattr(torch.cuda.profiler, "stop", lambda: calls.append("capture stops"))
+    monkeypatch.setenv("NSYS_PROFILING_SESSION_ID", "7")
+    window = ProfilingWindow("1,2", trace=str(tmp_path / "trace.json"))
+    assert set(window.profiler.activities) == {torch.profiler.ProfilerActivity.CPU}
+    monkeypatch.setattr(window.profiler, "start", lambda: None)
+    monkeypatch.setattr(window.profiler, "stop", lambda: None)
+    monkeypatch.setattr(window.profiler, "export_chrome_trace", lambda path: None)
+    monkeypatch.setattr(window.profiler, "key_averages", lambda: types.SimpleNamespace(table=lambda **k: ""))
+    window.step()
+    window.step()
+    assert calls == ["synchronize", "capture starts", "synchronize", "capture stops"]
+    monkeypatch.delenv("NSYS_PROFILING_SESSION_ID")
+    assert torch.profiler.ProfilerActivity.CUDA in ProfilingWindow("").profiler.activities
+
+
+def test_the_gpu_checks_run_risk_first_and_without_a_gpu_say_each_step_was_skipped(tmp_path):
+    """scripts/gpu_checks.sh: NCCL, DDP, the stages on CUDA, FSDP2 and DCP, compile, nsys and Horovod before the
+    CPU-only K-Means (which took the first 620 s of a lease); here, one line per step that it was skipped, and why."""
+    import subprocess
+    import sys
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the script runs for real (scripts/gpu_checks.sh)")
+    done = subprocess.run(["bash", "scripts/gpu_checks.sh"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable})
+    assert done.returncode == 0, done.stderr
+    skipped = [line.split("skipped: ", 1)[1] for line in (tmp_path / "log.txt").read_text().splitlines()
+               if "skipped: " in line]
+    assert [entry.split(" ", 1)[0] for entry in skipped] == [
+        f"{name}.txt" for name in ("probe ddp parity fsdp compile nsys horovod gpu_tests kmeans_gpu profile kmeans2 "
+                                   "kmeans_all").split()]
+    assert all(entry.endswith("(no CUDA GPU: torch " + torch.__version__ + " sees none)") for entry in skipped)
