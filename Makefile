@@ -13,15 +13,18 @@
 #                   tests that run the lessons in JupyterLab in a real browser
 #   make test-fast  the unit tier (no clusters, notebooks, browsers or launched ranks): the edit-test loop
 #   make lab        JupyterLab on the lessons
-#   make kernel     register this environment as a Jupyter kernel (e.g. on NERSC's JupyterHub)
+#   make kernel     register this environment as the Jupyter kernel `dlscale` the lessons name, with only the
+#                   lessons' extras (on NERSC's JupyterHub: with the pytorch module loaded, the kernel loads it too)
 #   make exercises  regenerate exercises/ from solutions/
+#   make reset LESSON=05   start lesson 05 over: its runs removed, nothing else
+#   make slides     each lesson's talk as a reveal.js deck in slides/, from the lessons themselves
 #
 # Knobs: PYTHON (interpreter for the venv), VENV (its folder), TORCH (the torch to install
 # first; empty keeps the one the environment already has, e.g. with
 # VENV_FLAGS=--system-site-packages on top of a site's PyTorch module), TORCH_INDEX (where pip finds
 # it: PyTorch's ROCm index on AMD GPUs), PYTEST_ARGS, TEST_WORKERS (test processes, 3), HOROVOD
 # (no = make test skips the Horovod build, and its tests skip), TEST_OLDEST (no = without the oldest-Python
-# run), OLDEST_PYTHON.
+# run), OLDEST_PYTHON, CONSTRAINTS (the versions to install with: constraints.txt; empty lets pip choose).
 
 PYTHON      ?= python3
 VENV        ?= .venv
@@ -38,16 +41,20 @@ TORCH_INDEX ?=
 TEST_EXTRAS ?= dev,notebooks,tracking,profiling,kmeans,hpo
 PYTEST_ARGS ?=
 HOROVOD     ?= yes
+# The versions a green run installed (constraints.txt: on the Python that ran it; elsewhere pip chooses). CONSTRAINTS=
+# (empty) lets pip choose everywhere.
+CONSTRAINTS ?= constraints.txt
+PIP_CONSTRAINTS := $(if $(strip $(CONSTRAINTS)),-c $(CONSTRAINTS))
 BIN         := $(VENV)/bin
 
-.PHONY: setup setup-dev horovod test-deps slurm-packages browser-packages demo test test-fast test-oldest oldest-check oldest-env lab kernel exercises clean
+.PHONY: setup setup-dev horovod test-deps slurm-packages browser-packages demo test test-fast test-oldest oldest-check oldest-env lab kernel exercises reset slides clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
 	$(if $(strip $(TORCH)),$(BIN)/python -m pip install --quiet $(if $(strip $(TORCH_INDEX)),--index-url $(TORCH_INDEX)) "$(TORCH)")
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet $(PIP_CONSTRAINTS) -e .
 	touch $@
 
 # timm only for its optimizers, which the benchmark and tests compare with: --no-deps keeps
@@ -55,8 +62,8 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 # Then K-Means's loops are compiled once into numba's cache (~25 s on 2 cores), so the lessons' kernels, their
 # ranks and the test processes load them instead of each compiling them at its first fit.
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
-	$(BIN)/python -m pip install --quiet -e ".[$(TEST_EXTRAS)]"
-	$(BIN)/python -m pip install --quiet --no-deps "timm>=1.0"
+	$(BIN)/python -m pip install --quiet $(PIP_CONSTRAINTS) -e ".[$(TEST_EXTRAS)]"
+	$(BIN)/python -m pip install --quiet $(PIP_CONSTRAINTS) --no-deps "timm>=1.0"
 	$(BIN)/python -m dlscale.kmeans.compile_ahead
 	touch $@
 
@@ -171,14 +178,32 @@ test-fast: setup-dev
 	$(BIN)/python -m pytest tests/unit \
 	  $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) $(PYTEST_ARGS)
 
-lab: setup-dev
+lab: kernel
 	$(BIN)/jupyter lab --notebook-dir=.
 
-kernel: setup-dev
-	$(BIN)/python -m ipykernel install --user --name dlscale --display-name "dlscale ($(shell cd $(VENV) && pwd))"
+# The lessons' extras only (no test tools): what a hub's kernel needs. Where make test has installed more, that serves.
+LESSON_EXTRAS ?= notebooks,kmeans,hpo,tracking,profiling
+# Modules the kernel loads before it starts: those this environment was built under (NERSC's pytorch module)
+KERNEL_MODULES ?= $(SITE_TORCH)
+$(VENV)/.installed-lessons: pyproject.toml $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet $(PIP_CONSTRAINTS) -e ".[$(LESSON_EXTRAS)]"
+	touch $@
+
+kernel: $(if $(wildcard $(VENV)/.installed-dev),$(VENV)/.installed,$(VENV)/.installed-lessons)
+	$(BIN)/python -m dlscale.jobs.kernel --display-name "dlscale ($(shell cd $(VENV) && pwd))" \
+	  $(foreach module,$(KERNEL_MODULES),--module $(module))
 
 exercises: setup
 	$(BIN)/dlscale exercises
+
+# Each lesson's talk as a reveal.js deck in slides/ (dlscale/lessons/slides.py): the instructor talks from the lessons
+slides: $(if $(wildcard $(VENV)/.installed-dev),$(VENV)/.installed,$(VENV)/.installed-lessons)
+	$(BIN)/python -m dlscale.lessons.slides --notebooks notebooks --out slides
+
+# make reset LESSON=05: lesson 05 starts over (its runs/lesson05* folders removed; your my_*.py kept; nothing else)
+reset: setup
+	@[ -n "$(LESSON)" ] || { echo "make reset LESSON=NN: name the lesson, e.g. LESSON=05"; exit 2; }
+	$(BIN)/dlscale lessons reset $(LESSON)
 
 clean:
 	rm -rf $(VENV) $(OLDEST_VENV) $(OLDEST_VENV).log runs data wandb .pytest_cache

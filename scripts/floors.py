@@ -30,7 +30,9 @@ def pins(pyproject: Path) -> list[str]:
                                               for extra, name in CORE]
     out = []
     for requirement in wanted:
-        match = re.fullmatch(r"\s*([A-Za-z0-9_.\-]+)\s*>=\s*([0-9][^,;\s]*)\s*", requirement)
+        # (a cap beside the floor, "<4", is kept out of the pin: the floor is what the oldest run installs)
+        match = re.fullmatch(r"\s*([A-Za-z0-9_.\-]+)\s*>=\s*([0-9][^,;\s]*)\s*(?:,\s*<\s*[0-9][^,;\s]*\s*)?",
+                             requirement)
         if not match:
             raise SystemExit(f"floors.py: {requirement!r} has no plain floor (name>=version) to pin")
         out.append(f"{match[1]}=={match[2]}")

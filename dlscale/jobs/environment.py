@@ -17,8 +17,8 @@ from dlscale.distributed import detect_launcher
 from dlscale.runtime.devices import GPU_ORDER_VARIABLE, gpu_index
 from dlscale.runtime.threads import affinity_set, parse_cpu_list
 
-#: Optional packages and the extra that installs each.
-OPTIONAL = {"nvtx": "profiling", "wandb": "tracking", "horovod": "horovod", "daal4py": "kmeans",
+#: Optional packages and the extra that installs each (or the command, for Horovod).
+OPTIONAL = {"nvtx": "profiling", "wandb": "tracking", "horovod": "make horovod", "daal4py": "kmeans",
             "mpi4py": "mpi", "sklearn": "kmeans", "ipyparallel": "notebooks", "jupyterlab": "notebooks"}
 
 
@@ -59,7 +59,8 @@ def describe() -> dict[str, Any]:
         from dlscale.runtime.precision import supports_bf16
         info["bf16 supported"] = supports_bf16(torch.device("cuda"))
     for module, extra in OPTIONAL.items():
-        info[f"optional {module}"] = "installed" if importlib.util.find_spec(module) else f"missing (extra: {extra})"
+        how = extra if " " in extra else f"extra: {extra}"  # (Horovod has no extra: its build script)
+        info[f"optional {module}"] = "installed" if importlib.util.find_spec(module) else f"missing ({how})"
     return info
 
 

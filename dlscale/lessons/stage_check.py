@@ -189,7 +189,7 @@ def _horovod_optimizer(seen: dict, args: dict, result: dict) -> str | None:
     if not seen["hvd_optimizers"]:
         return "the optimizer is not Horovod's: its gradients are not averaged over the ranks"
     made = seen["hvd_optimizers"][-1]
-    if "Average" not in made["op"] and made["op"] != "None":
+    if not made["averaged"]:
         return f"Horovod's optimizer takes op={made['op']}: the ranks' gradients are averaged (hvd.Average)"
     if made["backward_passes_per_step"] != args.get("accumulate", 1):
         return (f"Horovod's optimizer averages every {made['backward_passes_per_step']} backward pass(es), with "
@@ -334,6 +334,7 @@ BY_NUMBERS: dict[str, tuple[list[str], list[str]]] = {
 #: Errors that say which call is missing: (words in the message, an API name the missing answer calls).
 _KNOWN_ERRORS = (("process group has not been initialized", "init_process_group"),
                  ("no attribute 'set_requires_gradient_sync'", "fully_shard"),  # (a method FSDP2 adds)
+                 ("no attribute 'synchronize'", "DistributedOptimizer"),  # (a method Horovod's optimizer adds)
                  ("meta", "to_empty"), ("Horovod has not been initialized", "hvd.init"))
 
 

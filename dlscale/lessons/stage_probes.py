@@ -188,7 +188,8 @@ def _watch_horovod(patches: _Patches, seen: dict[str, Any]) -> None:
     patches.wrap(hvd, "init", lambda f: _noting(f, lambda *a, **k: seen.__setitem__("hvd_init",
                                                                                        seen["hvd_init"] + 1)))
     patches.wrap(hvd, "DistributedOptimizer", lambda f: _noting(f, lambda *a, **k: seen["hvd_optimizers"].append(
-        {"op": str(k.get("op")), "backward_passes_per_step": k.get("backward_passes_per_step", 1),
+        {"averaged": k.get("op", hvd.Average) == hvd.Average, "op": str(k.get("op", "Average")),
+         "backward_passes_per_step": k.get("backward_passes_per_step", 1),
          "named": k.get("named_parameters") is not None})))
     patches.wrap(hvd, "broadcast_parameters", lambda f: _noting(f, lambda *a, **k: seen.__setitem__(
         "broadcasts", seen["broadcasts"] + 1)))

@@ -176,3 +176,16 @@ def test_a_kernel_jupyterlab_does_not_offer_is_named(lab, tmp_path):
     name = _prepare(lab, "00_environment.ipynb", LESSONS["00_environment.ipynb"], as_name="00_no_kernel.ipynb")
     with pytest.raises(AssertionError, match=r"JupyterLab offers no 'dlscale-gpu' kernel, only \[.*'dlscale \("):
         lab.run_all(name, "dlscale-gpu", tmp_path / "no_kernel.png")
+
+
+def test_a_lessons_deck_opens_on_its_first_slide(lab, tmp_path):
+    """make slides: each lesson's talk as a reveal.js deck, from the lesson itself (#58)."""
+    from selenium.webdriver.common.by import By
+
+    from dlscale.lessons.slides import write_slides
+    decks = write_slides(ROOT / "notebooks", tmp_path)
+    assert len(decks) == len(list((ROOT / "notebooks").glob("*.ipynb")))
+    lab.driver.get((tmp_path / "05_data_parallel.slides.html").as_uri())
+    sections = lab.driver.find_elements(By.CSS_SELECTOR, ".reveal .slides section")
+    assert len(sections) > 5 and "05 · Data-parallel training" in sections[0].get_attribute("textContent")
+    assert "init_process_group(" not in lab.driver.page_source  # (the code stays on the attendees' screens)

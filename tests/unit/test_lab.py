@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import os
 
 import pytest
 
@@ -87,3 +88,34 @@ def _kit_share(path) -> float:
 def test_the_attendee_writes_more_of_each_hands_on_lesson_than_the_kit_runs(lesson):
     [path] = (ROOT / "notebooks").glob(f"{lesson}_*.ipynb")
     assert _kit_share(path) <= MOST_KIT_CELLS, f"{path.name}: {_kit_share(path):.0%} of its code cells use the kit"
+
+
+def test_every_notebook_names_the_kernel_make_kernel_registers():
+    """On a JupyterHub `python3` is the hub's Python, which cannot import the kit (#58)."""
+    from dlscale.jobs.kernel import KERNEL_NAME
+    for folder in ("notebooks", "exercises", "solutions"):
+        for path in sorted((ROOT / folder).glob("*.ipynb")):
+            assert json.loads(path.read_text())["metadata"]["kernelspec"]["name"] == KERNEL_NAME, path
+
+
+def test_the_kernel_loads_its_modules_first_then_becomes_this_python(tmp_path):
+    """NERSC's pattern for a kernel built under `module load pytorch`: a helper that loads the module, then execs."""
+    import subprocess
+    import sys
+
+    from dlscale.jobs.kernel import HELPER, install_kernel
+    log = tmp_path / "modules.log"
+    environ = {**os.environ, "JUPYTER_DATA_DIR": str(tmp_path / "jupyter")}
+    os.environ["JUPYTER_DATA_DIR"] = environ["JUPYTER_DATA_DIR"]
+    try:
+        folder = install_kernel(modules=["pytorch/2.6.0"], display_name="dlscale (test)")
+    finally:
+        del os.environ["JUPYTER_DATA_DIR"]
+    assert folder == tmp_path / "jupyter/kernels/dlscale"
+    spec = json.loads((folder / "kernel.json").read_text())
+    assert spec["argv"] == ["{resource_dir}/" + HELPER, "-f", "{connection_file}"]
+    environ["BASH_FUNC_module%%"] = f'() {{ echo "module $*" >> {log}; }}'  # (a site's module function)
+    done = subprocess.run([str(folder / HELPER), "--help"], env=environ, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "IPython" in done.stdout, done.stderr[-500:]  # (the kernel's own help)
+    assert log.read_text() == "module load pytorch/2.6.0\n"
+    assert f"exec {sys.executable} -m ipykernel_launcher" in (folder / HELPER).read_text()
