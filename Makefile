@@ -173,7 +173,7 @@ test: oldest-check $(SYSTEM_PACKAGES) test-deps
 	exit $$status
 
 # The unit tier (tests/unit), for the edit-test loop: no Slurm cluster, notebook, browser, Jupyter server, engines or
-# launched ranks (those are tests/integration, which make test runs too). Under 3 minutes on 2 cores.
+# launched ranks (those are tests/integration, which make test runs too). About a minute on 2 cores.
 test-fast: setup-dev
 	$(BIN)/python -m pytest tests/unit \
 	  $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) $(PYTEST_ARGS)

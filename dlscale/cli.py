@@ -1,4 +1,5 @@
-"""The ``dlscale`` command: train, data, bench, experiment, exercises, recipes, export, report, kmeans, info.
+"""The ``dlscale`` command: train, data, exercises, recipes, lessons, bench, kmeans, export, report, plan, project,
+experiment, hpo, info (``dlscale --help`` lists them; ``dlscale --version``).
 
 Every subcommand calls the package; nothing here computes. Errors that a user can fix
 (a bad key, a missing file, no GPU) print one line and exit with status 2.
@@ -230,9 +231,9 @@ def _report(args: argparse.Namespace) -> int:
 def _bench_kmeans(args: argparse.Namespace) -> int:
     from dlscale.bench.kmeans import bench_kmeans, format_kmeans
 
-    rows = bench_kmeans(n=args.n, d=args.d, k=args.k, iterations=args.iters, procs=[int(p) for p in
-                        args.procs.split(",")] if args.procs else [], out_dir=args.out, rounds=args.rounds,
-                        kinds=tuple(args.kinds.split(",")), photo_k=tuple(int(k) for k in args.photo_k.split(",")))
+    rows = bench_kmeans(n=args.n, d=args.d, k=args.k, iterations=args.iters, procs=args.procs,
+                        out_dir=args.out, rounds=args.rounds, kinds=tuple(args.kinds.split(",")),
+                        photo_k=tuple(args.photo_k))
     print(format_kmeans(rows))
     print(f"kmeans.json and kmeans.png in {args.out}/")
     return 0
@@ -251,8 +252,7 @@ def _bench_memory(args: argparse.Namespace) -> int:
 def _bench_scaling(args: argparse.Namespace) -> int:
     from dlscale.bench.scaling import bench_scaling, format_scaling
 
-    procs = [int(n) for n in args.procs.split(",")]
-    rows = bench_scaling(load_config(args.config, args.overrides), procs=procs, steps=args.steps, out_dir=args.out)
+    rows = bench_scaling(load_config(args.config, args.overrides), procs=args.procs, steps=args.steps, out_dir=args.out)
     print(format_scaling(rows))
     print(f"scaling.json and scaling.png in {args.out}/")
     return 0
@@ -271,7 +271,7 @@ def _bench_breakdown(args: argparse.Namespace) -> int:
     runner = (slurm_runner(cfg, args.slurm, dict(os.environ), args.tasks_per_node) if args.slurm
               else local_runner(cfg, args.threads or fair_threads(max(sizes))))
     result = bench_breakdown(cfg, sizes, runner, steps=args.steps,
-                             rounds=args.rounds, buckets=[float(b) for b in args.buckets.split(",") if b],
+                             rounds=args.rounds, buckets=args.buckets,
                              static_graph=args.static_graph, unit="nodes" if args.slurm else "ranks",
                              ranks_per_unit=args.tasks_per_node if args.slurm else 1, out_dir=args.out)
     print(format_breakdown(result))
@@ -356,6 +356,14 @@ class _Parser(argparse.ArgumentParser):
     """argparse, with a mistake on the command line said in one line (not the usage block, then the error)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        wrong = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if wrong:  # (a command mistyped: the nearest one, as git says it)
+            import difflib
+
+            choices = re.findall(r"'?([\w-]+)'?", wrong[2])
+            near = difflib.get_close_matches(wrong[1], choices, n=1)
+            message = f"{message.split(':')[0]}: no command {wrong[1]!r}" + (f"; did you mean {near[0]!r}?" if near
+                                                                            else f" (commands: {', '.join(choices)})")
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -389,6 +397,16 @@ def _whole(text: str) -> int:
 def _sizes(text: str) -> list[int]:
     """``--sizes 1,2,4``: whole numbers of ranks or nodes, each at least 1."""
     return [_number(int, 1)(part) for part in text.split(",")]
+
+
+def _counts_or_none(text: str) -> list[int]:
+    """``--procs 1,2`` (process counts, each at least 1), or ``''`` for none."""
+    return _sizes(text) if text.strip() else []
+
+
+def _positive_list(text: str) -> list[float]:
+    """``--buckets 1,25``: numbers above 0 (an empty entry is skipped)."""
+    return [_number(float, above=True, low=0)(part) for part in text.split(",") if part.strip()]
 
 
 #: A measured stretch needs steps after the 5 that warm up (and the profiled window's own).
@@ -522,7 +540,7 @@ def _add_bench_scaling(bench_commands: Any) -> None:
         description="Train at each process count under torchrun: strong scaling keeps the global batch, weak "
                     "scaling keeps the per-rank batch. Prints throughput, speedup and efficiency.")
     _config_arguments(scaling)
-    scaling.add_argument("--procs", default="1,2", help="comma-separated process counts")
+    scaling.add_argument("--procs", type=_sizes, default=[1, 2], help="comma-separated process counts (default 1,2)")
     scaling.add_argument("--steps", type=_number(int, MIN_MEASURED_STEPS), default=60)
     scaling.add_argument("--out", default="runs/scaling")
     scaling.set_defaults(handler=_bench_scaling)
@@ -540,7 +558,8 @@ def _add_bench_breakdown(bench_commands: Any) -> None:
     breakdown.add_argument("--sizes", type=_sizes, default=[1, 2], help="comma-separated ranks (or nodes with --slurm)")
     breakdown.add_argument("--steps", type=_number(int, MIN_MEASURED_STEPS), default=150, help="steps per run (the first 5 are not timed)")
     breakdown.add_argument("--rounds", type=_number(int, 1), default=2, help="every way runs once per round, in turns (median)")
-    breakdown.add_argument("--buckets", default="1", help="other bucket_cap_mb values to try (comma-separated)")
+    breakdown.add_argument("--buckets", type=_positive_list, default=[1.0],
+                           help="other bucket_cap_mb values to try (comma-separated; default 1)")
     breakdown.add_argument("--static-graph", action="store_true", help="also set static_graph in the bucket runs")
     breakdown.add_argument("--threads", type=_number(int, 0), default=0, help="torch threads per rank (0 = the CPUs shared)")
     breakdown.add_argument("--slurm", default=None, metavar="SCRIPT",
@@ -576,9 +595,11 @@ def _add_bench_kmeans(bench_commands: Any) -> None:
     kmeans_bench.add_argument("--n", type=_number(int, 1), default=1_000_000, help="samples of blobs (noise: 0.4 n)")
     kmeans_bench.add_argument("--d", type=_number(int, 1), default=32, help="features of blobs and noise")
     kmeans_bench.add_argument("--k", type=_number(int, 1), default=64, help="clusters of blobs and noise")
-    kmeans_bench.add_argument("--photo-k", default="16,64", help="clusters (colours) of the photos")
+    kmeans_bench.add_argument("--photo-k", type=_sizes, default=[16, 64],
+                              help="clusters (colours) of the photos (default 16,64)")
     kmeans_bench.add_argument("--iters", type=_number(int, 1), default=8, help="Lloyd iterations of the first phase")
-    kmeans_bench.add_argument("--procs", default="1,2", help="process counts for the scaling runs ('' = none)")
+    kmeans_bench.add_argument("--procs", type=_counts_or_none, default=[1, 2],
+                              help="process counts for the scaling runs ('' = none; default 1,2)")
     kmeans_bench.add_argument("--rounds", type=_number(int, 1), default=3, help="fits per engine; the median is reported")
     kmeans_bench.add_argument("--out", default="runs/bench_kmeans")
     kmeans_bench.set_defaults(handler=_bench_kmeans)
@@ -831,6 +852,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="dlscale",
         description="Deep learning at scale: train (one engine for lessons, jobs and notebooks), data, benchmarks, K-Means, reports, node planning, hyperparameter search, and the lessons' exercises and recipes.")
+    from dlscale import __version__
+
+    parser.add_argument("--version", action="version", version=f"dlscale {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_train, _add_data, _add_exercises, _add_recipes, _add_lessons, _add_bench, _add_kmeans, _add_export, _add_report,
                 _add_plan, _add_project, _add_experiment, _add_hpo, _add_info):
@@ -856,6 +880,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     if rest:
         if hasattr(args, "overrides") and all("=" in item and not item.startswith("-") for item in rest):
             args.overrides = [*args.overrides, *rest]
+        elif hasattr(args, "overrides") and rest[0].startswith("--"):  # (--epochs 2 for epochs=2)
+            key = rest[0].lstrip("-").split("=", 1)[0].replace("-", "_")
+            value = rest[0].split("=", 1)[1] if "=" in rest[0] else (rest[1] if len(rest) > 1 else "VALUE")
+            parser.error(f"unrecognized arguments: {' '.join(rest)}; a setting is key=value, as {key}={value}")
         else:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return args

@@ -36,7 +36,7 @@ def _add(module: str, *names: str) -> None:
 # -- train and set up ----------------------------------------------------------------------------------
 _add("dlscale.train", "train", "train_quietly")
 _add("dlscale.config", "load_config")
-_add("dlscale.models", "CNNRegressor", "ViTRegressor", "build_model", "count_parameters")
+_add("dlscale.models", "CNNRegressor", "ViTRegressor", "build_model")
 _add("dlscale.data", "FieldSpec", "ShardDataset", "TARGET_NAMES", "generate_fields", "make_loader", "mini_cosmoflow",
      "prepare_data", "read_manifest", "synthetic_dir")
 _add("dlscale.checkpoint", "load_model")
@@ -44,7 +44,6 @@ _add("dlscale.runtime.devices", "resolve_device")
 _add("dlscale.runtime.precision", "Precision", "gradient_underflow")
 _add("dlscale.runtime.threads", "fair_threads")
 _add("dlscale.optim", "LAMB", "LARS")
-_add("dlscale.optim.schedules", "lr_trace", "scale_lr")
 _add("dlscale.training.step", "train_step")
 _add("dlscale.metrics.evaluation", "predict")
 _add("dlscale.metrics.steplog", "DivergedError")
@@ -64,26 +63,24 @@ _add("dlscale.bench.scaling", "bench_scaling", "format_scaling")
 _add("dlscale.bench.staging", "bench_staging")
 _add("dlscale.profiling", "as_shell", "nsys_command", "nsys_stats_command", "nvtx_range", "phase_times",
      "read_summary")
-_add("dlscale.profiling.flops", "PEAK_FLOPS")
 _add("dlscale.profiling.step_profiler", "operator_times")
-_add("dlscale.scaling.collectives", "data_parallel_bytes", "tensor_parallel_bytes")
-_add("dlscale.metrics.memory", "checkpointing_trade", "estimate_bytes")
-_add("dlscale.metrics.tracking", "offline_wandb_runs", "read_rows", "wandb_sync_command")
+_add("dlscale.metrics.memory", "checkpointing_trade")
+_add("dlscale.metrics.tracking", "read_rows")
 _add("dlscale.metrics.weight_difference", "largest_weight_difference")
 
 # -- run elsewhere: engines, torchrun, Slurm --------------------------------------------------------------
 _add("dlscale.jobs.environment", "describe", "report")
 _add("dlscale.jobs.local_ranks", "torchrun_command")
 _add("dlscale.jobs.local_slurm", "LocalSlurm", "missing_programs", "multi_node_unavailable", "stop_on_error")
-_add("dlscale.jobs.notebook_engines", "run_file", "run_on_engines", "train_rank")
+_add("dlscale.jobs.notebook_engines", "run_on_engines", "stop_engines", "train_rank")
 _add("dlscale.jobs.queue", "job_environ", "open_queue")
 _add("dlscale.jobs.slurm_jobs", "job_info", "submit", "submit_sweep", "wait_for_jobs", "wait_until")
 
 # -- read and show -----------------------------------------------------------------------------------------
 _add("dlscale.reporting.plots", "allreduce_bandwidth", "allreduce_fit", "bar_chart", "breakdown_bars",
-     "cost_to_solution", "efficiency_projection", "kmeans_ratios", "loss_curves", "lr_schedules", "map_gallery",
-     "memory_chart", "noise_scale_curve", "predictions_vs_truth", "quantized_images", "scaling_curves",
-     "search_progress", "spread_chart", "trace_timeline", "trial_curves", "trust_ratios")
+     "cost_to_solution", "efficiency_projection", "kmeans_ratios", "loss_curves", "map_gallery", "memory_chart",
+     "noise_scale_curve", "predictions_vs_truth", "quantized_images", "scaling_curves", "search_progress",
+     "spread_chart", "trace_timeline", "trial_curves", "trust_ratios")
 _add("dlscale.reporting.report", "collect", "format_report")
 _add("dlscale.reporting.tables", "markdown_table")
 
@@ -94,23 +91,20 @@ _add("dlscale.lessons.conclusions", "breakdown_conclusions", "compare_spreads", 
      "efficiency_conclusion", "ladder_conclusions", "loader_conclusion", "memory_conclusion",
      "noise_scale_conclusions", "precision_conclusion", "search_conclusions", "sweep_conclusions",
      "width_conclusions")
-_add("dlscale.bench.parity", "engine_twin", "largest_loss_gap", "recipe_path")
+_add("dlscale.bench.parity", "engine_twin", "recipe_path")
 _add("dlscale.lessons.recipes", "show_ours", "show_recipe_change", "use_ours")
 _add("dlscale.lessons.stage_probes", "run_stage")
 _add("dlscale.lessons.gaps", "hint")
 for _module in ("checks", "plan_checks", "recipe_checks"):  # the exercises' checks, called as checks.check_x(...)
     _WHERE[_module] = (f"dlscale.lessons.{_module}", None)
-_add("dlscale.lessons.checks", "regression_problem")
 _add("dlscale.lessons.search_checks", "baseline_value", "check_space", "values_over_seeds")
 
 # -- plan and search -----------------------------------------------------------------------------------------
 _add("dlscale.scaling.fit", "fit_link", "predictions", "worst_ratio")
 _add("dlscale.scaling.plan", "allocation_request", "compare", "cost_rows", "format_plan", "predict_next",
      "recommend")
-_add("dlscale.scaling.projection", "RESNET50_A100_IMAGES_PER_S", "RESNET50_PARAMETERS", "RESNET50_TRAIN_FLOPS",
-     "Workload", "assumptions", "format_projection", "largest_efficient", "overlap_from_breakdown", "project",
-     "workload_for")
-_add("dlscale.scaling.published", "format_validation", "validate")
+_add("dlscale.scaling.projection", "RESNET50_A100_IMAGES_PER_S", "RESNET50_PARAMETERS", "Workload", "assumptions",
+     "largest_efficient", "overlap_from_breakdown", "project", "workload_for")
 _add("dlscale.scaling.sites", "FRONTIER", "PERLMUTTER", "here")
 _add("dlscale.hpo", "SearchSpaceError", "create_study", "load_space")
 _add("dlscale.hpo.space", "SEARCH_DIR")

@@ -15,7 +15,7 @@
 # all-reduce of a GPU tensor fails ("Requested ReadyEvent with GPU device but not compiled with
 # CUDA"). Otherwise it builds for CPU tensors only, even with a CUDA build of torch.
 # HOROVOD_GPU=nccl or cpu chooses; BUILD_HOROVOD_PLAN=1 only prints the choice.
-# About 8 minutes on 2 cores.
+# A few minutes on 2 cores (140 s of both cores alone; longer beside other work).
 #
 # On NERSC, OLCF and most sites, use PyTorch DDP (the kit's default) or the Horovod that
 # the site's container or module provides; this build is for laptops and CI.

@@ -40,7 +40,7 @@ _own_mark: list[str] = []  # set in the process that made the mark (a nested ses
 
 
 def pytest_configure(config):
-    # Two test processes (pytest-xdist) share the two cores: each runs torch on one thread, so that neither
+    # The test processes (pytest-xdist, make test's TEST_WORKERS: 3) share the cores: each runs torch on one thread, so that neither
     # waits at an OpenMP barrier for a thread the other process has pushed off its core. The ranks and
     # kernels a test starts inherit the setting (dlscale.runtime.threads reads OMP_NUM_THREADS).
     if os.environ.get("PYTEST_XDIST_WORKER"):

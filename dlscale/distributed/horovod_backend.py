@@ -27,7 +27,7 @@ from dlscale.errors import DlscaleError, import_optional, importable
 
 #: What to do when Horovod cannot be imported.
 INSTALL_HINT = ("build it for this environment with `make horovod` (scripts/build_horovod.sh: Horovod 0.28.1 with "
-                "gloo, about 8 minutes), or on a cluster load the site's Horovod module or container")
+                "gloo, a few minutes), or on a cluster load the site's Horovod module or container")
 
 #: Attributes the layer-wise optimizers keep on the instance rather than in their groups;
 #: ``hvd.DistributedOptimizer`` rebuilds the optimizer from its groups, so these are copied over.

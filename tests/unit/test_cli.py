@@ -114,6 +114,13 @@ MISTAKES = [
     (["data", "generate", "--out", "gen", "image_size=65536"], "maps of 65536x65536 take 147,456.0 GiB, but . has"),
     (["hpo", "worker", "--dir", "damaged"], "damaged/study.json is not valid JSON"),
     (["hpo", "worker", "--dir", "unknown"], "unknown/study.json"),
+    # #60: comma lists took no type (a ValueError traceback); a mistyped command, an option for a setting
+    (["bench", "scaling", "tiny", "--procs", "1,x"], "argument --procs: a whole number is needed, not 'x'"),
+    (["bench", "kmeans", "--procs", "1,x"], "argument --procs: a whole number is needed, not 'x'"),
+    (["bench", "kmeans", "--photo-k", "16,sixty"], "argument --photo-k: a whole number is needed, not 'sixty'"),
+    (["bench", "breakdown", "tiny", "--buckets", "x"], "argument --buckets: a number is needed, not 'x'"),
+    (["trian", "tiny"], "no command 'trian'; did you mean 'train'?"),
+    (["train", "tiny", "--epochs", "2"], "unrecognized arguments: --epochs 2; a setting is key=value, as epochs=2"),
 ]
 
 #: Search spaces a hand can get wrong: a string for a list, a word for a number, a quoted boolean, a list for a map.

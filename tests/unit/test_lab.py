@@ -119,3 +119,16 @@ def test_the_kernel_loads_its_modules_first_then_becomes_this_python(tmp_path):
     assert done.returncode == 0 and "IPython" in done.stdout, done.stderr[-500:]  # (the kernel's own help)
     assert log.read_text() == "module load pytorch/2.6.0\n"
     assert f"exec {sys.executable} -m ipykernel_launcher" in (folder / HELPER).read_text()
+
+
+def test_every_name_of_the_door_is_used_by_a_lesson_or_named_to_its_readers():
+    """The other direction (#60): a name no notebook uses, and no lesson or README tells a reader to call, goes."""
+    import re
+
+    from dlscale import lab
+    text = (ROOT / "README.md").read_text()
+    for folder in ("notebooks", "exercises", "solutions"):
+        for path in sorted((ROOT / folder).glob("*.ipynb")):
+            text += "\n".join("".join(cell["source"]) for cell in json.loads(path.read_text())["cells"])
+    assert [name for name in lab.__all__ if not re.search(rf"\b{re.escape(name)}\b", text)] == []
+    assert "stop_engines" in lab.__all__  # (the README tells notebook users to call it)
