@@ -1,4 +1,4 @@
-# recipes/01_baseline.py
+# recipes/01_baseline.py: written from notebooks/01_single_device_baseline.ipynb by `dlscale recipes`; edit the lesson's cell
 """A plain PyTorch training loop for the mini-CosmoFlow maps: stage 01 of the recipe (lesson 01).
 
 Copy it, with training_tools.py beside it, into your own project: only the data set comes from dlscale

@@ -1,4 +1,4 @@
-# recipes/02_data_loading.py
+# recipes/02_data_loading.py: written from notebooks/02_data_loading.ipynb by `dlscale recipes`; edit the lesson's cell
 """A plain PyTorch training loop for the mini-CosmoFlow maps: stage 02 of the recipe (lesson 02).
 
 Copy it, with training_tools.py beside it, into your own project: only the data set comes from dlscale

@@ -1,4 +1,4 @@
-# recipes/03_mixed_precision.py
+# recipes/03_mixed_precision.py: written from notebooks/03_mixed_precision.ipynb by `dlscale recipes`; edit the lesson's cell
 """A plain PyTorch training loop for the mini-CosmoFlow maps: stage 03 of the recipe (lesson 03).
 
 Copy it, with training_tools.py beside it, into your own project: only the data set comes from dlscale

@@ -1,4 +1,4 @@
-# recipes/04_compile.py
+# recipes/04_compile.py: written from notebooks/04_profiling.ipynb by `dlscale recipes`; edit the lesson's cell
 """A plain PyTorch training loop for the mini-CosmoFlow maps: stage 04 of the recipe (lesson 04).
 
 Copy it, with training_tools.py beside it, into your own project: only the data set comes from dlscale

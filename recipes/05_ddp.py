@@ -1,4 +1,4 @@
-# recipes/05_ddp.py
+# recipes/05_ddp.py: written from notebooks/05_data_parallel.ipynb by `dlscale recipes`; edit the lesson's cell
 """A plain PyTorch training loop for the mini-CosmoFlow maps: stage 05 of the recipe (lesson 05).
 
 Copy it, with training_tools.py beside it, into your own project: only the data set comes from dlscale

@@ -1,4 +1,4 @@
-# recipes/07_large_batch.py
+# recipes/07_large_batch.py: written from notebooks/07_large_batch.ipynb by `dlscale recipes`; edit the lesson's cell
 """A plain PyTorch training loop for the mini-CosmoFlow maps: stage 07 of the recipe (lesson 07).
 
 Copy it, with training_tools.py beside it, into your own project: only the data set comes from dlscale

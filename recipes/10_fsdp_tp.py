@@ -1,4 +1,4 @@
-# recipes/10_fsdp_tp.py
+# recipes/10_fsdp_tp.py: written from notebooks/10_sharded_and_model_parallel.ipynb by `dlscale recipes`; edit the lesson's cell
 """A plain PyTorch training loop for the mini-CosmoFlow maps: stage 10 of the recipe (lesson 10).
 
 Copy it, with training_tools.py beside it, into your own project: only the data set comes from dlscale

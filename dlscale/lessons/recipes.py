@@ -68,7 +68,12 @@ def show_recipe_change(old: str, new: str) -> None:
 
 def recipe_cells(notebooks: Path) -> dict[str, str]:
     """{file name: cell source} for each cell tagged ``recipe`` in the notebooks of a folder."""
-    found: dict[str, str] = {}
+    return {name: source for name, (source, _) in _recipe_cells(notebooks).items()}
+
+
+def _recipe_cells(notebooks: Path) -> dict[str, tuple[str, str]]:
+    """{file name: (cell source, the notebook's file name)} for each cell tagged ``recipe``."""
+    found: dict[str, tuple[str, str]] = {}
     if not Path(notebooks).is_dir():
         raise RecipeError(f"{notebooks} is not a folder of notebooks: run this in a clone of dlscale, or name the "
                           f"lessons' folder with --notebooks")
@@ -87,7 +92,7 @@ def recipe_cells(notebooks: Path) -> dict[str, str]:
                                   f"('# recipes/NAME.py', letters, digits, _ . -), not {first[:60]!r}")
             if name in found:
                 raise RecipeError(f"{path.name}: recipes/{name} is written by two cells")
-            found[name] = source
+            found[name] = (source, path.name)
     if not found:
         raise RecipeError(f"{notebooks} holds no cell tagged recipe: name the lessons' folder with --notebooks")
     return found
@@ -97,12 +102,15 @@ _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.py")
 
 
 def write_recipes(notebooks: Path, recipes: Path, check: bool = False) -> list[Path]:
-    """Write each recipe cell of ``notebooks`` to ``recipes`` (cell + :data:`SCRIPT_FOOTER`); return the
-    files that changed, or with ``check`` the files that would change (nothing is written)."""
+    """Write each recipe cell of ``notebooks`` to ``recipes`` (a first line naming the lesson it comes from, the cell,
+    :data:`SCRIPT_FOOTER`); return the files that changed, or with ``check`` those that would change (nothing is
+    written)."""
     changed = []
-    for name, source in recipe_cells(notebooks).items():
+    for name, (source, notebook) in _recipe_cells(notebooks).items():
         path = Path(recipes) / name
-        text = source.rstrip("\n") + "\n" + SCRIPT_FOOTER
+        # (a generated file says so in its first line: an edit here is overwritten by the next dlscale recipes)
+        header = f"# recipes/{name}: written from notebooks/{notebook} by `dlscale recipes`; edit the lesson's cell\n"
+        text = header + source.rstrip("\n").split("\n", 1)[1] + "\n" + SCRIPT_FOOTER
         if not path.is_file() or path.read_text() != text:
             changed.append(path)
             if not check:

@@ -35,6 +35,9 @@ def test_recipe_files_are_the_lessons_cells(tmp_path):
     (tmp_path / "recipes").mkdir()
     assert write_recipes(tmp_path, tmp_path / "recipes") == [tmp_path / "recipes" / "01_baseline.py"]
     assert "# an attendee's change" in (tmp_path / "recipes" / "01_baseline.py").read_text()
+    # the file says in its first line where it comes from, and that an edit belongs in the lesson (#60)
+    assert (tmp_path / "recipes" / "01_baseline.py").read_text().splitlines()[0] == (
+        "# recipes/01_baseline.py: written from notebooks/01.ipynb by `dlscale recipes`; edit the lesson's cell")
     assert write_recipes(tmp_path, tmp_path / "recipes", check=True) == []
     cell["source"][0] = "# 01_baseline.py\n"  # a recipe cell must name its file
     (tmp_path / "01.ipynb").write_text(json.dumps(lesson))
