@@ -109,7 +109,10 @@ def stage_source(name: str, gaps: bool, writes: str | None = None) -> str:
 
     body = recipe_path(name).read_text().removesuffix(SCRIPT_FOOTER).split("\n", 1)[1]
     magic = f"%%writefile {writes}\n" if writes else ""
-    return magic + STAGE_HEADER.format(name=name, lesson=name[:2]) + (gapped_recipe(name, body) if gaps else body)
+    # (a stage written to a file keeps its command line: the lesson runs that file under torchrun too)
+    footer = SCRIPT_FOOTER.rstrip("\n") if writes else ""
+    return (magic + STAGE_HEADER.format(name=name, lesson=name[:2]) + (gapped_recipe(name, body) if gaps else body)
+            + footer)
 
 
 def _with_sources(lesson: dict, solution: dict, transform, name: str, gaps: bool) -> dict:
