@@ -11,6 +11,7 @@
 #                   one-node cluster of lesson 09 and the tests of slurm/
 #   make browser-packages Chromium and its chromedriver from Debian's packages (as root), for the
 #                   tests that run the lessons in JupyterLab in a real browser
+#   make lint       ruff's checks and the layers' contract, without the suite
 #   make test-fast  the unit tier (no clusters, notebooks, browsers or launched ranks): the edit-test loop
 #   make lab        JupyterLab on the lessons
 #   make kernel     register this environment as the Jupyter kernel `dlscale` the lessons name, with only the
@@ -47,7 +48,7 @@ CONSTRAINTS ?= constraints.txt
 PIP_CONSTRAINTS := $(if $(strip $(CONSTRAINTS)),-c $(CONSTRAINTS))
 BIN         := $(VENV)/bin
 
-.PHONY: setup setup-dev horovod test-deps slurm-packages browser-packages demo test test-fast test-oldest oldest-check oldest-env lab kernel exercises reset slides clean
+.PHONY: setup setup-dev horovod test-deps slurm-packages browser-packages demo test test-fast test-oldest oldest-check oldest-env lab kernel exercises reset slides lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -171,6 +172,11 @@ test: oldest-check $(SYSTEM_PACKAGES) test-deps
 	tail -n 3 $(OLDEST_VENV).log; else tail -n 60 $(OLDEST_VENV).log; status=1; fi;) \
 	[ "$(TEST_OLDEST)" != yes ] || [ -n "$(OLDEST_PYTHON)" ] || echo "$(OLDEST_LEFT_OUT)"; \
 	exit $$status
+
+# Ruff's checks and the layers' contract (import-linter), as the tests run them, without the suite
+lint: setup-dev
+	$(BIN)/ruff check dlscale tests scripts
+	$(BIN)/lint-imports
 
 # The unit tier (tests/unit), for the edit-test loop: no Slurm cluster, notebook, browser, Jupyter server, engines or
 # launched ranks (those are tests/integration, which make test runs too). About a minute on 2 cores.

@@ -78,8 +78,3 @@ def newest_readable(paths: list[Path], run_dir: str | Path, read: Callable[[Path
         raise CheckpointError(f"no checkpoint in {checkpoint_dir(run_dir)} could be loaded: {'; '.join(failures)}. "
                               f"Start afresh with resume=false, or restore a good checkpoint")
     return None
-
-
-def read_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The model's weights from a checkpoint file, by name (on the CPU)."""
-    return torch.load(path, map_location="cpu", weights_only=True)["model"]

@@ -163,18 +163,6 @@ def map_gallery(maps, params, names: tuple[str, ...] = ("log A", "n", "blur")) -
     return fig
 
 
-def lr_schedules(schedules: dict[str, list[float]], title: str = "learning-rate schedules") -> NotebookFigure:
-    """LR against optimizer step, one line per named schedule (see ``dlscale.optim.schedules.lr_trace``)."""
-    fig = NotebookFigure(figsize=(8, 3.8), layout="constrained")
-    ax = fig.subplots()
-    for name, trace in schedules.items():
-        ax.plot(range(len(trace)), trace, label=name)
-    ax.set(xlabel="optimizer step", ylabel="learning rate", title=title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    return fig
-
-
 def trust_ratios(run_dir: str | Path, min_ndim_names: tuple[str, ...] = ("weight",)) -> NotebookFigure:
     """Trust ratio of each weight tensor over training, from a run's ``trust_ratios.csv`` (log scale)."""
     from dlscale.metrics.tracking import TRUST_FILE

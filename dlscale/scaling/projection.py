@@ -36,9 +36,6 @@ BASELINES = ("gpu", "node")
 
 #: ResNet-50's parameter count, the familiar yardstick of data-parallel scaling studies (25.6 M; He et al. 2016).
 RESNET50_PARAMETERS = 25_557_032
-#: ResNet-50's FLOPs per training sample at 224×224: 4.1 G multiply-adds forward (He et al. 2016), 2 FLOPs each,
-#: and the backward pass about twice the forward.
-RESNET50_TRAIN_FLOPS = 3 * 2 * 4.1e9
 #: ResNet-50 training throughput reported for one A100 with mixed precision, images per second: about 2,600
 #: (NVIDIA's DeepLearningExamples, ResNet-50 v1.5 for PyTorch, A100 80 GB, AMP). A projection starts from a
 #: measured or reported throughput, not an assumed share of the peak: 30% of 312 TFLOP/s would be about 3,800.
