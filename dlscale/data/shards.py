@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from dlscale.data.scratch import make_temp_dir, release
 from dlscale.data.synthetic import TARGET_NAMES, FieldSpec, generate_fields, normalize_targets
 from dlscale.errors import DlscaleError
+from dlscale.runtime.memory import available_memory
 
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
@@ -151,7 +152,7 @@ def check_generation_fits(out_dir: Path, image_size: int, samples: int, shard_si
     memory = shard_size * pixels * _GENERATION_BYTES_PER_PIXEL
     parent = next((p for p in (out_dir.parent, *out_dir.parent.parents) if p.exists()), Path("."))
     free_disk = shutil.disk_usage(parent).free
-    free_memory = _available_memory()
+    free_memory = available_memory()
     gib = 2**30
     if disk > free_disk:
         raise DataError(f"{samples:,} maps of {image_size}x{image_size} take {disk / gib:,.1f} GiB, but {parent} has "
@@ -161,17 +162,6 @@ def check_generation_fits(out_dir: Path, image_size: int, samples: int, shard_si
         raise DataError(f"drawing a shard of {shard_size:,} maps of {image_size}x{image_size} needs about "
                         f"{memory / gib:,.1f} GiB of memory, and {free_memory / gib:,.1f} GiB is free: lower shard_size "
                         f"or image_size")
-
-
-def _available_memory() -> int | None:
-    """Bytes of memory free for a new allocation (Linux's MemAvailable), or None where it cannot be read."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def data_identity(data_dir: str | Path, sample: int = 1 << 12) -> str:

@@ -73,13 +73,19 @@ def _run_as_rank(environment: dict[str, str], function: Callable, args: tuple, k
 def run_file(path: str, function: str = "main", /, **kwargs: Any) -> Any:
     """``function(**kwargs)`` of the Python file at ``path``, loaded afresh: a recipe script on the engines,
     as in ``run_on_engines(run_file, 2, "recipes/05_ddp.py", epochs=1)`` (its ``__main__`` block does not run)."""
+    return load_file(path)[function](**kwargs)
+
+
+def load_file(path: str) -> dict[str, Any]:
+    """The names a Python file defines, loaded afresh with its folder importable, as python does for a script (the
+    stages import training_tools beside them); its ``__main__`` block does not run."""
     import runpy
     import sys
 
     folder = os.path.dirname(os.path.abspath(path))
-    if folder not in sys.path:  # as python does for a script: the stages import training_tools beside them
+    if folder not in sys.path:
         sys.path.insert(0, folder)
-    return runpy.run_path(str(path), run_name="recipe")[function](**kwargs)
+    return runpy.run_path(str(path), run_name="recipe")
 
 
 def train_rank(config: Any, **overrides: Any) -> dict[str, Any]:

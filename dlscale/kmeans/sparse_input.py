@@ -10,25 +10,13 @@ not left to the operating system's out-of-memory killer.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from dlscale.kmeans.errors import KMeansError
+from dlscale.runtime.memory import available_memory
 
 #: Copies of the dense matrix a fit holds: the data, and the data less its mean.
 COPIES = 2
-
-
-def available_memory() -> int | None:
-    """Bytes of memory free for new allocations (Linux's MemAvailable), or None where it cannot be read."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def dense(matrix) -> np.ndarray:

@@ -11,7 +11,6 @@ message starts with the gap's label, ``TODO 05.c``, and says what was seen. No p
 from __future__ import annotations
 
 import ast
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -205,20 +204,15 @@ def _broadcast(seen: dict, args: dict, result: dict) -> str | None:
 
 
 def _expected_lrs(args: dict, steps: int) -> list[float]:
-    """Stage 07's LR at each step, from its arguments (as the recipe's ``lr_factor`` gives it)."""
-    lr, k = args["lr"], args["batch_size"] / args["base_batch"]
+    """Stage 07's LR at each step, from its arguments: the engine's scaling rule and schedule (the stage's twin)."""
+    from dlscale.optim.schedules import lr_trace, scale_lr
+
     scaling = args["scaling"]
     if scaling == "auto":
         scaling = "sqrt" if args["optimizer_name"] in ("adamw", "lamb") else "linear"
-    peak = lr * {"linear": k, "sqrt": math.sqrt(k), "none": 1.0}[scaling]
-    warmup = args["warmup_steps"]
-    start = lr / peak if peak > lr else 1.0 / max(1, warmup)
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return start + (1 - start) * step / warmup
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, steps - warmup))))
-    return [peak * factor(step) for step in range(steps)]
+    lr, warmup = args["lr"], args["warmup_steps"]
+    peak = scale_lr(lr, args["base_batch"], args["batch_size"], scaling)
+    return lr_trace(peak, warmup, steps, "cosine", lr / peak if peak > lr else 1.0 / max(1, warmup))
 
 
 def _lr_peak(seen: dict, args: dict, result: dict) -> str | None:

@@ -248,18 +248,10 @@ def run_stage(stage: str | Callable[..., dict], **arguments: Any) -> dict[str, A
     ``stage`` is the ``main`` a lesson's cell defined, or the path of the file a lesson wrote (run on each rank,
     as :func:`~dlscale.jobs.notebook_engines.run_file` does: ``recipes/`` importable, so ``training_tools`` is found).
     """
-    import os
-    import runpy
-
     import dlscale.bench.parity  # noqa: F401  (puts recipes/ on the path: a stage imports training_tools)
+    from dlscale.jobs.notebook_engines import load_file
 
-    if callable(stage):
-        main = stage
-    else:
-        folder = os.path.dirname(os.path.abspath(stage))
-        if folder not in sys.path:  # as python does for a script: the stage imports training_tools beside it
-            sys.path.insert(0, folder)
-        main = runpy.run_path(str(stage), run_name="recipe")["main"]
+    main = stage if callable(stage) else load_file(stage)["main"]
     filename = main.__code__.co_filename
     result: dict[str, Any] = {"losses": [], "r2": [], "throughput": []}
     error = None
