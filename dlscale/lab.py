@@ -59,11 +59,8 @@ _add("dlscale.bench.large_batch", "format_table", "large_batch_sweep", "sweep_fi
 _add("dlscale.bench.loader", "bench_loader")
 _add("dlscale.bench.memory", "LAYOUTS", "bench_memory", "format_memory")
 _add("dlscale.bench.repeats", "measure_rounds")
-_add("dlscale.bench.scaling", "bench_scaling", "format_scaling")
 _add("dlscale.bench.staging", "bench_staging")
-_add("dlscale.profiling", "as_shell", "nsys_command", "nsys_stats_command", "nvtx_range", "phase_times",
-     "read_summary")
-_add("dlscale.profiling.step_profiler", "operator_times")
+_add("dlscale.profiling", "as_shell", "nsys_command", "nsys_stats_command", "nvtx_range")
 _add("dlscale.metrics.memory", "checkpointing_trade")
 _add("dlscale.metrics.tracking", "read_rows")
 _add("dlscale.metrics.weight_difference", "largest_weight_difference")
@@ -85,7 +82,7 @@ _add("dlscale.reporting.report", "collect", "format_report")
 _add("dlscale.reporting.tables", "markdown_table")
 
 # -- ask and check ------------------------------------------------------------------------------------------
-_add("dlscale.lessons.predictions", "repeated_searches", "BEST_PER_COST", "CONVERGENCE", "FSDP_MEMORY", "LARGEST_LOSS", "LOADER",
+_add("dlscale.lessons.predictions", "repeated_searches", "BEST_PER_COST", "COMPILE", "CONVERGENCE", "FSDP_MEMORY", "HOROVOD_SAME", "LARGEST_LOSS", "LOADER",
      "NOISE_SCALE", "NO_SCALING", "PRECISION", "STRONG_SCALING")
 _add("dlscale.lessons.conclusions", "breakdown_conclusions", "compare_spreads", "convergence_conclusion",
      "efficiency_conclusion", "ladder_conclusions", "loader_conclusion", "memory_conclusion",
@@ -94,6 +91,9 @@ _add("dlscale.lessons.conclusions", "breakdown_conclusions", "compare_spreads", 
 _add("dlscale.bench.parity", "engine_twin", "recipe_path")
 _add("dlscale.lessons.recipes", "show_ours", "show_recipe_change", "use_ours")
 _add("dlscale.lessons.stage_probes", "run_stage")
+_add("dlscale.lessons.stage_measure", "checkpoint_shares", "final_r2", "measure_stage", "profile_stage")
+_add("dlscale.lessons.readings", "FASTEST_BATCH", "FEWEST_WORKERS", "FP16_KEPT", "LARGER_BATCH_KEPT", "LARGEST_RANGE",
+     "SHARD_SHARE", "TWO_RANK_EFFICIENCY")
 _add("dlscale.lessons.gaps", "hint")
 for _module in ("checks", "plan_checks", "recipe_checks"):  # the exercises' checks, called as checks.check_x(...)
     _WHERE[_module] = (f"dlscale.lessons.{_module}", None)

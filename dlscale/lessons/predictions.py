@@ -91,6 +91,14 @@ def _fsdp_memory(rows: list[dict[str, Any]]) -> str | None:
     return "a" if row["held_vs_ddp"] >= 0.75 else "b" if row["held_vs_ddp"] >= 0.375 else "c"
 
 
+def _compiled(compiled: Spread, plain: Spread) -> str:
+    return "a" if clearly_faster(compiled, plain) else "c" if clearly_faster(plain, compiled) else "b"
+
+
+def _horovod_same(difference: float) -> str:
+    return "a" if difference < 1e-4 else "b"
+
+
 CONVERGENCE = Question("epoch by epoch, the validation R² of this run...",
                        {"a": "rises in every epoch", "b": "falls in at least one epoch"}, _convergence)
 LOADER = Question("can one process read and augment maps as fast as the model trains on plain ones?",
@@ -106,6 +114,13 @@ NO_SCALING = Question("at the sweep's largest batch, does training with no LR sc
 NOISE_SCALE = Question("the measured gradient noise scale B_simple lies...",
                        {"a": "below the smallest batch of the sweep", "b": "among the sweep's batches",
                         "c": "above the largest batch"}, _noise_scale)
+COMPILE = Question("your stage compiled with torch.compile, against not compiled, on this machine: its steady "
+                   "samples/s are...", {"a": "clearly faster", "b": "not told apart", "c": "clearly slower"},
+                   _compiled)
+HOROVOD_SAME = Question("Horovod averages the gradients through the optimizer, DDP through the model; after the same "
+                        "steps on 2 ranks, Horovod's weights against one process's differ by...",
+                        {"a": "rounding only (below 1e-4)", "b": "more: Horovod trains another model"},
+                        _horovod_same)
 FSDP_MEMORY = Question("on 2 ranks, what FSDP holds per rank (parameters, gradients, optimizer state), against DDP, is...",
                        {"a": "about the same", "b": "about half", "c": "about a quarter"}, _fsdp_memory)
 

@@ -265,12 +265,12 @@ def run_stage(stage: str | Callable[..., dict], **arguments: Any) -> dict[str, A
             print(f"your stage stopped: {error['type']}: {str(err)[:300]}"
                   + (f" (line {where['line']}: {where['text']})" if where else "")
                   + "; the check below names the gap", flush=True)
-            _leave_group()
+            leave_group()
     source = _source_of(main, stage)
     header = re.match(r"(?:%%writefile \S+\n)?# recipes/(\S+\.py)", source or "")
     if header:
         _LAST_SOURCE[header[1]] = source
-    ours = Path(filename).resolve().parent == _recipes_folder()
+    ours = is_ours(main)
     if ours:
         print("(this run is OUR stage, recipes/" + Path(filename).name + ", not yours: use_ours)", flush=True)
     return {**result, "seen": seen, "arguments": effective_arguments(main, arguments), "error": error,
@@ -286,13 +286,15 @@ def last_source(stage: str) -> str | None:
     return _LAST_SOURCE.get(stage)
 
 
-def _recipes_folder() -> Path:
+def is_ours(stage: str | Callable) -> bool:
+    """Whether a stage (its ``main``, or its file) is ours: defined in the kit's ``recipes/`` folder (use_ours)."""
     from dlscale.bench.parity import recipe_path
 
-    return recipe_path("01_baseline.py").resolve().parent
+    filename = stage.__code__.co_filename if callable(stage) else str(stage)
+    return Path(filename).resolve().parent == recipe_path("01_baseline.py").resolve().parent
 
 
-def _leave_group() -> None:
+def leave_group() -> None:
     """After a failed stage, the process group it joined is left, so that the lesson can run it again."""
     import torch.distributed as dist
 

@@ -134,20 +134,25 @@ def trace_timeline(trace_path: str | Path, title: str = "timeline of the profile
 
     data = json.loads(Path(trace_path).read_text())
     events = [e for e in (data["traceEvents"] if isinstance(data, dict) else data) if e.get("ph") == "X"]
-    phases = [e for e in events if e.get("cat") == "user_annotation" and e["name"] in PHASE_COLOURS]
+    # the loop's own ranges: the engine's phases, or those a stage marked; not torch's (Class.method#..., ProfilerStep)
+    phases = [e for e in events if e.get("cat") == "user_annotation" and "#" not in e["name"]
+              and not e["name"].startswith("ProfilerStep")]
+    names = list(dict.fromkeys(e["name"] for e in phases))
+    palette = {**{n: c for n, c in zip(names, ("tab:blue", "tab:green", "tab:red", "tab:orange", "tab:purple",
+                                               "tab:brown"))}, **{n: PHASE_COLOURS[n] for n in names if n in PHASE_COLOURS}}
     kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     start = min(e["ts"] for e in phases + kernels)
     rows = [("CPU: the loop's phases", phases)] + ([("GPU: kernels and copies", kernels)] if kernels else [])
     fig = NotebookFigure(figsize=(10, 1.2 + 0.8 * len(rows)), layout="constrained")
     ax = fig.subplots()
     for y, (_, items) in enumerate(rows):
-        colours = [PHASE_COLOURS.get(e["name"], "tab:purple") for e in items]
+        colours = [palette.get(e["name"], "tab:grey") for e in items]
         ax.broken_barh([((e["ts"] - start) / 1000, e["dur"] / 1000) for e in items], (y - 0.4, 0.8),
                        facecolors=colours)
     ax.set_yticks(range(len(rows)), [name for name, _ in rows])
     ax.invert_yaxis()
     ax.set(xlabel="ms since the first profiled step", title=title)
-    handles = [Patch(color=c, label=n) for n, c in PHASE_COLOURS.items()]
+    handles = [Patch(color=c, label=n) for n, c in palette.items()]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=len(handles), frameon=False)
     return fig
 

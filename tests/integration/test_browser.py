@@ -19,8 +19,8 @@ import pytest
 
 from ..browser import Lab, missing, problems
 from ..conftest import ROOT
-from ..notebooks import with_parameters
-from .test_notebooks import IN_THE_BROWSER, LESSONS
+from ..notebooks import STAGE_MARK, assert_measured_on_the_stage, stage_source_with_gaps, with_parameters
+from .test_notebooks import IN_THE_BROWSER, LESSONS, MEASURED_ON_THE_STAGE
 
 pytestmark = pytest.mark.notebook
 
@@ -79,9 +79,12 @@ def lab(kernel_dir, tmp_path_factory):
     lab.close()
 
 
-def _prepare(lab: Lab, name: str, parameters: dict, extra_cells: tuple[str, ...] = (), as_name: str | None = None) -> str:
-    """The lesson with its parameters injected, in the lab's folder; it keeps the kernel it was committed with."""
-    notebook = with_parameters(ROOT / "notebooks" / name, parameters)
+def _prepare(lab: Lab, name: str, parameters: dict, extra_cells: tuple[str, ...] = (), as_name: str | None = None,
+             mark: str | None = None, notebook: nbformat.NotebookNode | None = None) -> str:
+    """The lesson with its parameters injected (its stage marked, with ``mark``), in the lab's folder; it keeps the
+    kernel it was committed with."""
+    if notebook is None:
+        notebook = with_parameters(ROOT / "notebooks" / name, parameters, mark=mark)
     notebook.cells += [nbformat.v4.new_code_cell(source) for source in extra_cells]
     path = lab.work / (as_name or name)
     path.write_text(json.dumps(notebook, indent=1))
@@ -97,9 +100,13 @@ def test_the_lessons_run_here_are_the_ones_the_headless_tests_leave_to_the_brows
 @pytest.mark.parametrize("name", sorted(BROWSER_LESSONS))
 def test_a_lesson_runs_all_in_the_browser(lab, name, tmp_path):
     last_output, figure_last, bar_expected = BROWSER_LESSONS[name]
-    page = lab.run_all(_prepare(lab, name, LESSONS[name]), KERNEL, tmp_path / f"{name}.png")
+    marked = name in MEASURED_ON_THE_STAGE
+    page = lab.run_all(_prepare(lab, name, LESSONS[name], mark=STAGE_MARK if marked else None), KERNEL,
+                       tmp_path / f"{name}.png")
     assert page.kernel_label.startswith("dlscale (")  # the kernel the README names, shown to the attendee
     assert problems(page, last_output, figure_last, bar_expected) == []
+    if marked:
+        assert_measured_on_the_stage(page.notebook, name)
     assert page.outputs("image/png") >= 1  # every one of these lessons draws something
     assert page.screenshot.stat().st_size > 20_000
     if name == "11_how_many_nodes.ipynb":
@@ -160,6 +167,25 @@ BROKEN_CELLS = (
     "raise RuntimeError('deliberately broken')",
     "print('never reached')",
 )
+
+
+def test_lesson_05_with_its_stage_left_empty_runs_to_the_end_on_ours(lab, tmp_path):
+    """An attendee who cannot finish the stage today: the stage as shipped (every TODO), then `use_ours`; the lesson
+    runs to its end, and every measurement says it ran our stage."""
+    name = "05_data_parallel.ipynb"
+    notebook = with_parameters(ROOT / "notebooks" / name, LESSONS[name])
+    stage = next(i for i, cell in enumerate(notebook.cells) if "recipe" in cell.metadata and "attendee" in
+                 cell.metadata.get("tags", []))
+    notebook.cells[stage].source = stage_source_with_gaps(notebook.cells[stage])
+    assert "raise NotImplementedError(\"TODO 05." in notebook.cells[stage].source
+    notebook.cells.insert(stage + 1, nbformat.v4.new_code_cell('from dlscale.lab import use_ours\n\nmy_stage = use_ours("05")'))
+    page = lab.run_all(_prepare(lab, name, {}, as_name="05_ours.ipynb", notebook=notebook), KERNEL,
+                       tmp_path / "05_ours.png")
+    last_output, figure_last, bar_expected = BROWSER_LESSONS[name]
+    assert problems(page, last_output, figure_last, bar_expected) == []
+    text = "\n".join(o.get("text", "") for cell in page.notebook.cells for o in cell.get("outputs", []))
+    assert "From here lesson 05 runs OUR stage" in text
+    assert "our stage (use_ours), 1 rank" in text and "your stage, " not in text
 
 
 def test_a_broken_lesson_fails_the_check(lab, tmp_path):

@@ -13,7 +13,7 @@ from dlscale.lessons.exercises import ExerciseError, generate, strip_solutions
 
 from ..browser import missing as browser_missing
 from ..conftest import ROOT
-from ..notebooks import errors, execute, has_image, with_parameters
+from ..notebooks import STAGE_MARK, assert_measured_on_the_stage, errors, execute, has_image, with_parameters
 
 pytestmark = pytest.mark.notebook
 
@@ -25,13 +25,13 @@ def _needs(name: str) -> None:
 
 LESSONS = {
     "00_environment.ipynb": {"gallery_size": 3},
-    "01_single_device_baseline.ipynb": {"config": "tiny", "batch_sizes": [16, 64], "sweep_steps": 20,
+    "01_single_device_baseline.ipynb": {"config": "tiny", "batch_sizes": [16, 64],
                                         "rounds": 2},
     "02_data_loading.ipynb": {"config": "tiny", "worker_counts": [0, 1], "loader_batches": 10, "train_steps": 20,
                               "rounds": 2},
     "03_mixed_precision.ipynb": {"epochs": 1},
     "04_profiling.ipynb": {"config": "tiny", "profile_window": [3, 6], "ladder_steps": 8, "ladder_rounds": 2},
-    "05_data_parallel.ipynb": {"allreduce_max_kib": 256, "scaling_steps": 10},
+    "05_data_parallel.ipynb": {"allreduce_max_kib": 256, "scaling_rounds": 1},
     "06_horovod.ipynb": {"steps": 20, "allreduce_max_kib": 256},
     "08_distributed_kmeans.ipynb": {"colours": [4, 8], "bench_copies": 1, "bench_iters": 3, "bench_rounds": 1},
     "09_scaling_out.ipynb": {"sizes": [1, 2], "steps": 20, "target_r2": 0.0, "preempt_epochs": 4,
@@ -84,14 +84,23 @@ IN_THE_BROWSER = {"00_environment.ipynb", "01_single_device_baseline.ipynb", "03
                   "12_search_not_just_scale.ipynb"}
 HEADLESS = sorted(set(LESSONS) - (set() if browser_missing() else IN_THE_BROWSER))
 
+#: Lessons whose headline measurement runs the attendee's stage: run with a marked stage (here and in the browser),
+#: the mark must be in every run the lesson measured.
+MEASURED_ON_THE_STAGE = {"01_single_device_baseline.ipynb", "02_data_loading.ipynb", "03_mixed_precision.ipynb",
+                         "04_profiling.ipynb", "05_data_parallel.ipynb", "07_large_batch.ipynb",
+                         "10_sharded_and_model_parallel.ipynb"}
+
 
 # A hang guard, not a speed target: lesson 07 takes ~4 min on 2 quiet cores and past 10 on a busy machine.
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("name", HEADLESS)
 def test_lesson_runs_top_to_bottom_and_shows_its_figures(name, tmp_path):
     _needs(name)
-    notebook = execute(ROOT / "notebooks" / name, tmp_path, LESSONS[name])
+    marked = name in MEASURED_ON_THE_STAGE
+    notebook = execute(ROOT / "notebooks" / name, tmp_path, LESSONS[name], mark=STAGE_MARK if marked else None)
     assert errors(notebook) == []
+    if marked:
+        assert_measured_on_the_stage(notebook, name)
     assert any(has_image(cell) for cell in notebook.cells), f"{name} displayed no figure"
     # it wrote only under runs/ and data/ (ignored by git), nothing beside the notebook: no slurm-*.out, no
     # checkpoint, no second data set
