@@ -9,9 +9,11 @@
 # per GPU (or per CPU slot) with srun. ARGS go unchanged to `python -m dlscale.train`
 # (or `dlscale kmeans`), e.g. `sbatch slurm/local/train.sbatch tiny epochs=2`.
 #
-# Preemption: the scripts ask Slurm for SIGUSR1 shortly before the time limit. The training
-# checkpoints on it and exits with 75; this script then requeues the job, and the next run
-# resumes from the checkpoint (resume=true, same run directory: the job id does not change).
+# Preemption: the scripts ask Slurm for SIGUSR1 to this shell shortly before the time limit
+# (--signal=B:USR1@...); it writes RUN_DIR/stop-requested, which rank 0 reads. The training
+# checkpoints and exits with 75; this script then requeues the job, and the next run resumes
+# from the checkpoint (resume=true, same run directory: the job id does not change). Ranks
+# started otherwise (torchrun, a terminal) stop on SIGUSR1 or SIGTERM themselves.
 set -euo pipefail
 
 site=${1:?usage: launch.sh SITE train|profile|kmeans|hpo|probe [ARGS...]}
@@ -164,10 +166,24 @@ fi
 # A run stopped on a signal checkpoints, leaves its marker (rank 0) and exits 75 on every rank; srun then kills
 # ranks still exiting (--kill-on-bad-exit), so its status can be theirs, not 75: the marker says it all the same.
 stopped=$run_dir/stopped-on-signal
-rm -f "$stopped"  # (a marker from an earlier stop of this run)
-status=0
+stop_file=$run_dir/stop-requested
+rm -f "$stopped" "$stop_file"  # (a marker, or a request, from an earlier stop of this run)
+# The scripts ask Slurm to signal this shell (--signal=B:USR1@...): a container's task wrapper (podman-hpc --mpi)
+# does not forward signals to the ranks, so the shell writes the request where rank 0 looks for it (a few s later).
+# srun runs in the background so that the trap runs at once: bash runs a trap only after a foreground command ends.
+# shellcheck disable=SC2317  # (called from the traps below)
+request_stop() { echo "$1" > "$stop_file"; }
+trap 'request_stop SIGUSR1' USR1
+trap 'request_stop SIGTERM' TERM
 srun --kill-on-bad-exit="$kill_on_bad_exit" "${cpus_flag[@]}" "${DLSCALE_SRUN_FLAGS[@]}" "${extra_flags[@]}" \
-    "${DLSCALE_PREFIX[@]}" "${command[@]}" || status=$?
+    "${DLSCALE_PREFIX[@]}" "${command[@]}" &
+step=$!
+status=0
+while true; do
+    wait "$step" && status=0 || status=$?
+    kill -0 "$step" 2> /dev/null || break  # (wait also returns when a trapped signal arrives: srun still runs)
+done
+trap - USR1 TERM
 
 if [[ $status -eq 75 || -e $stopped ]]; then  # preempted: checkpointed; run again from the checkpoint
     echo "dlscale: stopped on a signal at a checkpoint; requeueing job ${SLURM_JOB_ID}"

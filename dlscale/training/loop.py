@@ -46,7 +46,7 @@ from dlscale.metrics.tracking import TRAIN_FILE, VAL_FILE, read_rows
 from dlscale.profiling import StepProfiler, mfu, peak_flops, peak_precision
 from dlscale.runtime.devices import resolve_device
 from dlscale.training.folder_lock import own_run_folder
-from dlscale.training.preemption import StopFlag, mark_stopped
+from dlscale.training.preemption import STOP_FILE, StopFlag, mark_stopped
 from dlscale.training.result import Result
 from dlscale.training.setup import Run, build_run
 from dlscale.training.step import train_step
@@ -121,7 +121,8 @@ def _loop(run: Run, on_epoch: EpochCallback | None = None) -> tuple[tuple[str, s
     profiler = StepProfiler(run.run_dir, *(cfg.profile_steps or (0, 0)), run.device, trace=env.is_main,
                             first_step=run.step)
     run.model.train()
-    with StopFlag() as stop, profiler:
+    # (rank 0 also reads the stop file slurm/launch.sh writes when only the batch shell gets the signal)
+    with StopFlag(run.run_dir / STOP_FILE if env.is_main else None) as stop, profiler:
         while run.step < run.total_steps and not preempted:
             epoch, epoch_step = divmod(run.step, run.steps_per_epoch)
             run.train_loader.sampler.set_position(epoch, epoch_step * cfg.per_rank_batch(run.plan.data_ranks))
@@ -147,6 +148,7 @@ def _loop(run: Run, on_epoch: EpochCallback | None = None) -> tuple[tuple[str, s
                     if on_epoch is not None and env.is_main and run.step < run.total_steps \
                             and on_epoch(epoch + 1, metrics):
                         stop.request(f"stopped after epoch {epoch + 1} by {_name(on_epoch)}")
+                stop.poll()
                 if ranks_agree_to_stop(run, stop):
                     say(f"dlscale: {stop.reason}; checkpointing at step "
                         f"{run.step} and stopping")

@@ -7,12 +7,19 @@ a checkpoint and stops, and the CLI exits with :data:`PREEMPTED_EXIT_CODE` so th
 script knows to requeue rather than report a failure. Rank 0 also leaves :data:`STOPPED_MARKER` in
 the run folder: under ``srun --kill-on-bad-exit=1`` the job step's status can be that of a rank
 srun killed after the first one exited 75, so the job script reads the marker as well.
+
+A signal may also arrive as a file: where the tasks cannot receive it (podman-hpc's ``--mpi`` mode wraps each task
+in a process that does not forward it), the job scripts ask Slurm to signal the batch shell
+(``--signal=B:USR1@…``), and ``slurm/launch.sh`` turns the signal into :data:`STOP_FILE` in the run folder. Rank 0
+looks for it at most every :data:`STOP_FILE_EVERY_S` seconds (one ``stat`` on a shared file system, not one per
+step) and stops as the signal would.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 
@@ -21,6 +28,10 @@ PREEMPTED_EXIT_CODE = 75
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 #: The file a run stopped on a signal leaves in its folder, after its checkpoint (slurm/launch.sh reads it).
 STOPPED_MARKER = "stopped-on-signal"
+#: The file slurm/launch.sh writes in the run folder when the batch shell receives the stop signal.
+STOP_FILE = "stop-requested"
+#: How often rank 0 looks for :data:`STOP_FILE` (Slurm's warning comes minutes before the limit).
+STOP_FILE_EVERY_S = 5.0
 
 
 def mark_stopped(run_dir: Path, reason: str, step: int) -> None:
@@ -31,11 +42,26 @@ def mark_stopped(run_dir: Path, reason: str, step: int) -> None:
 class StopFlag:
     """Context manager: while active, SIGTERM/SIGUSR1 set :attr:`requested` instead of killing."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop_file: Path | None = None, clock=time.monotonic) -> None:
         self.requested = False
         self.signal_name: str | None = None
         self.reason = "a stop signal received"
         self._previous: dict[int, object] = {}
+        self.stop_file, self._clock = stop_file, clock
+        self._looked = clock()
+
+    def poll(self) -> bool:
+        """Look for the stop file (at most every :data:`STOP_FILE_EVERY_S` s); True once a stop is requested.
+        Found, it is removed (the job script made it) and counts as the signal the batch shell received."""
+        if self.requested or self.stop_file is None or self._clock() - self._looked < STOP_FILE_EVERY_S:
+            return self.requested
+        self._looked = self._clock()
+        if self.stop_file.is_file():
+            said = self.stop_file.read_text().strip() or "SIGUSR1"
+            self.stop_file.unlink(missing_ok=True)
+            self.requested, self.signal_name = True, said
+            self.reason = f"{said} received by the job script ({self.stop_file.name})"
+        return self.requested
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.requested = True

@@ -103,13 +103,14 @@ def _wait_for_rows(metrics, count, timeout=180):
 
 
 def _preempt_and_finish(cluster, tmp_path, settings, flags=()):
-    """Submit, send SIGUSR1 after 25 steps (what Slurm sends before the time limit, --signal=USR1@60), and wait
-    until the job has checkpointed, been requeued by launch.sh, and finished; returns the job id."""
+    """Submit, send SIGUSR1 to the batch shell after 25 steps (what Slurm sends before the time limit,
+    --signal=B:USR1@60; the ranks get no signal, as in a podman-hpc --mpi container), and wait until the job has
+    checkpointed, been requeued by launch.sh, and finished; returns the job id."""
     submitted = _sbatch(cluster, tmp_path, "local/train.sbatch", *settings, wait=False, flags=flags)
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip()
     _wait_for_rows(tmp_path / "runs/preempted/metrics.csv", 25)
-    subprocess.run(["scancel", "--signal=USR1", job], env=_env(cluster), check=True)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=_env(cluster), check=True)
     assert _wait_for_state(cluster, job, "PENDING") == 1  # requeued by launch.sh after the checkpoint
     # Slurm holds a requeued job back for 2 minutes (BeginTime); the administrator of this test cluster shortens
     # that to 5 s (not 0: within the same second slurmd still refuses the revoked credential of the first run)
@@ -538,7 +539,7 @@ def test_each_site_renders_one_task_per_gpu_and_a_world_the_config_splits_over(s
         assert settings["DLSCALE_GPU_ORDER"] == "3,2,1,0" and "CUDA_VISIBLE_DEVICES" not in settings
     world = len(("nid001000", "nid001001")) * tasks
     load_config("gpu").per_rank_batch(world)  # the gpu config's global batch splits evenly over the world
-    assert "#SBATCH --signal=USR1@" in script.read_text() and "#SBATCH --requeue" in script.read_text()
+    assert "#SBATCH --signal=B:USR1@" in script.read_text() and "#SBATCH --requeue" in script.read_text()
 
 
 @pytest.mark.parametrize("width", ["1", "all"])

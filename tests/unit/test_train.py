@@ -386,3 +386,22 @@ def test_the_flops_are_counted_once_per_architecture_and_again_for_another(tiny,
     info = setup.model_flops.cache_info()
     assert (info.misses, info.hits) == (2, 1)
     assert first == again < wider
+
+
+def test_the_stop_file_the_job_script_writes_stops_rank_0_as_the_signal_would(tmp_path):
+    """Where only the batch shell gets Slurm's signal (podman-hpc --mpi, #59), slurm/launch.sh writes the request:
+    rank 0 looks at most every STOP_FILE_EVERY_S seconds, takes it as the signal, and removes it (a requeued run
+    must not stop again at once)."""
+    from dlscale.training.preemption import STOP_FILE, STOP_FILE_EVERY_S, StopFlag
+
+    now = [0.0]
+    stop = StopFlag(tmp_path / STOP_FILE, clock=lambda: now[0])
+    assert stop.poll() is False
+    (tmp_path / STOP_FILE).write_text("SIGUSR1\n")
+    now[0] += STOP_FILE_EVERY_S / 2
+    assert stop.poll() is False  # (not looked for yet: one stat per interval on a shared file system)
+    now[0] += STOP_FILE_EVERY_S
+    assert stop.poll() is True and stop.signal_name == "SIGUSR1"
+    assert stop.reason == "SIGUSR1 received by the job script (stop-requested)"
+    assert not (tmp_path / STOP_FILE).exists()
+    assert StopFlag(None).poll() is False  # the other ranks: rank 0 tells them through the agreement
