@@ -4,6 +4,8 @@ import json
 import re
 import sys
 
+import pytest
+
 from ..conftest import ROOT, run_cli
 
 
@@ -171,3 +173,29 @@ def test_every_mistake_in_the_table_is_one_line_without_a_traceback(in_tmp, capf
         assert len(lines) == 1, (args, lines)
     assert not (in_tmp / "study").exists() and not (in_tmp / "typo").exists()  # refused: no folder left behind
     assert not (in_tmp / "escaped.py").exists() and not (in_tmp / "abs.py").exists() and not (in_tmp / "gen").exists()
+
+
+def _typed_options(parser, path=()):
+    """(command path, option) for every option of every command that takes a typed value (a number, a list)."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _typed_options(sub, (*path, name))
+        elif action.option_strings and action.type not in (None, str) and action.nargs != 0:
+            yield path, action.option_strings[-1]
+
+
+def test_every_typed_option_of_every_command_says_a_bad_value_in_one_line(capfd):
+    """#60: no value on the command line can end in a traceback: each typed option refuses a word in one line."""
+    from dlscale.cli import build_parser, main
+
+    found = list(_typed_options(build_parser()))
+    assert len(found) >= 30 and (("bench", "kmeans"), "--photo-k") in found  # (the walk reaches nested commands)
+    for path, option in found:
+        with pytest.raises(SystemExit) as stopped:
+            main([*path, option, "not-a-value"])
+        err = capfd.readouterr().err
+        assert stopped.value.code == 2 and "Traceback" not in err, (path, option, err)
+        assert err.count("\n") == 1 and f"argument {option}" in err, (path, option, err)

@@ -1,0 +1,96 @@
+"""``dlscale train`` (the engine), ``dlscale export`` (a run's whole model) and ``dlscale info`` (where am I)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from dlscale.cli.options import config_arguments, name_and_overrides
+from dlscale.config import SECTION_KEYS, config_names, describe_field, load_config
+from dlscale.errors import DlscaleError
+
+TRAIN_EPILOG = """\
+CONFIG is a shipped config ({names}) or a YAML file; without one the defaults apply.
+Configs are YAML files listing only what differs from the config they 'inherit'.
+Overrides are key=value, typed against the field; an unknown key is an error.
+
+examples:
+  dlscale train demo
+  dlscale train tiny epochs=2 global_batch_size=128
+  dlscale train my.yaml run_dir=runs/trial resume=true
+
+exit status: 0 done, 2 bad config or data, {preempted} stopped on SIGTERM/SIGUSR1 after a checkpoint
+
+keys:
+{keys}
+"""
+
+
+def _train(args: argparse.Namespace) -> int:
+    from dlscale.training.loop import train
+    from dlscale.training.preemption import PREEMPTED_EXIT_CODE
+
+    config, overrides = name_and_overrides(args.config, args.overrides)
+    result = train(load_config(config, overrides))
+    return PREEMPTED_EXIT_CODE if result.preempted else 0
+
+
+def add_train(commands: Any) -> None:
+    from dlscale.training.preemption import PREEMPTED_EXIT_CODE
+
+    keys = "\n".join(f"{name}:\n" + "\n".join(textwrap.fill(describe_field(k), 100, initial_indent="  ",
+                                                              subsequent_indent="      ") for k in section_keys)
+                     for name, section_keys in SECTION_KEYS.items())
+    train = commands.add_parser(
+        "train", help="train the model on the synthetic maps (or your shards)",
+        description="Train with the one training loop; metrics, plots and checkpoints go to the run directory.",
+        epilog=TRAIN_EPILOG.format(names=", ".join(config_names()), keys=keys, preempted=PREEMPTED_EXIT_CODE),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    config_arguments(train, default=None)
+    train.set_defaults(handler=_train)
+
+
+def _export(args: argparse.Namespace) -> int:
+    import torch
+
+    from dlscale.checkpoint import load_model
+    from dlscale.config import load_config
+
+    model = load_model(args.run_dir)
+    config = load_config(str(Path(args.run_dir) / "config.yaml")).to_dict()
+    folder = Path(args.out).resolve().parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise DlscaleError(f"{args.out} cannot be written: {folder} is not a folder you can write; create it, "
+                           f"or name another OUT")
+    torch.save({"model": model.state_dict(), "config": config}, args.out)
+    print(f"wrote the whole model of {args.run_dir} ({sum(p.numel() for p in model.parameters()):,} parameters, "
+          f"{config['model']}) to {args.out}; load it with torch.load(path, weights_only=True)")
+    return 0
+
+
+def add_export(commands: Any) -> None:
+    export = commands.add_parser(
+        "export", help="a run's newest checkpoint as one whole model file (also from FSDP/tensor-parallel shards)",
+        description="Read the newest checkpoint of RUN_DIR, whatever wrote it (one process, DDP, Horovod, FSDP or "
+                    "tensor parallelism on any number of ranks), into one model in this process and save "
+                    "{'model': state_dict, 'config': ...} to OUT for evaluation elsewhere.")
+    export.add_argument("run_dir", metavar="RUN_DIR")
+    export.add_argument("out", metavar="OUT", nargs="?", default="model.pt")
+    export.set_defaults(handler=_export)
+
+
+def _info(args: argparse.Namespace) -> int:
+    from dlscale.jobs.environment import report, task_line
+
+    print(task_line() if args.task else report(), flush=True)
+    return 0
+
+
+def add_info(commands: Any) -> None:
+    info = commands.add_parser("info", help="show hardware, versions, site and launcher (lesson 00)")
+    info.add_argument("--task", action="store_true",
+                      help="one line: this task's rank, host, CPUs and binding settings (launch.sh SITE probe)")
+    info.set_defaults(handler=_info)
