@@ -100,7 +100,7 @@ SYSTEM_PACKAGES ?= $(shell [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null
 
 # Three test processes (pytest-xdist), each running torch on one thread. The longest tests are handed
 # out first and one process takes each file that shares a module fixture (a Slurm cluster, the browser):
-# tests/conftest.py's scheduler. Most integration tests wait on ranks, Slurm, a kernel or the browser
+# tests/plugins/scheduling.py's scheduler. Most integration tests wait on ranks, Slurm, a kernel or the browser
 # much of the time: with three on 2 cores the suite used 135% of them and took 10% less time than with
 # two (docs/benchmarks.md). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 3

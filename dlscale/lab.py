@@ -88,7 +88,8 @@ _add("dlscale.lessons.conclusions", "breakdown_conclusions", "compare_spreads", 
      "efficiency_conclusion", "ladder_conclusions", "loader_conclusion", "memory_conclusion",
      "noise_scale_conclusions", "precision_conclusion", "search_conclusions", "sweep_conclusions",
      "width_conclusions")
-_add("dlscale.bench.parity", "engine_twin", "recipe_path")
+_add("dlscale.lessons.parity", "engine_twin")
+_add("dlscale.lessons.recipes", "recipe_path")
 _add("dlscale.lessons.recipes", "show_ours", "show_recipe_change", "use_ours")
 _add("dlscale.lessons.stage_probes", "run_stage")
 _add("dlscale.lessons.stage_measure", "checkpoint_shares", "final_r2", "measure_stage", "profile_stage")

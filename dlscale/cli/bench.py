@@ -245,7 +245,7 @@ def add_bench_kmeans(bench_commands: Any) -> None:
 
 
 def _bench_parity(args: argparse.Namespace) -> int:
-    from dlscale.bench.parity import SINGLE_PROCESS, format_parity, time_stage
+    from dlscale.lessons.parity import SINGLE_PROCESS, format_parity, time_stage
 
     stages = {name[:2]: name for name in SINGLE_PROCESS}
     unknown = [number for number in args.stages.split(",") if number.strip() not in stages]

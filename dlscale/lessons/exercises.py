@@ -104,7 +104,7 @@ def stage_source(name: str, gaps: bool, writes: str | None = None) -> str:
     """The cell in which the attendee writes stage ``name``: its recipe file (less the command line) with the
     lesson's lines cut out (``gaps``), or whole, as the tests and the solution run it; with ``writes``, a cell
     that writes it to that file (``%%writefile``) for ranks to run."""
-    from dlscale.bench.parity import recipe_path
+    from dlscale.lessons.recipe_folder import recipe_path
     from dlscale.lessons.recipes import SCRIPT_FOOTER, gapped_recipe
 
     body = recipe_path(name).read_text().removesuffix(SCRIPT_FOOTER).split("\n", 1)[1]

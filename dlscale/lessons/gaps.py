@@ -169,7 +169,7 @@ def gap_span(lines: list[str], gap: Gap, start: int = 0) -> tuple[int, int] | No
 
 def answer_lines(gap_id: str) -> str:
     """Our lines for a gap, as the shipped stage has them (its comments included)."""
-    from dlscale.bench.parity import recipe_path
+    from dlscale.lessons.recipe_folder import recipe_path
 
     stage, _ = find_gap(gap_id)
     lines, start = recipe_path(stage).read_text().splitlines(), 0

@@ -15,14 +15,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dlscale.bench.parity import (  # (the twin is a measurement: bench/; the lessons and their door use it from here)
-    RecipeError,
-    recipe_path,
-)
 from dlscale.lessons.gaps import GAPS, gap_ids, gap_span
+from dlscale.lessons.recipe_folder import RecipeError, recipe_path
 
 #: What a recipe file has after its cell: the command line (a kernel must not run it, its argv is Jupyter's).
 SCRIPT_FOOTER = '\n\nif __name__ == "__main__":\n    main(**parse_args(main))\n'
+
 
 def recipe_diff(old: str, new: str) -> str:
     """The unified diff from one stage's file to the next's: the lines a lesson adds to the recipe."""

@@ -347,7 +347,7 @@ def _assigned(code: str) -> set[str]:
 
 def _enclosing_functions(stage: str) -> dict[str, str]:
     """{function name: gap id} for the gaps that sit in a helper function of the stage (not in ``main``)."""
-    from dlscale.bench.parity import recipe_path
+    from dlscale.lessons.recipe_folder import recipe_path
 
     tree = ast.parse(recipe_path(stage).read_text())
     found = {}
@@ -409,7 +409,7 @@ def _gaps_named(ids: list[str]) -> str:
 def check_stage(stage: str, mine: dict, twin: dict | None, device: str | None = None) -> None:
     """The attendee's stage (:func:`~dlscale.lessons.stage_probes.run_stage`'s result) gap by gap
     (:func:`check_gaps`), then its losses per step and R² per epoch against ``dlscale.train`` with the same settings
-    (``twin``, from :func:`~dlscale.bench.parity.engine_twin`), within :data:`STAGE_TOLERANCE` for ``device``
+    (``twin``, from :func:`~dlscale.lessons.parity.engine_twin`), within :data:`STAGE_TOLERANCE` for ``device``
     (default: CUDA where a GPU is visible). Every failure names the gap it points to."""
     check_gaps(stage, mine)
     kind = device or ("cuda" if torch.cuda.is_available() else "cpu")

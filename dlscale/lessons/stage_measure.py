@@ -84,7 +84,7 @@ class StageMeasurement:
 def _main_of(stage: str | Callable) -> Callable[..., dict]:
     if callable(stage):
         return stage
-    import dlscale.bench.parity  # noqa: F401  (puts recipes/ on the path: a stage imports training_tools)
+    import dlscale.lessons.recipe_folder  # noqa: F401  (puts recipes/ on the path: a stage imports training_tools)
     from dlscale.jobs.notebook_engines import load_file
 
     return load_file(str(stage))["main"]

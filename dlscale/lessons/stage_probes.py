@@ -248,7 +248,7 @@ def run_stage(stage: str | Callable[..., dict], **arguments: Any) -> dict[str, A
     ``stage`` is the ``main`` a lesson's cell defined, or the path of the file a lesson wrote (run on each rank,
     as :func:`~dlscale.jobs.notebook_engines.run_file` does: ``recipes/`` importable, so ``training_tools`` is found).
     """
-    import dlscale.bench.parity  # noqa: F401  (puts recipes/ on the path: a stage imports training_tools)
+    import dlscale.lessons.recipe_folder  # noqa: F401  (puts recipes/ on the path: a stage imports training_tools)
     from dlscale.jobs.notebook_engines import load_file
 
     main = stage if callable(stage) else load_file(stage)["main"]
@@ -288,7 +288,7 @@ def last_source(stage: str) -> str | None:
 
 def is_ours(stage: str | Callable) -> bool:
     """Whether a stage (its ``main``, or its file) is ours: defined in the kit's ``recipes/`` folder (use_ours)."""
-    from dlscale.bench.parity import recipe_path
+    from dlscale.lessons.recipe_folder import recipe_path
 
     filename = stage.__code__.co_filename if callable(stage) else str(stage)
     return Path(filename).resolve().parent == recipe_path("01_baseline.py").resolve().parent

@@ -1,7 +1,7 @@
 """On a CUDA GPU, the paths the faked-device tests (test_gpu_paths.py) can only stand in for.
 
 Marked ``gpu``: without CUDA each skips with one reason, counted in the run's last line
-(conftest.NO_GPU), and CI accepts that skip. On a GPU node, ``pytest -m gpu`` runs them.
+(tests/plugins/skips.py: NO_GPU), and CI accepts that skip. On a GPU node, ``pytest -m gpu`` runs them.
 """
 
 import math

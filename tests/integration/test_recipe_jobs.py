@@ -106,7 +106,7 @@ def test_the_recipe_reads_its_rank_from_each_launcher(monkeypatch):
     """torchrun, srun and Polaris's mpiexec (PALS) name the ranks differently; the first one set wins."""
     import importlib
 
-    from dlscale.bench.parity import RECIPES  # noqa: F401  (puts recipes/ on the path)
+    from dlscale.lessons.recipe_folder import RECIPES  # noqa: F401  (puts recipes/ on the path)
 
     from_launcher = importlib.import_module("training_tools").from_launcher
 

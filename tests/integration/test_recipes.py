@@ -6,8 +6,9 @@ import runpy
 
 import pytest
 
-from dlscale.bench.parity import RECIPES, engine_twin, largest_loss_gap
 from dlscale.jobs.notebook_engines import run_file, run_on_engines
+from dlscale.lessons.parity import engine_twin, largest_loss_gap
+from dlscale.lessons.recipe_folder import RECIPES
 from dlscale.lessons.stage_check import check_gaps
 from dlscale.lessons.stage_probes import run_stage
 from tests.unit.test_recipes import _solution

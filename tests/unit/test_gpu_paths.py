@@ -426,7 +426,7 @@ def test_the_recipes_profiling_window_traces_the_cpu_only_under_nsys_and_synchro
     loses the kernels still queued."""
     import importlib
 
-    from dlscale.bench.parity import RECIPES  # noqa: F401  (puts recipes/ on the path)
+    from dlscale.lessons.recipe_folder import RECIPES  # noqa: F401  (puts recipes/ on the path)
 
     ProfilingWindow = importlib.import_module("training_tools").ProfilingWindow  # noqa: N806
 

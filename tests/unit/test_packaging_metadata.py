@@ -43,7 +43,7 @@ def test_the_metadata_is_current_and_what_ci_runs_with_is_pinned_or_capped():
     assert "horovod" not in EXTRAS  # (no wheels: make horovod builds it)
     by_name = {req.name: req for req in _requirements()}
     assert str(by_name["ruff"].specifier).startswith("==")
-    assert Version("4.0") not in by_name["pytest-xdist"].specifier  # (tests/conftest.py uses its private API)
+    assert Version("4.0") not in by_name["pytest-xdist"].specifier  # (tests/plugins/scheduling.py uses its private API)
     assert Version("2024.7") not in by_name["scikit-learn-intelex"].specifier  # (2025+ brings daal4py inside it)
 
 

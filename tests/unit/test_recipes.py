@@ -13,10 +13,10 @@ import runpy
 
 import pytest
 
-from dlscale.bench.parity import RECIPES, RecipeError
 from dlscale.distributed.process_group import free_port
 from dlscale.lessons.exercises import stage_source
 from dlscale.lessons.recipe_checks import check_stage
+from dlscale.lessons.recipe_folder import RECIPES, RecipeError
 from dlscale.lessons.recipes import GAPS, recipe_cells, write_recipes
 
 from ..conftest import ROOT
@@ -195,8 +195,8 @@ def test_each_stage_logs_samples_per_second_once_per_block(in_tmp, capsys):
 @pytest.mark.parametrize("stage", ["01_baseline.py", "05_ddp.py", "07_large_batch.py", "10_fsdp_tp.py"])
 def test_the_engine_twin_trains_the_recipes_own_model_on_every_config(stage, config):
     """The twin takes the stage's model settings, not the config's (demo's CNN is wider and deeper)."""
-    from dlscale.bench.parity import engine_settings
     from dlscale.config import load_config
+    from dlscale.lessons.parity import engine_settings
     from dlscale.models import build_model
 
     name, overrides = engine_settings(stage, config=config)
@@ -211,7 +211,7 @@ def test_the_engine_twin_trains_the_recipes_own_model_on_every_config(stage, con
 
 
 def test_stage_07_scales_adam_like_optimizers_by_the_square_root_and_sgd_linearly():
-    from dlscale.bench.parity import engine_settings
+    from dlscale.lessons.parity import engine_settings
 
     assert engine_settings("07_large_batch.py")[1]["lr_scaling"] == "sqrt"
     assert engine_settings("07_large_batch.py", optimizer_name="lamb")[1]["lr_scaling"] == "sqrt"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dlscale.bench.parity import recipe_path
 from dlscale.lessons.gaps import GAPS, answer_lines, api_names, gap_ids, gap_span, hint
+from dlscale.lessons.recipe_folder import recipe_path
 from dlscale.lessons.stage_check import PROBES, check_gaps
 from dlscale.lessons.stage_probes import run_stage
 

@@ -1,10 +1,13 @@
-"""How make test spreads the suite over its processes (tests/conftest.py): which files one process takes whole,
+"""How make test spreads the suite over its processes (tests/plugins/scheduling.py): which files one process takes whole,
 and the order work is handed out in."""
 
 import re
 from types import SimpleNamespace
 
-from ..conftest import INTEGRATION, LONGEST_FIRST, ONE_PROCESS, ROOT, pytest_xdist_make_scheduler
+import pytest
+
+from ..conftest import ROOT
+from ..plugins.scheduling import INTEGRATION, LONGEST_FIRST, ONE_PROCESS, pytest_xdist_make_scheduler
 
 
 def test_the_files_one_process_takes_whole_are_those_with_module_fixtures():
@@ -22,3 +25,22 @@ def test_the_scheduler_keeps_those_files_together_and_spreads_every_other_test()
     apart = [f"tests/integration/test_notebooks.py::test_{name}[x]" for name in "ab"]
     assert {scheduler._split_scope(nodeid) for nodeid in together} == {f"tests/integration/{ONE_PROCESS[0]}"}
     assert [scheduler._split_scope(nodeid) for nodeid in apart] == apart
+
+
+@pytest.mark.xfail(strict=True, reason="pytest-dev/pytest-xdist#1386: --dist loadgroup groups nothing with pytest "
+                                       "9.2; the day this passes, tests/plugins/scheduling.py's scheduler can go")
+def test_loadgroup_groups_again(tmp_path):
+    """Two files of one xdist_group run on two processes: with ``--dist loadgroup`` they should share one."""
+    import subprocess
+    import sys
+
+    body = "import pytest\n\n@pytest.mark.xdist_group(name='one')\n@pytest.mark.parametrize('i', range(4))\n" \
+           "def test(i):\n    pass\n"
+    for name in ("test_a.py", "test_b.py"):
+        (tmp_path / name).write_text(body)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p",
+                           "no:cacheprovider", "-o", "addopts=", "--rootdir", str(tmp_path), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:]
+    workers = set(re.findall(r"\[(gw\d)\]", done.stdout))
+    assert workers and len(workers) == 1, f"the group ran on {sorted(workers)}"

@@ -12,7 +12,6 @@ import contextlib
 import io
 import os
 import runpy
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -20,30 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.bench.repeats import Spread, measure_rounds
-from dlscale.errors import DlscaleError
-
-#: The repository's recipes/ folder (the recipes are not part of the installed package).
-RECIPES = Path(__file__).resolve().parents[2] / "recipes"
-# The stages import their shared plumbing (recipes/training_tools.py) from their own folder, which python
-# puts first on the path for a script it runs; a kernel that runs a stage's cell (any lesson imports
-# dlscale.lessons first), or a test that loads a stage, finds it here.
-if str(RECIPES) not in sys.path:
-    sys.path.append(str(RECIPES))
-
-
-class RecipeError(DlscaleError, ValueError):
-    """A recipe cell or file is missing or malformed; the message names it."""
-
-
-def recipe_path(name: str) -> Path:
-    """The file of one stage, e.g. ``recipe_path("05_ddp.py")``."""
-    path = RECIPES / name
-    if not path.is_file():
-        raise RecipeError(f"{path} does not exist: the recipes live in the repository's recipes/ folder "
-                          f"(clone it, or run `dlscale recipes` in it)")
-    return path
-
-
+from dlscale.lessons.recipe_folder import RecipeError, recipe_path
 
 #: Recipe arguments whose config key has another name.
 _CONFIG_KEYS = {"batch_size": "global_batch_size", "workers": "num_workers", "clip": "grad_clip",
