@@ -176,6 +176,7 @@ test: oldest-check $(SYSTEM_PACKAGES) test-deps
 # Ruff's checks and the layers' contract (import-linter), as the tests run them, without the suite
 lint: setup-dev
 	$(BIN)/ruff check dlscale tests scripts
+	$(BIN)/ruff format --check dlscale tests scripts
 	$(BIN)/lint-imports
 
 # The unit tier (tests/unit), for the edit-test loop: no Slurm cluster, notebook, browser, Jupyter server, engines or

@@ -17,8 +17,9 @@ class RangeError(DlscaleError, ValueError):
     """A number outside the values it can take; the message names it and its range."""
 
 
-def check_range(name: str, value: float, low: float | None = None, high: float | None = None, *,
-                above: bool = False) -> float:
+def check_range(
+    name: str, value: float, low: float | None = None, high: float | None = None, *, above: bool = False
+) -> float:
     """``value`` if it is a finite number in [low, high] (``above``: strictly above ``low``), else a :class:`RangeError`
     naming ``name`` ("--batch must be at least 1, not -64")."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -30,22 +31,26 @@ def check_range(name: str, value: float, low: float | None = None, high: float |
     return value
 
 
-def import_optional(module: str, extra: str, purpose: str, error: type[DlscaleError] = DlscaleError,
-                    alternative: str = "") -> ModuleType:
+def import_optional(
+    module: str, extra: str, purpose: str, error: type[DlscaleError] = DlscaleError, alternative: str = ""
+) -> ModuleType:
     """``module`` imported, or ``error`` naming the extra that installs it, instead of an ImportError.
 
     The package imports without its optional extras (horovod, daal4py, mpi4py, nvtx, wandb,
     ipyparallel, scikit-learn); every module that needs one imports it here, where it is used,
     so the message reads the same everywhere::
 
-        tracking=wandb needs wandb, which is not installed here: pip install -e '.[tracking]' in the dlscale folder (or set tracking=csv)
+        tracking=wandb needs wandb, which is not installed here: pip install -e '.[tracking]' in the dlscale folder
+        (or set tracking=csv)
     """
     try:
         return importlib.import_module(module)
     except ImportError as err:
         instead = f" ({alternative})" if alternative else ""
-        raise error(f"{purpose} needs {module.split('.')[0]}, which is not installed here: "
-                    f"pip install -e '.[{extra}]' in the dlscale folder{instead} [{err}]") from None
+        raise error(
+            f"{purpose} needs {module.split('.')[0]}, which is not installed here: "
+            f"pip install -e '.[{extra}]' in the dlscale folder{instead} [{err}]"
+        ) from None
 
 
 def importable(module: str) -> bool:

@@ -37,8 +37,18 @@ def _add(module: str, *names: str) -> None:
 _add("dlscale.train", "train", "train_quietly")
 _add("dlscale.config", "load_config")
 _add("dlscale.models", "CNNRegressor", "ViTRegressor", "build_model")
-_add("dlscale.data", "FieldSpec", "ShardDataset", "TARGET_NAMES", "generate_fields", "make_loader", "mini_cosmoflow",
-     "prepare_data", "read_manifest", "synthetic_dir")
+_add(
+    "dlscale.data",
+    "FieldSpec",
+    "ShardDataset",
+    "TARGET_NAMES",
+    "generate_fields",
+    "make_loader",
+    "mini_cosmoflow",
+    "prepare_data",
+    "read_manifest",
+    "synthetic_dir",
+)
 _add("dlscale.checkpoint", "load_model")
 _add("dlscale.runtime.devices", "resolve_device")
 _add("dlscale.runtime.precision", "Precision", "gradient_underflow")
@@ -74,27 +84,77 @@ _add("dlscale.jobs.queue", "job_environ", "open_queue")
 _add("dlscale.jobs.slurm_jobs", "job_info", "submit", "submit_sweep", "wait_for_jobs", "wait_until")
 
 # -- read and show -----------------------------------------------------------------------------------------
-_add("dlscale.reporting.plots", "allreduce_bandwidth", "allreduce_fit", "bar_chart", "breakdown_bars",
-     "cost_to_solution", "efficiency_projection", "kmeans_ratios", "loss_curves", "map_gallery", "memory_chart",
-     "noise_scale_curve", "predictions_vs_truth", "quantized_images", "scaling_curves", "search_progress",
-     "spread_chart", "trace_timeline", "trial_curves", "trust_ratios")
+_add(
+    "dlscale.reporting.plots",
+    "allreduce_bandwidth",
+    "allreduce_fit",
+    "bar_chart",
+    "breakdown_bars",
+    "cost_to_solution",
+    "efficiency_projection",
+    "kmeans_ratios",
+    "loss_curves",
+    "map_gallery",
+    "memory_chart",
+    "noise_scale_curve",
+    "predictions_vs_truth",
+    "quantized_images",
+    "scaling_curves",
+    "search_progress",
+    "spread_chart",
+    "trace_timeline",
+    "trial_curves",
+    "trust_ratios",
+)
 _add("dlscale.reporting.report", "collect", "format_report")
 _add("dlscale.reporting.tables", "markdown_table")
 
 # -- ask and check ------------------------------------------------------------------------------------------
-_add("dlscale.lessons.predictions", "repeated_searches", "BEST_PER_COST", "COMPILE", "CONVERGENCE", "FSDP_MEMORY", "HOROVOD_SAME", "LARGEST_LOSS", "LOADER",
-     "NOISE_SCALE", "NO_SCALING", "PRECISION", "STRONG_SCALING")
-_add("dlscale.lessons.conclusions", "breakdown_conclusions", "compare_spreads", "convergence_conclusion",
-     "efficiency_conclusion", "ladder_conclusions", "loader_conclusion", "memory_conclusion",
-     "noise_scale_conclusions", "precision_conclusion", "search_conclusions", "sweep_conclusions",
-     "width_conclusions")
+_add(
+    "dlscale.lessons.predictions",
+    "repeated_searches",
+    "BEST_PER_COST",
+    "COMPILE",
+    "CONVERGENCE",
+    "FSDP_MEMORY",
+    "HOROVOD_SAME",
+    "LARGEST_LOSS",
+    "LOADER",
+    "NOISE_SCALE",
+    "NO_SCALING",
+    "PRECISION",
+    "STRONG_SCALING",
+)
+_add(
+    "dlscale.lessons.conclusions",
+    "breakdown_conclusions",
+    "compare_spreads",
+    "convergence_conclusion",
+    "efficiency_conclusion",
+    "ladder_conclusions",
+    "loader_conclusion",
+    "memory_conclusion",
+    "noise_scale_conclusions",
+    "precision_conclusion",
+    "search_conclusions",
+    "sweep_conclusions",
+    "width_conclusions",
+)
 _add("dlscale.lessons.parity", "engine_twin")
 _add("dlscale.lessons.recipes", "recipe_path")
 _add("dlscale.lessons.recipes", "show_ours", "show_recipe_change", "use_ours")
 _add("dlscale.lessons.stage_probes", "run_stage")
 _add("dlscale.lessons.stage_measure", "checkpoint_shares", "final_r2", "measure_stage", "profile_stage")
-_add("dlscale.lessons.readings", "FASTEST_BATCH", "FEWEST_WORKERS", "FP16_KEPT", "LARGER_BATCH_KEPT", "LARGEST_RANGE",
-     "SHARD_SHARE", "TWO_RANK_EFFICIENCY")
+_add(
+    "dlscale.lessons.readings",
+    "FASTEST_BATCH",
+    "FEWEST_WORKERS",
+    "FP16_KEPT",
+    "LARGER_BATCH_KEPT",
+    "LARGEST_RANGE",
+    "SHARD_SHARE",
+    "TWO_RANK_EFFICIENCY",
+)
 _add("dlscale.lessons.gaps", "hint")
 for _module in ("checks", "plan_checks", "recipe_checks"):  # the exercises' checks, called as checks.check_x(...)
     _WHERE[_module] = (f"dlscale.lessons.{_module}", None)
@@ -102,17 +162,33 @@ _add("dlscale.lessons.search_checks", "baseline_value", "check_space", "values_o
 
 # -- plan and search -----------------------------------------------------------------------------------------
 _add("dlscale.scaling.fit", "fit_link", "predictions", "worst_ratio")
-_add("dlscale.scaling.plan", "allocation_request", "compare", "cost_rows", "format_plan", "predict_next",
-     "recommend")
-_add("dlscale.scaling.projection", "RESNET50_A100_IMAGES_PER_S", "RESNET50_PARAMETERS", "Workload", "assumptions",
-     "largest_efficient", "overlap_from_breakdown", "project", "workload_for")
+_add("dlscale.scaling.plan", "allocation_request", "compare", "cost_rows", "format_plan", "predict_next", "recommend")
+_add(
+    "dlscale.scaling.projection",
+    "RESNET50_A100_IMAGES_PER_S",
+    "RESNET50_PARAMETERS",
+    "Workload",
+    "assumptions",
+    "largest_efficient",
+    "overlap_from_breakdown",
+    "project",
+    "workload_for",
+)
 _add("dlscale.scaling.sites", "FRONTIER", "PERLMUTTER", "here")
 _add("dlscale.hpo", "SearchSpaceError", "create_study", "load_space")
 _add("dlscale.hpo.space", "SEARCH_DIR")
 _add("dlscale.hpo.heartbeat", "wait_for_running")
 _add("dlscale.hpo.local_search", "rerun_best", "search", "start_workers", "wait_for_workers")
-_add("dlscale.hpo.results", "best_by_budget", "best_trial", "curves", "format_trials", "importances", "save_optuna_plots",
-     "trial_rows")
+_add(
+    "dlscale.hpo.results",
+    "best_by_budget",
+    "best_trial",
+    "curves",
+    "format_trials",
+    "importances",
+    "save_optuna_plots",
+    "trial_rows",
+)
 _add("dlscale.bench.concurrent_trials", "concurrent_or_wide")
 _add("dlscale.hpo.worker", "run_worker")
 _add("dlscale.kmeans", "KMeans")
@@ -126,8 +202,9 @@ __all__ = sorted(_WHERE)
 def __getattr__(name: str) -> Any:
     """Import the module behind ``name`` on first use and keep the value (PEP 562)."""
     if name not in _WHERE:
-        raise AttributeError(f"module 'dlscale.lab' has no attribute {name!r}: the lessons' names are "
-                             f"dlscale.lab.__all__")
+        raise AttributeError(
+            f"module 'dlscale.lab' has no attribute {name!r}: the lessons' names are dlscale.lab.__all__"
+        )
     module, attribute = _WHERE[name]
     value = importlib.import_module(module)
     if attribute is not None:
@@ -138,4 +215,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return __all__
-

@@ -18,21 +18,30 @@ except ModuleNotFoundError:  # (Python 3.10: the same parser, from PyPI)
     import tomli as tomllib
 
 #: What the oldest run installs beyond the base dependencies: (extra, package) pairs of pyproject.toml.
-CORE = (("kmeans", "scikit-learn"), ("kmeans", "numba"), ("hpo", "optuna"), ("dev", "pytest"), ("dev", "pytest-timeout"),
-        ("dev", "pytest-xdist"), ("dev", "pandas"),
-        ("dev", "array-api-compat"))
+CORE = (
+    ("kmeans", "scikit-learn"),
+    ("kmeans", "numba"),
+    ("hpo", "optuna"),
+    ("dev", "pytest"),
+    ("dev", "pytest-timeout"),
+    ("dev", "pytest-xdist"),
+    ("dev", "pandas"),
+    ("dev", "array-api-compat"),
+)
 
 
 def pins(pyproject: Path) -> list[str]:
     project = tomllib.loads(pyproject.read_text())["project"]
     extras = project["optional-dependencies"]
-    wanted = list(project["dependencies"]) + [next(req for req in extras[extra] if re.match(rf"{name}\b", req))
-                                              for extra, name in CORE]
+    wanted = list(project["dependencies"]) + [
+        next(req for req in extras[extra] if re.match(rf"{name}\b", req)) for extra, name in CORE
+    ]
     out = []
     for requirement in wanted:
         # (a cap beside the floor, "<4", is kept out of the pin: the floor is what the oldest run installs)
-        match = re.fullmatch(r"\s*([A-Za-z0-9_.\-]+)\s*>=\s*([0-9][^,;\s]*)\s*(?:,\s*<\s*[0-9][^,;\s]*\s*)?",
-                             requirement)
+        match = re.fullmatch(
+            r"\s*([A-Za-z0-9_.\-]+)\s*>=\s*([0-9][^,;\s]*)\s*(?:,\s*<\s*[0-9][^,;\s]*\s*)?", requirement
+        )
         if not match:
             raise SystemExit(f"floors.py: {requirement!r} has no plain floor (name>=version) to pin")
         out.append(f"{match[1]}=={match[2]}")

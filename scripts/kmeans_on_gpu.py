@@ -7,6 +7,7 @@ CPU engine and with scikit-learn (every thread of the machine), the largest diff
 centres and the CPU engine's, and the GPU memory the fit took beyond its data, against the chunk's budget
 (``lloyd.GPU_CHUNK_BUDGET``: the blocks of one chunk; the fit also holds the data's centred copy).
 """
+
 import sys
 import time
 from pathlib import Path
@@ -32,8 +33,10 @@ def timed(fit) -> tuple[float, object]:
 def main() -> None:
     from sklearn.cluster import KMeans as SklearnKMeans
 
-    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads; "
-          f"{ITERATIONS} iterations from the same centres; chunk budget {GPU_CHUNK_BUDGET / 2**20:.0f} MiB")
+    print(
+        f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads; "
+        f"{ITERATIONS} iterations from the same centres; chunk budget {GPU_CHUNK_BUDGET / 2**20:.0f} MiB"
+    )
     print("| n × d, k | GPU s | CPU engine s | scikit-learn s | max |centre GPU − CPU| | GPU memory beyond the data |")
     print("|---|---|---|---|---|---|")
     for n, d, k in SIZES:
@@ -54,8 +57,11 @@ def main() -> None:
         cpu_s, cpu = timed(ours(x, "cpu"))
         sk_s, _ = timed(lambda: SklearnKMeans(k, init=init, n_init=1, max_iter=ITERATIONS, tol=0.0).fit(x))
         gap = float(np.abs(gpu.cluster_centers_ - cpu.cluster_centers_).max())
-        print(f"| {n:,} × {d}, {k} | {gpu_s:.3f} | {cpu_s:.3f} | {sk_s:.3f} | {gap:.2e} | "
-              f"{extra / 2**20:.0f} MiB (data {x.nbytes / 2**20:.0f} MiB) |", flush=True)
+        print(
+            f"| {n:,} × {d}, {k} | {gpu_s:.3f} | {cpu_s:.3f} | {sk_s:.3f} | {gap:.2e} | "
+            f"{extra / 2**20:.0f} MiB (data {x.nbytes / 2**20:.0f} MiB) |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ cells filled with the answers. One line of JSON per lesson: its seconds, any cel
 that ran over 10 s with what it showed meanwhile (a widget bar, a text bar, or lines): a long cell that shows
 nothing looks stuck to an attendee. Run it on a quiet machine: the figures are what other work leaves.
 """
+
 import json
 import sys
 import time
@@ -43,10 +44,18 @@ def main(names: list[str]) -> None:
     for name in names or sorted(path.name for path in (ROOT / "notebooks").glob("*.ipynb")):
         start = time.time()
         notebook = execute(ROOT / "notebooks" / name, ROOT / "notebooks", allow_errors=True, timeout=900)
-        slow = [(index, round(seconds(cell)), shown(cell), cell.source.splitlines()[0][:60])
-                for index, cell in enumerate(notebook.cells) if cell.cell_type == "code" and seconds(cell) > 10]
-        print(json.dumps({"lesson": name, "seconds": round(time.time() - start, 1), "errors": errors(notebook),
-                          "slow": slow}, ensure_ascii=False), flush=True)
+        slow = [
+            (index, round(seconds(cell)), shown(cell), cell.source.splitlines()[0][:60])
+            for index, cell in enumerate(notebook.cells)
+            if cell.cell_type == "code" and seconds(cell) > 10
+        ]
+        print(
+            json.dumps(
+                {"lesson": name, "seconds": round(time.time() - start, 1), "errors": errors(notebook), "slow": slow},
+                ensure_ascii=False,
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -50,8 +50,10 @@ def missing() -> str | None:
     except ImportError:
         return "selenium is not installed (pip install -e '.[dev]'); the lessons ran headless instead"
     if not (CHROMIUM and CHROMEDRIVER):
-        return ("Chromium or chromedriver is missing: make browser-packages (as root on Debian/Ubuntu); "
-                "their lessons ran headless instead")
+        return (
+            "Chromium or chromedriver is missing: make browser-packages (as root on Debian/Ubuntu); "
+            "their lessons ran headless instead"
+        )
     return None
 
 
@@ -84,8 +86,11 @@ def problems(page: Page, last_output: str | None, figure_last: bool, bar_expecte
     saved_images = page.outputs("image/png")
     if page.rendered_images < saved_images or page.broken_images:
         found.append(f"{saved_images} figures were made but {page.rendered_images - page.broken_images} are shown")
-    tables = sum("|---" in output.get("data", {}).get("text/markdown", "") for cell in page.notebook.cells
-                 for output in cell.get("outputs", []))
+    tables = sum(
+        "|---" in output.get("data", {}).get("text/markdown", "")
+        for cell in page.notebook.cells
+        for output in cell.get("outputs", [])
+    )
     if page.rendered_tables < tables:
         found.append(f"{tables} Markdown tables were shown but {page.rendered_tables} are drawn as tables")
     if page.widget_errors:
@@ -111,17 +116,34 @@ class LabServer:
             path = settings / name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(values))
-        env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(folder / "runtime"), "JUPYTER_CONFIG_DIR": str(folder / "config"),
-               "JUPYTERLAB_SETTINGS_DIR": str(settings)}
+        env = {
+            **os.environ,
+            "JUPYTER_RUNTIME_DIR": str(folder / "runtime"),
+            "JUPYTER_CONFIG_DIR": str(folder / "config"),
+            "JUPYTERLAB_SETTINGS_DIR": str(settings),
+        }
         if data_dir:
             env["JUPYTER_DATA_DIR"] = str(data_dir)
         self.log_path = folder / "jupyterlab.log"
         self.log = self.log_path.open("w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
-             f"--port={self.port}", f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}",
-             "--ServerApp.port_retries=0"],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "jupyterlab",
+                "--no-browser",
+                "--allow-root",
+                "--ip=127.0.0.1",
+                f"--port={self.port}",
+                f"--IdentityProvider.token={self.token}",
+                f"--ServerApp.root_dir={root}",
+                "--ServerApp.port_retries=0",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         try:
             self._wait_until_up()
         except AssertionError:
@@ -201,9 +223,14 @@ class Lab:
     def _menu(self, menu: str, command: str) -> None:
         from selenium.webdriver.common.by import By
 
-        self.driver.find_element(By.XPATH, f"//div[contains(@class, 'lm-MenuBar-itemLabel') and text()='{menu}']").click()
-        self._wait(lambda: self.driver.find_elements(By.CSS_SELECTOR, f"li.lm-Menu-item[data-command='{command}']"),
-                   30, f"the menu item {command}")[0].click()
+        self.driver.find_element(
+            By.XPATH, f"//div[contains(@class, 'lm-MenuBar-itemLabel') and text()='{menu}']"
+        ).click()
+        self._wait(
+            lambda: self.driver.find_elements(By.CSS_SELECTOR, f"li.lm-Menu-item[data-command='{command}']"),
+            30,
+            f"the menu item {command}",
+        )[0].click()
 
     def _find(self, selector: str) -> list:
         """Elements of the notebook in front."""
@@ -223,8 +250,10 @@ class Lab:
 
     def _kernel_idle(self, name: str) -> bool:
         """The server has a session for ``name`` whose kernel is idle."""
-        return any(session["path"] == name and session["kernel"]["execution_state"] == "idle"
-                   for session in self.server.get("api/sessions"))
+        return any(
+            session["path"] == name and session["kernel"]["execution_state"] == "idle"
+            for session in self.server.get("api/sessions")
+        )
 
     def _choose_kernel(self, kernel: str) -> None:
         """Click the notebook's kernel name and pick the kernel whose display name starts with ``kernel``."""
@@ -233,8 +262,11 @@ class Lab:
 
         driver = self.driver
         self._find(".jp-Toolbar-kernelName")[0].click()
-        menu = Select(self._wait(lambda: driver.find_elements(By.CSS_SELECTOR, ".jp-Dialog select"), 30,
-                                 "the Select Kernel dialog")[0])
+        menu = Select(
+            self._wait(
+                lambda: driver.find_elements(By.CSS_SELECTOR, ".jp-Dialog select"), 30, "the Select Kernel dialog"
+            )[0]
+        )
         offered = [option.text for option in menu.options]
         chosen = [text for text in offered if text.startswith(kernel)]
         assert chosen, f"JupyterLab offers no {kernel!r} kernel, only {offered}: run `make kernel`"
@@ -247,11 +279,17 @@ class Lab:
         self.opened += 1
         self.driver.get(self.server.url(f"lab/workspaces/run-{self.opened}/tree/{name}"))
         # The lesson opens on the kernel it was saved with; then the attendee picks the README's one.
-        self._wait(lambda: self._kernel_label() not in ("", "No Kernel") and self._idle() and self._kernel_idle(name),
-                   300, f"{name}'s saved kernel to start")
+        self._wait(
+            lambda: self._kernel_label() not in ("", "No Kernel") and self._idle() and self._kernel_idle(name),
+            300,
+            f"{name}'s saved kernel to start",
+        )
         self._choose_kernel(kernel)
-        return self._wait(lambda: self._kernel_label().startswith(kernel) and self._idle() and self._kernel_label(),
-                          300, f"the {kernel} kernel to start")
+        return self._wait(
+            lambda: self._kernel_label().startswith(kernel) and self._idle() and self._kernel_label(),
+            300,
+            f"the {kernel} kernel to start",
+        )
 
     def _run_every_cell(self, name: str, seconds: float) -> None:
         """Run → Run All Cells, then wait until nothing is queued or running, and save."""
@@ -263,8 +301,11 @@ class Lab:
         # waiting for every cell to have a number would hang.
         self._wait(lambda: "[*]:" not in self._prompts() and self._idle(), seconds, f"the cells of {name} to finish")
         self._menu("File", "docmanager:save")
-        self._wait(lambda: not self.driver.find_elements(By.CSS_SELECTOR, ".jp-mod-current.jp-mod-dirty"), 30,
-                   f"{name} to be saved")
+        self._wait(
+            lambda: not self.driver.find_elements(By.CSS_SELECTOR, ".jp-mod-current.jp-mod-dirty"),
+            30,
+            f"{name} to be saved",
+        )
 
     def _read_page(self, name: str, label: str, screenshot: Path) -> Page:
         """What the page shows once its widgets and figures are drawn, with a screenshot of the last cell."""
@@ -276,7 +317,8 @@ class Lab:
         def images() -> list[list[bool]]:  # [loaded, has pixels] per output image, read in one step
             return driver.execute_script(
                 "return Array.from(document.querySelectorAll(arguments[0])).map(i => [i.complete, i.naturalWidth > 0])",
-                f"{PANEL} .jp-OutputArea-output img")
+                f"{PANEL} .jp-OutputArea-output img",
+            )
 
         def drawn() -> bool:  # a widget or an image whose data has just arrived may still be drawing
             return "Loading widget..." not in notebook_text() and all(loaded for loaded, _ in images())
@@ -288,11 +330,16 @@ class Lab:
         shown, text = images(), notebook_text()
         driver.execute_script("arguments[0].scrollIntoView({block: 'end'})", self._find(".jp-CodeCell")[-1])
         driver.save_screenshot(str(screenshot))
-        return Page(notebook=nbformat.read(self.work / name, as_version=4), kernel_label=label,
-                    rendered_images=len(shown), broken_images=sum(not pixels for _, pixels in shown),
-                    progress_widgets=len(self._find(".jp-OutputArea-output .jupyter-widgets.widget-hprogress")),
-                    widget_errors=text.count("Error displaying widget") + text.count("Loading widget..."),
-                    rendered_tables=len(self._find(".jp-OutputArea-output table")), screenshot=screenshot)
+        return Page(
+            notebook=nbformat.read(self.work / name, as_version=4),
+            kernel_label=label,
+            rendered_images=len(shown),
+            broken_images=sum(not pixels for _, pixels in shown),
+            progress_widgets=len(self._find(".jp-OutputArea-output .jupyter-widgets.widget-hprogress")),
+            widget_errors=text.count("Error displaying widget") + text.count("Loading widget..."),
+            rendered_tables=len(self._find(".jp-OutputArea-output table")),
+            screenshot=screenshot,
+        )
 
     def run_all(self, name: str, kernel: str, screenshot: Path, seconds: float = 900) -> Page:
         """Open ``name``, pick the kernel ``kernel`` names, Run All Cells, wait, save; what the page shows."""

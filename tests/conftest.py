@@ -68,14 +68,23 @@ def in_tmp(tmp_path, monkeypatch):
 @pytest.fixture
 def tiny(in_tmp):
     """Factory for a tiny config in the test's folder, quiet, with overrides."""
+
     def make(**overrides):
         values = {"progress": False, "plot": False, **overrides}
         return load_config("tiny", values)
+
     return make
 
 
 def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300):
     """Run the dlscale command in a subprocess and return the CompletedProcess."""
     import subprocess
-    return subprocess.run([sys.executable, "-m", "dlscale", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+
+    return subprocess.run(
+        [sys.executable, "-m", "dlscale", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )

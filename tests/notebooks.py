@@ -58,15 +58,21 @@ def stage_source_with_gaps(cell) -> str:
     return stage_source(cell.metadata["recipe"], gaps=True, writes=cell.metadata.get("writes"))
 
 
-def with_parameters(path: Path, parameters: dict | None = None, kernel_name: str | None = None,
-                    answers: bool = True, mark: str | None = None) -> nbformat.NotebookNode:
+def with_parameters(
+    path: Path,
+    parameters: dict | None = None,
+    kernel_name: str | None = None,
+    answers: bool = True,
+    mark: str | None = None,
+) -> nbformat.NotebookNode:
     """``path`` with ``parameters`` injected after the cell tagged ``parameters`` (papermill's convention).
 
     A lesson's attendee cells hold their exercises' answers (from ``solutions/``), as an attendee who
     has done the work runs it, unless ``answers`` is false: the lesson as shipped, with the stubs.
     """
-    notebook = papermill.execute_notebook(str(path), None, parameters=parameters or {}, prepare_only=True,
-                                          kernel_name=kernel_name, progress_bar=False)
+    notebook = papermill.execute_notebook(
+        str(path), None, parameters=parameters or {}, prepare_only=True, kernel_name=kernel_name, progress_bar=False
+    )
     solution = Path(path).parent.parent / "solutions" / Path(path).name
     if answers and Path(path).parent.name == "notebooks" and solution.is_file():
         from dlscale.lessons.exercises import with_answers
@@ -78,8 +84,9 @@ def with_parameters(path: Path, parameters: dict | None = None, kernel_name: str
         for cell in notebook.cells:  # (after the stage's own code, in the cell and in the file %%writefile writes)
             if is_stage_cell(cell):
                 cell.source = cell.source.rstrip("\n") + "\n" + MARK % mark
-        measuring = [i for i, cell in enumerate(notebook.cells)
-                     if {"measure", "stage-run"} & set(cell.metadata.get("tags", []))]
+        measuring = [
+            i for i, cell in enumerate(notebook.cells) if {"measure", "stage-run"} & set(cell.metadata.get("tags", []))
+        ]
         if measuring:
             notebook.cells.insert(measuring[-1] + 1, nbformat.v4.new_code_cell(READ_MARKS))
     return notebook
@@ -91,14 +98,22 @@ def until_first_check(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
     tags = [cell.metadata.get("tags", []) for cell in notebook.cells]
     first_attendee = next(i for i, t in enumerate(tags) if "attendee" in t)
     end = next(i for i, t in enumerate(tags) if i > first_attendee and "check" in t)
-    notebook.cells = notebook.cells[:end + 1]
+    notebook.cells = notebook.cells[: end + 1]
     return notebook
 
 
-def execute(path: Path, cwd: Path, parameters: dict | None = None, allow_errors: bool = False,
-            timeout: int = 1500, answers: bool = True, to_first_check: bool = False,
-            keep: Callable | None = None, mark: str | None = None, extra_cells: tuple[str, ...] = ()
-            ) -> nbformat.NotebookNode:
+def execute(
+    path: Path,
+    cwd: Path,
+    parameters: dict | None = None,
+    allow_errors: bool = False,
+    timeout: int = 1500,
+    answers: bool = True,
+    to_first_check: bool = False,
+    keep: Callable | None = None,
+    mark: str | None = None,
+    extra_cells: tuple[str, ...] = (),
+) -> nbformat.NotebookNode:
     """Run every cell of ``path`` in a fresh kernel started in ``cwd`` and return the executed notebook.
 
     ``parameters`` are injected after the cell tagged ``parameters`` (papermill's convention).
@@ -112,8 +127,13 @@ def execute(path: Path, cwd: Path, parameters: dict | None = None, allow_errors:
     if keep is not None:  # only the cells a test needs (markdown cells stay: they cost nothing)
         notebook.cells = [cell for cell in notebook.cells if cell.cell_type != "code" or keep(cell)]
     notebook.cells += [nbformat.v4.new_code_cell(source) for source in extra_cells]
-    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
-                            resources={"metadata": {"path": str(cwd)}})
+    client = NotebookClient(
+        notebook,
+        timeout=timeout,
+        kernel_name="python3",
+        allow_errors=allow_errors,
+        resources={"metadata": {"path": str(cwd)}},
+    )
     client.execute()
     return notebook
 

@@ -12,7 +12,7 @@ import torch
 
 from dlscale.reporting.tables import markdown_table
 
-ALLREDUCE_SIZES = tuple(4 * 1024 * 4 ** i for i in range(9))
+ALLREDUCE_SIZES = tuple(4 * 1024 * 4**i for i in range(9))
 
 
 def bus_bandwidth(size_bytes: float, seconds: float, world_size: int) -> float:
@@ -27,8 +27,14 @@ def slowest_rank(seconds: float, device: torch.device) -> float:
     return float(distributed.all_reduce_max(torch.tensor(seconds, dtype=torch.float64, device=device)))
 
 
-def bench_allreduce(sizes: Iterable[int] = ALLREDUCE_SIZES, device: str = "auto", min_seconds: float = 0.2,
-                    max_iters: int = 50, data_parallel: str = "auto", rounds: int = 1) -> list[dict]:
+def bench_allreduce(
+    sizes: Iterable[int] = ALLREDUCE_SIZES,
+    device: str = "auto",
+    min_seconds: float = 0.2,
+    max_iters: int = 50,
+    data_parallel: str = "auto",
+    rounds: int = 1,
+) -> list[dict]:
     """Time the all-reduce of float32 tensors of each size on the active backend; run on every rank.
 
     The backend is the process group (gloo on CPUs, NCCL on GPUs) or, with
@@ -42,10 +48,17 @@ def bench_allreduce(sizes: Iterable[int] = ALLREDUCE_SIZES, device: str = "auto"
 
     env = distributed.init(device, data_parallel=data_parallel)
     if not env.distributed:
-        raise distributed.DistributedError("bench allreduce needs several ranks: run it under torchrun, srun, "
-                                           "mpirun or horovodrun, or pass --nproc N to start N local processes")
-    backend = env.backend if env.backend != "horovod" else "horovod (gloo)" if not env.device.startswith("cuda") \
+        raise distributed.DistributedError(
+            "bench allreduce needs several ranks: run it under torchrun, srun, "
+            "mpirun or horovodrun, or pass --nproc N to start N local processes"
+        )
+    backend = (
+        env.backend
+        if env.backend != "horovod"
+        else "horovod (gloo)"
+        if not env.device.startswith("cuda")
         else "horovod (nccl)"
+    )
     target = torch.device(env.device)
     sync = torch.cuda.synchronize if target.type == "cuda" else (lambda: None)
     sizes = list(sizes)
@@ -56,10 +69,17 @@ def bench_allreduce(sizes: Iterable[int] = ALLREDUCE_SIZES, device: str = "auto"
     rows = []
     for size in sizes:
         seconds = statistics.median(timed[size])
-        rows.append({"bytes": size, "ms": 1000 * seconds, "rounds": rounds,
-                     "algbw_gbs": size / seconds / 1e9,
-                     "busbw_gbs": bus_bandwidth(size, seconds, env.world_size) / 1e9,
-                     "world_size": env.world_size, "backend": backend})
+        rows.append(
+            {
+                "bytes": size,
+                "ms": 1000 * seconds,
+                "rounds": rounds,
+                "algbw_gbs": size / seconds / 1e9,
+                "busbw_gbs": bus_bandwidth(size, seconds, env.world_size) / 1e9,
+                "world_size": env.world_size,
+                "backend": backend,
+            }
+        )
     return rows
 
 
@@ -87,10 +107,12 @@ def _time_allreduce(size: int, target: torch.device, sync, min_seconds: float, m
 
 def format_allreduce(rows: list[dict]) -> str:
     def size(row: dict) -> str:
-        return f"{row['bytes'] / 2**20:g} MiB" if row["bytes"] >= 2 ** 20 else f"{row['bytes'] / 1024:g} KiB"
+        return f"{row['bytes'] / 2**20:g} MiB" if row["bytes"] >= 2**20 else f"{row['bytes'] / 1024:g} KiB"
 
-    table = markdown_table(["size", "time (ms)", "algbw (GB/s)", "busbw (GB/s)"], [
-        (size(row), f"{row['ms']:.3f}", f"{row['algbw_gbs']:.3f}", f"{row['busbw_gbs']:.3f}") for row in rows])
+    table = markdown_table(
+        ["size", "time (ms)", "algbw (GB/s)", "busbw (GB/s)"],
+        [(size(row), f"{row['ms']:.3f}", f"{row['algbw_gbs']:.3f}", f"{row['busbw_gbs']:.3f}") for row in rows],
+    )
     return f"all-reduce, {rows[0]['world_size']} ranks, {rows[0]['backend']}\n\n{table}"
 
 

@@ -1,4 +1,5 @@
-"""``dlscale bench breakdown``: where the scaling efficiency goes — exposed I/O, exposed communication, the rest (lesson 11).
+"""``dlscale bench breakdown``: where the scaling efficiency goes — exposed I/O, exposed communication, the rest
+(lesson 11).
 
 At each size (ranks on one node, or nodes through the Slurm scripts) the same step is trained
 several ways, weak scaling (every rank keeps its batch), the ways taking turns over rounds:
@@ -24,7 +25,8 @@ is the rounds' spread, which the table prints beside it.
 
 FSDP and tensor parallelism cannot step without their collectives: for them the no-communication
 time is the data-in-memory time less the collectives' time per step that the profiler recorded
-in a run of its own (``profile_steps``; the profiler slows the steps it records). On a CPU, where gloo's collectives block, that is all exposed; on a
+in a run of its own (``profile_steps``; the profiler slows the steps it records). On a CPU, where gloo's collectives
+block, that is all exposed; on a
 GPU, where NCCL's kernels overlap compute, it is an upper bound of the exposed part.
 """
 
@@ -58,8 +60,9 @@ class Way:
     overrides: dict[str, Any]
 
 
-def ways(communicates: bool, sharded: bool, buckets: Iterable[float] = (), static_graph: bool = False,
-         steps: int = 40) -> list[Way]:
+def ways(
+    communicates: bool, sharded: bool, buckets: Iterable[float] = (), static_graph: bool = False, steps: int = 40
+) -> list[Way]:
     """The ways a size runs: full and data in memory always; where there is communication to remove (more than one
     rank), without it and with each bucket setting under DDP, or a profiled run that times the collectives under
     FSDP/TP (apart from the timed ones: the profiler slows the steps it records)."""
@@ -69,8 +72,12 @@ def ways(communicates: bool, sharded: bool, buckets: Iterable[float] = (), stati
     if communicates and not sharded:
         out.append(Way(ALONE, {"data_in_memory": True, "data_parallel": "none"}))
         for mb in buckets:
-            out.append(Way(bucket_way(mb, static_graph), {"data_in_memory": True, "bucket_cap_mb": mb,
-                                                          **({"static_graph": True} if static_graph else {})}))
+            out.append(
+                Way(
+                    bucket_way(mb, static_graph),
+                    {"data_in_memory": True, "bucket_cap_mb": mb, **({"static_graph": True} if static_graph else {})},
+                )
+            )
     return out
 
 
@@ -106,19 +113,31 @@ def breakdown_parts(t: dict[str, float], ref: dict[str, float]) -> dict[str, flo
     """
     full = t[FULL]
     ref_alone, alone = ref.get(ALONE, ref[MEMORY]), t.get(ALONE, t[MEMORY])
-    return {"efficiency": ref[FULL] / full, "loss": 1 - ref[FULL] / full,
-            "io": ((full - t[MEMORY]) - (ref[FULL] - ref[MEMORY])) / full,
-            "communication": ((t[MEMORY] - alone) - (ref[MEMORY] - ref_alone)) / full,
-            "rest": (alone - ref_alone) / full}
+    return {
+        "efficiency": ref[FULL] / full,
+        "loss": 1 - ref[FULL] / full,
+        "io": ((full - t[MEMORY]) - (ref[FULL] - ref[MEMORY])) / full,
+        "communication": ((t[MEMORY] - alone) - (ref[MEMORY] - ref_alone)) / full,
+        "rest": (alone - ref_alone) / full,
+    }
 
 
 PARTS = ("io", "communication", "rest")
 
 
-def bench_breakdown(cfg, sizes: Iterable[int], runner: Runner, steps: int = 40, rounds: int = 2,
-                    buckets: Iterable[float] = (1.0,), static_graph: bool = False, unit: str = "ranks",
-                    ranks_per_unit: int = 1, out_dir: str | Path = "runs/breakdown",
-                    progress: bool = True) -> dict[str, Any]:
+def bench_breakdown(
+    cfg,
+    sizes: Iterable[int],
+    runner: Runner,
+    steps: int = 40,
+    rounds: int = 2,
+    buckets: Iterable[float] = (1.0,),
+    static_graph: bool = False,
+    unit: str = "ranks",
+    ranks_per_unit: int = 1,
+    out_dir: str | Path = "runs/breakdown",
+    progress: bool = True,
+) -> dict[str, Any]:
     """Measure each way at each size (weak scaling: ``cfg``'s global batch is the smallest size's) and split the loss.
 
     ``runner`` trains one way at one size (:func:`local_runner`, :func:`engine_runner`,
@@ -139,11 +158,17 @@ def bench_breakdown(cfg, sizes: Iterable[int], runner: Runner, steps: int = 40, 
         def run() -> float:
             tag = "".join(c if c.isalnum() else "_" for c in way.name)
             run_dir = out_dir / f"{unit}{n}-{tag}-round{len(summaries[n, way.name]) + 1}"
-            overrides = {"max_steps": steps, "epochs": 10 ** 6, "warmup_steps": 0, **way.overrides,
-                         "global_batch_size": cfg.global_batch_size * n // sizes[0]}
+            overrides = {
+                "max_steps": steps,
+                "epochs": 10**6,
+                "warmup_steps": 0,
+                **way.overrides,
+                "global_batch_size": cfg.global_batch_size * n // sizes[0],
+            }
             summary = {**runner(n, overrides, run_dir), "run_dir": str(run_dir)}
             summaries[n, way.name].append(summary)
             return step_seconds(summary)
+
         return run
 
     spreads = measure_rounds({key: measure(key[0], way) for key, way in plan.items()}, rounds, progress)
@@ -151,19 +176,30 @@ def bench_breakdown(cfg, sizes: Iterable[int], runner: Runner, steps: int = 40, 
     if sharded:  # no step without collectives: take off what the profiler saw in them
         for n in sizes:
             if communicates(n):
-                seconds[n, ALONE] = [step - collective_seconds(Path(s["run_dir"]))
-                                     for step, s in zip(seconds[n, MEMORY], summaries[n, PROFILED])]
+                seconds[n, ALONE] = [
+                    step - collective_seconds(Path(s["run_dir"]))
+                    for step, s in zip(seconds[n, MEMORY], summaries[n, PROFILED])
+                ]
                 del seconds[n, PROFILED]
-    rows = [_size_row(n, sizes[0], seconds, summaries, buckets, static_graph, cfg.bucket_cap_mb, sharded)
-            for n in sizes]
-    result = {"unit": unit, "per_rank_batch": rows[0]["per_rank_batch"], "steps": steps, "rounds": rounds,
-              "config": cfg.name, "model": cfg.model, "layout": "FSDP/TP" if sharded else "DDP",
-              "no_communication_from": ("the profiler's collective time" if sharded
-                                        else "runs with data_parallel=none"),
-              "adds_up_within": ADDS_UP_WITHIN, "rows": rows}
+    rows = [
+        _size_row(n, sizes[0], seconds, summaries, buckets, static_graph, cfg.bucket_cap_mb, sharded) for n in sizes
+    ]
+    result = {
+        "unit": unit,
+        "per_rank_batch": rows[0]["per_rank_batch"],
+        "steps": steps,
+        "rounds": rounds,
+        "config": cfg.name,
+        "model": cfg.model,
+        "layout": "FSDP/TP" if sharded else "DDP",
+        "no_communication_from": ("the profiler's collective time" if sharded else "runs with data_parallel=none"),
+        "adds_up_within": ADDS_UP_WITHIN,
+        "rows": rows,
+    }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "breakdown.json").write_text(json.dumps(result, indent=1) + "\n")
     from dlscale.reporting.plots import breakdown_bars
+
     breakdown_bars(result).savefig(out_dir / "breakdown.png", dpi=120)
     return result
 
@@ -172,26 +208,42 @@ def _median_times(seconds: dict, n: int) -> dict[str, float]:
     return {way: statistics.median(values) for (size, way), values in seconds.items() if size == n}
 
 
-def _size_row(n: int, ref: int, seconds: dict, summaries: dict, buckets: list[float], static_graph: bool,
-              default_mb: float, sharded: bool) -> dict[str, Any]:
+def _size_row(
+    n: int,
+    ref: int,
+    seconds: dict,
+    summaries: dict,
+    buckets: list[float],
+    static_graph: bool,
+    default_mb: float,
+    sharded: bool,
+) -> dict[str, Any]:
     """One size's row: each way's median ms per step, the parts from the medians, and each part's range over rounds."""
     times, ref_times = _median_times(seconds, n), _median_times(seconds, ref)
     full = summaries[n, FULL][0]
-    row = {"size": n, "ranks": full["world_size"], "nodes": full.get("nodes", 1),
-           "threads_per_process": full["threads"]["count"],
-           "gradient_bytes": full["memory_per_rank"][0]["parameters"],  # (DDP: every rank holds them whole)
-           "per_rank_batch":
-           full["global_batch_size"] // full["applied"]["data_parallel_ranks"],
-           "ms": {way: 1000 * value for way, value in times.items()},
-           **breakdown_parts(times, ref_times)}
+    row = {
+        "size": n,
+        "ranks": full["world_size"],
+        "nodes": full.get("nodes", 1),
+        "threads_per_process": full["threads"]["count"],
+        "gradient_bytes": full["memory_per_rank"][0]["parameters"],  # (DDP: every rank holds them whole)
+        "per_rank_batch": full["global_batch_size"] // full["applied"]["data_parallel_ranks"],
+        "ms": {way: 1000 * value for way, value in times.items()},
+        **breakdown_parts(times, ref_times),
+    }
     rounds = len(seconds[n, FULL])
-    per_round = [breakdown_parts({way: seconds[n, way][r] for way in times},
-                                 {way: seconds[ref, way][r] for way in ref_times}) for r in range(rounds)]
-    row["range"] = {part: (min(p[part] for p in per_round), max(p[part] for p in per_round))
-                    for part in ("loss", *PARTS)}
+    per_round = [
+        breakdown_parts({way: seconds[n, way][r] for way in times}, {way: seconds[ref, way][r] for way in ref_times})
+        for r in range(rounds)
+    ]
+    row["range"] = {
+        part: (min(p[part] for p in per_round), max(p[part] for p in per_round)) for part in ("loss", *PARTS)
+    }
     if ALONE in times and not sharded:  # how much communication each bucket setting leaves exposed, ms per step
-        row["exposed_communication_ms"] = {f"{default_mb:g}": 1000 * (times[MEMORY] - times[ALONE]), **{
-            f"{mb:g}": 1000 * (times[bucket_way(mb, static_graph)] - times[ALONE]) for mb in buckets}}
+        row["exposed_communication_ms"] = {
+            f"{default_mb:g}": 1000 * (times[MEMORY] - times[ALONE]),
+            **{f"{mb:g}": 1000 * (times[bucket_way(mb, static_graph)] - times[ALONE]) for mb in buckets},
+        }
     return row
 
 
@@ -206,20 +258,43 @@ def format_breakdown(result: dict[str, Any]) -> str:
 
     by_nodes = result["unit"] == "nodes"
     table = markdown_table(
-        [result["unit"], *(["ranks"] if by_nodes else []), "threads each", *(f"{w} (ms)" for w in way_names),
-         "efficiency", "lost", "exposed I/O", "exposed communication", "the rest"],
-        [(row["size"], *([row["ranks"]] if by_nodes else []), row["threads_per_process"],
-          *(f"{row['ms'][w]:.1f}" if w in row["ms"] else "-" for w in way_names),
-          f"{100 * row['efficiency']:.0f}%", pct(row, "loss"), pct(row, "io"), pct(row, "communication"),
-          pct(row, "rest")) for row in rows])
-    notes = (f"{result['layout']}, {result['config']} ({result['model']}), per-rank batch {result['per_rank_batch']}, "
-             f"{result['steps']} steps, median of {result['rounds']} round(s) (range over rounds in brackets); "
-             f"no communication from {result['no_communication_from']}. The parts add up to the lost efficiency "
-             f"(to {result['adds_up_within']:g}).")
+        [
+            result["unit"],
+            *(["ranks"] if by_nodes else []),
+            "threads each",
+            *(f"{w} (ms)" for w in way_names),
+            "efficiency",
+            "lost",
+            "exposed I/O",
+            "exposed communication",
+            "the rest",
+        ],
+        [
+            (
+                row["size"],
+                *([row["ranks"]] if by_nodes else []),
+                row["threads_per_process"],
+                *(f"{row['ms'][w]:.1f}" if w in row["ms"] else "-" for w in way_names),
+                f"{100 * row['efficiency']:.0f}%",
+                pct(row, "loss"),
+                pct(row, "io"),
+                pct(row, "communication"),
+                pct(row, "rest"),
+            )
+            for row in rows
+        ],
+    )
+    notes = (
+        f"{result['layout']}, {result['config']} ({result['model']}), per-rank batch {result['per_rank_batch']}, "
+        f"{result['steps']} steps, median of {result['rounds']} round(s) (range over rounds in brackets); "
+        f"no communication from {result['no_communication_from']}. The parts add up to the lost efficiency "
+        f"(to {result['adds_up_within']:g})."
+    )
     return f"{table}\n\n{notes}"
 
 
 # -- runners: one way at one size ----------------------------------------------------------------
+
 
 def local_runner(cfg, threads: int) -> Runner:
     """Ranks on this machine under torchrun (one process for one rank), ``threads`` torch threads each: the same
@@ -228,8 +303,15 @@ def local_runner(cfg, threads: int) -> Runner:
     from dlscale.bench.scaling import run_training
 
     def run(n: int, overrides: dict[str, Any], run_dir: Path) -> dict:
-        return run_training(cfg, n, run_dir, [f"{k}={_as_arg(v)}" for k, v in overrides.items()], threads,
-                            f"breakdown run {run_dir.name}")
+        return run_training(
+            cfg,
+            n,
+            run_dir,
+            [f"{k}={_as_arg(v)}" for k, v in overrides.items()],
+            threads,
+            f"breakdown run {run_dir.name}",
+        )
+
     return run
 
 
@@ -240,11 +322,11 @@ def engine_runner(cfg, threads: int = 1) -> Runner:
     def run(n: int, overrides: dict[str, Any], run_dir: Path) -> dict:
         done = run_on_engines(train_rank, n, cfg, **_quiet(overrides), threads=threads, run_dir=str(run_dir))
         return json.loads((Path(done[0]["run_dir"]) / "summary.json").read_text())
+
     return run
 
 
-def slurm_runner(cfg, script: str | Path, env: dict[str, str], tasks_per_node: int = 1,
-                 timeout: float = 600) -> Runner:
+def slurm_runner(cfg, script: str | Path, env: dict[str, str], tasks_per_node: int = 1, timeout: float = 600) -> Runner:
     """Nodes through a site's (or the local cluster's) ``train.sbatch``: one job of ``n`` nodes per run."""
     from dlscale.jobs.slurm_jobs import submit, wait_for_jobs
 
@@ -254,6 +336,7 @@ def slurm_runner(cfg, script: str | Path, env: dict[str, str], tasks_per_node: i
         job = submit(script, args, options=[f"--nodes={n}", f"--ntasks-per-node={tasks_per_node}"], env=env)
         wait_for_jobs([job], env, timeout=timeout)
         return json.loads((Path(run_dir) / "summary.json").read_text())
+
     return run
 
 

@@ -31,17 +31,35 @@ def concurrent_or_wide(cfg: TrainConfig, workers: int, out_dir: str | Path) -> d
     out_dir = Path(out_dir)
     quiet = {"progress": False, "plot": False, "threads": 1}  # one core per rank either way
     started = time.perf_counter()
-    alone = run_on_engines(train_in_own_folder, workers, cfg.override(quiet), str(out_dir / "concurrent"),
-                           as_ranks=False)
+    alone = run_on_engines(
+        train_in_own_folder, workers, cfg.override(quiet), str(out_dir / "concurrent"), as_ranks=False
+    )
     concurrent_s = time.perf_counter() - started
-    wide_cfg = cfg.override({**quiet, "global_batch_size": cfg.global_batch_size * workers,
-                             "run_dir": str(out_dir / "wide"), "noise_scale_every": 5})
+    wide_cfg = cfg.override(
+        {
+            **quiet,
+            "global_batch_size": cfg.global_batch_size * workers,
+            "run_dir": str(out_dir / "wide"),
+            "noise_scale_every": 5,
+        }
+    )
     started = time.perf_counter()
     wide = run_on_engines(train_rank, workers, wide_cfg)
     wide_s = time.perf_counter() - started
     summary = json.loads((out_dir / "wide/summary.json").read_text())
-    return {"workers": workers,
-            "concurrent": {"seconds": concurrent_s, "trials_per_hour": workers * 3600 / concurrent_s,
-                           "r2": statistics.fmean(r["r2"] for r in alone), "global_batch": cfg.global_batch_size},
-            "wide": {"seconds": wide_s, "trials_per_hour": 3600 / wide_s, "r2": wide[0]["r2"],
-                     "global_batch": wide_cfg.global_batch_size, "noise_scale": summary.get("noise_scale")}}
+    return {
+        "workers": workers,
+        "concurrent": {
+            "seconds": concurrent_s,
+            "trials_per_hour": workers * 3600 / concurrent_s,
+            "r2": statistics.fmean(r["r2"] for r in alone),
+            "global_batch": cfg.global_batch_size,
+        },
+        "wide": {
+            "seconds": wide_s,
+            "trials_per_hour": 3600 / wide_s,
+            "r2": wide[0]["r2"],
+            "global_batch": wide_cfg.global_batch_size,
+            "noise_scale": summary.get("noise_scale"),
+        },
+    }

@@ -71,9 +71,15 @@ def photo_colours(name: str, copies: int = 2) -> np.ndarray:
     return np.tile(load_sample_image(f"{name}.jpg").reshape(-1, 3), (copies, 1))
 
 
-def benchmark_data(kinds: tuple[str, ...] = KINDS, n: int = 1_000_000, d: int = 32, k: int = 64,
-                   photo_k: tuple[int, ...] = (16, 64), seed: int = 0,
-                   photo_copies: int = 2) -> list[tuple[str, np.ndarray, int]]:
+def benchmark_data(
+    kinds: tuple[str, ...] = KINDS,
+    n: int = 1_000_000,
+    d: int = 32,
+    k: int = 64,
+    photo_k: tuple[int, ...] = (16, 64),
+    seed: int = 0,
+    photo_copies: int = 2,
+) -> list[tuple[str, np.ndarray, int]]:
     """(label, data, k) for each kind: blobs of ``n`` × ``d``, noise of 0.4 ``n`` × ``d`` (both with ``k``), and each
     photo's colours (``photo_copies`` times) with each of ``photo_k``."""
     out = []
@@ -119,7 +125,9 @@ def cpu_description() -> str:
 PHASES = (("first iterations", None, 0.0), ("to convergence", 300, 1e-4))
 
 
-def _engines(x: np.ndarray, init: np.ndarray, iterations: int, tol: float = 0.0, float64_reference: bool = False) -> dict:
+def _engines(
+    x: np.ndarray, init: np.ndarray, iterations: int, tol: float = 0.0, float64_reference: bool = False
+) -> dict:
     """The fits to compare, each returning (iterations, inertia). With ``float64_reference`` also scikit-learn on the
     same data in float64: how much its own iteration count moves with the rounding (many repeated values tie)."""
     from dlscale.kmeans.daal import available as daal_available
@@ -131,6 +139,7 @@ def _engines(x: np.ndarray, init: np.ndarray, iterations: int, tol: float = 0.0,
         def fit() -> tuple[int, float, str]:
             model = KMeans(k, init=init, max_iter=iterations, tol=tol, backend=backend, device=device).fit(x)
             return model.n_iter_, model.inertia_, model.pass_
+
         return fit
 
     engines = {}
@@ -139,9 +148,11 @@ def _engines(x: np.ndarray, init: np.ndarray, iterations: int, tol: float = 0.0,
 
         def theirs(data: np.ndarray):
             def fit() -> tuple[int, float]:
-                model = SklearnKMeans(k, init=init.astype(data.dtype), n_init=1, max_iter=iterations, tol=tol,
-                                      algorithm="lloyd").fit(data)
+                model = SklearnKMeans(
+                    k, init=init.astype(data.dtype), n_init=1, max_iter=iterations, tol=tol, algorithm="lloyd"
+                ).fit(data)
                 return model.n_iter_, model.inertia_, "lloyd"
+
             return fit
 
         engines["scikit-learn"] = theirs(x)
@@ -161,16 +172,19 @@ def _engines(x: np.ndarray, init: np.ndarray, iterations: int, tol: float = 0.0,
 FLOAT64_REFERENCE = "scikit-learn, the data in float64"
 
 
-def _scaling_run(launcher: str, procs: int, data: Path, init: Path, k: int, iterations: int, out: Path,
-                 threads: int) -> dict:
+def _scaling_run(
+    launcher: str, procs: int, data: Path, init: Path, k: int, iterations: int, out: Path, threads: int
+) -> dict:
     from dlscale.kmeans.on_ranks import launch_kmeans
 
-    return launch_kmeans(data, k, out, procs, launcher, "torch" if launcher == "torchrun" else "daal4py", init,
-                         iterations, 0.0, threads)
+    return launch_kmeans(
+        data, k, out, procs, launcher, "torch" if launcher == "torchrun" else "daal4py", init, iterations, 0.0, threads
+    )
 
 
-def _scaling(x: np.ndarray, init: np.ndarray, procs: list[int], iterations: int, out_dir: Path,
-             seed: int) -> list[dict]:
+def _scaling(
+    x: np.ndarray, init: np.ndarray, procs: list[int], iterations: int, out_dir: Path, seed: int
+) -> list[dict]:
     """Strong scaling (the same data over more ranks) and weak scaling (each rank keeps its share's size). On one
     process the two are the same run, launched once."""
     from dlscale.kmeans.daal import available as daal_available
@@ -188,18 +202,35 @@ def _scaling(x: np.ndarray, init: np.ndarray, procs: list[int], iterations: int,
             size = len(x) * (count if mode == "weak" else 1)
             np.save(data, x if size == len(x) else np.tile(x, (count, 1)))  # (weak: each rank as much as one had)
             for launcher in ["torchrun"] + (["mpirun"] if daal_available() else []):
-                summary = _scaling_run(launcher, count, data, out_dir / "init.npy", len(init), iterations,
-                                       out_dir / f"{launcher}-{mode}-{count}", threads)
-                rows.append({"engine": f"{summary['backend']} via {launcher}", "kind": "scaling", "mode": mode,
-                             "processes": count, "threads_per_process": summary["threads"]["count"],
-                             "samples": size, "seconds": summary["seconds"],
-                             "iterations": summary["n_iter"],
-                             "seconds_per_iteration": summary["seconds_per_iteration"],
-                             "samples_per_s": size / summary["seconds_per_iteration"]})
+                summary = _scaling_run(
+                    launcher,
+                    count,
+                    data,
+                    out_dir / "init.npy",
+                    len(init),
+                    iterations,
+                    out_dir / f"{launcher}-{mode}-{count}",
+                    threads,
+                )
+                rows.append(
+                    {
+                        "engine": f"{summary['backend']} via {launcher}",
+                        "kind": "scaling",
+                        "mode": mode,
+                        "processes": count,
+                        "threads_per_process": summary["threads"]["count"],
+                        "samples": size,
+                        "seconds": summary["seconds"],
+                        "iterations": summary["n_iter"],
+                        "seconds_per_iteration": summary["seconds_per_iteration"],
+                        "samples_per_s": size / summary["seconds_per_iteration"],
+                    }
+                )
             data.unlink()
     for row in rows:  # efficiency against the same engine and mode at the smallest count
-        first = min((r for r in rows if r["engine"] == row["engine"] and r["mode"] == row["mode"]),
-                    key=lambda r: r["processes"])
+        first = min(
+            (r for r in rows if r["engine"] == row["engine"] and r["mode"] == row["mode"]), key=lambda r: r["processes"]
+        )
         work = row["processes"] / first["processes"] if row["mode"] == "strong" else 1.0
         row["efficiency"] = first["seconds_per_iteration"] / (work * row["seconds_per_iteration"])
     return rows
@@ -215,22 +246,45 @@ def _phase_rows(data: str, phase: str, engines: dict, rounds: int) -> list[dict]
     rows = []
     for engine, runs in timings.items():
         seconds, done, inertia, pass_name = sorted(runs)[len(runs) // 2]  # the median round
-        rows.append({"data": data, "engine": engine, "pass": pass_name, "kind": "engine", "phase": phase,
-                     "processes": 1,
-                     "threads_per_process": torch.get_num_threads(), "seconds": seconds, "iterations": done,
-                     "inertia": float(inertia), "seconds_per_iteration": seconds / max(done, 1), "rounds": rounds})
+        rows.append(
+            {
+                "data": data,
+                "engine": engine,
+                "pass": pass_name,
+                "kind": "engine",
+                "phase": phase,
+                "processes": 1,
+                "threads_per_process": torch.get_num_threads(),
+                "seconds": seconds,
+                "iterations": done,
+                "inertia": float(inertia),
+                "seconds_per_iteration": seconds / max(done, 1),
+                "rounds": rounds,
+            }
+        )
     reference = next((r for r in rows if r["engine"] == "scikit-learn"), None)
     for row in rows:
-        row["ratio_to_sklearn"] = row["seconds_per_iteration"] / reference["seconds_per_iteration"] if reference \
-            else None
+        row["ratio_to_sklearn"] = (
+            row["seconds_per_iteration"] / reference["seconds_per_iteration"] if reference else None
+        )
         row["time_ratio_to_sklearn"] = row["seconds"] / reference["seconds"] if reference else None
         row["iterations_vs_sklearn"] = row["iterations"] / reference["iterations"] if reference else None
     return rows
 
 
-def bench_kmeans(n: int = 1_000_000, d: int = 32, k: int = 64, iterations: int = 8, procs: list[int] | None = None,
-                 out_dir: str | Path = "runs/bench_kmeans", seed: int = 0, rounds: int = 3,
-                 kinds: tuple[str, ...] = KINDS, photo_k: tuple[int, ...] = (16, 64), photo_copies: int = 2) -> list[dict]:
+def bench_kmeans(
+    n: int = 1_000_000,
+    d: int = 32,
+    k: int = 64,
+    iterations: int = 8,
+    procs: list[int] | None = None,
+    out_dir: str | Path = "runs/bench_kmeans",
+    seed: int = 0,
+    rounds: int = 3,
+    kinds: tuple[str, ...] = KINDS,
+    photo_k: tuple[int, ...] = (16, 64),
+    photo_copies: int = 2,
+) -> list[dict]:
     """Rows ``{data, engine, phase, seconds, iterations, inertia, ratio_to_sklearn, ...}``; also writes JSON and a plot.
 
     Each engine's figure is the median of ``rounds`` fits; the data sets are :func:`benchmark_data`'s.
@@ -245,7 +299,7 @@ def bench_kmeans(n: int = 1_000_000, d: int = 32, k: int = 64, iterations: int =
     for label, x, kk in sets:
         init = x[np.random.default_rng(seed + 1).choice(len(x), kk, replace=False)].copy()
         photo = x.shape[1] == 3
-        for fit_small in _engines(x[:10 * kk], init, 1).values():  # first-call costs (loading) out of the timing
+        for fit_small in _engines(x[: 10 * kk], init, 1).values():  # first-call costs (loading) out of the timing
             fit_small()
         for phase, max_iter, tol in PHASES:
             rows += _phase_rows(label, phase, _engines(x, init, max_iter or iterations, tol, photo), rounds)
@@ -253,29 +307,78 @@ def bench_kmeans(n: int = 1_000_000, d: int = 32, k: int = 64, iterations: int =
         label, x, kk = sets[0]
         init = x[np.random.default_rng(seed + 1).choice(len(x), kk, replace=False)].copy()
         rows += [{"data": label, **row} for row in _scaling(x, init, procs, iterations, out_dir, seed)]
-    (out_dir / "kmeans.json").write_text(json.dumps({"n": n, "d": d, "k": k, "cpu": cpu_description(), "rows": rows},
-                                                    indent=1) + "\n")
+    (out_dir / "kmeans.json").write_text(
+        json.dumps({"n": n, "d": d, "k": k, "cpu": cpu_description(), "rows": rows}, indent=1) + "\n"
+    )
     kmeans_ratios([r for r in rows if r["kind"] == "engine"]).savefig(out_dir / "kmeans.png", dpi=120)
     return rows
 
 
 def format_kmeans(rows: list[dict]) -> str:
     """The comparison (per data set and phase: iterations, inertia, seconds, both ratios) and the scaling runs."""
+
     def ratio(value: float | None) -> str:
         return f"{value:.2f}×" if value else ""
 
     engines = [r for r in rows if r["kind"] == "engine"]
     table = f"CPU: {cpu_description()}\n\n" + markdown_table(
-        ["data", "phase", "engine", "pass", "iterations", "inertia", "seconds", "s per iteration",
-         "per iteration vs sklearn", "whole fit vs sklearn"],
-        [(r["data"], r["phase"], r["engine"], r.get("pass", ""), r["iterations"], f"{r['inertia']:.6g}",
-          f"{r['seconds']:.3f}",
-          f"{r['seconds_per_iteration']:.4f}", ratio(r["ratio_to_sklearn"]), ratio(r["time_ratio_to_sklearn"]))
-         for r in engines])
+        [
+            "data",
+            "phase",
+            "engine",
+            "pass",
+            "iterations",
+            "inertia",
+            "seconds",
+            "s per iteration",
+            "per iteration vs sklearn",
+            "whole fit vs sklearn",
+        ],
+        [
+            (
+                r["data"],
+                r["phase"],
+                r["engine"],
+                r.get("pass", ""),
+                r["iterations"],
+                f"{r['inertia']:.6g}",
+                f"{r['seconds']:.3f}",
+                f"{r['seconds_per_iteration']:.4f}",
+                ratio(r["ratio_to_sklearn"]),
+                ratio(r["time_ratio_to_sklearn"]),
+            )
+            for r in engines
+        ],
+    )
     scaling = [r for r in rows if r["kind"] == "scaling"]
     if not scaling:
         return table
-    return table + "\n\n" + markdown_table(
-        ["engine", "scaling", "processes", "threads each", "samples", "iterations", "s per iteration", "efficiency"],
-        [(r["engine"], r["mode"], r["processes"], r["threads_per_process"], f"{r['samples']:,}", r["iterations"],
-          f"{r['seconds_per_iteration']:.4f}", f"{r['efficiency']:.0%}") for r in scaling])
+    return (
+        table
+        + "\n\n"
+        + markdown_table(
+            [
+                "engine",
+                "scaling",
+                "processes",
+                "threads each",
+                "samples",
+                "iterations",
+                "s per iteration",
+                "efficiency",
+            ],
+            [
+                (
+                    r["engine"],
+                    r["mode"],
+                    r["processes"],
+                    r["threads_per_process"],
+                    f"{r['samples']:,}",
+                    r["iterations"],
+                    f"{r['seconds_per_iteration']:.4f}",
+                    f"{r['efficiency']:.0%}",
+                )
+                for r in scaling
+            ],
+        )
+    )

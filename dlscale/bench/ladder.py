@@ -22,9 +22,20 @@ def ladder_rungs(device: torch.device) -> list[tuple[str, dict, str | None]]:
     workers = max(1, min(4, (os.cpu_count() or 2) - 1))
     cuda = device.type == "cuda"
     return [
-        ("fp32 baseline", {"precision": "fp32", "num_workers": 0, "pin_memory": False, "channels_last": False,
-                           "optimizer": "adamw", "optimizer_impl": "loop", "compile": False, "cuda_graphs": False},
-         None),
+        (
+            "fp32 baseline",
+            {
+                "precision": "fp32",
+                "num_workers": 0,
+                "pin_memory": False,
+                "channels_last": False,
+                "optimizer": "adamw",
+                "optimizer_impl": "loop",
+                "compile": False,
+                "cuda_graphs": False,
+            },
+            None,
+        ),
         ("+ loader workers, pinned memory", {"num_workers": workers, "pin_memory": True}, None),
         ("+ channels_last", {"channels_last": True}, None),
         ("+ mixed precision", {"precision": "auto" if cuda else "bf16"}, None),
@@ -34,8 +45,9 @@ def ladder_rungs(device: torch.device) -> list[tuple[str, dict, str | None]]:
     ]
 
 
-def bench_ladder(cfg, steps: int = 60, out_dir: str | Path | None = None, progress: bool = True,
-                 rounds: int = 1) -> list[dict]:
+def bench_ladder(
+    cfg, steps: int = 60, out_dir: str | Path | None = None, progress: bool = True, rounds: int = 1
+) -> list[dict]:
     """Train ``steps`` steps per rung of the ladder, in one run, and report samples/s and speedups.
 
     With ``rounds > 1`` every rung is trained once per round, the rungs taking turns, and its
@@ -56,9 +68,24 @@ def bench_ladder(cfg, steps: int = 60, out_dir: str | Path | None = None, progre
         rows.append({"rung": rung, "skipped": skipped} if skipped else {"rung": rung, "rates": []})
         if not skipped:
             settings.update(adds)
-            configs.append((rows[-1], cfg.override({
-                **settings, "name": f"ladder-{index}", "run_dir": str(out_dir / f"rung{index}"), "max_steps": steps,
-                "epochs": 10 ** 6, "checkpoint_every": 0, "plot": False, "progress": False, "warmup_steps": 0})))
+            configs.append(
+                (
+                    rows[-1],
+                    cfg.override(
+                        {
+                            **settings,
+                            "name": f"ladder-{index}",
+                            "run_dir": str(out_dir / f"rung{index}"),
+                            "max_steps": steps,
+                            "epochs": 10**6,
+                            "checkpoint_every": 0,
+                            "plot": False,
+                            "progress": False,
+                            "warmup_steps": 0,
+                        }
+                    ),
+                )
+            )
     with tqdm(total=rounds * len(configs), desc="ladder", unit="run", disable=not progress) as bar:
         for _ in range(rounds):
             for row, run_cfg in configs:
@@ -75,8 +102,9 @@ def bench_ladder(cfg, steps: int = 60, out_dir: str | Path | None = None, progre
         row["vs_previous"] = row["samples_per_s"] / previous["samples_per_s"]
     measured[0]["vs_previous"] = 1.0
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "ladder.json").write_text(json.dumps({"device": str(device), "steps": steps, "rows": rows},
-                                                    indent=1, default=str) + "\n")
+    (out_dir / "ladder.json").write_text(
+        json.dumps({"device": str(device), "steps": steps, "rows": rows}, indent=1, default=str) + "\n"
+    )
     ladder_chart(rows, f"optimization ladder on {device}").savefig(out_dir / "ladder.png", dpi=120)
     return rows
 
@@ -91,8 +119,18 @@ def ladder_chart(rows: list[dict], title: str = "optimization ladder"):
 
 def format_ladder(rows: list[dict]) -> str:
     """The ladder as a Markdown table."""
-    return markdown_table(["rung", "samples/s (median)", "rounds: lowest-highest", "× baseline", "× previous"], [
-        (row["rung"], f"skipped: {row['skipped']}", "", "", "") if "skipped" in row else
-        (row["rung"], f"{row['samples_per_s']:,.0f}", f"{min(row['rates']):,.0f}-{max(row['rates']):,.0f}",
-         f"{row['speedup']:.2f}", f"{row['vs_previous']:.2f}")
-        for row in rows])
+    return markdown_table(
+        ["rung", "samples/s (median)", "rounds: lowest-highest", "× baseline", "× previous"],
+        [
+            (row["rung"], f"skipped: {row['skipped']}", "", "", "")
+            if "skipped" in row
+            else (
+                row["rung"],
+                f"{row['samples_per_s']:,.0f}",
+                f"{min(row['rates']):,.0f}-{max(row['rates']):,.0f}",
+                f"{row['speedup']:.2f}",
+                f"{row['vs_previous']:.2f}",
+            )
+            for row in rows
+        ],
+    )

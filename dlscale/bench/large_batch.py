@@ -70,23 +70,37 @@ SIZES = {
     "ci": SweepSize(overrides={"train_samples": 8192, "val_samples": 1024, "shard_size": 2048}),
     # every cell of lesson 07 in seconds (the tests' size); its numbers are too few to tell the story
     "smoke": SweepSize(overrides={"train_samples": 2048, "val_samples": 512, "shard_size": 1024}, epochs=2),
-    "full": SweepSize(base_config="gpu", overrides={"channels_last": True}, base_batch=32, epochs=10,
-                      multiples=(8, 32, 128)),
+    "full": SweepSize(
+        base_config="gpu", overrides={"channels_last": True}, base_batch=32, epochs=10, multiples=(8, 32, 128)
+    ),
 }
 
 
-def _run(name: str, out_dir: Path, size: SweepSize, batch: int, recipe: dict[str, Any] | None,
-         extra: dict[str, Any]) -> dict[str, Any]:
+def _run(
+    name: str, out_dir: Path, size: SweepSize, batch: int, recipe: dict[str, Any] | None, extra: dict[str, Any]
+) -> dict[str, Any]:
     from dlscale.training.loop import train_quietly
 
     recipe = recipe or {"optimizer": "sgd", "lr_scaling": "none"}
     lr = getattr(size, recipe.get("lr_key", "sgd_lr"))
     overrides = {
-        **size.overrides, "name": name, "run_dir": str(out_dir / name), "epochs": size.epochs,
-        "global_batch_size": batch, "base_batch": size.base_batch, "lr": lr, "optimizer": recipe["optimizer"],
-        "lr_scaling": recipe["lr_scaling"], "warmup_steps": 0,
-        "warmup_epochs": size.warmup_epochs if recipe.get("warmup") else 0.0, "decay": "cosine",
-        "checkpoint_every": 0, "keep_checkpoints": 1, "progress": False, "plot": False, **extra,
+        **size.overrides,
+        "name": name,
+        "run_dir": str(out_dir / name),
+        "epochs": size.epochs,
+        "global_batch_size": batch,
+        "base_batch": size.base_batch,
+        "lr": lr,
+        "optimizer": recipe["optimizer"],
+        "lr_scaling": recipe["lr_scaling"],
+        "warmup_steps": 0,
+        "warmup_epochs": size.warmup_epochs if recipe.get("warmup") else 0.0,
+        "decay": "cosine",
+        "checkpoint_every": 0,
+        "keep_checkpoints": 1,
+        "progress": False,
+        "plot": False,
+        **extra,
     }
     if recipe["optimizer"] == "lars":
         overrides["trust_coefficient"] = size.lars_trust
@@ -95,19 +109,36 @@ def _run(name: str, out_dir: Path, size: SweepSize, batch: int, recipe: dict[str
         result = train_quietly(cfg)
     except DivergedError as err:
         # A recipe that diverges is a finding of the sweep, not a failure of it: the table says "diverged".
-        return {"batch": batch, "steps": err.step, "optimizer": recipe["optimizer"],
-                "peak_lr": scale_lr(cfg.lr, cfg.base_batch, cfg.global_batch_size, cfg.lr_scaling),
-                "val_mse": math.nan, "val_r2": math.nan, "noise_scale": math.nan}
+        return {
+            "batch": batch,
+            "steps": err.step,
+            "optimizer": recipe["optimizer"],
+            "peak_lr": scale_lr(cfg.lr, cfg.base_batch, cfg.global_batch_size, cfg.lr_scaling),
+            "val_mse": math.nan,
+            "val_r2": math.nan,
+            "noise_scale": math.nan,
+        }
     rows = read_rows(result.run_dir / NOISE_FILE)
-    return {"batch": batch, "steps": result.steps_done, "optimizer": recipe["optimizer"], "peak_lr": result.peak_lr,
-            "val_mse": result.final.get("mse", math.nan), "val_r2": result.final.get("r2", math.nan),
-            "noise_scale": noise_scale_of_rows(rows, until_step=result.total_steps / 2)}
+    return {
+        "batch": batch,
+        "steps": result.steps_done,
+        "optimizer": recipe["optimizer"],
+        "peak_lr": result.peak_lr,
+        "val_mse": result.final.get("mse", math.nan),
+        "val_r2": result.final.get("r2", math.nan),
+        "noise_scale": noise_scale_of_rows(rows, until_step=result.total_steps / 2),
+    }
 
 
-def large_batch_sweep(out_dir: str | Path = "runs/large_batch", size: str | SweepSize = "ci",
-                      recipes: list[str] | None = None, multiples: tuple[int, ...] | None = None,
-                      progress: bool = True, tracking: str = "csv",
-                      wandb_project: str = "dlscale-sweep") -> list[dict[str, Any]]:
+def large_batch_sweep(
+    out_dir: str | Path = "runs/large_batch",
+    size: str | SweepSize = "ci",
+    recipes: list[str] | None = None,
+    multiples: tuple[int, ...] | None = None,
+    progress: bool = True,
+    tracking: str = "csv",
+    wandb_project: str = "dlscale-sweep",
+) -> list[dict[str, Any]]:
     """Run the sweep; return its rows and write ``table.csv``, ``table.md`` and ``sweep.png`` in ``out_dir``.
 
     With ``tracking="wandb"`` every run also logs to Weights & Biases (offline unless
@@ -124,8 +155,9 @@ def large_batch_sweep(out_dir: str | Path = "runs/large_batch", size: str | Swee
     if unknown:
         raise ValueError(f"unknown recipe(s) {unknown}; choose from {list(RECIPES)}")
     multiples = multiples or size.multiples
-    jobs = [("baseline", size.base_batch, None)] + [(r, k * size.base_batch, RECIPES[r])
-                                                    for k in multiples for r in recipes]
+    jobs = [("baseline", size.base_batch, None)] + [
+        (r, k * size.base_batch, RECIPES[r]) for k in multiples for r in recipes
+    ]
     rows = []
     for recipe_name, batch, recipe in tqdm(jobs, desc="large-batch sweep", unit="run", disable=not progress):
         slug = recipe_name.replace(" + ", "-").replace(" ", "-").lower()
@@ -153,6 +185,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     """Validation R² per recipe (rows) and batch (columns), with the baseline and its noise scale."""
     baseline = next(r for r in rows if r["recipe"] == "baseline")
     batches = sorted({r["batch"] for r in rows if r["recipe"] != "baseline"})
+
     def cell(recipe: str, batch: int) -> str:
         row = next((r for r in rows if r["recipe"] == recipe and r["batch"] == batch), None)
         if row is None:
@@ -162,11 +195,15 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         return f"R² {row['val_r2']:.3f}, MSE {row['val_mse']:.4f}"
 
     recipes = dict.fromkeys(r["recipe"] for r in rows if r["recipe"] != "baseline")
-    table = markdown_table(["recipe", *(f"batch {b} ({b // baseline['batch']}×)" for b in batches)],
-                           [(recipe, *(cell(recipe, b) for b in batches)) for recipe in recipes])
-    return (f"baseline: batch {baseline['batch']}, {baseline['steps']} steps, validation R² {baseline['val_r2']:.3f} "
-            f"(MSE {baseline['val_mse']:.4f}); measured noise scale B_simple ≈ {baseline['noise_scale']:.0f}\n\n"
-            f"{table}")
+    table = markdown_table(
+        ["recipe", *(f"batch {b} ({b // baseline['batch']}×)" for b in batches)],
+        [(recipe, *(cell(recipe, b) for b in batches)) for recipe in recipes],
+    )
+    return (
+        f"baseline: batch {baseline['batch']}, {baseline['steps']} steps, validation R² {baseline['val_r2']:.3f} "
+        f"(MSE {baseline['val_mse']:.4f}); measured noise scale B_simple ≈ {baseline['noise_scale']:.0f}\n\n"
+        f"{table}"
+    )
 
 
 def sweep_figure(rows: list[dict[str, Any]]) -> NotebookFigure:
@@ -179,16 +216,22 @@ def sweep_figure(rows: list[dict[str, Any]]) -> NotebookFigure:
         points = sorted((r["batch"], r["val_r2"]) for r in rows if r["recipe"] == recipe)
         # a diverged run (NaN, or R² far below 0) is drawn as a cross on the floor of the plot
         shown = [(b, v if math.isfinite(v) and v > floor else floor + 0.03) for b, v in points]
-        line, = ax.plot(*zip(*shown), "o-", label=recipe)
+        (line,) = ax.plot(*zip(*shown), "o-", label=recipe)
         failed = [(b, floor + 0.03) for b, v in points if not (math.isfinite(v) and v > floor)]
         if failed:
             ax.plot(*zip(*failed), "x", color=line.get_color(), markersize=10, markeredgewidth=2)
-    ax.axhline(baseline["val_r2"], color="black", linestyle="--", linewidth=1,
-               label=f"baseline (batch {baseline['batch']})")
+    ax.axhline(
+        baseline["val_r2"], color="black", linestyle="--", linewidth=1, label=f"baseline (batch {baseline['batch']})"
+    )
     if math.isfinite(baseline["noise_scale"]) and baseline["noise_scale"] > 0:
         ax.axvline(baseline["noise_scale"], color="grey", linestyle=":", label="noise scale B_simple")
-    ax.set(xscale="log", xlabel="global batch size (same number of epochs)", ylabel="validation R²",
-           title="large-batch training: which recipes keep up? (✕: diverged)", ylim=(floor, 1.0))
+    ax.set(
+        xscale="log",
+        xlabel="global batch size (same number of epochs)",
+        ylabel="validation R²",
+        title="large-batch training: which recipes keep up? (✕: diverged)",
+        ylim=(floor, 1.0),
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
     return fig

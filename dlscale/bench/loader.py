@@ -33,5 +33,10 @@ def bench_loader(cfg, batches: int = 50, warmup: int = 3, device: str | torch.de
             break
     sync()
     elapsed = time.perf_counter() - start if start else float("nan")
-    return {"samples_per_s": seen / elapsed if seen else float("nan"), "batches": index - warmup,
-            "num_workers": loader.num_workers, "pin_memory": loader.pin_memory, "batch_size": loader.batch_size}
+    return {
+        "samples_per_s": seen / elapsed if seen else float("nan"),
+        "batches": index - warmup,
+        "num_workers": loader.num_workers,
+        "pin_memory": loader.pin_memory,
+        "batch_size": loader.batch_size,
+    }

@@ -30,8 +30,14 @@ LAYOUTS: list[tuple[str, int, list[str]]] = [
 _BYTES = ("parameters", "gradients", "optimizer_state")
 
 
-def bench_memory(cfg, steps: int = 10, out_dir: str | Path = "runs/memory", layouts: list | None = None,
-                 progress: bool = True, threads: int | None = None) -> list[dict[str, Any]]:
+def bench_memory(
+    cfg,
+    steps: int = 10,
+    out_dir: str | Path = "runs/memory",
+    layouts: list | None = None,
+    progress: bool = True,
+    threads: int | None = None,
+) -> list[dict[str, Any]]:
     """Train ``steps`` steps of ``cfg`` in each layout and return one row per layout (the largest rank's figures)."""
     from tqdm.auto import tqdm
 
@@ -46,12 +52,22 @@ def bench_memory(cfg, steps: int = 10, out_dir: str | Path = "runs/memory", layo
     rows = []
     for name, processes, overrides in tqdm(layouts, desc="memory", unit="run", disable=not progress):
         run_dir = out_dir / name.replace(" ", "").replace("×", "x").replace("+", "-")
-        summary = run_training(cfg, processes, run_dir, [*overrides, f"max_steps={steps}", "epochs=1000000",
-                                                         "val_samples=64"], threads, f"memory run '{name}'")
+        summary = run_training(
+            cfg,
+            processes,
+            run_dir,
+            [*overrides, f"max_steps={steps}", "epochs=1000000", "val_samples=64"],
+            threads,
+            f"memory run '{name}'",
+        )
         ranks = summary["memory_per_rank"]
-        row = {"layout": name, "processes": processes, **{key: max(r[key] for r in ranks) for key in _BYTES},
-               "peak": max(r["peak"] for r in ranks),
-               "step_s": summary["global_batch_size"] / summary["samples_per_s"]}
+        row = {
+            "layout": name,
+            "processes": processes,
+            **{key: max(r[key] for r in ranks) for key in _BYTES},
+            "peak": max(r["peak"] for r in ranks),
+            "step_s": summary["global_batch_size"] / summary["samples_per_s"],
+        }
         row["held"] = sum(row[key] for key in _BYTES)
         rows.append(row)
     for row in rows:
@@ -64,14 +80,35 @@ def bench_memory(cfg, steps: int = 10, out_dir: str | Path = "runs/memory", layo
 
 
 def _mib(value: float) -> str:
-    return f"{value / 2 ** 20:,.2f}"
+    return f"{value / 2**20:,.2f}"
 
 
 def format_memory(rows: list[dict[str, Any]]) -> str:
     """The table: per rank (the largest), MiB; ratios against DDP on as many ranks (1 process: itself)."""
     return markdown_table(
-        ["layout", "ranks", "parameters MiB", "gradients MiB", "optimizer MiB", "held vs DDP", "peak MiB",
-         "step ms", "step vs DDP"],
-        [(r["layout"], r["processes"], _mib(r["parameters"]), _mib(r["gradients"]), _mib(r["optimizer_state"]),
-          f"{r['held_vs_ddp']:.2f}", _mib(r["peak"]), f"{1000 * r['step_s']:.0f}", f"{r['step_vs_ddp']:.2f}")
-         for r in rows])
+        [
+            "layout",
+            "ranks",
+            "parameters MiB",
+            "gradients MiB",
+            "optimizer MiB",
+            "held vs DDP",
+            "peak MiB",
+            "step ms",
+            "step vs DDP",
+        ],
+        [
+            (
+                r["layout"],
+                r["processes"],
+                _mib(r["parameters"]),
+                _mib(r["gradients"]),
+                _mib(r["optimizer_state"]),
+                f"{r['held_vs_ddp']:.2f}",
+                _mib(r["peak"]),
+                f"{1000 * r['step_s']:.0f}",
+                f"{r['step_vs_ddp']:.2f}",
+            )
+            for r in rows
+        ],
+    )

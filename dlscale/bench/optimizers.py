@@ -46,8 +46,7 @@ def timm_optimizers() -> dict[str, type] | None:
         package = types.ModuleType(name)
         package.__path__ = [str(Path(spec.origin).parent / "optim")]
         sys.modules[name] = package
-    return {"Lamb": importlib.import_module(f"{name}.lamb").Lamb,
-            "Lars": importlib.import_module(f"{name}.lars").Lars}
+    return {"Lamb": importlib.import_module(f"{name}.lamb").Lamb, "Lars": importlib.import_module(f"{name}.lars").Lars}
 
 
 def optimizer_factories(weight_decay: float = 0.01) -> dict[str, Callable[[nn.Module], torch.optim.Optimizer]]:
@@ -60,10 +59,12 @@ def optimizer_factories(weight_decay: float = 0.01) -> dict[str, Callable[[nn.Mo
     }
     timm = timm_optimizers()
     if timm is not None:
-        factories["LAMB (timm)"] = lambda m: timm["Lamb"](param_groups(m, weight_decay), lr=1e-3, max_grad_norm=None,
-                                                          foreach=True)
-        factories["LARS (timm)"] = lambda m: timm["Lars"](param_groups(m, weight_decay), lr=1.0, momentum=0.9,
-                                                          foreach=True)
+        factories["LAMB (timm)"] = lambda m: timm["Lamb"](
+            param_groups(m, weight_decay), lr=1e-3, max_grad_norm=None, foreach=True
+        )
+        factories["LARS (timm)"] = lambda m: timm["Lars"](
+            param_groups(m, weight_decay), lr=1.0, momentum=0.9, foreach=True
+        )
     return factories
 
 
@@ -78,8 +79,9 @@ def _time_steps(optimizer: torch.optim.Optimizer, steps: int) -> float:
     return timer.timeit(steps).mean
 
 
-def bench_optimizers(models: Iterable[str] = ("lesson", "25M"), steps: int = 10, rounds: int = 5,
-                     device: str = "cpu") -> list[dict]:
+def bench_optimizers(
+    models: Iterable[str] = ("lesson", "25M"), steps: int = 10, rounds: int = 5, device: str = "cpu"
+) -> list[dict]:
     """Median seconds per ``optimizer.step()`` for every optimizer on every model.
 
     Returns rows ``{model, parameters, tensors, optimizer, ms_per_step, vs_adamw}``.
@@ -104,17 +106,33 @@ def bench_optimizers(models: Iterable[str] = ("lesson", "25M"), steps: int = 10,
         adamw = statistics.median(times["AdamW (foreach)"])
         for name, values in times.items():
             median = statistics.median(values)
-            rows.append({"model": model_name, "parameters": count_parameters(model),
-                         "tensors": len(list(model.parameters())), "optimizer": name,
-                         "ms_per_step": 1000 * median, "vs_adamw": median / adamw})
+            rows.append(
+                {
+                    "model": model_name,
+                    "parameters": count_parameters(model),
+                    "tensors": len(list(model.parameters())),
+                    "optimizer": name,
+                    "ms_per_step": 1000 * median,
+                    "vs_adamw": median / adamw,
+                }
+            )
     return rows
 
 
 def format_rows(rows: list[dict]) -> str:
     """The benchmark as a Markdown table (what docs/benchmarks.md records)."""
-    return markdown_table(["model", "optimizer", "ms / step", "× AdamW (foreach)"], [
-        (f"{row['model']} ({row['parameters'] / 1e6:.2f} M params, {row['tensors']} tensors)", row["optimizer"],
-         f"{row['ms_per_step']:.2f}", f"{row['vs_adamw']:.2f}") for row in rows])
+    return markdown_table(
+        ["model", "optimizer", "ms / step", "× AdamW (foreach)"],
+        [
+            (
+                f"{row['model']} ({row['parameters'] / 1e6:.2f} M params, {row['tensors']} tensors)",
+                row["optimizer"],
+                f"{row['ms_per_step']:.2f}",
+                f"{row['vs_adamw']:.2f}",
+            )
+            for row in rows
+        ],
+    )
 
 
 def comparison_lines(rows: list[dict]) -> list[str]:
@@ -126,7 +144,8 @@ def comparison_lines(rows: list[dict]) -> list[str]:
             line = f"{model}: {ours} = {by_name[ours]['vs_adamw']:.2f}x AdamW (foreach)"
             if theirs in by_name:
                 ratio = by_name[theirs]["ms_per_step"] / by_name[ours]["ms_per_step"]
-                line += (f", {ratio:.2f}x faster than {theirs}" if ratio >= 1 else
-                         f", {1 / ratio:.2f}x slower than {theirs}")
+                line += (
+                    f", {ratio:.2f}x faster than {theirs}" if ratio >= 1 else f", {1 / ratio:.2f}x slower than {theirs}"
+                )
             lines.append(line)
     return lines

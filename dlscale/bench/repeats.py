@@ -40,8 +40,9 @@ class Spread:
         return f"{self.median:,.0f} (rounds {self.low:,.0f}-{self.high:,.0f})"
 
 
-def measure_rounds(measures: dict[Hashable, Callable[[], float]], rounds: int = 3,
-                   progress: bool = False) -> dict[Hashable, Spread]:
+def measure_rounds(
+    measures: dict[Hashable, Callable[[], float]], rounds: int = 3, progress: bool = False
+) -> dict[Hashable, Spread]:
     """Call every measure once per round, in turn, and collect the values per key."""
     from tqdm.auto import tqdm
 

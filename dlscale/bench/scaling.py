@@ -23,15 +23,26 @@ def run_training(cfg, processes: int, run_dir: Path, overrides: Iterable[str], t
     Quiet, no checkpoints, never resumed; every process gets ``threads`` threads. Returns the
     run's ``summary.json``; a failed run raises with the ranks' own error (``label`` names it).
     """
-    args = ["dlscale.train", *(f"{k}={v}" for k, v in cfg.to_dict().items() if k != "profile_steps"), *overrides,
-            f"run_dir={run_dir}", *(f"{k}={str(v).lower()}" for k, v in QUIET.items())]
+    args = [
+        "dlscale.train",
+        *(f"{k}={v}" for k, v in cfg.to_dict().items() if k != "profile_steps"),
+        *overrides,
+        f"run_dir={run_dir}",
+        *(f"{k}={str(v).lower()}" for k, v in QUIET.items()),
+    ]
     command = torchrun_command(processes, args) if processes > 1 else [sys.executable, "-m", *args]
     run_local(command, label, threads)
     return json.loads((Path(run_dir) / "summary.json").read_text())
 
 
-def bench_scaling(cfg, procs: Iterable[int] = (1, 2), steps: int = 60, out_dir: str | Path = "runs/scaling",
-                  progress: bool = True, threads: int | None = None) -> list[dict]:
+def bench_scaling(
+    cfg,
+    procs: Iterable[int] = (1, 2),
+    steps: int = 60,
+    out_dir: str | Path = "runs/scaling",
+    progress: bool = True,
+    threads: int | None = None,
+) -> list[dict]:
     """Train at each process count, strong (same global batch) and weak (same per-rank batch), and compare.
 
     Each run is ``dlscale.train`` under torchrun on this machine; on a cluster the same
@@ -52,10 +63,23 @@ def bench_scaling(cfg, procs: Iterable[int] = (1, 2), steps: int = 60, out_dir: 
     rows = []
     for mode, n in tqdm(jobs, desc="scaling", unit="run", disable=not progress):
         batch = base if mode == "strong" else base * n
-        summary = run_training(cfg, n, out_dir / f"{mode}-n{n}", [f"global_batch_size={batch}", f"max_steps={steps}",
-                               "epochs=1000000"], threads, f"{mode} scaling run with {n} processes")
-        rows.append({"mode": mode, "processes": n, "global_batch": batch, "samples_per_s": summary["samples_per_s"],
-                     "threads_per_process": summary["threads"]["count"]})
+        summary = run_training(
+            cfg,
+            n,
+            out_dir / f"{mode}-n{n}",
+            [f"global_batch_size={batch}", f"max_steps={steps}", "epochs=1000000"],
+            threads,
+            f"{mode} scaling run with {n} processes",
+        )
+        rows.append(
+            {
+                "mode": mode,
+                "processes": n,
+                "global_batch": batch,
+                "samples_per_s": summary["samples_per_s"],
+                "threads_per_process": summary["threads"]["count"],
+            }
+        )
     for row in rows:
         single = next(r for r in rows if r["mode"] == row["mode"] and r["processes"] == min(procs))
         row["speedup"] = row["samples_per_s"] / single["samples_per_s"]
@@ -63,12 +87,24 @@ def bench_scaling(cfg, procs: Iterable[int] = (1, 2), steps: int = 60, out_dir: 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "scaling.json").write_text(json.dumps(rows, indent=1) + "\n")
     from dlscale.reporting.plots import scaling_curves
+
     scaling_curves(rows).savefig(out_dir / "scaling.png", dpi=120)
     return rows
 
 
 def format_scaling(rows: list[dict]) -> str:
-    return markdown_table(["scaling", "processes", "threads each", "global batch", "samples/s", "speedup",
-                           "efficiency"], [
-        (r["mode"], r["processes"], r.get("threads_per_process", "?"), r["global_batch"], f"{r['samples_per_s']:,.0f}",
-         f"{r['speedup']:.2f}", f"{100 * r['efficiency']:.0f}%") for r in rows])
+    return markdown_table(
+        ["scaling", "processes", "threads each", "global batch", "samples/s", "speedup", "efficiency"],
+        [
+            (
+                r["mode"],
+                r["processes"],
+                r.get("threads_per_process", "?"),
+                r["global_batch"],
+                f"{r['samples_per_s']:,.0f}",
+                f"{r['speedup']:.2f}",
+                f"{100 * r['efficiency']:.0f}%",
+            )
+            for r in rows
+        ],
+    )

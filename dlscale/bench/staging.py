@@ -37,6 +37,11 @@ def bench_staging(data_root: str | Path, archive: str | Path, stage_root: str | 
         path.read_bytes()
     read_local = time.perf_counter() - start
     saving = read_packed - read_local
-    return {"packed_mib": archive.stat().st_size / 2 ** 20, "read_packed_s": read_packed, "stage_once_s": stage_once,
-            "read_local_s": read_local, "staged": staged,
-            "epochs_to_pay_off": 1 + int(stage_once // saving) if saving > 0 else None}
+    return {
+        "packed_mib": archive.stat().st_size / 2**20,
+        "read_packed_s": read_packed,
+        "stage_once_s": stage_once,
+        "read_local_s": read_local,
+        "staged": staged,
+        "epochs_to_pay_off": 1 + int(stage_once // saving) if saving > 0 else None,
+    }

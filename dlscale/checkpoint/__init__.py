@@ -25,6 +25,21 @@ from dlscale.checkpoint.store import (
 )
 from dlscale.checkpoint.whole import save_checkpoint
 
-__all__ = ["CheckpointError", "check_writable", "checkpoint_dir", "clear_checkpoints", "list_checkpoints", "load_latest_checkpoint",
-           "load_model", "remove_checkpoint", "restore_training", "rng_state", "save_checkpoint",
-           "save_training_checkpoint", "set_rng_state", "step_of", "training_extras", "training_state"]
+__all__ = [
+    "CheckpointError",
+    "check_writable",
+    "checkpoint_dir",
+    "clear_checkpoints",
+    "list_checkpoints",
+    "load_latest_checkpoint",
+    "load_model",
+    "remove_checkpoint",
+    "restore_training",
+    "rng_state",
+    "save_checkpoint",
+    "save_training_checkpoint",
+    "set_rng_state",
+    "step_of",
+    "training_extras",
+    "training_state",
+]

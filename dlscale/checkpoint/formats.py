@@ -21,8 +21,17 @@ from dlscale.checkpoint import whole
 from dlscale.checkpoint.store import CheckpointError, checkpoint_dir, list_checkpoints
 
 
-def save_training_checkpoint(run_dir: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                             extras: dict[str, Any], *, sharded: bool, is_main: bool, keep: int = 2) -> Path | None:
+def save_training_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extras: dict[str, Any],
+    *,
+    sharded: bool,
+    is_main: bool,
+    keep: int = 2,
+) -> Path | None:
     """Write step ``step``'s checkpoint in the format the layout needs; returns its path (None off rank 0 if whole).
 
     Collective when ``sharded``: every rank calls it. ``extras`` is
@@ -30,6 +39,7 @@ def save_training_checkpoint(run_dir: str | Path, step: int, model: nn.Module, o
     """
     if sharded:
         from dlscale.checkpoint.sharded import save_sharded_checkpoint  # (only runs that shard need DCP)
+
         return save_sharded_checkpoint(run_dir, step, model, optimizer, extras, keep=keep)
     if not is_main:
         return None
@@ -37,10 +47,12 @@ def save_training_checkpoint(run_dir: str | Path, step: int, model: nn.Module, o
     return whole.save_checkpoint(run_dir, step, state, keep=keep)
 
 
-def load_latest_checkpoint(run_dir: str | Path, model: nn.Module | None = None,
-                           optimizer: torch.optim.Optimizer | None = None,
-                           check: Callable[[dict[str, Any] | None, Path], Any] | None = None
-                           ) -> tuple[Path, dict[str, Any]] | None:
+def load_latest_checkpoint(
+    run_dir: str | Path,
+    model: nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    check: Callable[[dict[str, Any] | None, Path], Any] | None = None,
+) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint that opens, or None if the run has none.
 
     A file is read whole; a sharded folder's metadata and training state are read (safely: no code in them
@@ -52,8 +64,10 @@ def load_latest_checkpoint(run_dir: str | Path, model: nn.Module | None = None,
     """
     paths = list_checkpoints(run_dir)
     if paths and paths[-1].is_dir() and (model is None or optimizer is None):
-        raise CheckpointError(f"{paths[-1]} is a sharded checkpoint: load it with the model and optimizer, or "
-                              f"with dlscale.checkpoint.load_model")
+        raise CheckpointError(
+            f"{paths[-1]} is a sharded checkpoint: load it with the model and optimizer, or "
+            f"with dlscale.checkpoint.load_model"
+        )
     found = whole.newest_readable(paths, run_dir, _open)
     if found is None:
         return None
@@ -62,6 +76,7 @@ def load_latest_checkpoint(run_dir: str | Path, model: nn.Module | None = None,
         check(state.get("config"), path)
     if path.is_dir():
         from dlscale.checkpoint import sharded
+
         return path, sharded.load_sharded_checkpoint(path, model, optimizer)
     return path, state
 
@@ -70,6 +85,7 @@ def _open(path: Path) -> dict[str, Any]:
     """A file's whole state, or a sharded folder's training state (its tensors are read later, into the model)."""
     if path.is_dir():
         from dlscale.checkpoint import sharded
+
         return sharded.open_folder(path)
     return whole.read_file(path)
 
@@ -102,6 +118,7 @@ def load_model(run_dir: str | Path, in_channels: int = 1, num_outputs: int | Non
     newest, checkpoint = whole.newest_readable(paths, run_dir, _open)
     if newest.is_dir():
         from dlscale.checkpoint import sharded
+
         shapes = sharded.weight_shapes(newest)  # (from the metadata: no tensor is read)
     else:
         state = checkpoint["model"]  # (read once, for the shapes and the weights)
@@ -114,7 +131,9 @@ def load_model(run_dir: str | Path, in_channels: int = 1, num_outputs: int | Non
         else:
             model.load_state_dict(state)
     except (RuntimeError, KeyError) as err:
-        raise CheckpointError(f"{newest} holds the weights of another model than {run_dir}/config.yaml describes "
-                              f"(model={cfg.model}, width={cfg.width}, depth={cfg.depth}): "
-                              f"{' '.join(str(err).split())[:200]}; restore the run's own config.yaml") from None
+        raise CheckpointError(
+            f"{newest} holds the weights of another model than {run_dir}/config.yaml describes "
+            f"(model={cfg.model}, width={cfg.width}, depth={cfg.depth}): "
+            f"{' '.join(str(err).split())[:200]}; restore the run's own config.yaml"
+        ) from None
     return model

@@ -22,9 +22,16 @@ from dlscale.checkpoint.store import UnreadableCheckpoint
 
 #: The classes and functions a DCP ``.metadata`` pickle may name, by module.
 _ALLOWED = {
-    "torch.distributed.checkpoint.metadata": {"Metadata", "TensorStorageMetadata", "BytesStorageMetadata",
-                                              "ChunkStorageMetadata", "TensorProperties", "StorageMeta",
-                                              "MetadataIndex", "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "StorageMeta",
+        "MetadataIndex",
+        "_MEM_FORMAT_ENCODING",
+    },
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo", "_StoragePrefix"},
     "torch.serialization": {"_get_layout"},
     "torch": {"Size"},
@@ -50,7 +57,9 @@ def read_metadata(path: Path) -> Any:
     try:
         metadata = _MetadataUnpickler(io.BytesIO(file.read_bytes())).load()
     except FileNotFoundError:
-        raise UnreadableCheckpoint(f"{Path(path).name} has no .metadata (an empty or incomplete sharded folder)") from None
+        raise UnreadableCheckpoint(
+            f"{Path(path).name} has no .metadata (an empty or incomplete sharded folder)"
+        ) from None
     except Exception as err:  # noqa: BLE001 - damaged or crafted: either way it is not read
         raise UnreadableCheckpoint(f"{Path(path).name}/.metadata was refused: {err}") from None
     if not isinstance(metadata, Metadata):
@@ -83,8 +92,10 @@ def planner() -> Any:
             try:
                 item = torch.load(value, weights_only=True)
             except Exception as err:  # noqa: BLE001
-                raise UnreadableCheckpoint(f"an item ({read_item.dest_index.fqn}) of a sharded checkpoint was refused: "
-                                           f"{str(err).splitlines()[0][:200]}") from None
+                raise UnreadableCheckpoint(
+                    f"an item ({read_item.dest_index.fqn}) of a sharded checkpoint was refused: "
+                    f"{str(err).splitlines()[0][:200]}"
+                ) from None
             # Handed on as bytes of our own writing, so the planner's own placing (no private API) does the rest.
             value = io.BytesIO()
             torch.save(item, value)

@@ -27,8 +27,14 @@ from dlscale.checkpoint.store import UnreadableCheckpoint, checkpoint_paths, kee
 from dlscale.distributed import barrier, group_is_up, rank
 
 
-def save_sharded_checkpoint(run_dir: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                            extras: dict[str, Any], keep: int = 2) -> Path:
+def save_sharded_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extras: dict[str, Any],
+    keep: int = 2,
+) -> Path:
     """Every rank writes its part of step ``step``; rank 0 renames the folder into place and keeps ``keep``.
 
     ``extras`` is :func:`dlscale.checkpoint.state.training_extras` of this rank (its ``rng`` is
@@ -72,8 +78,7 @@ def load_sharded_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     rest = torch.load(path / "training.pt", map_location="cpu", weights_only=True)
     own = path / f"rng-rank{rank():05d}.pt"
-    rest["rng"] = torch.load(own if own.exists() else path / "rng-rank00000.pt", map_location="cpu",
-                             weights_only=True)
+    rest["rng"] = torch.load(own if own.exists() else path / "rng-rank00000.pt", map_location="cpu", weights_only=True)
     return rest
 
 
@@ -85,8 +90,9 @@ def open_folder(path: Path) -> dict[str, Any]:
     try:
         rest = torch.load(training, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - missing, damaged or not tensors and plain containers
-        raise UnreadableCheckpoint(f"{path.name}/training.pt: {type(err).__name__}: "
-                                   f"{str(err).splitlines()[0][:200] if str(err) else ''}") from None
+        raise UnreadableCheckpoint(
+            f"{path.name}/training.pt: {type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+        ) from None
     if not isinstance(rest, dict) or "position" not in rest:
         raise UnreadableCheckpoint(f"{path.name}/training.pt holds no training state")
     return rest
@@ -100,8 +106,11 @@ def recorded_config(path: Path) -> dict[str, Any] | None:
 def weight_shapes(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Each saved weight's shape and dtype, by name, from a sharded folder's metadata (no tensor is read)."""
     metadata = safe_dcp.read_metadata(path).state_dict_metadata
-    return {key.removeprefix("model."): (tuple(value.size), value.properties.dtype)
-            for key, value in metadata.items() if key.startswith("model.") and hasattr(value, "size")}
+    return {
+        key.removeprefix("model."): (tuple(value.size), value.properties.dtype)
+        for key, value in metadata.items()
+        if key.startswith("model.") and hasattr(value, "size")
+    }
 
 
 def load_weights(path: Path, model: nn.Module) -> None:

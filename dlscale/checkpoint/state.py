@@ -20,8 +20,12 @@ def rng_state() -> dict[str, Any]:
     np_state = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
-        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "numpy": {
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
         "python": list(random.getstate()[1]),
         "python_gauss": random.getstate()[2],
     }
@@ -35,40 +39,79 @@ def set_rng_state(state: dict[str, Any]) -> None:
     """Restore what :func:`rng_state` captured."""
     torch.set_rng_state(state["torch"])
     np_state = state["numpy"]
-    np.random.set_state(("MT19937", np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
-                         np_state["has_gauss"], np_state["cached_gaussian"]))
+    np.random.set_state(
+        (
+            "MT19937",
+            np_state["keys"].numpy().astype(np.uint32),
+            np_state["pos"],
+            np_state["has_gauss"],
+            np_state["cached_gaussian"],
+        )
+    )
     random.setstate((3, tuple(state["python"]), state["python_gauss"]))
     if "cuda" in state and torch.cuda.is_available():
         cuda = state["cuda"]
         if isinstance(cuda, (list, tuple)):  # older checkpoints: get_rng_state_all, one state per visible GPU
             index = torch.cuda.current_device()
             if index >= len(cuda):
-                warnings.warn(f"the checkpoint holds CUDA random states for {len(cuda)} GPU(s), none for device "
-                              f"{index}; that device's generator keeps its seed", stacklevel=2)
+                warnings.warn(
+                    f"the checkpoint holds CUDA random states for {len(cuda)} GPU(s), none for device "
+                    f"{index}; that device's generator keeps its seed",
+                    stacklevel=2,
+                )
                 return
             cuda = cuda[index]
         torch.cuda.set_rng_state(cuda)
 
 
-def training_state(step: int, steps_per_epoch: int, cfg: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                   scheduler: Any, scaler: torch.amp.GradScaler, noise: Any) -> dict[str, Any]:
+def training_state(
+    step: int,
+    steps_per_epoch: int,
+    cfg: Any,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: torch.amp.GradScaler,
+    noise: Any,
+) -> dict[str, Any]:
     """Everything a run needs to continue exactly from ``step``: what :func:`save_checkpoint` writes."""
-    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), **training_extras(
-        step, steps_per_epoch, cfg, scheduler, scaler, noise)}
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        **training_extras(step, steps_per_epoch, cfg, scheduler, scaler, noise),
+    }
 
 
-def training_extras(step: int, steps_per_epoch: int, cfg: Any, scheduler: Any, scaler: torch.amp.GradScaler,
-                    noise: Any, data_identity: str | None = None) -> dict[str, Any]:
+def training_extras(
+    step: int,
+    steps_per_epoch: int,
+    cfg: Any,
+    scheduler: Any,
+    scaler: torch.amp.GradScaler,
+    noise: Any,
+    data_identity: str | None = None,
+) -> dict[str, Any]:
     """The state beside the weights and the optimizer: schedule, scaler, random generators, position, config
     (with the data's identity, :func:`dlscale.data.data_identity`, where the run read a ``data_dir``)."""
     config = {**cfg.to_dict(), **({"data_identity": data_identity} if data_identity else {})}
-    return {"scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(),
-            "position": {"step": step, "steps_per_epoch": steps_per_epoch, "global_batch_size": cfg.global_batch_size},
-            "config": config, "noise_scale": dict(noise.__dict__)}
+    return {
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(),
+        "rng": rng_state(),
+        "position": {"step": step, "steps_per_epoch": steps_per_epoch, "global_batch_size": cfg.global_batch_size},
+        "config": config,
+        "noise_scale": dict(noise.__dict__),
+    }
 
 
-def restore_training(ckpt: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                     scaler: torch.amp.GradScaler, noise: Any) -> int:
+def restore_training(
+    ckpt: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: torch.amp.GradScaler,
+    noise: Any,
+) -> int:
     """Load a :func:`training_state` into the live objects and return its step.
 
     That the checkpoint is this run's (same model, data, batch, optimizer, seed) was checked before

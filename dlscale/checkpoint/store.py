@@ -64,10 +64,14 @@ def check_writable(run_dir: str | Path) -> None:
                 os.fsync(handle.fileno())
         except OSError as err:
             if err.errno in _FULL:
-                raise CheckpointError(f"{folder} is on a full disk or over its quota ({err.strerror}): free space "
-                                      f"there, or choose another run_dir (on a cluster, under $SCRATCH)") from None
-            raise CheckpointError(f"{folder} cannot be written ({err.strerror or err}): choose a run_dir you can "
-                                  f"write (run_dir=runs/<name>; on a cluster, under $SCRATCH)") from None
+                raise CheckpointError(
+                    f"{folder} is on a full disk or over its quota ({err.strerror}): free space "
+                    f"there, or choose another run_dir (on a cluster, under $SCRATCH)"
+                ) from None
+            raise CheckpointError(
+                f"{folder} cannot be written ({err.strerror or err}): choose a run_dir you can "
+                f"write (run_dir=runs/<name>; on a cluster, under $SCRATCH)"
+            ) from None
         finally:
             probe.unlink(missing_ok=True)
 
@@ -142,8 +146,12 @@ def save_synced(obj: Any, path: Path) -> None:
     except (OSError, RuntimeError) as err:
         path.unlink(missing_ok=True)
         cause = getattr(err, "errno", None) or getattr(err.__cause__ or err.__context__, "errno", None)
-        why = ("the disk is full or over its quota" if cause in _FULL
-               else f"it could not be written ({' '.join(str(err).split())[:160]})")
-        raise CheckpointError(f"the checkpoint {path.name} in {path.parent} was not written: {why}. The last good "
-                              f"checkpoint there is intact: free space (or choose another run_dir), then resume=true"
-                              ) from None
+        why = (
+            "the disk is full or over its quota"
+            if cause in _FULL
+            else f"it could not be written ({' '.join(str(err).split())[:160]})"
+        )
+        raise CheckpointError(
+            f"the checkpoint {path.name} in {path.parent} was not written: {why}. The last good "
+            f"checkpoint there is intact: free space (or choose another run_dir), then resume=true"
+        ) from None

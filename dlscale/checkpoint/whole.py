@@ -44,12 +44,15 @@ def read_file(path: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unreadable file is reported the same way
-        raise UnreadableCheckpoint(f"{path.name}: {type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
-                                   ) from None
+        raise UnreadableCheckpoint(
+            f"{path.name}: {type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+        ) from None
     model = state.get("model") if isinstance(state, dict) else None
     if not isinstance(model, dict) or not model or not all(isinstance(v, torch.Tensor) for v in model.values()):
-        raise UnreadableCheckpoint(f"{path.name} loads but holds no model weights (a dlscale checkpoint is a dict whose "
-                                   f"'model' maps names to tensors)")
+        raise UnreadableCheckpoint(
+            f"{path.name} loads but holds no model weights (a dlscale checkpoint is a dict whose "
+            f"'model' maps names to tensors)"
+        )
     return state
 
 
@@ -75,6 +78,8 @@ def newest_readable(paths: list[Path], run_dir: str | Path, read: Callable[[Path
             failures.append(str(err))
             warnings.warn(f"checkpoint {path} could not be loaded ({err}); trying an older one", stacklevel=3)
     if failures:
-        raise CheckpointError(f"no checkpoint in {checkpoint_dir(run_dir)} could be loaded: {'; '.join(failures)}. "
-                              f"Start afresh with resume=false, or restore a good checkpoint")
+        raise CheckpointError(
+            f"no checkpoint in {checkpoint_dir(run_dir)} could be loaded: {'; '.join(failures)}. "
+            f"Start afresh with resume=false, or restore a good checkpoint"
+        )
     return None

@@ -29,23 +29,44 @@ class _Parser(argparse.ArgumentParser):
 
             choices = re.findall(r"'?([\w-]+)'?", wrong[2])
             near = difflib.get_close_matches(wrong[1], choices, n=1)
-            message = f"{message.split(':')[0]}: no command {wrong[1]!r}" + (f"; did you mean {near[0]!r}?" if near
-                                                                            else f" (commands: {', '.join(choices)})")
+            message = f"{message.split(':')[0]}: no command {wrong[1]!r}" + (
+                f"; did you mean {near[0]!r}?" if near else f" (commands: {', '.join(choices)})"
+            )
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``dlscale`` parser: one builder per subcommand."""
     parser = _Parser(
         prog="dlscale",
-        description="Deep learning at scale: train (one engine for lessons, jobs and notebooks), data, benchmarks, K-Means, reports, node planning, hyperparameter search, and the lessons' exercises and recipes.")
+        description=(
+            "Deep learning at scale: train (one engine for lessons, jobs and notebooks), data, benchmarks, "
+            "K-Means, reports, node planning, hyperparameter search, and the lessons' exercises and recipes."
+        ),
+    )
     from dlscale import __version__
 
     parser.add_argument("--version", action="version", version=f"dlscale {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (train.add_train, data.add_data, lessons.add_exercises, lessons.add_recipes, lessons.add_lessons, bench.add_bench, kmeans.add_kmeans, train.add_export, scaling.add_report,
-                scaling.add_plan, scaling.add_project, bench.add_experiment, hpo.add_hpo, train.add_info):
+    for add in (
+        train.add_train,
+        data.add_data,
+        lessons.add_exercises,
+        lessons.add_recipes,
+        lessons.add_lessons,
+        bench.add_bench,
+        kmeans.add_kmeans,
+        train.add_export,
+        scaling.add_report,
+        scaling.add_plan,
+        scaling.add_project,
+        bench.add_experiment,
+        hpo.add_hpo,
+        train.add_info,
+    ):
         add(commands)
     return parser
+
 
 def _leave_now(code: int) -> None:
     """Exit at once, without finalizing the interpreter. After a peer died, gloo's worker threads may still be freeing
@@ -55,6 +76,7 @@ def _leave_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     """The command line, with ``key=value`` overrides taken wherever they stand: after the options too
@@ -72,9 +94,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return args
 
+
 def _one_line_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> str:
     """A warning as the command prints it: one line, not the warnings module's two (the line, then the source)."""
     return f"dlscale: warning: {' '.join(str(message).split())}\n"
+
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
@@ -95,8 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except OSError as err:  # (a file or folder the command was pointed at: missing, unwritable, full)
         where = f"{err.filename}: " if err.filename else ""
-        print(f"dlscale: error: {where}{err.strerror or err}; check the path, that you may write there and that "
-              f"the disk has room", file=sys.stderr)
+        print(
+            f"dlscale: error: {where}{err.strerror or err}; check the path, that you may write there and that "
+            f"the disk has room",
+            file=sys.stderr,
+        )
         return 2
 
 

@@ -15,8 +15,17 @@ from dlscale.errors import RangeError
 def add_bench(commands: Any) -> None:
     bench = commands.add_parser("bench", help="benchmarks that print ratios measured side by side")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
-    for add in (add_bench_optim, add_bench_ladder, add_bench_loader, add_bench_allreduce, add_bench_scaling,
-                add_bench_breakdown, add_bench_memory, add_bench_kmeans, add_bench_parity):
+    for add in (
+        add_bench_optim,
+        add_bench_ladder,
+        add_bench_loader,
+        add_bench_allreduce,
+        add_bench_scaling,
+        add_bench_breakdown,
+        add_bench_memory,
+        add_bench_kmeans,
+        add_bench_parity,
+    ):
         add(bench_commands)
 
 
@@ -24,8 +33,10 @@ def _bench_optim(args: argparse.Namespace) -> int:
     from dlscale.bench.optimizers import bench_optimizers, comparison_lines, format_rows, timm_optimizers
 
     if timm_optimizers() is None:
-        print("timm is not installed: comparing with torch's optimizers only "
-              "(pip install --no-deps timm adds timm's Lamb and Lars)")
+        print(
+            "timm is not installed: comparing with torch's optimizers only "
+            "(pip install --no-deps timm adds timm's Lamb and Lars)"
+        )
     rows = bench_optimizers(args.models.split(","), steps=args.steps, rounds=args.rounds, device=args.device)
     print(format_rows(rows))
     print("\n".join(comparison_lines(rows)))
@@ -33,9 +44,12 @@ def _bench_optim(args: argparse.Namespace) -> int:
 
 
 def add_bench_optim(bench_commands: Any) -> None:
-    optim = bench_commands.add_parser("optim", help="optimizer step time: LAMB, LARS, AdamW, SGD (and timm's)",
-                                      description="Time optimizer.step() of each optimizer in turns, on the lesson "
-                                                  "model and a ~25 M parameter model, and print ratios to AdamW.")
+    optim = bench_commands.add_parser(
+        "optim",
+        help="optimizer step time: LAMB, LARS, AdamW, SGD (and timm's)",
+        description="Time optimizer.step() of each optimizer in turns, on the lesson "
+        "model and a ~25 M parameter model, and print ratios to AdamW.",
+    )
     optim.add_argument("--models", default="lesson,25M", help="comma-separated: lesson, 25M")
     optim.add_argument("--steps", type=number(int, 1), default=10, help="steps per timed round")
     optim.add_argument("--rounds", type=number(int, 1), default=5, help="rounds (the median is reported)")
@@ -46,8 +60,9 @@ def add_bench_optim(bench_commands: Any) -> None:
 def _bench_ladder(args: argparse.Namespace) -> int:
     from dlscale.bench.ladder import bench_ladder, format_ladder
 
-    rows = bench_ladder(load_config(args.config, args.overrides), steps=args.steps, out_dir=args.out,
-                        rounds=args.rounds)
+    rows = bench_ladder(
+        load_config(args.config, args.overrides), steps=args.steps, out_dir=args.out, rounds=args.rounds
+    )
     print(format_ladder(rows))
     print(f"ladder.json and ladder.png in {args.out}/")
     return 0
@@ -55,13 +70,17 @@ def _bench_ladder(args: argparse.Namespace) -> int:
 
 def add_bench_ladder(bench_commands: Any) -> None:
     ladder = bench_commands.add_parser(
-        "ladder", help="the optimization ladder: each rung adds one speed-up, all measured in one run",
+        "ladder",
+        help="the optimization ladder: each rung adds one speed-up, all measured in one run",
         description="fp32 baseline -> loader workers and pinned memory -> channels_last -> mixed precision -> "
-                    "fused optimizer -> torch.compile -> CUDA graphs (GPU only); prints samples/s and speedups, "
-                    "writes ladder.json and ladder.png.")
+        "fused optimizer -> torch.compile -> CUDA graphs (GPU only); prints samples/s and speedups, "
+        "writes ladder.json and ladder.png.",
+    )
     config_arguments(ladder)
     ladder.add_argument("--steps", type=number(int, MIN_MEASURED_STEPS), default=60, help="training steps per rung")
-    ladder.add_argument("--rounds", type=number(int, 1), default=1, help="train every rung this many times, in turns (median)")
+    ladder.add_argument(
+        "--rounds", type=number(int, 1), default=1, help="train every rung this many times, in turns (median)"
+    )
     ladder.add_argument("--out", default="runs/ladder")
     ladder.set_defaults(handler=_bench_ladder)
 
@@ -70,8 +89,10 @@ def _bench_loader(args: argparse.Namespace) -> int:
     from dlscale.bench.loader import bench_loader
 
     report = bench_loader(load_config(args.config, args.overrides), batches=args.batches)
-    print(f"input pipeline alone: {report['samples_per_s']:,.0f} samples/s over {report['batches']} batches of "
-          f"{report['batch_size']} (workers {report['num_workers']}, pinned memory {report['pin_memory']})")
+    print(
+        f"input pipeline alone: {report['samples_per_s']:,.0f} samples/s over {report['batches']} batches of "
+        f"{report['batch_size']} (workers {report['num_workers']}, pinned memory {report['pin_memory']})"
+    )
     return 0
 
 
@@ -89,15 +110,29 @@ def _bench_allreduce(args: argparse.Namespace) -> int:
 
     if distributed.detect_launcher() == "single":
         if args.nproc < 2:
-            raise distributed.DistributedError("bench allreduce needs several ranks: pass --nproc N (N >= 2), or run "
-                                               "it under torchrun, srun, mpirun or horovodrun")
-        forwarded = ["dlscale", "bench", "allreduce", "--max-mib", str(args.max_mib), "--out", args.out,
-                     "--device", args.device, "--rounds", str(args.rounds)] + (["--horovod"] if args.horovod else [])
+            raise distributed.DistributedError(
+                "bench allreduce needs several ranks: pass --nproc N (N >= 2), or run "
+                "it under torchrun, srun, mpirun or horovodrun"
+            )
+        forwarded = [
+            "dlscale",
+            "bench",
+            "allreduce",
+            "--max-mib",
+            str(args.max_mib),
+            "--out",
+            args.out,
+            "--device",
+            args.device,
+            "--rounds",
+            str(args.rounds),
+        ] + (["--horovod"] if args.horovod else [])
         start = horovodrun_command if args.horovod else torchrun_command
         return run_local(start(args.nproc, forwarded), "bench allreduce", capture=False).returncode
-    sizes = [s for s in ALLREDUCE_SIZES if s <= args.max_mib * 2 ** 20]
-    rows = bench_allreduce(sizes, device=args.device, data_parallel="horovod" if args.horovod else "auto",
-                           rounds=args.rounds)
+    sizes = [s for s in ALLREDUCE_SIZES if s <= args.max_mib * 2**20]
+    rows = bench_allreduce(
+        sizes, device=args.device, data_parallel="horovod" if args.horovod else "auto", rounds=args.rounds
+    )
     if distributed.is_main():
         print(format_allreduce(rows))
         print(f"allreduce.json and allreduce.png in {save_allreduce(rows, args.out)}/")
@@ -107,17 +142,24 @@ def _bench_allreduce(args: argparse.Namespace) -> int:
 
 def add_bench_allreduce(bench_commands: Any) -> None:
     allreduce = bench_commands.add_parser(
-        "allreduce", help="all-reduce time and bus bandwidth, 4 KiB to 256 MiB",
+        "allreduce",
+        help="all-reduce time and bus bandwidth, 4 KiB to 256 MiB",
         description="Time the all-reduce over message sizes on the active backend (torch.distributed with gloo "
-                    "on CPUs and NCCL on GPUs, or Horovod with --horovod) and report the algorithm and bus "
-                    "bandwidth (bus = 2(n-1)/n x bytes/time, as nccl-tests). Run it under torchrun/srun/mpirun/"
-                    "horovodrun, or with --nproc N for N local processes.")
-    allreduce.add_argument("--nproc", type=number(int, 1), default=2, help="local processes when not launched by a launcher")
+        "on CPUs and NCCL on GPUs, or Horovod with --horovod) and report the algorithm and bus "
+        "bandwidth (bus = 2(n-1)/n x bytes/time, as nccl-tests). Run it under torchrun/srun/mpirun/"
+        "horovodrun, or with --nproc N for N local processes.",
+    )
+    allreduce.add_argument(
+        "--nproc", type=number(int, 1), default=2, help="local processes when not launched by a launcher"
+    )
     allreduce.add_argument("--max-mib", type=number(float, 0, above=True), default=256, help="largest message in MiB")
     allreduce.add_argument("--device", default="auto")
-    allreduce.add_argument("--horovod", action="store_true",
-                           help="time Horovod's all-reduce (local ranks start under horovodrun --gloo)")
-    allreduce.add_argument("--rounds", type=number(int, 1), default=1, help="the sizes take turns this many times (median)")
+    allreduce.add_argument(
+        "--horovod", action="store_true", help="time Horovod's all-reduce (local ranks start under horovodrun --gloo)"
+    )
+    allreduce.add_argument(
+        "--rounds", type=number(int, 1), default=1, help="the sizes take turns this many times (median)"
+    )
     allreduce.add_argument("--out", default="runs/allreduce")
     allreduce.set_defaults(handler=_bench_allreduce)
 
@@ -133,9 +175,11 @@ def _bench_scaling(args: argparse.Namespace) -> int:
 
 def add_bench_scaling(bench_commands: Any) -> None:
     scaling = bench_commands.add_parser(
-        "scaling", help="weak and strong scaling of the training over local processes",
+        "scaling",
+        help="weak and strong scaling of the training over local processes",
         description="Train at each process count under torchrun: strong scaling keeps the global batch, weak "
-                    "scaling keeps the per-rank batch. Prints throughput, speedup and efficiency.")
+        "scaling keeps the per-rank batch. Prints throughput, speedup and efficiency.",
+    )
     config_arguments(scaling)
     scaling.add_argument("--procs", type=sizes, default=[1, 2], help="comma-separated process counts (default 1,2)")
     scaling.add_argument("--steps", type=number(int, MIN_MEASURED_STEPS), default=60)
@@ -151,14 +195,27 @@ def _bench_breakdown(args: argparse.Namespace) -> int:
     sizes = args.sizes
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if not args.slurm and max(sizes) > cpus:  # (local ranks beyond the CPUs measure contention, not scaling)
-        raise RangeError(f"--sizes {max(sizes)}: this process has {cpus} CPU(s), so at most {cpus} local ranks; "
-                         f"use --slurm SCRIPT for nodes")
-    runner = (slurm_runner(cfg, args.slurm, dict(os.environ), args.tasks_per_node) if args.slurm
-              else local_runner(cfg, args.threads or fair_threads(max(sizes))))
-    result = bench_breakdown(cfg, sizes, runner, steps=args.steps,
-                             rounds=args.rounds, buckets=args.buckets,
-                             static_graph=args.static_graph, unit="nodes" if args.slurm else "ranks",
-                             ranks_per_unit=args.tasks_per_node if args.slurm else 1, out_dir=args.out)
+        raise RangeError(
+            f"--sizes {max(sizes)}: this process has {cpus} CPU(s), so at most {cpus} local ranks; "
+            f"use --slurm SCRIPT for nodes"
+        )
+    runner = (
+        slurm_runner(cfg, args.slurm, dict(os.environ), args.tasks_per_node)
+        if args.slurm
+        else local_runner(cfg, args.threads or fair_threads(max(sizes)))
+    )
+    result = bench_breakdown(
+        cfg,
+        sizes,
+        runner,
+        steps=args.steps,
+        rounds=args.rounds,
+        buckets=args.buckets,
+        static_graph=args.static_graph,
+        unit="nodes" if args.slurm else "ranks",
+        ranks_per_unit=args.tasks_per_node if args.slurm else 1,
+        out_dir=args.out,
+    )
     print(format_breakdown(result))
     print(f"breakdown.json and breakdown.png in {args.out}/")
     return 0
@@ -166,22 +223,38 @@ def _bench_breakdown(args: argparse.Namespace) -> int:
 
 def add_bench_breakdown(bench_commands: Any) -> None:
     breakdown = bench_commands.add_parser(
-        "breakdown", help="where the scaling efficiency goes: exposed I/O, exposed communication, the rest",
+        "breakdown",
+        help="where the scaling efficiency goes: exposed I/O, exposed communication, the rest",
         description="At each size train the same step (weak scaling) as it runs, with the data already in memory, "
-                    "with every rank alone (no communication) and with other DDP bucket sizes, in turns over rounds; "
-                    "split the lost efficiency into exposed I/O, exposed communication and the rest. Local ranks "
-                    "under torchrun, or nodes through a Slurm script with --slurm. Writes breakdown.json and "
-                    "breakdown.png.")
+        "with every rank alone (no communication) and with other DDP bucket sizes, in turns over rounds; "
+        "split the lost efficiency into exposed I/O, exposed communication and the rest. Local ranks "
+        "under torchrun, or nodes through a Slurm script with --slurm. Writes breakdown.json and "
+        "breakdown.png.",
+    )
     config_arguments(breakdown)
     breakdown.add_argument("--sizes", type=sizes, default=[1, 2], help="comma-separated ranks (or nodes with --slurm)")
-    breakdown.add_argument("--steps", type=number(int, MIN_MEASURED_STEPS), default=150, help="steps per run (the first 5 are not timed)")
-    breakdown.add_argument("--rounds", type=number(int, 1), default=2, help="every way runs once per round, in turns (median)")
-    breakdown.add_argument("--buckets", type=positive_list, default=[1.0],
-                           help="other bucket_cap_mb values to try (comma-separated; default 1)")
+    breakdown.add_argument(
+        "--steps", type=number(int, MIN_MEASURED_STEPS), default=150, help="steps per run (the first 5 are not timed)"
+    )
+    breakdown.add_argument(
+        "--rounds", type=number(int, 1), default=2, help="every way runs once per round, in turns (median)"
+    )
+    breakdown.add_argument(
+        "--buckets",
+        type=positive_list,
+        default=[1.0],
+        help="other bucket_cap_mb values to try (comma-separated; default 1)",
+    )
     breakdown.add_argument("--static-graph", action="store_true", help="also set static_graph in the bucket runs")
-    breakdown.add_argument("--threads", type=number(int, 0), default=0, help="torch threads per rank (0 = the CPUs shared)")
-    breakdown.add_argument("--slurm", default=None, metavar="SCRIPT",
-                           help="submit each run as a job of SIZE nodes with this script (slurm/SITE/train.sbatch)")
+    breakdown.add_argument(
+        "--threads", type=number(int, 0), default=0, help="torch threads per rank (0 = the CPUs shared)"
+    )
+    breakdown.add_argument(
+        "--slurm",
+        default=None,
+        metavar="SCRIPT",
+        help="submit each run as a job of SIZE nodes with this script (slurm/SITE/train.sbatch)",
+    )
     breakdown.add_argument("--tasks-per-node", type=number(int, 1), default=1, help="with --slurm: ranks per node")
     breakdown.add_argument("--out", default="runs/breakdown")
     breakdown.set_defaults(handler=_bench_breakdown)
@@ -192,20 +265,26 @@ def _bench_memory(args: argparse.Namespace) -> int:
 
     rows = bench_memory(load_config(args.config, args.overrides), steps=args.steps, out_dir=args.out)
     print(format_memory(rows))
-    print(f"memory.json in {args.out}/ (per rank: the largest rank's figures; peak = CUDA's allocator peak on a GPU, "
-          f"the process's peak resident set on a CPU)")
+    print(
+        f"memory.json in {args.out}/ (per rank: the largest rank's figures; peak = CUDA's allocator peak on a GPU, "
+        f"the process's peak resident set on a CPU)"
+    )
     return 0
 
 
 def add_bench_memory(bench_commands: Any) -> None:
     memory = bench_commands.add_parser(
-        "memory", help="bytes each rank holds under DDP, FSDP and tensor parallelism, and the step time",
+        "memory",
+        help="bytes each rank holds under DDP, FSDP and tensor parallelism, and the step time",
         description="Train a few steps of the same model as 1 process, DDP and FSDP on 2 and 4 ranks, FSDP with "
-                    "activation checkpointing, and FSDP x tensor parallel 2x2 (local processes under torchrun). "
-                    "Prints per rank the parameter, gradient and optimizer-state bytes counted from the tensors it "
-                    "holds, the peak memory and the step time, with the ratios to DDP on as many ranks.")
+        "activation checkpointing, and FSDP x tensor parallel 2x2 (local processes under torchrun). "
+        "Prints per rank the parameter, gradient and optimizer-state bytes counted from the tensors it "
+        "holds, the peak memory and the step time, with the ratios to DDP on as many ranks.",
+    )
     config_arguments(memory, default="vit")
-    memory.add_argument("--steps", type=number(int, MIN_MEASURED_STEPS), default=10, help="steps per layout (the first 5 are not timed)")
+    memory.add_argument(
+        "--steps", type=number(int, MIN_MEASURED_STEPS), default=10, help="steps per layout (the first 5 are not timed)"
+    )
     memory.add_argument("--out", default="runs/memory")
     memory.set_defaults(handler=_bench_memory)
 
@@ -213,9 +292,17 @@ def add_bench_memory(bench_commands: Any) -> None:
 def _bench_kmeans(args: argparse.Namespace) -> int:
     from dlscale.bench.kmeans import bench_kmeans, format_kmeans
 
-    rows = bench_kmeans(n=args.n, d=args.d, k=args.k, iterations=args.iters, procs=args.procs,
-                        out_dir=args.out, rounds=args.rounds, kinds=tuple(args.kinds.split(",")),
-                        photo_k=tuple(args.photo_k))
+    rows = bench_kmeans(
+        n=args.n,
+        d=args.d,
+        k=args.k,
+        iterations=args.iters,
+        procs=args.procs,
+        out_dir=args.out,
+        rounds=args.rounds,
+        kinds=tuple(args.kinds.split(",")),
+        photo_k=tuple(args.photo_k),
+    )
     print(format_kmeans(rows))
     print(f"kmeans.json and kmeans.png in {args.out}/")
     return 0
@@ -223,23 +310,35 @@ def _bench_kmeans(args: argparse.Namespace) -> int:
 
 def add_bench_kmeans(bench_commands: Any) -> None:
     kmeans_bench = bench_commands.add_parser(
-        "kmeans", help="K-Means: dlscale-torch, daal4py and scikit-learn side by side, and 1-vs-2-process scaling",
+        "kmeans",
+        help="K-Means: dlscale-torch, daal4py and scikit-learn side by side, and 1-vs-2-process scaling",
         description="Fit the same data from the same initial centres with each engine, on blobs, on noise and on a "
-                    "photo's colours, for the first iterations and to convergence, and print iterations, inertia, "
-                    "seconds and the ratios to scikit-learn; then strong and weak scaling of the distributed "
-                    "backends over local processes (torchrun, mpirun) on the first kind.")
-    kmeans_bench.add_argument("--kinds", default="blobs,noise,china,flower,mixture",
-                              help="kinds of data: blobs, noise (no clusters), china and flower (a photo's colours), "
-                                   "mixture (128 features, 40 overlapping clusters)")
+        "photo's colours, for the first iterations and to convergence, and print iterations, inertia, "
+        "seconds and the ratios to scikit-learn; then strong and weak scaling of the distributed "
+        "backends over local processes (torchrun, mpirun) on the first kind.",
+    )
+    kmeans_bench.add_argument(
+        "--kinds",
+        default="blobs,noise,china,flower,mixture",
+        help="kinds of data: blobs, noise (no clusters), china and flower (a photo's colours), "
+        "mixture (128 features, 40 overlapping clusters)",
+    )
     kmeans_bench.add_argument("--n", type=number(int, 1), default=1_000_000, help="samples of blobs (noise: 0.4 n)")
     kmeans_bench.add_argument("--d", type=number(int, 1), default=32, help="features of blobs and noise")
     kmeans_bench.add_argument("--k", type=number(int, 1), default=64, help="clusters of blobs and noise")
-    kmeans_bench.add_argument("--photo-k", type=sizes, default=[16, 64],
-                              help="clusters (colours) of the photos (default 16,64)")
+    kmeans_bench.add_argument(
+        "--photo-k", type=sizes, default=[16, 64], help="clusters (colours) of the photos (default 16,64)"
+    )
     kmeans_bench.add_argument("--iters", type=number(int, 1), default=8, help="Lloyd iterations of the first phase")
-    kmeans_bench.add_argument("--procs", type=counts_or_none, default=[1, 2],
-                              help="process counts for the scaling runs ('' = none; default 1,2)")
-    kmeans_bench.add_argument("--rounds", type=number(int, 1), default=3, help="fits per engine; the median is reported")
+    kmeans_bench.add_argument(
+        "--procs",
+        type=counts_or_none,
+        default=[1, 2],
+        help="process counts for the scaling runs ('' = none; default 1,2)",
+    )
+    kmeans_bench.add_argument(
+        "--rounds", type=number(int, 1), default=3, help="fits per engine; the median is reported"
+    )
     kmeans_bench.add_argument("--out", default="runs/bench_kmeans")
     kmeans_bench.set_defaults(handler=_bench_kmeans)
 
@@ -250,26 +349,34 @@ def _bench_parity(args: argparse.Namespace) -> int:
     stages = {name[:2]: name for name in SINGLE_PROCESS}
     unknown = [number for number in args.stages.split(",") if number.strip() not in stages]
     if unknown:
-        print(f"dlscale bench parity: --stages: no single-process stage {', '.join(unknown)}; the stages are "
-              f"{', '.join(stages)}", file=sys.stderr)
+        print(
+            f"dlscale bench parity: --stages: no single-process stage {', '.join(unknown)}; the stages are "
+            f"{', '.join(stages)}",
+            file=sys.stderr,
+        )
         return 2
-    rows = [time_stage(stages[number.strip()], rounds=args.rounds, config=args.config, epochs=args.epochs)
-            for number in args.stages.split(",")]
+    rows = [
+        time_stage(stages[number.strip()], rounds=args.rounds, config=args.config, epochs=args.epochs)
+        for number in args.stages.split(",")
+    ]
     print(format_parity(rows))
     return 0
 
 
 def add_bench_parity(bench_commands: Any) -> None:
     parity = bench_commands.add_parser(
-        "parity", help="the engine against the plain recipe: each stage and its engine twin, timed in turns",
+        "parity",
+        help="the engine against the plain recipe: each stage and its engine twin, timed in turns",
         description="Run each single-process stage of recipes/ and its engine twin (dlscale.train with the same "
-                    "settings) in turns, in one process on the same data, and print the time of each and their ratio "
-                    "(the engine's cost over the plain loop), with the largest loss difference (0: the same steps).")
+        "settings) in turns, in one process on the same data, and print the time of each and their ratio "
+        "(the engine's cost over the plain loop), with the largest loss difference (0: the same steps).",
+    )
     parity.add_argument("--stages", default="01,02,03,04", help="comma-separated stage numbers (01, 02, 03, 04)")
     parity.add_argument("--config", default="demo", help="the data set both train on (default demo, the README's run)")
     parity.add_argument("--epochs", type=number(int, 1), default=3)
-    parity.add_argument("--rounds", type=number(int, 1), default=3, help="timed runs of each, in turns (the median "
-                                                                       "is reported)")
+    parity.add_argument(
+        "--rounds", type=number(int, 1), default=3, help="timed runs of each, in turns (the median is reported)"
+    )
     parity.set_defaults(handler=_bench_parity)
 
 
@@ -286,10 +393,12 @@ def add_experiment(commands: Any) -> None:
     experiment = commands.add_parser("experiment", help="multi-run experiments (lesson 07's large-batch sweep)")
     experiment_commands = experiment.add_subparsers(dest="experiment_command", required=True, metavar="EXPERIMENT")
     sweep = experiment_commands.add_parser(
-        "large-batch", help="batch-size sweep: LR scaling rules, warmup, LARS and LAMB",
+        "large-batch",
+        help="batch-size sweep: LR scaling rules, warmup, LARS and LAMB",
         description="Train a baseline batch B0, then 8x, 32x and 128x B0 with each recipe for the same number "
-                    "of epochs; write a table and a plot. --size ci takes a few minutes on 2 CPU cores; "
-                    "--size full is meant for one GPU.")
+        "of epochs; write a table and a plot. --size ci takes a few minutes on 2 CPU cores; "
+        "--size full is meant for one GPU.",
+    )
     sweep.add_argument("--size", choices=("ci", "full"), default="ci")
     sweep.add_argument("--out", default="runs/large_batch", help="folder for the runs, table and figure")
     sweep.add_argument("--recipes", default=None, help="comma-separated subset of the recipes")

@@ -13,13 +13,18 @@ def _hpo_start(args: argparse.Namespace) -> int:
 
     args.space, args.overrides = name_and_overrides(args.space, args.overrides)
     # (only the options given: an existing study keeps its own, and a different one given is refused by name)
-    given = {key: getattr(args, key) for key in ("sampler", "pruner", "seed", "storage", "grace_s", "ranks_per_node",
-                                                 "threads") if getattr(args, key) is not None}
+    given = {
+        key: getattr(args, key)
+        for key in ("sampler", "pruner", "seed", "storage", "grace_s", "ranks_per_node", "threads")
+        if getattr(args, key) is not None
+    }
     settings = search(args.dir, args.space, args.trials, args.workers, args.overrides, **given)
     if args.workers:
         return _hpo_show(args)
-    print(f"study {settings.name!r} ready in {args.dir} ({settings.trials} trials); start workers with "
-          f"`dlscale hpo worker --dir {args.dir}` (slurm/*/hpo.sbatch runs them as a job array)")
+    print(
+        f"study {settings.name!r} ready in {args.dir} ({settings.trials} trials); start workers with "
+        f"`dlscale hpo worker --dir {args.dir}` (slurm/*/hpo.sbatch runs them as a job array)"
+    )
     return 0
 
 
@@ -50,29 +55,52 @@ def _hpo_show(args: argparse.Namespace) -> int:
 
 
 def add_hpo(commands: Any) -> None:
-    hpo = commands.add_parser("hpo", help="hyperparameter search with Optuna: pruned trials, workers, Slurm arrays",
-                              description="A study lives in a folder (--dir): study.json, the journal of its trials, "
-                                          "and each trial's run directory under trials/. See lesson 12.")
+    hpo = commands.add_parser(
+        "hpo",
+        help="hyperparameter search with Optuna: pruned trials, workers, Slurm arrays",
+        description="A study lives in a folder (--dir): study.json, the journal of its trials, "
+        "and each trial's run directory under trials/. See lesson 12.",
+    )
     sub = hpo.add_subparsers(dest="hpo_command", required=True, metavar="ACTION")
-    start = sub.add_parser("start", help="create a study (or resume the one in --dir) and run workers on it",
-                           description="SPACE is a shipped search space or a YAML file; without it the study in "
-                                       "--dir resumes (its trials kept; --trials may raise the count).")
+    start = sub.add_parser(
+        "start",
+        help="create a study (or resume the one in --dir) and run workers on it",
+        description="SPACE is a shipped search space or a YAML file; without it the study in "
+        "--dir resumes (its trials kept; --trials may raise the count).",
+    )
     start.add_argument("space", nargs="?", default=None, metavar="SPACE")
     start.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="for every trial, e.g. device=cuda")
     start.add_argument("--dir", default="runs/hpo", help="the study's folder")
-    start.add_argument("--trials", type=number(int, 1), default=None, help="trials to finish, complete or pruned (default 12)")
-    start.add_argument("--workers", type=number(int, 0), default=2, help="worker processes here (0: only create the study)")
+    start.add_argument(
+        "--trials", type=number(int, 1), default=None, help="trials to finish, complete or pruned (default 12)"
+    )
+    start.add_argument(
+        "--workers", type=number(int, 0), default=2, help="worker processes here (0: only create the study)"
+    )
     start.add_argument("--sampler", choices=("tpe", "random", "grid"), default=None, help="default tpe")
-    start.add_argument("--pruner", choices=("hyperband", "halving", "median", "none"), default=None,
-                       help="default hyperband")
+    start.add_argument(
+        "--pruner", choices=("hyperband", "halving", "median", "none"), default=None, help="default hyperband"
+    )
     start.add_argument("--seed", type=int, default=None, help="default 0")
     start.add_argument("--storage", default=None, help="an RDB URL (default: the journal file in --dir)")
-    start.add_argument("--grace-s", type=number(float, 0, above=True), default=None,
-                       help="a running trial silent this long is failed and retried (its worker died; default 20)")
-    start.add_argument("--ranks-per-node", type=number(int, 1), default=None, help="ranks (GPUs) per node, for node-hours: "
-                       "a trial costs its seconds x its ranks / this (default 1)")
-    start.add_argument("--threads", type=number(int, 0), default=None,
-                       help="torch threads per trial (default: what each worker was given), kept in each config")
+    start.add_argument(
+        "--grace-s",
+        type=number(float, 0, above=True),
+        default=None,
+        help="a running trial silent this long is failed and retried (its worker died; default 20)",
+    )
+    start.add_argument(
+        "--ranks-per-node",
+        type=number(int, 1),
+        default=None,
+        help="ranks (GPUs) per node, for node-hours: a trial costs its seconds x its ranks / this (default 1)",
+    )
+    start.add_argument(
+        "--threads",
+        type=number(int, 0),
+        default=None,
+        help="torch threads per trial (default: what each worker was given), kept in each config",
+    )
     start.set_defaults(handler=_hpo_start)
     worker = sub.add_parser("worker", help="one worker: ask, train, tell until the study has its trials")
     worker.add_argument("overrides", nargs="*", metavar="KEY=VALUE")

@@ -22,14 +22,21 @@ def _generated(changed: list[Path], check: bool, kind: str, command: str) -> int
 def _exercises(args: argparse.Namespace) -> int:
     from dlscale.lessons.exercises import generate
 
-    return _generated(generate(args.solutions, args.exercises, check=args.check, lessons=args.notebooks), args.check,
-                      "exercise notebook", "exercises")
+    return _generated(
+        generate(args.solutions, args.exercises, check=args.check, lessons=args.notebooks),
+        args.check,
+        "exercise notebook",
+        "exercises",
+    )
 
 
 def add_exercises(commands: Any) -> None:
-    exercises = commands.add_parser("exercises", help="generate exercises/ from solutions/",
-                                    description="Replace each '# BEGIN SOLUTION ... # END SOLUTION' fence in "
-                                                "solutions/*.ipynb by a stub and write exercises/.")
+    exercises = commands.add_parser(
+        "exercises",
+        help="generate exercises/ from solutions/",
+        description="Replace each '# BEGIN SOLUTION ... # END SOLUTION' fence in "
+        "solutions/*.ipynb by a stub and write exercises/.",
+    )
     exercises.add_argument("--check", action="store_true", help="only report exercises that are out of date")
     exercises.add_argument("--solutions", default="solutions")
     exercises.add_argument("--notebooks", default="notebooks", help="the lessons whose attendee cells it fills")
@@ -40,14 +47,18 @@ def add_exercises(commands: Any) -> None:
 def _recipes(args: argparse.Namespace) -> int:
     from dlscale.lessons.recipes import write_recipes
 
-    return _generated(write_recipes(Path(args.notebooks), Path(args.recipes), check=args.check), args.check,
-                      "recipe file", "recipes")
+    return _generated(
+        write_recipes(Path(args.notebooks), Path(args.recipes), check=args.check), args.check, "recipe file", "recipes"
+    )
 
 
 def add_recipes(commands: Any) -> None:
-    recipes = commands.add_parser("recipes", help="write recipes/ from the lessons' recipe cells",
-                                  description="Write each notebook cell tagged 'recipe' (first line "
-                                              "'# recipes/NAME.py') to recipes/NAME.py, as a script.")
+    recipes = commands.add_parser(
+        "recipes",
+        help="write recipes/ from the lessons' recipe cells",
+        description="Write each notebook cell tagged 'recipe' (first line "
+        "'# recipes/NAME.py') to recipes/NAME.py, as a script.",
+    )
     recipes.add_argument("--check", action="store_true", help="only report recipe files that are out of date")
     recipes.add_argument("--notebooks", default="notebooks")
     recipes.add_argument("--recipes", default="recipes")
@@ -60,18 +71,28 @@ def _lessons_reset(args: argparse.Namespace) -> int:
     removed = reset_lesson(args.lesson, args.runs)
     for path in removed:
         print(f"removed {path}")
-    print(f"lesson {args.lesson} starts over: {len(removed)} run folder(s) or file(s) removed from {args.runs}/ "
-          f"(your stage files, my_*.py, kept)" if removed else f"lesson {args.lesson} has no runs in {args.runs}/")
+    print(
+        f"lesson {args.lesson} starts over: {len(removed)} run folder(s) or file(s) removed from {args.runs}/ "
+        f"(your stage files, my_*.py, kept)"
+        if removed
+        else f"lesson {args.lesson} has no runs in {args.runs}/"
+    )
     return 0
 
 
 def add_lessons(commands: Any) -> None:
-    lessons = commands.add_parser("lessons", help="the lessons' runs: start one over",
-                                  description="Act on a lesson's runs (the folders runs/lessonNN and runs/lessonNN_*).")
+    lessons = commands.add_parser(
+        "lessons",
+        help="the lessons' runs: start one over",
+        description="Act on a lesson's runs (the folders runs/lessonNN and runs/lessonNN_*).",
+    )
     actions = lessons.add_subparsers(dest="lessons_command", required=True, metavar="ACTION")
-    reset = actions.add_parser("reset", help="remove one lesson's runs, so that it starts over; nothing else",
-                               description="Remove runs/lessonNN and runs/lessonNN_* (the attendee's stage files "
-                                           "my_*.py are kept); no other folder is touched.")
+    reset = actions.add_parser(
+        "reset",
+        help="remove one lesson's runs, so that it starts over; nothing else",
+        description="Remove runs/lessonNN and runs/lessonNN_* (the attendee's stage files "
+        "my_*.py are kept); no other folder is touched.",
+    )
     reset.add_argument("lesson", help="the lesson's two digits, e.g. 05")
     reset.add_argument("--runs", default="runs", help="the runs folder (default: runs)")
     reset.set_defaults(handler=_lessons_reset)

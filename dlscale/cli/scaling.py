@@ -23,10 +23,12 @@ def _report(args: argparse.Namespace) -> int:
 
 def add_report(commands: Any) -> None:
     report = commands.add_parser(
-        "report", help="a scaling sweep's run directories as a table and a plot",
+        "report",
+        help="a scaling sweep's run directories as a table and a plot",
         description="Collect run directories (any folder with a summary.json, searched below each PATH) into a "
-                    "table: nodes, ranks, global batch, samples/s, efficiency relative to the group's smallest "
-                    "run, final R², and training time to a target R². Writes report.csv and report.png.")
+        "table: nodes, ranks, global batch, samples/s, efficiency relative to the group's smallest "
+        "run, final R², and training time to a target R². Writes report.csv and report.png.",
+    )
     report.add_argument("paths", nargs="+", metavar="PATH")
     report.add_argument("--target-r2", type=number(float, high=1), default=0.9)
     report.add_argument("--out", default=None, help="folder for report.csv and report.png (default: the first PATH)")
@@ -49,21 +51,35 @@ def _plan(args: argparse.Namespace) -> int:
 
 def add_plan(commands: Any) -> None:
     plan = commands.add_parser(
-        "plan", help="a sweep turned into an allocation request: time and node-hours to a target, the next size up",
+        "plan",
+        help="a sweep turned into an allocation request: time and node-hours to a target, the next size up",
         description="Read a sweep's run directories (as dlscale report does): each run's wall time to the target R², "
-                    "node-hours and GPU-hours; recommend the cheapest run that meets the deadline and the budget; "
-                    "predict the next size up (twice the nodes) from the alpha-beta model and the gradient noise "
-                    "scale, with a range. Writes plan.json and plan.png (fastest against cheapest).")
+        "node-hours and GPU-hours; recommend the cheapest run that meets the deadline and the budget; "
+        "predict the next size up (twice the nodes) from the alpha-beta model and the gradient noise "
+        "scale, with a range. Writes plan.json and plan.png (fastest against cheapest).",
+    )
     plan.add_argument("paths", nargs="+", metavar="PATH")
     plan.add_argument("--target-r2", type=number(float, high=1), default=0.9)
     plan.add_argument("--deadline-hours", type=number(float, 0, above=True), default=None)
     plan.add_argument("--budget-node-hours", type=number(float, 0, above=True), default=None)
-    plan.add_argument("--allreduce", default=None, metavar="JSON",
-                      help="allreduce.json of dlscale bench allreduce on this system: fit the model's alpha and beta")
-    plan.add_argument("--site", choices=sorted(SITES), default=None,
-                      help="use this site's published links instead of a fit")
-    plan.add_argument("--overlap", type=number(float, 0, 1), default=0.0, help="share of the communication hidden (the breakdown's)")
-    plan.add_argument("--noise-scale", type=number(float, 0, above=True), default=None, help="B_noise (default: what the largest run measured)")
+    plan.add_argument(
+        "--allreduce",
+        default=None,
+        metavar="JSON",
+        help="allreduce.json of dlscale bench allreduce on this system: fit the model's alpha and beta",
+    )
+    plan.add_argument(
+        "--site", choices=sorted(SITES), default=None, help="use this site's published links instead of a fit"
+    )
+    plan.add_argument(
+        "--overlap", type=number(float, 0, 1), default=0.0, help="share of the communication hidden (the breakdown's)"
+    )
+    plan.add_argument(
+        "--noise-scale",
+        type=number(float, 0, above=True),
+        default=None,
+        help="B_noise (default: what the largest run measured)",
+    )
     plan.add_argument("--out", default=None, help="folder for plan.json and plan.png (default: the first PATH)")
     plan.set_defaults(handler=_plan)
 
@@ -83,11 +99,15 @@ def _project(args: argparse.Namespace) -> int:
     site = load_machine(args.machine) if args.machine else SITES[args.site]
     custom = (args.gpus_per_node, args.inside_gbs, args.between_gbs, args.inside_latency_us, args.between_latency_us)
     if any(value is not None for value in custom):  # the given figures replace the site's (or the file's)
-        site = machine(f"{site.name}, with figures entered", args.gpus_per_node or site.gpus_per_node,
-                       args.inside_gbs or site.inside.bandwidth / 1e9, args.between_gbs or site.between.bandwidth / 1e9,
-                       site.inside.alpha * 1e6 if args.inside_latency_us is None else args.inside_latency_us,
-                       site.between.alpha * 1e6 if args.between_latency_us is None else args.between_latency_us,
-                       f"entered on the command line; the rest from {site.source}")
+        site = machine(
+            f"{site.name}, with figures entered",
+            args.gpus_per_node or site.gpus_per_node,
+            args.inside_gbs or site.inside.bandwidth / 1e9,
+            args.between_gbs or site.between.bandwidth / 1e9,
+            site.inside.alpha * 1e6 if args.inside_latency_us is None else args.inside_latency_us,
+            site.between.alpha * 1e6 if args.between_latency_us is None else args.between_latency_us,
+            f"entered on the command line; the rest from {site.source}",
+        )
     if args.samples_per_s:
         per_sample, source = 1 / args.samples_per_s, f"{args.samples_per_s:g} samples/s measured on one GPU"
     elif args.step_ms:
@@ -98,15 +118,26 @@ def _project(args: argparse.Namespace) -> int:
     if args.breakdown:  # (measured on this site: the exposed share of what the model says the step sends)
         overlap, where = overlap_from_breakdown_file(args.breakdown, site)
         print(f"overlap: {where}")
-    workload = Workload(args.name, args.parameters or RESNET50_PARAMETERS, per_sample, args.batch,
-                        args.bytes_per_value, args.layout, overlap, source, args.backward_share,
-                        args.bucket_mb or None, args.algorithm)
+    workload = Workload(
+        args.name,
+        args.parameters or RESNET50_PARAMETERS,
+        per_sample,
+        args.batch,
+        args.bytes_per_value,
+        args.layout,
+        overlap,
+        source,
+        args.backward_share,
+        args.bucket_mb or None,
+        args.algorithm,
+    )
     rows = project(workload, site, baseline=args.baseline)
     print(format_projection(rows))
     print("\nassumptions:\n" + assumptions(workload, site, args.baseline))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     efficiency_projection({workload.name: rows}, assumptions(workload, site, args.baseline)).savefig(
-        Path(args.out) / "projection.png", dpi=120)
+        Path(args.out) / "projection.png", dpi=120
+    )
     print(f"projection.png in {args.out}/")
     return 0
 
@@ -116,49 +147,94 @@ def add_project(commands: Any) -> None:
     from dlscale.scaling.projection import BASELINES
 
     project = commands.add_parser(
-        "project", help="predicted step time and efficiency of a model from 1 to 1,024 nodes of a site or your cluster",
+        "project",
+        help="predicted step time and efficiency of a model from 1 to 1,024 nodes of a site or your cluster",
         description="The alpha-beta model of the layout's collectives (bucket by bucket, the cheapest algorithm "
-                    "between nodes) on a site's published links or your own machine's, plus one GPU's measured "
-                    "compute, with the share of communication hidden behind the backward pass (dlscale bench "
-                    "breakdown measures it; it never hides more than the backward pass). Prints the table and the "
-                    "assumptions; writes projection.png.")
+        "between nodes) on a site's published links or your own machine's, plus one GPU's measured "
+        "compute, with the share of communication hidden behind the backward pass (dlscale bench "
+        "breakdown measures it; it never hides more than the backward pass). Prints the table and the "
+        "assumptions; writes projection.png.",
+    )
     where = project.add_argument_group("the machine: a site, a YAML file, or figures that replace theirs")
     where.add_argument("--site", choices=sorted(SITES), default="perlmutter")
-    where.add_argument("--machine", default=None, metavar="YAML",
-                       help="your cluster: gpus_per_node, inside and between (bandwidth_gbs, latency_us), source")
+    where.add_argument(
+        "--machine",
+        default=None,
+        metavar="YAML",
+        help="your cluster: gpus_per_node, inside and between (bandwidth_gbs, latency_us), source",
+    )
     where.add_argument("--gpus-per-node", type=number(int, 1), default=None)
-    where.add_argument("--inside-gbs", type=number(float, 1e-6, 1e6), default=None,
-                       help="GB/s per direction between the GPUs of a node")
-    where.add_argument("--between-gbs", type=number(float, 1e-6, 1e6), default=None,
-                       help="each GPU's share of the network between nodes, GB/s per direction")
+    where.add_argument(
+        "--inside-gbs",
+        type=number(float, 1e-6, 1e6),
+        default=None,
+        help="GB/s per direction between the GPUs of a node",
+    )
+    where.add_argument(
+        "--between-gbs",
+        type=number(float, 1e-6, 1e6),
+        default=None,
+        help="each GPU's share of the network between nodes, GB/s per direction",
+    )
     where.add_argument("--inside-latency-us", type=number(float, 0), default=None)
     where.add_argument("--between-latency-us", type=number(float, 0), default=None)
     compute = project.add_argument_group("one GPU's compute, measured (one of these)")
     given = compute.add_mutually_exclusive_group(required=True)
-    given.add_argument("--samples-per-s", type=number(float, 0, above=True), default=None,
-                       help="one GPU's training throughput (a published figure, or dlscale train's)")
-    given.add_argument("--step-ms", type=number(float, 0, above=True), default=None,
-                       help="one GPU's step time at --batch, in ms")
-    given.add_argument("--ms-per-sample", type=number(float, 0, above=True), default=None,
-                       help="one GPU's compute per sample, in ms")
+    given.add_argument(
+        "--samples-per-s",
+        type=number(float, 0, above=True),
+        default=None,
+        help="one GPU's training throughput (a published figure, or dlscale train's)",
+    )
+    given.add_argument(
+        "--step-ms", type=number(float, 0, above=True), default=None, help="one GPU's step time at --batch, in ms"
+    )
+    given.add_argument(
+        "--ms-per-sample", type=number(float, 0, above=True), default=None, help="one GPU's compute per sample, in ms"
+    )
     project.add_argument("--name", default="ResNet-50-sized gradient")
-    project.add_argument("--parameters", type=number(int, 1, 10**14), default=None,
-                         help="parameter count, 1 to 1e14 (default: ResNet-50's 25.6 M)")
+    project.add_argument(
+        "--parameters",
+        type=number(int, 1, 10**14),
+        default=None,
+        help="parameter count, 1 to 1e14 (default: ResNet-50's 25.6 M)",
+    )
     project.add_argument("--batch", type=number(int, 1), default=64, help="batch per GPU")
-    project.add_argument("--bytes-per-value", type=number(int, 1, 8), default=4, help="4 for fp32 gradients, 2 for bf16")
+    project.add_argument(
+        "--bytes-per-value", type=number(int, 1, 8), default=4, help="4 for fp32 gradients, 2 for bf16"
+    )
     project.add_argument("--layout", choices=("ddp", "fsdp"), default="ddp")
     hidden = project.add_mutually_exclusive_group()
-    hidden.add_argument("--overlap", type=number(float, 0, 1), default=0.0,
-                        help="share of the communication hidden behind the backward pass (0 to 1)")
-    hidden.add_argument("--breakdown", default=None, metavar="JSON",
-                        help="breakdown.json of dlscale bench breakdown on this machine: the overlap it measured")
-    project.add_argument("--backward-share", type=number(float, 0, 1), default=2 / 3,
-                         help="the backward pass's share of the compute: the most an overlap can hide (default 2/3)")
-    project.add_argument("--bucket-mb", type=number(float, 0), default=25.0,
-                         help="DDP's bucket_cap_mb: one latency per bucket (0: the gradient as one message)")
-    project.add_argument("--algorithm", choices=ALGORITHMS, default="auto",
-                         help="all-reduce between nodes (auto: the cheapest for each bucket, as NCCL chooses)")
-    project.add_argument("--baseline", choices=BASELINES, default="gpu",
-                         help="efficiency against one GPU or one node")
+    hidden.add_argument(
+        "--overlap",
+        type=number(float, 0, 1),
+        default=0.0,
+        help="share of the communication hidden behind the backward pass (0 to 1)",
+    )
+    hidden.add_argument(
+        "--breakdown",
+        default=None,
+        metavar="JSON",
+        help="breakdown.json of dlscale bench breakdown on this machine: the overlap it measured",
+    )
+    project.add_argument(
+        "--backward-share",
+        type=number(float, 0, 1),
+        default=2 / 3,
+        help="the backward pass's share of the compute: the most an overlap can hide (default 2/3)",
+    )
+    project.add_argument(
+        "--bucket-mb",
+        type=number(float, 0),
+        default=25.0,
+        help="DDP's bucket_cap_mb: one latency per bucket (0: the gradient as one message)",
+    )
+    project.add_argument(
+        "--algorithm",
+        choices=ALGORITHMS,
+        default="auto",
+        help="all-reduce between nodes (auto: the cheapest for each bucket, as NCCL chooses)",
+    )
+    project.add_argument("--baseline", choices=BASELINES, default="gpu", help="efficiency against one GPU or one node")
     project.add_argument("--out", default="runs/projection")
     project.set_defaults(handler=_project)

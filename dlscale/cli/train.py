@@ -41,14 +41,20 @@ def _train(args: argparse.Namespace) -> int:
 def add_train(commands: Any) -> None:
     from dlscale.training.preemption import PREEMPTED_EXIT_CODE
 
-    keys = "\n".join(f"{name}:\n" + "\n".join(textwrap.fill(describe_field(k), 100, initial_indent="  ",
-                                                              subsequent_indent="      ") for k in section_keys)
-                     for name, section_keys in SECTION_KEYS.items())
+    keys = "\n".join(
+        f"{name}:\n"
+        + "\n".join(
+            textwrap.fill(describe_field(k), 100, initial_indent="  ", subsequent_indent="      ") for k in section_keys
+        )
+        for name, section_keys in SECTION_KEYS.items()
+    )
     train = commands.add_parser(
-        "train", help="train the model on the synthetic maps (or your shards)",
+        "train",
+        help="train the model on the synthetic maps (or your shards)",
         description="Train with the one training loop; metrics, plots and checkpoints go to the run directory.",
         epilog=TRAIN_EPILOG.format(names=", ".join(config_names()), keys=keys, preempted=PREEMPTED_EXIT_CODE),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     config_arguments(train, default=None)
     train.set_defaults(handler=_train)
 
@@ -63,20 +69,25 @@ def _export(args: argparse.Namespace) -> int:
     config = load_config(str(Path(args.run_dir) / "config.yaml")).to_dict()
     folder = Path(args.out).resolve().parent
     if not folder.is_dir() or not os.access(folder, os.W_OK):
-        raise DlscaleError(f"{args.out} cannot be written: {folder} is not a folder you can write; create it, "
-                           f"or name another OUT")
+        raise DlscaleError(
+            f"{args.out} cannot be written: {folder} is not a folder you can write; create it, or name another OUT"
+        )
     torch.save({"model": model.state_dict(), "config": config}, args.out)
-    print(f"wrote the whole model of {args.run_dir} ({sum(p.numel() for p in model.parameters()):,} parameters, "
-          f"{config['model']}) to {args.out}; load it with torch.load(path, weights_only=True)")
+    print(
+        f"wrote the whole model of {args.run_dir} ({sum(p.numel() for p in model.parameters()):,} parameters, "
+        f"{config['model']}) to {args.out}; load it with torch.load(path, weights_only=True)"
+    )
     return 0
 
 
 def add_export(commands: Any) -> None:
     export = commands.add_parser(
-        "export", help="a run's newest checkpoint as one whole model file (also from FSDP/tensor-parallel shards)",
+        "export",
+        help="a run's newest checkpoint as one whole model file (also from FSDP/tensor-parallel shards)",
         description="Read the newest checkpoint of RUN_DIR, whatever wrote it (one process, DDP, Horovod, FSDP or "
-                    "tensor parallelism on any number of ranks), into one model in this process and save "
-                    "{'model': state_dict, 'config': ...} to OUT for evaluation elsewhere.")
+        "tensor parallelism on any number of ranks), into one model in this process and save "
+        "{'model': state_dict, 'config': ...} to OUT for evaluation elsewhere.",
+    )
     export.add_argument("run_dir", metavar="RUN_DIR")
     export.add_argument("out", metavar="OUT", nargs="?", default="model.pt")
     export.set_defaults(handler=_export)
@@ -91,6 +102,9 @@ def _info(args: argparse.Namespace) -> int:
 
 def add_info(commands: Any) -> None:
     info = commands.add_parser("info", help="show hardware, versions, site and launcher (lesson 00)")
-    info.add_argument("--task", action="store_true",
-                      help="one line: this task's rank, host, CPUs and binding settings (launch.sh SITE probe)")
+    info.add_argument(
+        "--task",
+        action="store_true",
+        help="one line: this task's rank, host, CPUs and binding settings (launch.sh SITE probe)",
+    )
     info.set_defaults(handler=_info)

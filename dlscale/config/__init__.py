@@ -20,5 +20,16 @@ from dlscale.config.train_config import (
     parse_overrides,
 )
 
-__all__ = ["CONFIG_DIR", "FIELDS", "SECTIONS", "SECTION_KEYS", "ConfigError", "Sections", "TrainConfig",
-           "config_names", "describe_field", "load_config", "parse_overrides"]
+__all__ = [
+    "CONFIG_DIR",
+    "FIELDS",
+    "SECTIONS",
+    "SECTION_KEYS",
+    "ConfigError",
+    "Sections",
+    "TrainConfig",
+    "config_names",
+    "describe_field",
+    "load_config",
+    "parse_overrides",
+]

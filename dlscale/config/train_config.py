@@ -42,8 +42,10 @@ SECTION_NAMES = ("run", "data", "model", "parallel", "training", "optim", "loggi
 
 def _knob(section: str) -> Any:
     """The field maker of one section: ``_model(default, help)`` declares a key of the model section."""
+
     def knob(default: Any, help: str) -> Any:
         return field(default=default, metadata={"help": help, "section": section})
+
     return knob
 
 
@@ -62,12 +64,19 @@ class TrainConfig:
     run_dir: str = _run("", "Where metrics, plots, the resolved config and checkpoints go ('' = runs/<name>).")
     seed: int = _run(0, "Seed for model init, shuffling and the synthetic data.")
     device: str = _run("auto", "'auto' (CUDA if present, else CPU), 'cpu', 'cuda' or 'cuda:N'.")
-    resume: bool = _run(False, "Continue from the latest checkpoint in run_dir if there is one (a fresh start otherwise).")
-    threads: int = _run(0, "torch threads of each training process (0 = from OMP_NUM_THREADS, Slurm's "
-                         "cpus-per-task or the CPUs the process may use, in that order).")
+    resume: bool = _run(
+        False, "Continue from the latest checkpoint in run_dir if there is one (a fresh start otherwise)."
+    )
+    threads: int = _run(
+        0,
+        "torch threads of each training process (0 = from OMP_NUM_THREADS, Slurm's "
+        "cpus-per-task or the CPUs the process may use, in that order).",
+    )
 
     # -- data: the data: the synthetic set or shards, and how each rank loads them -----------------
-    data_dir: str = _data("", "Folder of shards (see dlscale.data); '' = generate the synthetic set into data/ on first use.")
+    data_dir: str = _data(
+        "", "Folder of shards (see dlscale.data); '' = generate the synthetic set into data/ on first use."
+    )
     image_size: int = _data(32, "Side of the square synthetic maps, in pixels (power of two, >= 8).")
     train_samples: int = _data(8192, "Number of synthetic training maps.")
     val_samples: int = _data(1024, "Number of synthetic held-out maps.")
@@ -76,102 +85,156 @@ class TrainConfig:
     num_workers: int = _data(-1, "DataLoader worker processes per rank (-1 = auto: 0 on CPU, 4 on GPU).")
     prefetch_factor: int = _data(2, "Batches each worker loads ahead (only with workers > 0).")
     persistent_workers: bool = _data(True, "Keep worker processes alive between epochs (only with workers > 0).")
-    stage_dir: str = _data("", "Copy the data to this node-local folder before training and read it there "
-                               "(e.g. $TMPDIR or /tmp; environment variables are expanded; '' = off).")
-    augment: bool = _data(False, "Shift, mirror and rotate every training map at random, per sample in the loader "
-                                 "(real CPU work per sample, as decoding and augmenting are; lesson 02).")
+    stage_dir: str = _data(
+        "",
+        "Copy the data to this node-local folder before training and read it there "
+        "(e.g. $TMPDIR or /tmp; environment variables are expanded; '' = off).",
+    )
+    augment: bool = _data(
+        False,
+        "Shift, mirror and rotate every training map at random, per sample in the loader "
+        "(real CPU work per sample, as decoding and augmenting are; lesson 02).",
+    )
     pin_memory: bool = _data(True, "Page-locked host buffers for faster copies to the GPU (ignored on CPU).")
-    data_in_memory: bool = _data(False, "Read this rank's first epoch of batches once, keep them on the device and "
-                                         "replay them every epoch: no loader and no copy in the step (the 'data in "
-                                         "memory' run of dlscale bench breakdown; not for training a model).")
+    data_in_memory: bool = _data(
+        False,
+        "Read this rank's first epoch of batches once, keep them on the device and "
+        "replay them every epoch: no loader and no copy in the step (the 'data in "
+        "memory' run of dlscale bench breakdown; not for training a model).",
+    )
 
     # -- model: the model, and how it runs ---------------------------------------------------------
-    model: str = _model("cnn", "The regressor: a CNN, a small vision transformer (vit; the model lesson 10 shards "
-                              "with FSDP and tensor parallelism), or a model added with dlscale.models.register_model.")
-    width: int = _model(16, "CNN: channels of the first conv block, doubled at each later block. "
-                           "ViT: the width of every token.")
+    model: str = _model(
+        "cnn",
+        "The regressor: a CNN, a small vision transformer (vit; the model lesson 10 shards "
+        "with FSDP and tensor parallelism), or a model added with dlscale.models.register_model.",
+    )
+    width: int = _model(
+        16, "CNN: channels of the first conv block, doubled at each later block. ViT: the width of every token."
+    )
     depth: int = _model(3, "CNN: number of conv blocks (each halves the map size). ViT: number of transformer blocks.")
     heads: int = _model(4, "ViT: attention heads per block (must divide width).")
     patch_size: int = _model(4, "ViT: side of the square patches that become tokens (must divide image_size).")
     activation_checkpointing: bool = _model(
-        False, "ViT: keep only each block's input and recompute its activations in the backward pass "
-               "(less memory, about one more forward pass of time).")
+        False,
+        "ViT: keep only each block's input and recompute its activations in the backward pass "
+        "(less memory, about one more forward pass of time).",
+    )
     channels_last: bool = _model(False, "Use the NHWC memory format (faster convolutions on tensor-core GPUs).")
-    cudnn_benchmark: bool = _model(False, "On a GPU, let cuDNN time its convolution algorithms on the first steps and "
-                                         "keep the fastest (worth it when every batch has the same shape).")
+    cudnn_benchmark: bool = _model(
+        False,
+        "On a GPU, let cuDNN time its convolution algorithms on the first steps and "
+        "keep the fastest (worth it when every batch has the same shape).",
+    )
     norm: Literal["batch", "group"] = _model(
-        "batch", "Normalisation layers: batch norm, or group norm (independent of how the batch is split).")
+        "batch", "Normalisation layers: batch norm, or group norm (independent of how the batch is split)."
+    )
     sync_batchnorm: bool = _model(False, "With several GPUs, compute batch-norm statistics over all ranks (CUDA only).")
     compile: bool = _model(False, "Compile the model with torch.compile (the first steps take longer).")
     cuda_graphs: bool = _model(False, "With compile on CUDA, capture steps as CUDA graphs (mode reduce-overhead).")
 
     # -- parallel: how the ranks share the work ----------------------------------------------------
     data_parallel: Literal["auto", "ddp", "horovod", "fsdp", "none"] = _parallel(
-        "auto", "How the ranks share the work of one batch: PyTorch DDP, Horovod's DistributedOptimizer, or FSDP "
-                "(parameters, gradients and optimizer state sharded over the ranks; auto = Horovod when launched by "
-                "horovodrun, FSDP with tensor_parallel on several data-parallel ranks, DDP otherwise). none: every "
-                "rank steps alone on its share, no gradient is sent (the models drift apart; the 'no "
-                "communication' run of dlscale bench breakdown).")
-    tensor_parallel: int = _parallel(1, "ViT: split every block's attention heads and MLP over this many ranks "
-                                    "(consecutive ranks, so inside a node); the rest of the ranks are data-parallel.")
-    horovod_fp16_compression: bool = _parallel(False, "Horovod: send gradients as fp16 (half the bytes, "
-                                                  "rounded gradients).")
-    dist_backend: Literal["auto", "nccl", "gloo"] = _parallel("auto", "Process-group backend: auto = NCCL on GPUs, gloo on CPUs.")
-    dist_timeout_s: float = _parallel(300.0, "Seconds a collective may wait for the other ranks before the job stops "
-                                         "with an error (a dead or missing rank never hangs the job). On gloo a "
-                                         "dead peer is noticed within a second; NCCL notices it only when this "
-                                         "runs out (the gpu config sets 120).")
-    setup_timeout_s: float = _parallel(1800.0, "Seconds the ranks wait for one another while a run sets up: rank 0 "
-                                           "generating the synthetic data set, each node's first rank staging the "
-                                           "shards (work for all, which dist_timeout_s would cut short).")
+        "auto",
+        "How the ranks share the work of one batch: PyTorch DDP, Horovod's DistributedOptimizer, or FSDP "
+        "(parameters, gradients and optimizer state sharded over the ranks; auto = Horovod when launched by "
+        "horovodrun, FSDP with tensor_parallel on several data-parallel ranks, DDP otherwise). none: every "
+        "rank steps alone on its share, no gradient is sent (the models drift apart; the 'no "
+        "communication' run of dlscale bench breakdown).",
+    )
+    tensor_parallel: int = _parallel(
+        1,
+        "ViT: split every block's attention heads and MLP over this many ranks "
+        "(consecutive ranks, so inside a node); the rest of the ranks are data-parallel.",
+    )
+    horovod_fp16_compression: bool = _parallel(
+        False, "Horovod: send gradients as fp16 (half the bytes, rounded gradients)."
+    )
+    dist_backend: Literal["auto", "nccl", "gloo"] = _parallel(
+        "auto", "Process-group backend: auto = NCCL on GPUs, gloo on CPUs."
+    )
+    dist_timeout_s: float = _parallel(
+        300.0,
+        "Seconds a collective may wait for the other ranks before the job stops "
+        "with an error (a dead or missing rank never hangs the job). On gloo a "
+        "dead peer is noticed within a second; NCCL notices it only when this "
+        "runs out (the gpu config sets 120).",
+    )
+    setup_timeout_s: float = _parallel(
+        1800.0,
+        "Seconds the ranks wait for one another while a run sets up: rank 0 "
+        "generating the synthetic data set, each node's first rank staging the "
+        "shards (work for all, which dist_timeout_s would cut short).",
+    )
     bucket_cap_mb: float = _parallel(25.0, "DDP gradient bucket size in MiB (all-reduce granularity).")
-    gradient_as_bucket_view: bool = _parallel(True, "DDP: gradients are views into the all-reduce buckets (saves memory).")
+    gradient_as_bucket_view: bool = _parallel(
+        True, "DDP: gradients are views into the all-reduce buckets (saves memory)."
+    )
     static_graph: bool = _parallel(False, "DDP: the graph is the same every step (lets DDP skip some bookkeeping).")
 
     # -- training: how long, how large a batch, in what precision ----------------------------------
     epochs: int = _training(6, "Passes over the training set.")
     max_steps: int = _training(0, "Stop after this many optimizer steps (0 = run all epochs).")
     global_batch_size: int = _training(64, "Samples per optimizer step over all ranks; the per-rank batch is derived.")
-    grad_accumulation: int = _training(1, "Micro-batches per optimizer step: each rank's batch is split into this many, "
-                                      "and DDP all-reduces only after the last one (less memory, same step).")
+    grad_accumulation: int = _training(
+        1,
+        "Micro-batches per optimizer step: each rank's batch is split into this many, "
+        "and DDP all-reduces only after the last one (less memory, same step).",
+    )
     precision: Literal["auto", "fp32", "bf16", "fp16", "fp64"] = _training(
-        "auto", "Forward-pass precision: auto = bf16 on Ampere+ GPUs, fp16 with loss scaling on V100, fp32 on CPU; "
-                "fp64 = float64 parameters and data (slow: for checks that two runs agree to rounding).")
+        "auto",
+        "Forward-pass precision: auto = bf16 on Ampere+ GPUs, fp16 with loss scaling on V100, fp32 on CPU; "
+        "fp64 = float64 parameters and data (slow: for checks that two runs agree to rounding).",
+    )
 
     # -- optim: the optimizer and its learning-rate schedule ---------------------------------------
     optimizer: Literal["adamw", "sgd", "lars", "larc", "lamb"] = _optim(
-        "adamw", "Optimizer; lars, larc (around SGD) and lamb adapt the step per layer for large batches.")
+        "adamw", "Optimizer; lars, larc (around SGD) and lamb adapt the step per layer for large batches."
+    )
     lr: float = _optim(2e-3, "Peak learning rate at base_batch; lr_scaling adapts it to global_batch_size.")
     lr_scaling: Literal["none", "linear", "sqrt"] = _optim(
-        "none", "How the LR follows the batch: lr * k or lr * sqrt(k) with k = global_batch_size / base_batch.")
+        "none", "How the LR follows the batch: lr * k or lr * sqrt(k) with k = global_batch_size / base_batch."
+    )
     base_batch: int = _optim(64, "The global batch at which lr was tuned (used by lr_scaling).")
     momentum: float = _optim(0.9, "SGD/LARS momentum (adamw and lamb use beta1 = momentum).")
     weight_decay: float = _optim(1e-4, "Decoupled weight decay; biases and norm parameters are exempt.")
-    trust_coefficient: float = _optim(0.0, "LARS/LARC trust coefficient (0 = the optimizer's default: 1e-3 LARS, 0.02 LARC).")
+    trust_coefficient: float = _optim(
+        0.0, "LARS/LARC trust coefficient (0 = the optimizer's default: 1e-3 LARS, 0.02 LARC)."
+    )
     larc_mode: Literal["clip", "scale"] = _optim("clip", "LARC: clip the per-layer LR at the global LR, or scale it.")
     warmup_steps: int = _optim(50, "Optimizer steps of linear warmup to the peak LR.")
     warmup_epochs: float = _optim(0.0, "Warmup length in epochs; when > 0 it replaces warmup_steps.")
     warmup_start_factor: float = _optim(
-        0.0, "Warmup starts at this fraction of the peak LR (0 = auto: the unscaled LR when lr_scaling is on, "
-             "as in Goyal et al., else 1/warmup_steps).")
+        0.0,
+        "Warmup starts at this fraction of the peak LR (0 = auto: the unscaled LR when lr_scaling is on, "
+        "as in Goyal et al., else 1/warmup_steps).",
+    )
     decay: Literal["cosine", "linear", "poly", "step", "none"] = _optim(
-        "cosine", "LR decay after warmup: to 0 at the last step (cosine, linear, poly), x0.1 at 50% and 75% (step).")
+        "cosine", "LR decay after warmup: to 0 at the last step (cosine, linear, poly), x0.1 at 50% and 75% (step)."
+    )
     grad_clip: float = _optim(0.0, "Clip the global gradient norm to this value (0 = off).")
     optimizer_impl: Literal["auto", "foreach", "fused", "loop"] = _optim(
-        "auto", "torch SGD/AdamW implementation: one kernel per tensor (loop), multi-tensor (foreach), fused; "
-                "auto = foreach.")
+        "auto",
+        "torch SGD/AdamW implementation: one kernel per tensor (loop), multi-tensor (foreach), fused; auto = foreach.",
+    )
 
     # -- logging: what a run writes and measures: checkpoints, metrics, plots, profiles ------------
     checkpoint_every: int = _logging(200, "Write a checkpoint every N optimizer steps (0 = only at the end).")
     keep_checkpoints: int = _logging(2, "How many recent checkpoints to keep.")
-    tracking: Literal["csv", "wandb"] = _logging("csv", "Metrics always go to CSV in run_dir; 'wandb' also logs to Weights & Biases.")
+    tracking: Literal["csv", "wandb"] = _logging(
+        "csv", "Metrics always go to CSV in run_dir; 'wandb' also logs to Weights & Biases."
+    )
     wandb_project: str = _logging("dlscale", "Weights & Biases project (with tracking=wandb).")
     wandb_mode: Literal["offline", "online", "disabled"] = _logging(
-        "offline", "Weights & Biases mode; the WANDB_MODE environment variable wins when set.")
+        "offline", "Weights & Biases mode; the WANDB_MODE environment variable wins when set."
+    )
     progress: bool = _logging(True, "Show a tqdm progress bar on the main process.")
     plot: bool = _logging(True, "Write loss_curve.png into run_dir at the end.")
-    profile_steps: tuple = _logging((), "Profile optimizer steps [start, stop), e.g. 10,15: a Chrome trace and a "
-                                     "summary in run_dir; on CUDA also the window for nsys --capture-range.")
+    profile_steps: tuple = _logging(
+        (),
+        "Profile optimizer steps [start, stop), e.g. 10,15: a Chrome trace and a "
+        "summary in run_dir; on CUDA also the window for nsys --capture-range.",
+    )
     noise_scale_every: int = _logging(0, "Measure the gradient noise scale B_simple every N steps (0 = off).")
 
     # ------------------------------------------------------------------------
@@ -184,14 +247,37 @@ class TrainConfig:
         for key, value in vars(self).items():  # NaN passes every comparison below: refuse it (and infinities) first
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"config key '{key}' must be a finite number, got {value}")
-        positive = ["image_size", "train_samples", "val_samples", "shard_size", "width", "depth", "heads", "patch_size",
-                    "tensor_parallel", "grad_accumulation",
-                    "epochs", "global_batch_size", "prefetch_factor", "keep_checkpoints"]
+        positive = [
+            "image_size",
+            "train_samples",
+            "val_samples",
+            "shard_size",
+            "width",
+            "depth",
+            "heads",
+            "patch_size",
+            "tensor_parallel",
+            "grad_accumulation",
+            "epochs",
+            "global_batch_size",
+            "prefetch_factor",
+            "keep_checkpoints",
+        ]
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"config key '{key}' must be >= 1, got {getattr(self, key)}")
-        for key in ["max_steps", "warmup_steps", "checkpoint_every", "noise", "grad_clip", "weight_decay", "momentum",
-                    "warmup_epochs", "trust_coefficient", "noise_scale_every"]:
+        for key in [
+            "max_steps",
+            "warmup_steps",
+            "checkpoint_every",
+            "noise",
+            "grad_clip",
+            "weight_decay",
+            "momentum",
+            "warmup_epochs",
+            "trust_coefficient",
+            "noise_scale_every",
+        ]:
             if getattr(self, key) < 0:
                 raise ConfigError(f"config key '{key}' must be >= 0, got {getattr(self, key)}")
         for key in ["lr", "dist_timeout_s", "setup_timeout_s"]:
@@ -200,19 +286,29 @@ class TrainConfig:
         if self.base_batch < 1:
             raise ConfigError(f"config key 'base_batch' must be >= 1, got {self.base_batch}")
         if not 0 <= self.warmup_start_factor <= 1:
-            raise ConfigError(f"config key 'warmup_start_factor' must be in [0, 1] (0 = auto), got {self.warmup_start_factor}")
-        if self.profile_steps and (len(self.profile_steps) != 2 or not 0 <= self.profile_steps[0] < self.profile_steps[1]):
-            raise ConfigError(f"config key 'profile_steps' must be two steps start,stop with 0 <= start < stop; "
-                              f"got {self.profile_steps}")
+            raise ConfigError(
+                f"config key 'warmup_start_factor' must be in [0, 1] (0 = auto), got {self.warmup_start_factor}"
+            )
+        if self.profile_steps and (
+            len(self.profile_steps) != 2 or not 0 <= self.profile_steps[0] < self.profile_steps[1]
+        ):
+            raise ConfigError(
+                f"config key 'profile_steps' must be two steps start,stop with 0 <= start < stop; "
+                f"got {self.profile_steps}"
+            )
         if self.grad_accumulation > 1 and self.noise_scale_every:
             raise ConfigError("noise_scale_every needs grad_accumulation=1 (it measures whole-batch gradients)")
         if self.noise_scale_every and self.data_parallel == "horovod":
-            raise ConfigError("noise_scale_every works with data_parallel=ddp or auto: under Horovod its extra "
-                              "backward pass would set off an all-reduce")
+            raise ConfigError(
+                "noise_scale_every works with data_parallel=ddp or auto: under Horovod its extra "
+                "backward pass would set off an all-reduce"
+            )
         if self.sync_batchnorm and self.compile:
-            raise ConfigError("sync_batchnorm=true cannot be combined with compile=true: torch.compile does not "
-                              "trace SyncBatchNorm's collectives; use norm=group (no batch statistics to share) "
-                              "with compile, or turn compile off")
+            raise ConfigError(
+                "sync_batchnorm=true cannot be combined with compile=true: torch.compile does not "
+                "trace SyncBatchNorm's collectives; use norm=group (no batch statistics to share) "
+                "with compile, or turn compile off"
+            )
         if self.cuda_graphs and not self.compile:
             raise ConfigError("config key 'cuda_graphs' needs compile=true (graphs are captured by torch.compile)")
         if not 0 <= self.seed < 2**32:  # (numpy's generators take seeds in [0, 2**32))
@@ -225,9 +321,11 @@ class TrainConfig:
         if size < 8 or size & (size - 1):
             raise ConfigError(f"config key 'image_size' must be a power of two >= 8, got {size}")
         self._validate_model()
-        if self.model == "cnn" and 2 ** self.depth > size:
-            raise ConfigError(f"config key 'depth'={self.depth} halves a {size}-pixel map below 1 pixel; "
-                              f"use depth <= {size.bit_length() - 1}")
+        if self.model == "cnn" and 2**self.depth > size:
+            raise ConfigError(
+                f"config key 'depth'={self.depth} halves a {size}-pixel map below 1 pixel; "
+                f"use depth <= {size.bit_length() - 1}"
+            )
         dev = self.device
         if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
             raise ConfigError(f"config key 'device' must be one of auto, cpu, cuda, cuda:N; got '{dev}'")
@@ -235,28 +333,39 @@ class TrainConfig:
     def _validate_model(self) -> None:
         """A model the kit knows, the transformer's shape, and the parallelisms the CNN does not support."""
         if self.model not in MODEL_NAMES:
-            raise ConfigError(f"config key 'model' must be one of {', '.join(MODEL_NAMES)} (or a model added with "
-                              f"dlscale.models.register_model); got {self.model!r}")
+            raise ConfigError(
+                f"config key 'model' must be one of {', '.join(MODEL_NAMES)} (or a model added with "
+                f"dlscale.models.register_model); got {self.model!r}"
+            )
         if self.model == "vit":
             if self.width % self.heads:
-                raise ConfigError(f"config key 'heads'={self.heads} must divide width={self.width} (each head gets "
-                                  f"width/heads numbers)")
+                raise ConfigError(
+                    f"config key 'heads'={self.heads} must divide width={self.width} (each head gets "
+                    f"width/heads numbers)"
+                )
             if self.image_size % self.patch_size:
                 raise ConfigError(f"config key 'patch_size'={self.patch_size} must divide image_size={self.image_size}")
             if self.heads % self.tensor_parallel:
-                raise ConfigError(f"tensor_parallel={self.tensor_parallel} must divide heads={self.heads}: each rank "
-                                  f"computes whole heads")
+                raise ConfigError(
+                    f"tensor_parallel={self.tensor_parallel} must divide heads={self.heads}: each rank "
+                    f"computes whole heads"
+                )
         elif self.model == "cnn" and (self.tensor_parallel > 1 or self.activation_checkpointing):
             key = "tensor_parallel" if self.tensor_parallel > 1 else "activation_checkpointing"
-            raise ConfigError(f"config key '{key}' needs model=vit: the CNN has no transformer blocks to split or "
-                              f"recompute")
+            raise ConfigError(
+                f"config key '{key}' needs model=vit: the CNN has no transformer blocks to split or recompute"
+            )
         if self.tensor_parallel > 1 and self.data_parallel in ("horovod", "ddp"):
-            raise ConfigError(f"tensor_parallel={self.tensor_parallel} needs data_parallel=fsdp or auto: DDP and "
-                              f"Horovod do not average gradients of sharded (DTensor) parameters")
+            raise ConfigError(
+                f"tensor_parallel={self.tensor_parallel} needs data_parallel=fsdp or auto: DDP and "
+                f"Horovod do not average gradients of sharded (DTensor) parameters"
+            )
         if (self.data_parallel == "fsdp" or self.tensor_parallel > 1) and (self.noise_scale_every or self.compile):
             key = "noise_scale_every" if self.noise_scale_every else "compile"
-            raise ConfigError(f"config key '{key}' is not supported with data_parallel=fsdp or tensor_parallel > 1 "
-                              f"in this kit; set {key}=0/false")
+            raise ConfigError(
+                f"config key '{key}' is not supported with data_parallel=fsdp or tensor_parallel > 1 "
+                f"in this kit; set {key}=0/false"
+            )
 
     # ------------------------------------------------------------------------
     @property
@@ -266,16 +375,20 @@ class TrainConfig:
     def per_rank_batch(self, world_size: int) -> int:
         """The batch each rank sees; the global batch must split evenly."""
         if self.global_batch_size % world_size:
-            raise ConfigError(f"global_batch_size={self.global_batch_size} does not split evenly over "
-                              f"{world_size} ranks; choose a multiple of {world_size}")
+            raise ConfigError(
+                f"global_batch_size={self.global_batch_size} does not split evenly over "
+                f"{world_size} ranks; choose a multiple of {world_size}"
+            )
         return self.global_batch_size // world_size
 
     def micro_batch(self, world_size: int) -> int:
         """The batch of one forward pass: the per-rank batch split by ``grad_accumulation``."""
         per_rank = self.per_rank_batch(world_size)
         if per_rank % self.grad_accumulation:
-            raise ConfigError(f"the per-rank batch {per_rank} does not split into grad_accumulation="
-                              f"{self.grad_accumulation} micro-batches; choose a divisor of {per_rank}")
+            raise ConfigError(
+                f"the per-rank batch {per_rank} does not split into grad_accumulation="
+                f"{self.grad_accumulation} micro-batches; choose a divisor of {per_rank}"
+            )
         return per_rank // self.grad_accumulation
 
     @property
@@ -311,14 +424,22 @@ FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
 
 #: Each section's keys, in their order in :class:`TrainConfig`.
-SECTION_KEYS = {name: tuple(key for key, f in FIELDS.items() if f.metadata["section"] == name) for name in SECTION_NAMES}
+SECTION_KEYS = {
+    name: tuple(key for key, f in FIELDS.items() if f.metadata["section"] == name) for name in SECTION_NAMES
+}
 #: Each section as a frozen dataclass of its keys (``ModelSection`` has ``model``, ``width``, ``depth``...), made from
 #: the fields above so that a key is declared once. A builder that reads a key of another section fails at once.
-SECTIONS = {name: dataclasses.make_dataclass(f"{name.title()}Section", [(key, _HINTS[key]) for key in SECTION_KEYS[name]],
-                                             frozen=True) for name in SECTION_NAMES}
+SECTIONS = {
+    name: dataclasses.make_dataclass(
+        f"{name.title()}Section", [(key, _HINTS[key]) for key in SECTION_KEYS[name]], frozen=True
+    )
+    for name in SECTION_NAMES
+}
 for _section in SECTIONS.values():
     _section.__module__ = __name__  # (make_dataclass's own module argument is Python 3.12's): pickled by name
-RunSection, DataSection, ModelSection, ParallelSection, TrainingSection, OptimSection, LoggingSection = SECTIONS.values()
+RunSection, DataSection, ModelSection, ParallelSection, TrainingSection, OptimSection, LoggingSection = (
+    SECTIONS.values()
+)
 
 
 class Sections(typing.NamedTuple):
@@ -336,8 +457,13 @@ class Sections(typing.NamedTuple):
 def describe_field(key: str) -> str:
     """One line for --help: type, default and help of a config key."""
     hint = _HINTS[key]
-    kind = ("|".join(typing.get_args(hint)) if typing.get_origin(hint) is Literal else
-            "|".join(MODEL_NAMES) if key == "model" else hint.__name__)
+    kind = (
+        "|".join(typing.get_args(hint))
+        if typing.get_origin(hint) is Literal
+        else "|".join(MODEL_NAMES)
+        if key == "model"
+        else hint.__name__
+    )
     return f"{key} ({kind}, default {FIELDS[key].default!r}): {FIELDS[key].metadata['help']}"
 
 
@@ -385,8 +511,9 @@ def _coerce(key: str, value: Any) -> Any:
         pass
     else:
         raise AssertionError(f"unhandled type {hint} for {key}")  # a new field type needs a branch above
-    raise ConfigError(f"config key '{key}' expects {hint.__name__}, got {_shown(value)} "
-                      f"(default is {FIELDS[key].default!r})")
+    raise ConfigError(
+        f"config key '{key}' expects {hint.__name__}, got {_shown(value)} (default is {FIELDS[key].default!r})"
+    )
 
 
 def _shown(value: Any, limit: int = 80) -> str:
@@ -412,6 +539,7 @@ def parse_overrides(overrides: Iterable[str] | Mapping[str, Any]) -> dict[str, A
 # ---------------------------------------------------------------------------
 # named configs
 
+
 def config_names() -> list[str]:
     """Names of the configs shipped in dlscale/configs/."""
     return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
@@ -426,8 +554,10 @@ def _find(name_or_path: str, relative_to: Path | None = None) -> Path:
     for path in candidates:
         if path.is_file():
             return path
-    raise ConfigError(f"no config named '{name_or_path}': not a file, and not one of the shipped configs "
-                      f"({', '.join(config_names())})")
+    raise ConfigError(
+        f"no config named '{name_or_path}': not a file, and not one of the shipped configs "
+        f"({', '.join(config_names())})"
+    )
 
 
 #: The largest config file read (a shipped one is under 1 KiB).
@@ -445,8 +575,10 @@ class _ConfigLoader(yaml.SafeLoader):
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
-            raise _AliasRefused(f"line {event.start_mark.line + 1} uses the YAML alias *{event.anchor}: configs take "
-                                f"no aliases; write the value out")
+            raise _AliasRefused(
+                f"line {event.start_mark.line + 1} uses the YAML alias *{event.anchor}: configs take "
+                f"no aliases; write the value out"
+            )
         return super().compose_node(parent, index)
 
 
@@ -455,13 +587,15 @@ def _read_chain(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if path.resolve() in seen:
         raise ConfigError(f"config {path} inherits from itself (through {' -> '.join(map(str, seen))})")
     if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"config {path} is {path.stat().st_size:,} bytes: a config lists a few keys; is it the "
-                          f"right file?")
+        raise ConfigError(
+            f"config {path} is {path.stat().st_size:,} bytes: a config lists a few keys; is it the right file?"
+        )
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_ConfigLoader) or {}
     except UnicodeDecodeError:
-        raise ConfigError(f"config {path} is not UTF-8 text: a config is a YAML file of key: value lines "
-                          f"(save it as UTF-8)") from None
+        raise ConfigError(
+            f"config {path} is not UTF-8 text: a config is a YAML file of key: value lines (save it as UTF-8)"
+        ) from None
     except _AliasRefused as err:
         raise ConfigError(f"config {path}: {err}") from None
     except yaml.YAMLError as err:
@@ -479,8 +613,7 @@ def _read_chain(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     return merged
 
 
-def load_config(name_or_path: str | None = None,
-                overrides: Iterable[str] | Mapping[str, Any] = ()) -> TrainConfig:
+def load_config(name_or_path: str | None = None, overrides: Iterable[str] | Mapping[str, Any] = ()) -> TrainConfig:
     """Build a validated config from a named or file config and overrides.
 
     ``name_or_path`` is a shipped config name (``"demo"``, ``"tiny"``), a YAML path, or

@@ -26,8 +26,23 @@ from dlscale.data.shards import (
 from dlscale.data.synthetic import TARGET_NAMES, FieldSpec, denormalize_targets, generate_fields, normalize_targets
 
 __all__ = [
-    "DataError", "FieldSpec", "data_identity", "ResumableDistributedSampler", "ShardDataset", "TARGET_NAMES",
-    "denormalize_targets", "generate_dataset", "generate_fields", "make_loader", "mini_cosmoflow", "non_finite_values",
+    "DataError",
+    "FieldSpec",
+    "data_identity",
+    "ResumableDistributedSampler",
+    "ShardDataset",
+    "TARGET_NAMES",
+    "denormalize_targets",
+    "generate_dataset",
+    "generate_fields",
+    "make_loader",
+    "mini_cosmoflow",
+    "non_finite_values",
     "normalize_targets",
-    "pack_data", "prepare_data", "read_manifest", "stage_data", "synthetic_dir", "write_shards",
+    "pack_data",
+    "prepare_data",
+    "read_manifest",
+    "stage_data",
+    "synthetic_dir",
+    "write_shards",
 ]

@@ -24,13 +24,17 @@ import torch
 
 def augment_map(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
     """One map (channels, height, width): a sub-pixel cyclic shift, a mirror, and a rotation by any angle."""
-    return resample(x, angle=rng.uniform(0, 2 * math.pi), shift=(rng.uniform(0, x.shape[-2]),
-                                                                  rng.uniform(0, x.shape[-1])),
-                    mirror=bool(rng.random() < 0.5))
+    return resample(
+        x,
+        angle=rng.uniform(0, 2 * math.pi),
+        shift=(rng.uniform(0, x.shape[-2]), rng.uniform(0, x.shape[-1])),
+        mirror=bool(rng.random() < 0.5),
+    )
 
 
-def resample(x: torch.Tensor, angle: float = 0.0, shift: tuple[float, float] = (0.0, 0.0),
-             mirror: bool = False) -> torch.Tensor:
+def resample(
+    x: torch.Tensor, angle: float = 0.0, shift: tuple[float, float] = (0.0, 0.0), mirror: bool = False
+) -> torch.Tensor:
     """Evaluate a periodic map's Fourier series on its own grid rotated by ``angle`` (radians) about the
     centre and moved by ``shift`` pixels (y, x), then mirrored left-right if ``mirror``."""
     height, width = x.shape[-2:]

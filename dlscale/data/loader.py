@@ -37,27 +37,35 @@ class ShardDataset(Dataset):
         self.split_dir = Path(split_dir)
         self.augment_seed = augment_seed
         if not self.split_dir.is_dir():
-            raise DataError(f"data folder {self.split_dir} does not exist; generate it with "
-                            f"`dlscale data generate --out {self.split_dir.parent}` or set data_dir")
+            raise DataError(
+                f"data folder {self.split_dir} does not exist; generate it with "
+                f"`dlscale data generate --out {self.split_dir.parent}` or set data_dir"
+            )
         self.x_paths = sorted(self.split_dir.glob("shard-*-x.npy"))
         if not self.x_paths:
-            raise DataError(f"data folder {self.split_dir} holds no shard-*-x.npy files; see dlscale.data "
-                            f"for the format, or generate data with `dlscale data generate`")
+            raise DataError(
+                f"data folder {self.split_dir} holds no shard-*-x.npy files; see dlscale.data "
+                f"for the format, or generate data with `dlscale data generate`"
+            )
         self.y_paths = [p.with_name(p.name.replace("-x.npy", "-y.npy")) for p in self.x_paths]
         counts, input_shape, target_shape = [], None, None
         for x_path, y_path in zip(self.x_paths, self.y_paths):
             x, y = read_shard_header(x_path), read_shard_header(y_path)
             if x.ndim != 4 or y.ndim != 2:
-                raise DataError(f"shard {x_path} has shape {x.shape} with targets {y.shape}; expected "
-                                f"(n, channels, height, width) and (n, n_targets)")
+                raise DataError(
+                    f"shard {x_path} has shape {x.shape} with targets {y.shape}; expected "
+                    f"(n, channels, height, width) and (n, n_targets)"
+                )
             if len(x) != len(y):
                 raise DataError(f"shard {x_path} has {len(x)} maps but {y_path.name} has {len(y)} targets")
             if input_shape is None:
                 input_shape, target_shape = x.shape[1:], y.shape[1:]
             elif x.shape[1:] != input_shape or y.shape[1:] != target_shape:
-                raise DataError(f"shard {x_path} holds maps of shape {x.shape[1:]} and targets {y.shape[1:]}, "
-                                f"but {self.x_paths[0].name} holds {input_shape} and {target_shape}; "
-                                f"all shards of a split must match")
+                raise DataError(
+                    f"shard {x_path} holds maps of shape {x.shape[1:]} and targets {y.shape[1:]}, "
+                    f"but {self.x_paths[0].name} holds {input_shape} and {target_shape}; "
+                    f"all shards of a split must match"
+                )
             counts.append(len(x))
         self.input_shape = tuple(input_shape)
         self.num_targets = int(target_shape[0])
@@ -69,8 +77,10 @@ class ShardDataset(Dataset):
 
     def _shard(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         if index not in self._open:
-            self._open[index] = (np.load(self.x_paths[index], mmap_mode="r"),
-                                 np.load(self.y_paths[index], mmap_mode="r"))
+            self._open[index] = (
+                np.load(self.x_paths[index], mmap_mode="r"),
+                np.load(self.y_paths[index], mmap_mode="r"),
+            )
         return self._open[index]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,7 +117,7 @@ class ResumableDistributedSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         offset = self.epoch * len(self.dataset) if self.tag_epoch else 0
-        return iter([offset + index for index in list(super().__iter__())[self.start_index:]])
+        return iter([offset + index for index in list(super().__iter__())[self.start_index :]])
 
     def __len__(self) -> int:
         return self.num_samples - self.start_index
@@ -115,8 +125,10 @@ class ResumableDistributedSampler(DistributedSampler):
 
 def synthetic_dir(cfg: TrainConfig) -> Path:
     """Where the synthetic set for these settings lives: one folder per distinct set."""
-    return Path("data") / (f"mini-cosmoflow-{DATA_VERSION}-s{cfg.image_size}-n{cfg.train_samples}-v{cfg.val_samples}"
-                           f"-noise{cfg.noise:g}-seed{cfg.seed}")
+    return Path("data") / (
+        f"mini-cosmoflow-{DATA_VERSION}-s{cfg.image_size}-n{cfg.train_samples}-v{cfg.val_samples}"
+        f"-noise{cfg.noise:g}-seed{cfg.seed}"
+    )
 
 
 def prepare_data(cfg: TrainConfig, progress: bool | None = None) -> Path:
@@ -126,14 +138,22 @@ def prepare_data(cfg: TrainConfig, progress: bool | None = None) -> Path:
         if path.is_file() and _archive_name(path) and cfg.stage_dir:
             return path  # a packed data set, unpacked to node-local storage by stage_data
         if not path.is_dir():
-            raise DataError(f"data_dir {path} does not exist; generate it with "
-                            f"`dlscale data generate --out {path}`, or leave data_dir empty for the synthetic set")
+            raise DataError(
+                f"data_dir {path} does not exist; generate it with "
+                f"`dlscale data generate --out {path}`, or leave data_dir empty for the synthetic set"
+            )
         return path
     path = synthetic_dir(cfg)
     if not (path / MANIFEST).is_file():
-        generate_dataset(path, FieldSpec(image_size=cfg.image_size, noise=cfg.noise), cfg.train_samples,
-                         cfg.val_samples, cfg.shard_size, seed=cfg.seed,
-                         progress=cfg.progress if progress is None else progress)
+        generate_dataset(
+            path,
+            FieldSpec(image_size=cfg.image_size, noise=cfg.noise),
+            cfg.train_samples,
+            cfg.val_samples,
+            cfg.shard_size,
+            seed=cfg.seed,
+            progress=cfg.progress if progress is None else progress,
+        )
     return path
 
 
@@ -190,13 +210,18 @@ def stage_data(data_root: str | Path, stage_dir: str, progress: bool = False) ->
     target = target_root / (archive_name or source.name)
     if target.exists() or target.is_symlink():
         if not (target / STAGED).is_file():  # never replace what staging did not make
-            raise DataError(f"stage_dir: {target} exists and was not staged by dlscale, so it is left as it is; "
-                            f"choose another stage_dir, or move that folder away")
+            raise DataError(
+                f"stage_dir: {target} exists and was not staged by dlscale, so it is left as it is; "
+                f"choose another stage_dir, or move that folder away"
+            )
         if archive_name is not None and (target / MANIFEST).is_file():
             return target
     files = [] if archive_name is not None else sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file())
-    if archive_name is None and target.is_dir() and all(
-            (target / f).is_file() and (target / f).stat().st_size == (source / f).stat().st_size for f in files):
+    if (
+        archive_name is None
+        and target.is_dir()
+        and all((target / f).is_file() and (target / f).stat().st_size == (source / f).stat().st_size for f in files)
+    ):
         return target
     staging = make_temp_dir(target_root, target.name)
     try:
@@ -232,8 +257,14 @@ def auto_workers(cfg: TrainConfig, device: torch.device) -> int:
     return max(1, min(4, (os.cpu_count() or 2) // max(1, torch.cuda.device_count()) - 1))
 
 
-def make_loader(cfg: TrainConfig, rank: int = 0, world_size: int = 1, split: str = "train",
-                device: torch.device | str = "cpu", data_dir: str | Path | None = None) -> DataLoader:
+def make_loader(
+    cfg: TrainConfig,
+    rank: int = 0,
+    world_size: int = 1,
+    split: str = "train",
+    device: torch.device | str = "cpu",
+    data_dir: str | Path | None = None,
+) -> DataLoader:
     """A DataLoader over one split for one rank.
 
     ``train``: shuffled by a :class:`ResumableDistributedSampler` (call its ``set_position``
@@ -251,12 +282,15 @@ def make_loader(cfg: TrainConfig, rank: int = 0, world_size: int = 1, split: str
         options.update(prefetch_factor=cfg.prefetch_factor, persistent_workers=cfg.persistent_workers)
     if split == "train":
         if len(dataset) // world_size < cfg.per_rank_batch(world_size):
-            raise DataError(f"{root / split} has {len(dataset)} samples, fewer than one global batch "
-                            f"({cfg.global_batch_size}); lower global_batch_size or add data")
+            raise DataError(
+                f"{root / split} has {len(dataset)} samples, fewer than one global batch "
+                f"({cfg.global_batch_size}); lower global_batch_size or add data"
+            )
         sampler = ResumableDistributedSampler(dataset, world_size, rank, seed=cfg.seed, tag_epoch=augment)
         return DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=True, **options)
-    return DataLoader(Subset(dataset, range(rank, len(dataset), world_size)), batch_size=batch,
-                      shuffle=False, **options)
+    return DataLoader(
+        Subset(dataset, range(rank, len(dataset), world_size)), batch_size=batch, shuffle=False, **options
+    )
 
 
 class InMemoryBatches:
@@ -289,8 +323,9 @@ def target_names(data_dir: str | Path, num_targets: int) -> list[str]:
     return [f"target_{i}" for i in range(num_targets)]
 
 
-def rank_loaders(cfg: TrainConfig, env: Any, device: torch.device, data_rank: int | None = None,
-                 data_ranks: int | None = None) -> tuple[DataLoader, DataLoader, Path]:
+def rank_loaders(
+    cfg: TrainConfig, env: Any, device: torch.device, data_rank: int | None = None, data_ranks: int | None = None
+) -> tuple[DataLoader, DataLoader, Path]:
     """This rank's training and validation loaders, and the folder they read.
 
     One rank generates the synthetic set while the others wait; with ``stage_dir`` the first
@@ -313,8 +348,10 @@ def rank_loaders(cfg: TrainConfig, env: Any, device: torch.device, data_rank: in
             data_root = stage_data(data_root, cfg.stage_dir)
     rank = env.rank if data_rank is None else data_rank
     ranks = env.world_size if data_ranks is None else data_ranks
-    train, val = (make_loader(cfg, rank, ranks, "train", device, data_root),
-                  make_loader(cfg, rank, ranks, "val", device, data_root))
+    train, val = (
+        make_loader(cfg, rank, ranks, "train", device, data_root),
+        make_loader(cfg, rank, ranks, "val", device, data_root),
+    )
     check_splits(train.dataset, val.dataset.dataset, data_root)  # (before training: not after an epoch)
     return train, val, data_root
 
@@ -326,6 +363,8 @@ def check_splits(train: ShardDataset, val: ShardDataset, data_root: str | Path) 
         if len(split) == 0:
             raise DataError(f"{Path(data_root) / name} holds no samples (its shards have 0 rows); add data to it")
     if (val.input_shape, val.num_targets) != (train.input_shape, train.num_targets):
-        raise DataError(f"{Path(data_root) / 'val'} holds maps {val.input_shape} with {val.num_targets} target(s), but "
-                        f"{Path(data_root) / 'train'} holds {train.input_shape} with {train.num_targets}: both splits "
-                        f"must hold the same kind of sample")
+        raise DataError(
+            f"{Path(data_root) / 'val'} holds maps {val.input_shape} with {val.num_targets} target(s), but "
+            f"{Path(data_root) / 'train'} holds {train.input_shape} with {train.num_targets}: both splits "
+            f"must hold the same kind of sample"
+        )

@@ -54,15 +54,16 @@ def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def write_shards(split_dir: Path, inputs: np.ndarray, targets: np.ndarray, shard_size: int,
-                 first_index: int = 0) -> list[str]:
+def write_shards(
+    split_dir: Path, inputs: np.ndarray, targets: np.ndarray, shard_size: int, first_index: int = 0
+) -> list[str]:
     """Write arrays as shard pairs of at most ``shard_size`` samples; return the shard names."""
     split_dir.mkdir(parents=True, exist_ok=True)
     names = []
     for offset in range(0, len(inputs), shard_size):
         x_path, y_path = shard_paths(split_dir, first_index + offset // shard_size)
-        _save_npy_atomic(x_path, np.ascontiguousarray(inputs[offset:offset + shard_size], dtype=np.float32))
-        _save_npy_atomic(y_path, np.ascontiguousarray(targets[offset:offset + shard_size], dtype=np.float32))
+        _save_npy_atomic(x_path, np.ascontiguousarray(inputs[offset : offset + shard_size], dtype=np.float32))
+        _save_npy_atomic(y_path, np.ascontiguousarray(targets[offset : offset + shard_size], dtype=np.float32))
         names.append(x_path.name)
     return names
 
@@ -74,20 +75,30 @@ def read_shard_header(path: Path) -> np.ndarray:
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except Exception as err:  # numpy raises ValueError, OSError or EOFError depending on the damage
-        raise DataError(f"shard {path} is truncated or corrupt ({err}); delete the data folder and "
-                        f"regenerate it (`dlscale data generate`), or replace the file") from None
+        raise DataError(
+            f"shard {path} is truncated or corrupt ({err}); delete the data folder and "
+            f"regenerate it (`dlscale data generate`), or replace the file"
+        ) from None
     return array
 
 
 def non_finite_values(path: Path, chunk: int = 256) -> int:
     """How many NaN or infinite values a shard holds (read in chunks of ``chunk`` samples through its memory map)."""
     array = read_shard_header(path)
-    return sum(int(np.count_nonzero(~np.isfinite(array[start:start + chunk])))
-               for start in range(0, len(array), chunk))
+    return sum(
+        int(np.count_nonzero(~np.isfinite(array[start : start + chunk]))) for start in range(0, len(array), chunk)
+    )
 
 
-def generate_dataset(out_dir: str | Path, spec: FieldSpec, train_samples: int, val_samples: int,
-                     shard_size: int = 1024, seed: int = 0, progress: bool = True) -> dict[str, Any]:
+def generate_dataset(
+    out_dir: str | Path,
+    spec: FieldSpec,
+    train_samples: int,
+    val_samples: int,
+    shard_size: int = 1024,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Generate the synthetic dataset into ``out_dir`` and return its manifest.
 
     Each shard draws from its own seeded generator, so the data depend only on the seed
@@ -97,12 +108,14 @@ def generate_dataset(out_dir: str | Path, spec: FieldSpec, train_samples: int, v
     a killed generation left is removed by the next one (:mod:`dlscale.data.scratch`).
     """
     out_dir = Path(out_dir)
-    check_generation_fits(out_dir, spec.image_size, train_samples + val_samples, min(shard_size, max(
-        train_samples, val_samples)))
+    check_generation_fits(
+        out_dir, spec.image_size, train_samples + val_samples, min(shard_size, max(train_samples, val_samples))
+    )
     tmp = make_temp_dir(out_dir.parent, out_dir.name)  # (and removes those a killed generation left)
     start = time.perf_counter()
     manifest: dict[str, Any] = {
-        "format": "dlscale-shards", "version": 1,
+        "format": "dlscale-shards",
+        "version": 1,
         "input_shape": [1, spec.image_size, spec.image_size],
         "target_names": list(TARGET_NAMES),
         "target_ranges": spec.target_ranges.tolist(),
@@ -117,8 +130,9 @@ def generate_dataset(out_dir: str | Path, spec: FieldSpec, train_samples: int, v
                 for index, offset in enumerate(range(0, count, shard_size)):
                     rng = np.random.default_rng([seed, split_id, index])
                     maps, params = generate_fields(min(shard_size, count - offset), spec, rng)
-                    names += write_shards(tmp / split, maps, normalize_targets(params, spec.target_ranges),
-                                          shard_size, first_index=index)
+                    names += write_shards(
+                        tmp / split, maps, normalize_targets(params, spec.target_ranges), shard_size, first_index=index
+                    )
                     bar.update(len(maps))
                 manifest["splits"][split] = {"samples": count, "shards": names}
         seconds = time.perf_counter() - start
@@ -132,8 +146,10 @@ def generate_dataset(out_dir: str | Path, spec: FieldSpec, train_samples: int, v
     except OSError as err:
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        raise DataError(f"{out_dir.parent} is on a full disk or over its quota ({err.strerror}) while generating "
-                        f"{out_dir.name}; nothing was left there. Free space, or generate elsewhere (--out)") from None
+        raise DataError(
+            f"{out_dir.parent} is on a full disk or over its quota ({err.strerror}) while generating "
+            f"{out_dir.name}; nothing was left there. Free space, or generate elsewhere (--out)"
+        ) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest
@@ -155,13 +171,17 @@ def check_generation_fits(out_dir: Path, image_size: int, samples: int, shard_si
     free_memory = available_memory()
     gib = 2**30
     if disk > free_disk:
-        raise DataError(f"{samples:,} maps of {image_size}x{image_size} take {disk / gib:,.1f} GiB, but {parent} has "
-                        f"{free_disk / gib:,.1f} GiB free: lower image_size or the sample counts, or generate "
-                        f"elsewhere (--out)")
+        raise DataError(
+            f"{samples:,} maps of {image_size}x{image_size} take {disk / gib:,.1f} GiB, but {parent} has "
+            f"{free_disk / gib:,.1f} GiB free: lower image_size or the sample counts, or generate "
+            f"elsewhere (--out)"
+        )
     if free_memory and memory > free_memory:
-        raise DataError(f"drawing a shard of {shard_size:,} maps of {image_size}x{image_size} needs about "
-                        f"{memory / gib:,.1f} GiB of memory, and {free_memory / gib:,.1f} GiB is free: lower shard_size "
-                        f"or image_size")
+        raise DataError(
+            f"drawing a shard of {shard_size:,} maps of {image_size}x{image_size} needs about "
+            f"{memory / gib:,.1f} GiB of memory, and {free_memory / gib:,.1f} GiB is free: lower shard_size "
+            f"or image_size"
+        )
 
 
 def data_identity(data_dir: str | Path, sample: int = 1 << 12) -> str:

@@ -95,9 +95,14 @@ class HorovodSync(GradientSync):
             scaler.step(optimizer)
 
 
-def gradient_sync(data_parallel: str, step_model: nn.Module, optimizer: torch.optim.Optimizer, model: nn.Module,
-                  fp16_compression: bool = False,
-                  accumulation: int = 1) -> tuple[torch.optim.Optimizer, GradientSync]:
+def gradient_sync(
+    data_parallel: str,
+    step_model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    model: nn.Module,
+    fp16_compression: bool = False,
+    accumulation: int = 1,
+) -> tuple[torch.optim.Optimizer, GradientSync]:
     """The optimizer the step uses and the :class:`GradientSync` for ``data_parallel`` (a plan's kind).
 
     Under Horovod the optimizer comes back behind ``hvd.DistributedOptimizer``; otherwise unchanged.

@@ -26,8 +26,10 @@ from torch import nn
 from dlscale.errors import DlscaleError, import_optional, importable
 
 #: What to do when Horovod cannot be imported.
-INSTALL_HINT = ("build it for this environment with `make horovod` (scripts/build_horovod.sh: Horovod 0.28.1 with "
-                "gloo, a few minutes), or on a cluster load the site's Horovod module or container")
+INSTALL_HINT = (
+    "build it for this environment with `make horovod` (scripts/build_horovod.sh: Horovod 0.28.1 with "
+    "gloo, a few minutes), or on a cluster load the site's Horovod module or container"
+)
 
 #: Attributes the layer-wise optimizers keep on the instance rather than in their groups;
 #: ``hvd.DistributedOptimizer`` rebuilds the optimizer from its groups, so these are copied over.
@@ -55,26 +57,36 @@ def init(launcher: str, timeout_s: float, on_gpu: bool = False) -> ModuleType:
     """
     hvd = load()
     if on_gpu and not hvd.nccl_built():
-        raise HorovodError("this Horovod was built without NCCL (as scripts/build_horovod.sh builds it, for CPUs), so "
-                           "its first all-reduce of GPU tensors would fail ('Requested ReadyEvent with GPU device but "
-                           "not compiled with CUDA'). Use the site's Horovod (built with HOROVOD_GPU_OPERATIONS=NCCL), "
-                           "data_parallel=ddp, or device=cpu")
+        raise HorovodError(
+            "this Horovod was built without NCCL (as scripts/build_horovod.sh builds it, for CPUs), so "
+            "its first all-reduce of GPU tensors would fail ('Requested ReadyEvent with GPU device but "
+            "not compiled with CUDA'). Use the site's Horovod (built with HOROVOD_GPU_OPERATIONS=NCCL), "
+            "data_parallel=ddp, or device=cpu"
+        )
     if launcher in ("mpi", "slurm") and not hvd.mpi_built():
-        raise HorovodError(f"this job was started by {launcher}, but this Horovod was built without MPI "
-                           f"(the gloo build of scripts/build_horovod.sh); launch it with `horovodrun --gloo -np N`, "
-                           f"or use a site Horovod built with MPI")
+        raise HorovodError(
+            f"this job was started by {launcher}, but this Horovod was built without MPI "
+            f"(the gloo build of scripts/build_horovod.sh); launch it with `horovodrun --gloo -np N`, "
+            f"or use a site Horovod built with MPI"
+        )
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(max(1, int(timeout_s))))
     if not hvd.is_initialized():
         try:
             hvd.init()
         except Exception as err:  # noqa: BLE001 - any start-up failure gets the same explanation
-            raise HorovodError(f"hvd.init() failed ({type(err).__name__}: {err}); check that every rank was "
-                               f"started by the same horovodrun/mpirun/srun") from None
+            raise HorovodError(
+                f"hvd.init() failed ({type(err).__name__}: {err}); check that every rank was "
+                f"started by the same horovodrun/mpirun/srun"
+            ) from None
     return hvd
 
 
-def distributed_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, fp16_compression: bool = False,
-                          backward_passes_per_step: int = 1) -> torch.optim.Optimizer:
+def distributed_optimizer(
+    optimizer: torch.optim.Optimizer,
+    model: nn.Module,
+    fp16_compression: bool = False,
+    backward_passes_per_step: int = 1,
+) -> torch.optim.Optimizer:
     """``optimizer`` behind ``hvd.DistributedOptimizer``, whose ``synchronize()`` waits for the all-reduce.
 
     ``hvd.DistributedOptimizer`` rebuilds the optimizer from its groups; settings the
@@ -82,8 +94,13 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module, fp
     """
     hvd = load()
     compression = hvd.Compression.fp16 if fp16_compression else hvd.Compression.none
-    wrapped = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), compression=compression,
-                                       backward_passes_per_step=backward_passes_per_step, op=hvd.Average)
+    wrapped = hvd.DistributedOptimizer(
+        optimizer,
+        named_parameters=model.named_parameters(),
+        compression=compression,
+        backward_passes_per_step=backward_passes_per_step,
+        op=hvd.Average,
+    )
     for name in _INSTANCE_SETTINGS:
         if name in vars(optimizer):
             setattr(wrapped, name, getattr(optimizer, name))
@@ -122,8 +139,9 @@ def run(function: Callable, n: int = 2, *args: Any, hosts: str | None = None, **
     load()
     import horovod
 
-    outcomes = horovod.run(_as_rank, args=(function, args, kwargs), num_proc=n, hosts=hosts or f"localhost:{n}",
-                           use_gloo=True)
+    outcomes = horovod.run(
+        _as_rank, args=(function, args, kwargs), num_proc=n, hosts=hosts or f"localhost:{n}", use_gloo=True
+    )
     failures = [(rank, value) for rank, (status, value) in enumerate(outcomes) if status == "error"]
     for rank, (name, message) in failures:
         if name == "NotImplementedError":

@@ -39,6 +39,7 @@ LAUNCHER_MARKERS = (
 )
 DEFAULT_PORT = 29500
 
+
 class DistributedError(DlscaleError):
     """The job's processes could not form or keep a process group; the message says why."""
 
@@ -104,8 +105,10 @@ class DistEnv:
         """One line for logs and lesson 00."""
         if not self.distributed:
             return f"single process ({self.launcher}) on {self.device}"
-        return (f"rank {self.rank}/{self.world_size} (local {self.local_rank}/{self.local_world_size}) via "
-                f"{self.launcher}, {self.backend} on {self.device}, master {self.master_addr}:{self.master_port}")
+        return (
+            f"rank {self.rank}/{self.world_size} (local {self.local_rank}/{self.local_world_size}) via "
+            f"{self.launcher}, {self.backend} on {self.device}, master {self.master_addr}:{self.master_port}"
+        )
 
 
 def _int(environ: Mapping[str, str], *names: str, default: int | None = None) -> int:
@@ -113,9 +116,11 @@ def _int(environ: Mapping[str, str], *names: str, default: int | None = None) ->
         if environ.get(name, "") != "":
             value = environ[name].strip()
             if not value.isdigit() or (name.endswith("PORT") and not 0 < int(value) < 65536):
-                raise DistributedError(f"the environment variable {name}={environ[name]!r} must be a whole number"
-                                       f"{' from 1 to 65535 (a TCP port)' if name.endswith('PORT') else ' >= 0'}; "
-                                       f"set it so, or unset it")
+                raise DistributedError(
+                    f"the environment variable {name}={environ[name]!r} must be a whole number"
+                    f"{' from 1 to 65535 (a TCP port)' if name.endswith('PORT') else ' >= 0'}; "
+                    f"set it so, or unset it"
+                )
             return int(value)
     if default is None:
         raise DistributedError(f"none of {', '.join(names)} is set")
@@ -130,8 +135,13 @@ def _tasks_on_first_node(value: str) -> int:
 def _mpi_master(environ: Mapping[str, str]) -> str:
     if environ.get("MASTER_ADDR"):
         return environ["MASTER_ADDR"]
-    MPI = import_optional("mpi4py.MPI", "mpi", "under mpirun without MASTER_ADDR, broadcasting rank 0's address",
-                          DistributedError, "or set MASTER_ADDR to the first host of the job")
+    MPI = import_optional(
+        "mpi4py.MPI",
+        "mpi",
+        "under mpirun without MASTER_ADDR, broadcasting rank 0's address",
+        DistributedError,
+        "or set MASTER_ADDR to the first host of the job",
+    )
     return MPI.COMM_WORLD.bcast(socket.gethostname() if MPI.COMM_WORLD.Get_rank() == 0 else None, root=0)
 
 
@@ -153,24 +163,45 @@ def detect(environ: Mapping[str, str] | None = None) -> DistEnv:
             raise DistributedError("under srun, SLURM_JOB_NODELIST is not set: cannot tell the master node")
         world = _int(environ, "SLURM_NTASKS", "SLURM_NPROCS")
         per_node = _tasks_on_first_node(environ.get("SLURM_NTASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE", ""))
-        return DistEnv(_int(environ, "SLURM_PROCID"), _int(environ, "SLURM_LOCALID", default=0), world,
-                       per_node, "slurm", master, port)
+        return DistEnv(
+            _int(environ, "SLURM_PROCID"),
+            _int(environ, "SLURM_LOCALID", default=0),
+            world,
+            per_node,
+            "slurm",
+            master,
+            port,
+        )
     if launcher == "horovodrun":
-        return DistEnv(_int(environ, "HOROVOD_RANK"), _int(environ, "HOROVOD_LOCAL_RANK", default=0),
-                       _int(environ, "HOROVOD_SIZE"), _int(environ, "HOROVOD_LOCAL_SIZE", default=1), "horovodrun",
-                       environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1"), port)
+        return DistEnv(
+            _int(environ, "HOROVOD_RANK"),
+            _int(environ, "HOROVOD_LOCAL_RANK", default=0),
+            _int(environ, "HOROVOD_SIZE"),
+            _int(environ, "HOROVOD_LOCAL_SIZE", default=1),
+            "horovodrun",
+            environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1"),
+            port,
+        )
     if launcher == "mpi":
         rank = _int(environ, "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
         world = _int(environ, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MPI_WORLD_SIZE")
-        local = _int(environ, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID", "PMI_LOCAL_RANK",
-                     default=0)
+        local = _int(
+            environ, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID", "PMI_LOCAL_RANK", default=0
+        )
         # (Polaris's PALS says how many ranks share the node: without it, 8 ranks on 2 nodes would seem to share 4 GPUs)
-        local_size = _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PALS_LOCAL_SIZE",
-                          "PMI_LOCAL_SIZE", default=world)
+        local_size = _int(
+            environ, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PALS_LOCAL_SIZE", "PMI_LOCAL_SIZE", default=world
+        )
         master = _mpi_master(environ) if world > 1 else "127.0.0.1"
         return DistEnv(rank, local, world, local_size, "mpi", master, port)
     # torchrun, and helpers that set torchrun's variables (DLSCALE_LAUNCHER names them)
     world = _int(environ, "WORLD_SIZE", default=1)
-    return DistEnv(_int(environ, "RANK", default=0), _int(environ, "LOCAL_RANK", default=0), world,
-                   _int(environ, "LOCAL_WORLD_SIZE", default=world), launcher,
-                   environ.get("MASTER_ADDR", "127.0.0.1"), port)
+    return DistEnv(
+        _int(environ, "RANK", default=0),
+        _int(environ, "LOCAL_RANK", default=0),
+        world,
+        _int(environ, "LOCAL_WORLD_SIZE", default=world),
+        launcher,
+        environ.get("MASTER_ADDR", "127.0.0.1"),
+        port,
+    )

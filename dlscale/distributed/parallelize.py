@@ -40,11 +40,11 @@ from dlscale.runtime.precision import Precision
 class ParallelPlan:
     """How one job's ranks share the work: the data parallelism, the tensor-parallel size, this rank's place."""
 
-    data_parallel: str          # "none" (one rank, or each rank alone), "ddp", "horovod" or "fsdp"
-    tensor_parallel: int        # ranks that split each layer (1 = off)
-    data_rank: int              # this rank's index among the data-parallel ranks (which samples it reads)
-    data_ranks: int             # how many ranks read different samples: world size / tensor_parallel
-    mesh: Any = None            # the (dp, tp) DeviceMesh when FSDP or TP runs, else None
+    data_parallel: str  # "none" (one rank, or each rank alone), "ddp", "horovod" or "fsdp"
+    tensor_parallel: int  # ranks that split each layer (1 = off)
+    data_rank: int  # this rank's index among the data-parallel ranks (which samples it reads)
+    data_ranks: int  # how many ranks read different samples: world size / tensor_parallel
+    mesh: Any = None  # the (dp, tp) DeviceMesh when FSDP or TP runs, else None
 
     @property
     def sharded(self) -> bool:
@@ -62,13 +62,17 @@ def plan_parallelism(cfg: ParallelSection, env: DistEnv) -> ParallelPlan:
     :class:`ConfigError` if the world does not fit it."""
     tp = cfg.tensor_parallel
     if env.world_size % tp:
-        raise ConfigError(f"tensor_parallel={tp} does not divide the {env.world_size} ranks of this job; launch a "
-                          f"multiple of {tp} ranks, or change tensor_parallel")
+        raise ConfigError(
+            f"tensor_parallel={tp} does not divide the {env.world_size} ranks of this job; launch a "
+            f"multiple of {tp} ranks, or change tensor_parallel"
+        )
     dp = env.world_size // tp
     if cfg.data_parallel == "none":  # every rank alone (the breakdown's run without communication)
         if tp > 1:
-            raise ConfigError("data_parallel=none cannot run with tensor_parallel > 1: the ranks of a tensor-parallel "
-                              "layer must communicate; set tensor_parallel=1")
+            raise ConfigError(
+                "data_parallel=none cannot run with tensor_parallel > 1: the ranks of a tensor-parallel "
+                "layer must communicate; set tensor_parallel=1"
+            )
         return ParallelPlan("none", 1, env.rank, env.world_size)
     if env.backend == "horovod":
         kind = "horovod"
@@ -101,8 +105,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: Any) -> None:
     # (the model says which units and which layers: dlscale.models.registry; nothing here names a model's attribute)
     plan, units = getattr(model, "tensor_parallel_plan", None), _units(model)
     if not plan or not units:
-        raise ConfigError(f"tensor_parallel needs a model with a tensor-parallel plan, as model=vit has; "
-                          f"{type(model).__name__} has none")
+        raise ConfigError(
+            f"tensor_parallel needs a model with a tensor-parallel plan, as model=vit has; "
+            f"{type(model).__name__} has none"
+        )
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     for unit in units:
         parallelize_module(unit, tp_mesh, {path: styles[style]() for path, style in plan.items()})
@@ -124,17 +130,27 @@ def apply_fsdp(model: nn.Module, dp_mesh: Any, bf16: bool = False, reshard_after
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    inner = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    inner = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    )
     # the model's output (the predictions) in float32, so that the loss is computed in float32
-    outer = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
-                                 output_dtype=torch.float32) if bf16 else inner
+    outer = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32)
+        if bf16
+        else inner
+    )
     for unit in _units(model):
         fully_shard(unit, mesh=dp_mesh, mp_policy=inner, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=dp_mesh, mp_policy=outer, reshard_after_forward=reshard_after_forward)
 
 
-def apply_ddp(model: nn.Module, env: DistEnv, bucket_cap_mb: float = 25.0, gradient_as_bucket_view: bool = True,
-               static_graph: bool = False) -> nn.Module:
+def apply_ddp(
+    model: nn.Module,
+    env: DistEnv,
+    bucket_cap_mb: float = 25.0,
+    gradient_as_bucket_view: bool = True,
+    static_graph: bool = False,
+) -> nn.Module:
     """``model`` wrapped in DistributedDataParallel when there are several ranks, else unchanged.
 
     Under Horovod the model stays as it is: Horovod wraps the optimizer instead
@@ -145,12 +161,23 @@ def apply_ddp(model: nn.Module, env: DistEnv, bucket_cap_mb: float = 25.0, gradi
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [torch.device(env.device).index] if env.device.startswith("cuda") else None
-    return DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb,
-                                   gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph)
+    return DistributedDataParallel(
+        model,
+        device_ids=device_ids,
+        bucket_cap_mb=bucket_cap_mb,
+        gradient_as_bucket_view=gradient_as_bucket_view,
+        static_graph=static_graph,
+    )
 
 
-def build_step_model(model: nn.Module, env: DistEnv, parallel: ParallelSection, model_section: ModelSection,
-                     plan: ParallelPlan | None = None, policy: Precision | None = None) -> nn.Module:
+def build_step_model(
+    model: nn.Module,
+    env: DistEnv,
+    parallel: ParallelSection,
+    model_section: ModelSection,
+    plan: ParallelPlan | None = None,
+    policy: Precision | None = None,
+) -> nn.Module:
     """The module the training step calls, from the config's parallel section (DDP's buckets) and its model
     section (whether to compile).
 
@@ -160,16 +187,21 @@ def build_step_model(model: nn.Module, env: DistEnv, parallel: ParallelSection, 
     """
     if plan is not None and plan.sharded:
         if policy is not None and policy.name == "fp16":
-            raise ConfigError("precision=fp16 is not supported with data_parallel=fsdp or tensor_parallel > 1 (its "
-                              "loss scaler does not handle sharded gradients here); use precision=bf16 or fp32")
+            raise ConfigError(
+                "precision=fp16 is not supported with data_parallel=fsdp or tensor_parallel > 1 (its "
+                "loss scaler does not handle sharded gradients here); use precision=bf16 or fp32"
+            )
         if plan.tensor_parallel > 1:
             apply_tensor_parallel(model, plan.mesh["tp"])
         if plan.data_parallel == "fsdp":
             apply_fsdp(model, plan.mesh["dp"], bf16=policy is not None and policy.name == "bf16")
         return model
     alone = plan is not None and plan.data_parallel == "none"  # (one rank, or every rank stepping alone)
-    wrapped = model if alone else apply_ddp(model, env, parallel.bucket_cap_mb, parallel.gradient_as_bucket_view,
-                                            parallel.static_graph)
+    wrapped = (
+        model
+        if alone
+        else apply_ddp(model, env, parallel.bucket_cap_mb, parallel.gradient_as_bucket_view, parallel.static_graph)
+    )
     if not model_section.compile:
         return wrapped
     # DDP first, then compile (PyTorch's DDP notes, "TorchDynamo DDPOptimizer"): Dynamo sees DDP and
@@ -187,4 +219,5 @@ def uncompiled(module: nn.Module) -> nn.Module:
 def cuda_graph_skips() -> int:
     """How many times inductor has declined to capture a CUDA graph in this process."""
     from torch._dynamo.utils import counters
+
     return counters["inductor"]["cudagraph_skips"]

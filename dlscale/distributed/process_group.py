@@ -51,16 +51,25 @@ def resolve_data_parallel(choice: str, launcher: str) -> str:
     if choice == "auto":
         return "horovod" if launcher == "horovodrun" else "ddp"
     if choice == "fsdp" and launcher == "horovodrun":
-        raise DistributedError("data_parallel=fsdp needs torch.distributed, but this job was started by horovodrun, "
-                               "which sets up Horovod; launch FSDP with torchrun, srun or mpirun")
+        raise DistributedError(
+            "data_parallel=fsdp needs torch.distributed, but this job was started by horovodrun, "
+            "which sets up Horovod; launch FSDP with torchrun, srun or mpirun"
+        )
     if choice == "ddp" and launcher == "horovodrun":
-        raise DistributedError("this job was started by horovodrun, which sets up Horovod, not torch.distributed; "
-                               "use data_parallel=horovod (or auto), or launch DDP with torchrun, srun or mpirun")
+        raise DistributedError(
+            "this job was started by horovodrun, which sets up Horovod, not torch.distributed; "
+            "use data_parallel=horovod (or auto), or launch DDP with torchrun, srun or mpirun"
+        )
     return choice
 
 
-def init(device: str = "auto", backend: str | None = None, timeout_s: float = 300.0,
-         environ: Mapping[str, str] | None = None, data_parallel: str = "auto") -> DistEnv:
+def init(
+    device: str = "auto",
+    backend: str | None = None,
+    timeout_s: float = 300.0,
+    environ: Mapping[str, str] | None = None,
+    data_parallel: str = "auto",
+) -> DistEnv:
     """Join the job: pick the device (``cuda:LOCAL_RANK`` on GPUs) and, with several ranks, the process group.
 
     ``backend`` defaults to NCCL on CUDA and gloo otherwise. A peer that does not join, or
@@ -71,15 +80,24 @@ def init(device: str = "auto", backend: str | None = None, timeout_s: float = 30
     if resolve_data_parallel(data_parallel, env.launcher) == "horovod":
         on_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
         hvd = horovod_backend.init(env.launcher, timeout_s, on_gpu)
-        env = replace(env, rank=hvd.rank(), local_rank=hvd.local_rank(), world_size=hvd.size(),
-                      local_world_size=hvd.local_size(), backend="horovod")
+        env = replace(
+            env,
+            rank=hvd.rank(),
+            local_rank=hvd.local_rank(),
+            world_size=hvd.size(),
+            local_world_size=hvd.local_size(),
+            backend="horovod",
+        )
     environ = os.environ if environ is None else environ
     wants_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     if wants_cuda and torch.cuda.is_available() and device in ("auto", "cuda") and _ranks_share_a_gpu(env, device):
         wants_cuda = False  # (device=auto: the ranks of a notebook on a one-GPU node train on the CPU instead)
     if wants_cuda and torch.cuda.is_available():
-        index = (gpu_index(env.local_rank, torch.cuda.device_count(), environ.get(GPU_ORDER_VARIABLE))
-                 if device in ("auto", "cuda") else torch.device(device).index)
+        index = (
+            gpu_index(env.local_rank, torch.cuda.device_count(), environ.get(GPU_ORDER_VARIABLE))
+            if device in ("auto", "cuda")
+            else torch.device(device).index
+        )
         torch.cuda.set_device(index)
         resolved = f"cuda:{index}"
     else:
@@ -97,14 +115,21 @@ def init(device: str = "auto", backend: str | None = None, timeout_s: float = 30
         # which is wrong with cyclic task layouts or tasks per node other than GPUs per node, and can hang.
         timeout = datetime.timedelta(seconds=timeout_s)
         store = _loopback_store(env, timeout, environ)
-        dist.init_process_group(backend, init_method=None if store else f"tcp://{env.master_addr}:{env.master_port}",
-                                store=store, rank=env.rank, world_size=env.world_size, timeout=timeout,
-                                device_id=torch.device(resolved) if backend == "nccl" else None)
+        dist.init_process_group(
+            backend,
+            init_method=None if store else f"tcp://{env.master_addr}:{env.master_port}",
+            store=store,
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timeout,
+            device_id=torch.device(resolved) if backend == "nccl" else None,
+        )
     except Exception as err:  # noqa: BLE001 - any failure to form the group: its own words first
         raise DistributedError(
             f"rank {env.rank} of {env.world_size} could not join the {backend} process group: {type(err).__name__}: "
             f"{err}. (If it waited for the other ranks: check that every rank started within {timeout_s:.0f} s and "
-            f"that MASTER_ADDR {env.master_addr}:{env.master_port} is a compute node every rank can reach.)") from None
+            f"that MASTER_ADDR {env.master_addr}:{env.master_port} is a compute node every rank can reach.)"
+        ) from None
     return replace(env, backend=backend)
 
 
@@ -126,8 +151,15 @@ def _loopback_store(env: DistEnv, timeout: datetime.timedelta, environ: Mapping[
         listener.bind((env.master_addr, env.master_port))
         listener.listen(socket.SOMAXCONN)
         # The store takes the socket over; Python must not close it under the store.
-        return dist.TCPStore(env.master_addr, env.master_port, env.world_size, True, timeout,
-                             wait_for_workers=False, master_listen_fd=listener.detach())
+        return dist.TCPStore(
+            env.master_addr,
+            env.master_port,
+            env.world_size,
+            True,
+            timeout,
+            wait_for_workers=False,
+            master_listen_fd=listener.detach(),
+        )
     except BaseException:
         listener.close()
         raise
@@ -149,12 +181,17 @@ def _ranks_share_a_gpu(env: DistEnv, device: str) -> bool:
     if env.local_world_size <= visible or (env.launcher == "slurm" and visible == 1):
         return False
     if device != "auto":
-        raise DistributedError(f"{env.local_world_size} ranks on this node but {visible} GPU(s) visible: NCCL cannot "
-                               f"put two ranks on one GPU. Start at most {visible} rank(s) per node "
-                               f"(--nproc-per-node, --ntasks-per-node, the engines' count), or use device=cpu")
+        raise DistributedError(
+            f"{env.local_world_size} ranks on this node but {visible} GPU(s) visible: NCCL cannot "
+            f"put two ranks on one GPU. Start at most {visible} rank(s) per node "
+            f"(--nproc-per-node, --ntasks-per-node, the engines' count), or use device=cpu"
+        )
     if env.local_rank == 0:
-        print(f"dlscale: {env.local_world_size} ranks on this node and {visible} GPU(s): the ranks train on the CPU "
-              f"(gloo); start one rank per GPU to train on them", flush=True)
+        print(
+            f"dlscale: {env.local_world_size} ranks on this node and {visible} GPU(s): the ranks train on the CPU "
+            f"(gloo); start one rank per GPU to train on them",
+            flush=True,
+        )
     return True
 
 
@@ -272,9 +309,11 @@ def setup_waits(timeout_s: float) -> Iterator[Callable[[str], None]]:
         try:
             dist.monitored_barrier(group=group, timeout=timeout, wait_all_ranks=True)
         except RuntimeError as err:
-            raise DistributedError(f"rank {rank()}: not every rank finished {what} within setup_timeout_s="
-                                   f"{timeout_s:g} s ({str(err).splitlines()[0][:200]}); raise setup_timeout_s if "
-                                   f"that work takes longer, or look for a rank that died") from err
+            raise DistributedError(
+                f"rank {rank()}: not every rank finished {what} within setup_timeout_s="
+                f"{timeout_s:g} s ({str(err).splitlines()[0][:200]}); raise setup_timeout_s if "
+                f"that work takes longer, or look for a rank that died"
+            ) from err
 
     try:
         yield wait

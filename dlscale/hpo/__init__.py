@@ -12,5 +12,15 @@ Optuna is imported only when a study is opened, so the package imports without i
 from dlscale.hpo.space import Parameter, SearchSpace, SearchSpaceError, load_space, space_names
 from dlscale.hpo.study import StudyError, StudySettings, create_study, open_study, read_settings
 
-__all__ = ["Parameter", "SearchSpace", "SearchSpaceError", "StudyError", "StudySettings", "create_study",
-           "load_space", "open_study", "read_settings", "space_names"]
+__all__ = [
+    "Parameter",
+    "SearchSpace",
+    "SearchSpaceError",
+    "StudyError",
+    "StudySettings",
+    "create_study",
+    "load_space",
+    "open_study",
+    "read_settings",
+    "space_names",
+]

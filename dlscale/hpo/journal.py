@@ -55,9 +55,11 @@ def cut_torn_tail(path: Path) -> int:
         handle.truncate(end)
         handle.flush()
         os.fsync(handle.fileno())
-    print(f"dlscale: {path} ended in a record torn mid-write ({len(torn)} bytes, from a crash or a full disk); "
-          f"it was cut off and kept in {path.name}.torn, and the study goes on from the last whole record",
-          flush=True)
+    print(
+        f"dlscale: {path} ended in a record torn mid-write ({len(torn)} bytes, from a crash or a full disk); "
+        f"it was cut off and kept in {path.name}.torn, and the study goes on from the last whole record",
+        flush=True,
+    )
     return len(torn)
 
 

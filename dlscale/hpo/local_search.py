@@ -22,8 +22,14 @@ def start_workers(study_dir: str | Path, n: int, threads: int = 1) -> list[subpr
     workers = []
     for index in range(n):
         with open(study_dir / "logs" / f"worker-{os.getpid()}-{index}.log", "ab") as log:  # (the child keeps it open)
-            workers.append(start_local([sys.executable, "-m", "dlscale", "hpo", "worker", "--dir", str(study_dir)],
-                                       log, threads, {"DLSCALE_LAUNCHER": "single"}))
+            workers.append(
+                start_local(
+                    [sys.executable, "-m", "dlscale", "hpo", "worker", "--dir", str(study_dir)],
+                    log,
+                    threads,
+                    {"DLSCALE_LAUNCHER": "single"},
+                )
+            )
     return workers
 
 
@@ -32,8 +38,14 @@ def wait_for_workers(workers: list[subprocess.Popen], timeout: float | None = No
     return [worker.wait(timeout=timeout) for worker in workers]
 
 
-def search(study_dir: str | Path, space: str | Path | None = None, trials: int | None = None, workers: int = 2,
-           extra: list[str] | tuple[str, ...] = (), **settings: Any) -> StudySettings:
+def search(
+    study_dir: str | Path,
+    space: str | Path | None = None,
+    trials: int | None = None,
+    workers: int = 2,
+    extra: list[str] | tuple[str, ...] = (),
+    **settings: Any,
+) -> StudySettings:
     """Create the study (or resume the one in ``study_dir``), run ``workers`` worker processes until it has
     its trials, and return its settings; ``workers=0`` only creates it (for a Slurm job array).
     ``settings`` are :class:`StudySettings` fields (sampler, pruner, grace_s, threads ...).
@@ -54,25 +66,32 @@ def search(study_dir: str | Path, space: str | Path | None = None, trials: int |
         processes = start_workers(study_dir, workers, threads=chosen.threads or 1)
         failed = [(p, status) for p, status in zip(processes, wait_for_workers(processes)) if status != 0]
         if failed:
-            raise StudyError(f"{len(failed)} of {workers} workers failed (exit status {failed[0][1]}); "
-                             f"their logs are in {study_dir / 'logs'}")
+            raise StudyError(
+                f"{len(failed)} of {workers} workers failed (exit status {failed[0][1]}); "
+                f"their logs are in {study_dir / 'logs'}"
+            )
     return chosen
 
 
-def _check_unchanged(held: StudySettings, study_dir: Path, space: str | Path | None, extra: list[str],
-                     settings: dict[str, Any]) -> None:
+def _check_unchanged(
+    held: StudySettings, study_dir: Path, space: str | Path | None, extra: list[str], settings: dict[str, Any]
+) -> None:
     """Refuse, naming them, settings given for an existing study that differ from those it was created with
     (a resumed study keeps its space, sampler, seeds and per-trial overrides: its trials must stay comparable)."""
     asked = {key: value for key, value in settings.items() if value is not None}
     if extra:
         asked["extra"] = extra
-    changed = [f"{key} {getattr(held, key)!r} -> {value!r}" for key, value in asked.items() if getattr(held, key) != value]
+    changed = [
+        f"{key} {getattr(held, key)!r} -> {value!r}" for key, value in asked.items() if getattr(held, key) != value
+    ]
     if space is not None and load_space(space).to_dict() != held.space:
         changed.insert(0, "the search space")
     if changed:
-        raise StudyError(f"{study_dir} holds study {held.name!r}, created with other settings: {'; '.join(changed)}. "
-                         f"Resume it without them (`dlscale hpo start --dir {study_dir}`; --trials may change), or "
-                         f"start the new search in a new folder")
+        raise StudyError(
+            f"{study_dir} holds study {held.name!r}, created with other settings: {'; '.join(changed)}. "
+            f"Resume it without them (`dlscale hpo start --dir {study_dir}`; --trials may change), or "
+            f"start the new search in a new folder"
+        )
 
 
 def rerun_best(study_dir: str | Path, out: str | Path | None = None) -> tuple[float, float]:
@@ -88,7 +107,17 @@ def rerun_best(study_dir: str | Path, out: str | Path | None = None) -> tuple[fl
     best = best_trial(study_dir)
     metric = read_settings(study_dir).search_space.metric
     out = Path(out or Path(study_dir) / "best-rerun")
-    run_local([sys.executable, "-m", "dlscale.train", str(Path(best["run_dir"]) / "config.yaml"), f"run_dir={out}",
-               "resume=false", "checkpoint_every=0"], f"re-running trial {best['trial']}",
-              env={"DLSCALE_LAUNCHER": "single"})
+    run_local(
+        [
+            sys.executable,
+            "-m",
+            "dlscale.train",
+            str(Path(best["run_dir"]) / "config.yaml"),
+            f"run_dir={out}",
+            "resume=false",
+            "checkpoint_every=0",
+        ],
+        f"re-running trial {best['trial']}",
+        env={"DLSCALE_LAUNCHER": "single"},
+    )
     return float(best["value"]), float(read_rows(out / VAL_FILE)[-1][metric])

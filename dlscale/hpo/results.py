@@ -22,13 +22,21 @@ def trial_rows(study_dir: str | Path) -> list[dict[str, Any]]:
     rows = []
     for t in study.get_trials(deepcopy=False):
         attrs = t.user_attrs
-        rows.append({"trial": t.number, "state": t.state.name.lower(), **t.params,
-                     "value": t.value if t.value is not None else math.nan,
-                     "epochs": attrs.get("epochs", 0), "seconds": attrs.get("seconds", math.nan),
-                     "node_hours": attrs.get("node_hours", 0.0), "retry_of": t.system_attrs.get("failed_trial"),
-                     "why": attrs.get("failed_because", ""),
-                     "run_dir": str(trial_folder(study_dir, attrs["run_dir"])) if attrs.get("run_dir") else "",
-                     "finished": t.datetime_complete.timestamp() if t.datetime_complete else math.inf})
+        rows.append(
+            {
+                "trial": t.number,
+                "state": t.state.name.lower(),
+                **t.params,
+                "value": t.value if t.value is not None else math.nan,
+                "epochs": attrs.get("epochs", 0),
+                "seconds": attrs.get("seconds", math.nan),
+                "node_hours": attrs.get("node_hours", 0.0),
+                "retry_of": t.system_attrs.get("failed_trial"),
+                "why": attrs.get("failed_because", ""),
+                "run_dir": str(trial_folder(study_dir, attrs["run_dir"])) if attrs.get("run_dir") else "",
+                "finished": t.datetime_complete.timestamp() if t.datetime_complete else math.inf,
+            }
+        )
     return sorted(rows, key=lambda r: (r["finished"], r["trial"]))
 
 
@@ -60,11 +68,17 @@ def best_trial(study_dir: str | Path) -> dict[str, Any]:
 
     study, _ = open_study(study_dir)
     if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        raise StudyError(f"the study in {study_dir} has no complete trial yet: start workers on it "
-                         f"(`dlscale hpo worker --dir {study_dir}`), or wait for them")
+        raise StudyError(
+            f"the study in {study_dir} has no complete trial yet: start workers on it "
+            f"(`dlscale hpo worker --dir {study_dir}`), or wait for them"
+        )
     best = study.best_trial
-    return {"trial": best.number, "params": dict(best.params), "value": best.value,
-            "run_dir": str(trial_folder(study_dir, best.user_attrs["run_dir"])) if best.user_attrs.get("run_dir") else ""}
+    return {
+        "trial": best.number,
+        "params": dict(best.params),
+        "value": best.value,
+        "run_dir": str(trial_folder(study_dir, best.user_attrs["run_dir"])) if best.user_attrs.get("run_dir") else "",
+    }
 
 
 def save_optuna_plots(study_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
@@ -81,9 +95,11 @@ def save_optuna_plots(study_dir: str | Path, out_dir: str | Path | None = None) 
     written = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
-        for name, plot in (("history", plots.plot_optimization_history),
-                           ("parallel_coordinates", plots.plot_parallel_coordinate),
-                           ("importances", plots.plot_param_importances)):
+        for name, plot in (
+            ("history", plots.plot_optimization_history),
+            ("parallel_coordinates", plots.plot_parallel_coordinate),
+            ("importances", plots.plot_param_importances),
+        ):
             try:
                 axes = plot(study)
             except (ValueError, RuntimeError) as err:  # e.g. importances need two complete trials
@@ -131,7 +147,15 @@ def format_trials(rows: list[dict[str, Any]], metric: str = "r2") -> str:
     def cell(value: Any) -> str:
         return f"{value:.3g}" if isinstance(value, float) else str(value)
 
-    table = [[row["trial"], row["state"] + (f" (retry of {row['retry_of']})" if row["retry_of"] is not None else ""),
-              *(cell(row.get(n, "")) for n in names), cell(row["value"]), row["epochs"],
-              f"{row['node_hours']:.2e}"] for row in rows]
+    table = [
+        [
+            row["trial"],
+            row["state"] + (f" (retry of {row['retry_of']})" if row["retry_of"] is not None else ""),
+            *(cell(row.get(n, "")) for n in names),
+            cell(row["value"]),
+            row["epochs"],
+            f"{row['node_hours']:.2e}",
+        ]
+        for row in rows
+    ]
     return markdown_table(["trial", "state", *names, metric, "epochs", "node-hours"], table)

@@ -120,14 +120,20 @@ class SearchSpace:
         """The space as YAML would hold it (what a study records so its workers all search the same one)."""
         parameters = {}
         for p in self.parameters:
-            entry: dict[str, Any] = ({"choices": list(p.choices)} if p.choices else {"low": p.low, "high": p.high})
+            entry: dict[str, Any] = {"choices": list(p.choices)} if p.choices else {"low": p.low, "high": p.high}
             if p.log:
                 entry["log"] = True
             if p.step:
                 entry["step"] = p.step
             parameters[p.key] = entry
-        return {"name": self.name, "base": self.base, "metric": self.metric, "direction": self.direction,
-                "fixed": dict(self.fixed), "parameters": parameters}
+        return {
+            "name": self.name,
+            "base": self.base,
+            "metric": self.metric,
+            "direction": self.direction,
+            "fixed": dict(self.fixed),
+            "parameters": parameters,
+        }
 
 
 def space_names() -> list[str]:
@@ -144,8 +150,10 @@ def load_space(source: str | Path | dict[str, Any]) -> SearchSpace:
         if not path.is_file():
             path = SEARCH_DIR / f"{source}.yaml"
         if not path.is_file():
-            raise SearchSpaceError(f"no search space '{source}': not a file, and not one of the shipped spaces "
-                                   f"({', '.join(space_names())})")
+            raise SearchSpaceError(
+                f"no search space '{source}': not a file, and not one of the shipped spaces "
+                f"({', '.join(space_names())})"
+            )
         where = str(path)
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
@@ -179,19 +187,21 @@ def _checked(where: str, data: dict[str, Any]) -> SearchSpace:
         raise SearchSpaceError(f"{where}: base {base!r} with fixed {fixed}: {err}") from None
     raw = data.get("parameters") or {}
     if not isinstance(raw, dict) or not raw:
-        raise SearchSpaceError(f"{where}: 'parameters' is empty; name at least one config key to search, "
-                               f"e.g. lr: {{low: 1.0e-4, high: 1.0e-2, log: true}}")
+        raise SearchSpaceError(
+            f"{where}: 'parameters' is empty; name at least one config key to search, "
+            f"e.g. lr: {{low: 1.0e-4, high: 1.0e-2, log: true}}"
+        )
     parameters = tuple(_parameter(where, base, fixed, key, spec) for key, spec in raw.items())
-    return SearchSpace(str(data.get("name") or Path(where).stem), base, parameters, fixed, metric,
-                       direction)  # type: ignore[arg-type]
+    return SearchSpace(str(data.get("name") or Path(where).stem), base, parameters, fixed, metric, direction)  # type: ignore[arg-type]
 
 
 def _check_key(where: str, section: str, key: str) -> None:
     if key not in FIELDS:
         close = difflib.get_close_matches(key, FIELDS, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise SearchSpaceError(f"{where}: {section} names {key!r}, which is not a config key{hint}; "
-                               f"`dlscale train --help` lists every key")
+        raise SearchSpaceError(
+            f"{where}: {section} names {key!r}, which is not a config key{hint}; `dlscale train --help` lists every key"
+        )
     if key in RESERVED:
         raise SearchSpaceError(f"{where}: {section} names {key!r}, which each trial sets itself")
 
@@ -209,8 +219,9 @@ def _parameter(where: str, base: str, fixed: dict[str, Any], key: str, spec: Any
     hint = _HINTS[key]
     if "choices" in spec:
         if not isinstance(spec["choices"], list):  # (a bare string would be split into its letters)
-            raise SearchSpaceError(f"{at}: choices must be a list, e.g. choices: [{spec['choices']!r}], "
-                                   f"got {spec['choices']!r}")
+            raise SearchSpaceError(
+                f"{at}: choices must be a list, e.g. choices: [{spec['choices']!r}], got {spec['choices']!r}"
+            )
         choices = tuple(spec["choices"])
         if not choices:
             raise SearchSpaceError(f"{at}: the list of choices is empty")
@@ -241,8 +252,9 @@ def _parameter(where: str, base: str, fixed: dict[str, Any], key: str, spec: Any
             raise SearchSpaceError(f"{at}: a log range must stay above zero, got low {low}")
         step = spec.get("step")
         if step is not None and (hint is not int or isinstance(step, bool) or not isinstance(step, int) or step < 1):
-            raise SearchSpaceError(f"{at}: step applies to integer keys and must be a whole number of at least 1, "
-                                   f"got {step!r}")
+            raise SearchSpaceError(
+                f"{at}: step applies to integer keys and must be a whole number of at least 1, got {step!r}"
+            )
         values = (low, high)
         parameter = Parameter(key, low=low, high=high, log=log, step=int(step) if step else None)
     for value in values:  # the config's own checks, with the parameter named

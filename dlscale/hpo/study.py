@@ -52,13 +52,13 @@ class StudySettings:
     sampler: str = "tpe"
     pruner: str = "hyperband"
     seed: int = 0
-    storage: str = ""            # '' = the journal file in the study folder
-    grid_points: int = 3         # per range, for sampler=grid
-    heartbeat_s: float = 2.0     # how often a worker says its trial is alive
-    grace_s: float = 20.0        # a running trial silent this long is failed and retried
+    storage: str = ""  # '' = the journal file in the study folder
+    grid_points: int = 3  # per range, for sampler=grid
+    heartbeat_s: float = 2.0  # how often a worker says its trial is alive
+    grace_s: float = 20.0  # a running trial silent this long is failed and retried
     max_retry: int = 2
-    ranks_per_node: int = 1      # ranks (GPUs) per node: a trial costs seconds x its ranks / this, in node-hours
-    threads: int = 0             # torch threads per trial (0: what each worker was given); recorded in each config
+    ranks_per_node: int = 1  # ranks (GPUs) per node: a trial costs seconds x its ranks / this, in node-hours
+    threads: int = 0  # torch threads per trial (0: what each worker was given); recorded in each config
     extra: list[str] = field(default_factory=list)  # key=value overrides for every trial (device=cuda)
 
     def __post_init__(self) -> None:
@@ -67,20 +67,32 @@ class StudySettings:
                 check_range(key, getattr(self, key), low, above=key == "heartbeat_s")
             except RangeError as err:
                 raise StudyError(str(err)) from None
-        # A beat can come late on a busy node; a grace shorter than a few of them fails live trials (each one run twice).
+        # A beat can come late on a busy node; a grace shorter than a few of them fails live trials (each one run
+        # twice).
         if not self.grace_s >= GRACE_BEATS * self.heartbeat_s:
-            raise StudyError(f"grace_s={self.grace_s:g} must be at least {GRACE_BEATS} heartbeats "
-                             f"({GRACE_BEATS * self.heartbeat_s:g} s with heartbeat_s={self.heartbeat_s:g}): a shorter "
-                             f"grace fails trials whose workers are alive")
+            raise StudyError(
+                f"grace_s={self.grace_s:g} must be at least {GRACE_BEATS} heartbeats "
+                f"({GRACE_BEATS * self.heartbeat_s:g} s with heartbeat_s={self.heartbeat_s:g}): a shorter "
+                f"grace fails trials whose workers are alive"
+            )
 
     @property
     def search_space(self) -> SearchSpace:
         return load_space(self.space)
 
 
-def create_study(space: SearchSpace | str | Path, study_dir: str | Path, trials: int, *, sampler: str = "tpe",
-                 pruner: str = "hyperband", seed: int = 0, storage: str = "", name: str = "",
-                 **settings: Any) -> StudySettings:
+def create_study(
+    space: SearchSpace | str | Path,
+    study_dir: str | Path,
+    trials: int,
+    *,
+    sampler: str = "tpe",
+    pruner: str = "hyperband",
+    seed: int = 0,
+    storage: str = "",
+    name: str = "",
+    **settings: Any,
+) -> StudySettings:
     """Write ``study.json`` and create the study in its storage; an existing folder's study is kept (resumed).
 
     A folder that holds a study of another space or sampler is refused: pick a new folder.
@@ -88,8 +100,10 @@ def create_study(space: SearchSpace | str | Path, study_dir: str | Path, trials:
     if not isinstance(space, SearchSpace):
         space = load_space(space)
     if sampler not in SAMPLERS or pruner not in PRUNERS:
-        raise StudyError(f"sampler must be one of {', '.join(SAMPLERS)} and pruner one of {', '.join(PRUNERS)}; "
-                         f"got {sampler!r} and {pruner!r}")
+        raise StudyError(
+            f"sampler must be one of {', '.join(SAMPLERS)} and pruner one of {', '.join(PRUNERS)}; "
+            f"got {sampler!r} and {pruner!r}"
+        )
     if trials < 1:
         raise StudyError(f"a study needs at least one trial, got trials={trials}")
     study_dir = Path(study_dir)
@@ -100,8 +114,10 @@ def create_study(space: SearchSpace | str | Path, study_dir: str | Path, trials:
     if path.is_file():
         held = read_settings(study_dir)
         if (held.space, held.sampler, held.pruner, held.name) != (wanted.space, sampler, pruner, wanted.name):
-            raise StudyError(f"{study_dir} already holds study {held.name!r} with another space, sampler or pruner; "
-                             f"choose a new folder, or resume it with `dlscale hpo start --dir {study_dir}`")
+            raise StudyError(
+                f"{study_dir} already holds study {held.name!r} with another space, sampler or pruner; "
+                f"choose a new folder, or resume it with `dlscale hpo start --dir {study_dir}`"
+            )
         held.trials = max(held.trials, trials)  # asking for more trials extends it
         wanted = held
     if study_dir.exists() and not study_dir.is_dir():
@@ -112,12 +128,18 @@ def create_study(space: SearchSpace | str | Path, study_dir: str | Path, trials:
         tmp.write_text(json.dumps(asdict(wanted), indent=2) + "\n")
         os.replace(tmp, path)
     except OSError as err:  # (a read-only folder, a full disk)
-        raise StudyError(f"cannot write the study into {study_dir}: {err.strerror or err}; choose a folder you "
-                         f"can write (on a cluster, under $SCRATCH)") from None
+        raise StudyError(
+            f"cannot write the study into {study_dir}: {err.strerror or err}; choose a folder you "
+            f"can write (on a cluster, under $SCRATCH)"
+        ) from None
     optuna = load_optuna()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    optuna.create_study(study_name=wanted.name, storage=open_storage(wanted.storage, study_dir),
-                        direction=space.direction, load_if_exists=True)
+    optuna.create_study(
+        study_name=wanted.name,
+        storage=open_storage(wanted.storage, study_dir),
+        direction=space.direction,
+        load_if_exists=True,
+    )
     return wanted
 
 
@@ -132,18 +154,22 @@ def read_settings(study_dir: str | Path) -> StudySettings:
     """The settings of the study in ``study_dir``, or a :class:`StudyError` saying how to make one."""
     path = Path(study_dir) / STUDY_FILE
     if not path.is_file():
-        raise StudyError(f"no study in {study_dir} (no {STUDY_FILE}); start one with "
-                         f"`dlscale hpo start SPACE --dir {study_dir}`")
+        raise StudyError(
+            f"no study in {study_dir} (no {STUDY_FILE}); start one with `dlscale hpo start SPACE --dir {study_dir}`"
+        )
     try:
         held = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as err:  # (a truncated or hand-damaged file)
-        raise StudyError(f"{path} is not valid JSON ({err}); restore it, or start a new study in another --dir"
-                         ) from None
+        raise StudyError(
+            f"{path} is not valid JSON ({err}); restore it, or start a new study in another --dir"
+        ) from None
     known = {f.name for f in fields(StudySettings)}
     unknown = sorted(set(held) - known) if isinstance(held, dict) else []
     if not isinstance(held, dict) or unknown:
-        raise StudyError(f"{path} holds {'unknown keys: ' + ', '.join(unknown) if unknown else 'no settings'} "
-                         f"(known: {', '.join(sorted(known))}); restore it, or start a new study in another --dir")
+        raise StudyError(
+            f"{path} holds {'unknown keys: ' + ', '.join(unknown) if unknown else 'no settings'} "
+            f"(known: {', '.join(sorted(known))}); restore it, or start a new study in another --dir"
+        )
     try:
         return StudySettings(**held)
     except TypeError as err:  # (a key it needs is missing)
@@ -171,9 +197,12 @@ def open_study(study_dir: str | Path, worker: int = 0) -> tuple[Any, StudySettin
     optuna = load_optuna()
     settings = read_settings(study_dir)
     space = settings.search_space
-    study = optuna.load_study(study_name=settings.name, storage=open_storage(settings.storage, study_dir),
-                              sampler=make_sampler(settings, space, worker),
-                              pruner=make_pruner(settings.pruner, int(space.fixed.get("epochs", 0)) or None))
+    study = optuna.load_study(
+        study_name=settings.name,
+        storage=open_storage(settings.storage, study_dir),
+        sampler=make_sampler(settings, space, worker),
+        pruner=make_pruner(settings.pruner, int(space.fixed.get("epochs", 0)) or None),
+    )
     return study, settings
 
 

@@ -82,8 +82,9 @@ def counts(study: Any) -> tuple[int, int]:
     return done, sum(t.state == TrialState.RUNNING for t in trials)
 
 
-def run_worker(study_dir: str | Path, extra: list[str] | tuple[str, ...] = (), max_trials: int | None = None,
-               quiet: bool = True) -> list[int]:
+def run_worker(
+    study_dir: str | Path, extra: list[str] | tuple[str, ...] = (), max_trials: int | None = None, quiet: bool = True
+) -> list[int]:
     """Work on the study in ``study_dir`` until it has its trials (or this worker ran ``max_trials``).
 
     ``extra`` are ``key=value`` overrides for every trial of this worker (``device=cuda``).
@@ -106,8 +107,11 @@ def run_worker(study_dir: str | Path, extra: list[str] | tuple[str, ...] = (), m
         failures = _FailureStreak()
         stopping = False
         while True:
-            task = None if stopping or not env.is_main else _next_trial(study, settings, study_dir, ran, max_trials,
-                                                                        overrides_for_all)
+            task = (
+                None
+                if stopping or not env.is_main
+                else _next_trial(study, settings, study_dir, ran, max_trials, overrides_for_all)
+            )
             overrides = task[1] if task else None
             if env.distributed:  # rank 0 asked; every rank trains the same trial
                 overrides = distributed.broadcast_object(overrides)
@@ -123,8 +127,11 @@ def run_worker(study_dir: str | Path, extra: list[str] | tuple[str, ...] = (), m
             stopping = failures.add(trial.user_attrs.get("refused_because")) or stopping
             ran.append(trial.number)
             if not quiet:
-                print(f"trial {trial.number}: {state.name.lower()}"
-                      + (f", {settings.search_space.metric} {value:.4f}" if value is not None else ""), flush=True)
+                print(
+                    f"trial {trial.number}: {state.name.lower()}"
+                    + (f", {settings.search_space.metric} {value:.4f}" if value is not None else ""),
+                    flush=True,
+                )
         finished = True
         if env.is_main and failures.stopped:
             raise WorkerError(failures.stopped)
@@ -158,8 +165,10 @@ class _FailureStreak:
         self.count = self.count + 1 if reason is not None and reason == self.reason else int(reason is not None)
         self.reason = reason
         if self.count >= FAILURES_IN_A_ROW:
-            self.stopped = (f"{self.count} trials in a row failed the same way, so this worker stopped: {reason}. "
-                            f"Fix the setting, then `dlscale hpo start --dir` again resumes the study")
+            self.stopped = (
+                f"{self.count} trials in a row failed the same way, so this worker stopped: {reason}. "
+                f"Fix the setting, then `dlscale hpo start --dir` again resumes the study"
+            )
         return self.stopped is not None
 
 
@@ -171,8 +180,9 @@ def _check_overrides(settings: StudySettings, extra: dict[str, Any]) -> None:
     resolve_device(settings.search_space.config({}, **extra).device)
 
 
-def _next_trial(study: Any, settings: StudySettings, study_dir: Path, ran: list[int], max_trials: int | None,
-                extra: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
+def _next_trial(
+    study: Any, settings: StudySettings, study_dir: Path, ran: list[int], max_trials: int | None, extra: dict[str, Any]
+) -> tuple[Any, dict[str, Any]] | None:
     """The next trial to train and its overrides (``extra``'s last), or None when the study (or this worker) is
     done."""
     while max_trials is None or len(ran) < max_trials:
@@ -188,16 +198,25 @@ def _next_trial(study: Any, settings: StudySettings, study_dir: Path, ran: list[
         run_dir = study_dir / TRIALS_DIR / f"trial-{trial.number:04d}"
         # the thread count is fixed in each trial's config, so that a re-run of it computes in the same order
         threads = settings.threads or choose_threads().count
-        overrides = {**space.overrides(trial), "name": run_dir.name, "run_dir": str(run_dir), "progress": False,
-                     "plot": False, "threads": threads, **extra, "_base": space.base}
+        overrides = {
+            **space.overrides(trial),
+            "name": run_dir.name,
+            "run_dir": str(run_dir),
+            "progress": False,
+            "plot": False,
+            "threads": threads,
+            **extra,
+            "_base": space.base,
+        }
         trial.set_user_attr("run_dir", run_dir.relative_to(study_dir).as_posix())  # (the study may move)
         trial.set_user_attr("host", socket.gethostname())
         return trial, overrides
     return None
 
 
-def _train(overrides: dict[str, Any], trial: Any, settings: StudySettings | None,
-           quiet: bool) -> tuple[float | None, Any, bool]:
+def _train(
+    overrides: dict[str, Any], trial: Any, settings: StudySettings | None, quiet: bool
+) -> tuple[float | None, Any, bool]:
     """Train one trial; returns (value, state, whether this worker must stop)."""
     from optuna.trial import TrialState
 
@@ -224,8 +243,9 @@ def _train(overrides: dict[str, Any], trial: Any, settings: StudySettings | None
         return None, TrialState.FAIL, False
 
 
-def _outcome(result: Any, trial: Any, settings: StudySettings, seconds: float,
-             pruned: bool) -> tuple[float | None, Any, bool]:
+def _outcome(
+    result: Any, trial: Any, settings: StudySettings, seconds: float, pruned: bool
+) -> tuple[float | None, Any, bool]:
     """Record what the trial cost; its (value, state, whether this worker must stop)."""
     from optuna.trial import TrialState
 

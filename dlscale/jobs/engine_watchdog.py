@@ -26,9 +26,13 @@ GRACE_S = 5.0
 
 def watch(kernel: int, sessions: list[int]) -> subprocess.Popen:
     """Start the watchdog that ends the process sessions ``sessions`` once the process ``kernel`` is gone."""
-    return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(kernel), *map(str, sessions)],
-                            start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), str(kernel), *map(str, sessions)],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def _exists(kill: object, target: int) -> bool:

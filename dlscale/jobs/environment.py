@@ -18,8 +18,16 @@ from dlscale.runtime.devices import GPU_ORDER_VARIABLE, gpu_index
 from dlscale.runtime.threads import affinity_set, parse_cpu_list
 
 #: Optional packages and the extra that installs each (or the command, for Horovod).
-OPTIONAL = {"nvtx": "profiling", "wandb": "tracking", "horovod": "make horovod", "daal4py": "kmeans",
-            "mpi4py": "mpi", "sklearn": "kmeans", "ipyparallel": "notebooks", "jupyterlab": "notebooks"}
+OPTIONAL = {
+    "nvtx": "profiling",
+    "wandb": "tracking",
+    "horovod": "make horovod",
+    "daal4py": "kmeans",
+    "mpi4py": "mpi",
+    "sklearn": "kmeans",
+    "ipyparallel": "notebooks",
+    "jupyterlab": "notebooks",
+}
 
 
 def detect_site(environ: dict[str, str] | None = None, hostname: str | None = None) -> str:
@@ -55,8 +63,11 @@ def describe() -> dict[str, Any]:
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)
-            info[f"gpu {index}"] = f"{props.name}, {props.total_memory / 2**30:.0f} GiB, compute {props.major}.{props.minor}"
+            info[f"gpu {index}"] = (
+                f"{props.name}, {props.total_memory / 2**30:.0f} GiB, compute {props.major}.{props.minor}"
+            )
         from dlscale.runtime.precision import supports_bf16
+
         info["bf16 supported"] = supports_bf16(torch.device("cuda"))
     for module, extra in OPTIONAL.items():
         how = extra if " " in extra else f"extra: {extra}"  # (Horovod has no extra: its build script)
@@ -73,13 +84,22 @@ def task_line(environ: dict[str, str] | None = None, sysfs: Path = Path("/sys"))
     """
     environ = dict(os.environ) if environ is None else environ
     cpus = affinity_set()
-    settings = " ".join(f"{name}={environ.get(name, '-')}" for name in
-                        ("SLURM_CPUS_PER_TASK", "SRUN_CPUS_PER_TASK", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
-                         GPU_ORDER_VARIABLE))
+    settings = " ".join(
+        f"{name}={environ.get(name, '-')}"
+        for name in (
+            "SLURM_CPUS_PER_TASK",
+            "SRUN_CPUS_PER_TASK",
+            "OMP_NUM_THREADS",
+            "CUDA_VISIBLE_DEVICES",
+            GPU_ORDER_VARIABLE,
+        )
+    )
     rank, size = environ.get("SLURM_PROCID", environ.get("RANK", "0")), environ.get("SLURM_NTASKS", "1")
-    return (f"task {rank}/{size} on {socket.gethostname()}: {len(cpus)} cpu(s) "
-            f"[{','.join(map(str, cpus))}], torch threads {torch.get_num_threads()}, {settings}; "
-            f"{_gpu_binding(environ, cpus, sysfs)}")
+    return (
+        f"task {rank}/{size} on {socket.gethostname()}: {len(cpus)} cpu(s) "
+        f"[{','.join(map(str, cpus))}], torch threads {torch.get_num_threads()}, {settings}; "
+        f"{_gpu_binding(environ, cpus, sysfs)}"
+    )
 
 
 def _gpu_binding(environ: dict[str, str], cpus: list[int], sysfs: Path) -> str:
@@ -91,13 +111,17 @@ def _gpu_binding(environ: dict[str, str], cpus: list[int], sysfs: Path) -> str:
     local_rank = int(environ.get("SLURM_LOCALID", environ.get("LOCAL_RANK", "0")))
     index = gpu_index(local_rank, torch.cuda.device_count(), environ.get(GPU_ORDER_VARIABLE))
     props = torch.cuda.get_device_properties(index)
-    bus = (f"{getattr(props, 'pci_domain_id', 0):04x}:{getattr(props, 'pci_bus_id', 0):02x}:"
-           f"{getattr(props, 'pci_device_id', 0):02x}.0")
+    bus = (
+        f"{getattr(props, 'pci_domain_id', 0):04x}:{getattr(props, 'pci_bus_id', 0):02x}:"
+        f"{getattr(props, 'pci_device_id', 0):02x}.0"
+    )
     gpu_node = _read_int(sysfs / "bus/pci/devices" / bus / "numa_node")
     line = f"gpu {index} ({bus}) on NUMA node {'?' if gpu_node is None else gpu_node}, {where}"
     if gpu_node is not None and gpu_node >= 0 and cpu_nodes and gpu_node not in cpu_nodes:
-        line += (f" -- MISMATCH: local rank {local_rank}'s GPU is on another NUMA node than its cores; set "
-                 f"{GPU_ORDER_VARIABLE} (slurm/sites/*.env) so that each local rank gets the GPU beside its cores")
+        line += (
+            f" -- MISMATCH: local rank {local_rank}'s GPU is on another NUMA node than its cores; set "
+            f"{GPU_ORDER_VARIABLE} (slurm/sites/*.env) so that each local rank gets the GPU beside its cores"
+        )
     return line
 
 

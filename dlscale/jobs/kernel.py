@@ -29,20 +29,25 @@ def kernel_files(python: str, modules: list[str], display_name: str) -> dict[str
     spec = {"argv": launch, "display_name": display_name, "language": "python", "metadata": {"debugger": True}}
     if not modules:
         return {"kernel.json": json.dumps(spec, indent=1) + "\n"}
-    helper = "\n".join([
-        "#!/bin/bash",
-        "# Written by `make kernel` (dlscale.jobs.kernel): load the modules this environment was built under, then",
-        "# become the kernel. A kernel starts without a login shell, so the module command may need its init first.",
-        "type module > /dev/null 2>&1 || source /etc/profile > /dev/null 2>&1",
-        *[f"module load {shlex.quote(module)}" for module in modules],
-        f'exec {shlex.quote(python)} -m ipykernel_launcher "$@"',
-        ""])
+    helper = "\n".join(
+        [
+            "#!/bin/bash",
+            "# Written by `make kernel` (dlscale.jobs.kernel): load the modules this environment was built under, then",
+            "# become the kernel. A kernel starts without a login shell, so the module command may need its "
+            "init first.",
+            "type module > /dev/null 2>&1 || source /etc/profile > /dev/null 2>&1",
+            *[f"module load {shlex.quote(module)}" for module in modules],
+            f'exec {shlex.quote(python)} -m ipykernel_launcher "$@"',
+            "",
+        ]
+    )
     spec["argv"] = ["{resource_dir}/" + HELPER, "-f", "{connection_file}"]
     return {"kernel.json": json.dumps(spec, indent=1) + "\n", HELPER: helper}
 
 
-def install_kernel(python: str = sys.executable, modules: list[str] | None = None,
-                   display_name: str | None = None) -> Path:
+def install_kernel(
+    python: str = sys.executable, modules: list[str] | None = None, display_name: str | None = None
+) -> Path:
     """Register the kernel for this user (where ``JUPYTER_DATA_DIR`` says, else Jupyter's user folder); replaces an
     earlier one of the same name. Returns its folder."""
     from jupyter_client.kernelspec import KernelSpecManager
@@ -65,11 +70,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     folder = install_kernel(modules=args.module, display_name=args.display_name)
     loads = f", loading {' '.join(args.module)} first ({folder / HELPER})" if args.module else ""
-    print(f"kernel {KERNEL_NAME!r} registered in {folder}{loads}: the lessons open with it; on a JupyterHub, "
-          f"restart your server if it is not listed yet")
+    print(
+        f"kernel {KERNEL_NAME!r} registered in {folder}{loads}: the lessons open with it; on a JupyterHub, "
+        f"restart your server if it is not listed yet"
+    )
     if os.environ.get("LOADEDMODULES") and not args.module:
-        print("(modules are loaded here, but none was named: if the kernel cannot import torch, run "
-              "`make kernel` again with the module loaded)")
+        print(
+            "(modules are loaded here, but none was named: if the kernel cannot import torch, run "
+            "`make kernel` again with the module loaded)"
+        )
 
 
 if __name__ == "__main__":

@@ -29,9 +29,17 @@ TORCHRUN_LOGS = "runs/torchrun"
 
 def torchrun_command(nproc: int, module_args: list[str]) -> list[str]:
     """Start ``python -m MODULE ARGS`` as ``nproc`` local ranks under torchrun (a free port each time)."""
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
-            f"--master-port={free_port()}",
-            f"--log-dir={TORCHRUN_LOGS}", "-m", *module_args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        f"--log-dir={TORCHRUN_LOGS}",
+        "-m",
+        *module_args,
+    ]
 
 
 def horovodrun_command(nproc: int, module_args: list[str]) -> list[str]:
@@ -55,8 +63,9 @@ def _environment(threads: int | None, extra: dict[str, str] | None) -> dict[str,
     return {**env, **(extra or {})}
 
 
-def run_local(argv: list[str], label: str, threads: int | None = None, env: dict[str, str] | None = None,
-              capture: bool = True) -> subprocess.CompletedProcess:
+def run_local(
+    argv: list[str], label: str, threads: int | None = None, env: dict[str, str] | None = None, capture: bool = True
+) -> subprocess.CompletedProcess:
     """Run ``argv`` to its end (a launcher of local ranks, or one process) and return how it ended.
 
     With ``capture`` (the default) the output is kept, and a failure raises :class:`LaunchError` naming ``label``
@@ -71,7 +80,8 @@ def run_local(argv: list[str], label: str, threads: int | None = None, env: dict
     return done
 
 
-def start_local(argv: list[str], log: IO[bytes], threads: int | None = None,
-                env: dict[str, str] | None = None) -> subprocess.Popen:
+def start_local(
+    argv: list[str], log: IO[bytes], threads: int | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     """Start ``argv`` in the background, its output (both streams) into ``log``; the caller waits for it."""
     return subprocess.Popen(argv, env=_environment(threads, env), stdout=log, stderr=subprocess.STDOUT)

@@ -80,8 +80,11 @@ class SlurmError(DlscaleError):
 
 def missing_programs() -> list[str]:
     """The Slurm and munge programs this machine lacks."""
-    return [name for name in ("munged", "slurmctld", "slurmd", "sbatch", "sinfo", "scontrol")
-            if shutil.which(name) is None and not Path("/usr/sbin", name).exists()]
+    return [
+        name
+        for name in ("munged", "slurmctld", "slurmd", "sbatch", "sinfo", "scontrol")
+        if shutil.which(name) is None and not Path("/usr/sbin", name).exists()
+    ]
 
 
 def _program(name: str) -> str:
@@ -95,7 +98,6 @@ def multi_node_unavailable() -> str | None:
     if shutil.which("unshare") is None:
         return "several nodes need util-linux's unshare"
     return None
-
 
 
 #: Job ids each local cluster may use before the next cluster's begin (Slurm's ids stop at 67,043,328).
@@ -116,8 +118,10 @@ def first_job_id(counter: Path | None = None) -> int:
     try:  # (never through a link: a file another user planted is refused, not followed)
         fd = os.open(counter, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as err:
-        raise SlurmError(f"{counter} cannot be opened ({err.strerror}): it counts the local clusters' job ids; "
-                         f"remove it if it is a link or another user's file") from None
+        raise SlurmError(
+            f"{counter} cannot be opened ({err.strerror}): it counts the local clusters' job ids; "
+            f"remove it if it is a link or another user's file"
+        ) from None
     if os.fstat(fd).st_uid != os.geteuid():
         os.close(fd)
         raise SlurmError(f"{counter} belongs to another user: remove it (it counts the local clusters' job ids)")
@@ -182,14 +186,19 @@ class LocalSlurm:
     def environ(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """``base`` (default: this process's environment) with ``SLURM_CONF`` pointing at this cluster and
         ``DLSCALE_NODE_LOCAL`` at its node-local folder (jobs inherit both)."""
-        return {**(os.environ if base is None else base), "SLURM_CONF": str(self.conf),
-                "DLSCALE_NODE_LOCAL": str(self.node_local)}
+        return {
+            **(os.environ if base is None else base),
+            "SLURM_CONF": str(self.conf),
+            "DLSCALE_NODE_LOCAL": str(self.node_local),
+        }
 
     def start(self, timeout: float = 60.0) -> LocalSlurm:
         missing = missing_programs()
         if missing:
-            raise SlurmError(f"{', '.join(missing)} not found: install Debian's {' '.join(PACKAGES)} packages "
-                             f"(make slurm-packages, as root)")
+            raise SlurmError(
+                f"{', '.join(missing)} not found: install Debian's {' '.join(PACKAGES)} packages "
+                f"(make slurm-packages, as root)"
+            )
         if self.nodes > 1 and multi_node_unavailable():
             raise SlurmError(f"{multi_node_unavailable()}; the one-node cluster (nodes=1) works without")
         for folder in ("state", "node-local", *(f"nodes/{name}" for name in self.node_names if self.nodes > 1)):
@@ -204,28 +213,53 @@ class LocalSlurm:
         if self.nodes == 1:
             # (the daemons reach one another on the loopback; see docs/architecture.md for where they listen)
             controller = f"{self.host}(127.0.0.1)"
-            lines = [f"NodeName={self.host} NodeAddr=127.0.0.1 Port={free_port()} CPUs={self.cpus} "
-                     f"RealMemory={memory} State=UNKNOWN"]
+            lines = [
+                f"NodeName={self.host} NodeAddr=127.0.0.1 Port={free_port()} CPUs={self.cpus} "
+                f"RealMemory={memory} State=UNKNOWN"
+            ]
         else:
             controller = f"{self.host}(127.0.0.1)"  # the controller stays on the machine itself
-            lines = [f"NodeName={name} NodeAddr={_address(i)} Port={free_port()} CPUs={self.cpus} "
-                     f"RealMemory={memory} State=UNKNOWN" for i, name in enumerate(self.node_names, 1)]
-            (self.root / "hosts").write_text(f"127.0.0.1 localhost {self.host}\n" + "".join(
-                f"{_address(i)} {name}\n" for i, name in enumerate(self.node_names, 1)))
-        self.conf.write_text(_CONF.format(controller=controller, user=getpass.getuser(), root=self.root,
-                                          slurmd_timeout=self.slurmd_timeout, first_job_id=first_job_id(),
-                                          sockets=self.sockets,
-                                          ctld_port=free_port(), node_lines="\n".join(lines),
-                                          node_names=",".join(self.node_names)))
+            lines = [
+                f"NodeName={name} NodeAddr={_address(i)} Port={free_port()} CPUs={self.cpus} "
+                f"RealMemory={memory} State=UNKNOWN"
+                for i, name in enumerate(self.node_names, 1)
+            ]
+            (self.root / "hosts").write_text(
+                f"127.0.0.1 localhost {self.host}\n"
+                + "".join(f"{_address(i)} {name}\n" for i, name in enumerate(self.node_names, 1))
+            )
+        self.conf.write_text(
+            _CONF.format(
+                controller=controller,
+                user=getpass.getuser(),
+                root=self.root,
+                slurmd_timeout=self.slurmd_timeout,
+                first_job_id=first_job_id(),
+                sockets=self.sockets,
+                ctld_port=free_port(),
+                node_lines="\n".join(lines),
+                node_names=",".join(self.node_names),
+            )
+        )
         key = self.root / "munge.key"
         key.unlink(missing_ok=True)  # (a root given again: a new key, created private, never readable by others)
         with open(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as handle:
             handle.write(os.urandom(1024))
         env = self.environ()
         atexit.register(self.stop)  # a notebook kernel or script that ends without stop() leaves no daemons behind
-        self._spawn([_program("munged"), "--foreground", "--force", f"--socket={self.sockets}/munge.socket",
-                     f"--key-file={key}", f"--pid-file={self.root}/munged.pid", f"--log-file={self.root}/munged.log",
-                     f"--seed-file={self.root}/munged.seed"], env)
+        self._spawn(
+            [
+                _program("munged"),
+                "--foreground",
+                "--force",
+                f"--socket={self.sockets}/munge.socket",
+                f"--key-file={key}",
+                f"--pid-file={self.root}/munged.pid",
+                f"--log-file={self.root}/munged.log",
+                f"--seed-file={self.root}/munged.seed",
+            ],
+            env,
+        )
         self._wait_for(lambda: (self.sockets / "munge.socket").exists(), timeout, "munged")
         self._spawn([_program("slurmctld"), "-D", "-i", "-f", str(self.conf)], env)
         slurmd = [_program("slurmd"), "-D", "-f", str(self.conf)]
@@ -233,21 +267,28 @@ class LocalSlurm:
             self._spawn(slurmd, env, "slurmd")
         for name in self.node_names if self.nodes > 1 else ():
             # unshare execs the shell, which execs slurmd: the PID we keep is the daemon's own.
-            setup = (f"hostname {name} && mount --bind {self.root / 'hosts'} /etc/hosts && "
-                     f"mount --bind {self.node_folder(name)} {self.node_local} && exec {shlex.join(slurmd)}")
-            self._spawn(["unshare", "--uts", "--mount", "--propagation", "private", "--", "sh", "-c", setup], env,
-                        f"slurmd-{name}")
+            setup = (
+                f"hostname {name} && mount --bind {self.root / 'hosts'} /etc/hosts && "
+                f"mount --bind {self.node_folder(name)} {self.node_local} && exec {shlex.join(slurmd)}"
+            )
+            self._spawn(
+                ["unshare", "--uts", "--mount", "--propagation", "private", "--", "sh", "-c", setup],
+                env,
+                f"slurmd-{name}",
+            )
         self._wait_for(self._node_ready, timeout, "slurmd")
         return self
 
     def _spawn(self, argv: list[str], env: dict[str, str], name: str | None = None) -> None:
         log = open(self.root / f"{name or Path(argv[0]).name}.out", "w")  # noqa: SIM115 - open for the daemon's life
-        self.processes.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                               start_new_session=True))
+        self.processes.append(
+            subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        )
 
     def _node_ready(self) -> bool:
-        done = subprocess.run([_program("sinfo"), "-h", "-N", "-o", "%t"], env=self.environ(), capture_output=True,
-                              text=True)
+        done = subprocess.run(
+            [_program("sinfo"), "-h", "-N", "-o", "%t"], env=self.environ(), capture_output=True, text=True
+        )
         states = done.stdout.split()
         return done.returncode == 0 and len(states) == self.nodes and set(states) <= {"idle", "mix", "alloc"}
 
@@ -260,11 +301,15 @@ class LocalSlurm:
             if dead:
                 break
             time.sleep(0.2)
-        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(self.root.glob("*.log")) +
-                         sorted(self.root.glob("*.out")) if p.stat().st_size)
+        logs = "\n".join(
+            f"--- {p.name}\n{p.read_text()[-1500:]}"
+            for p in sorted(self.root.glob("*.log")) + sorted(self.root.glob("*.out"))
+            if p.stat().st_size
+        )
         self.stop()
-        raise SlurmError(f"the local Slurm cluster did not come up ({what} not ready within {timeout:.0f} s); "
-                         f"logs:\n{logs}")
+        raise SlurmError(
+            f"the local Slurm cluster did not come up ({what} not ready within {timeout:.0f} s); logs:\n{logs}"
+        )
 
     def kill_node(self, name: str) -> int:
         """Kill every process of node ``name`` at once (its slurmd, step daemons and tasks), as a node that

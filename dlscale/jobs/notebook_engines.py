@@ -30,8 +30,15 @@ from typing import Any
 from dlscale.errors import DlscaleError, import_optional
 from dlscale.jobs.engine_watchdog import watch
 
-_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                   "DLSCALE_LAUNCHER")
+_RANK_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "DLSCALE_LAUNCHER",
+)
 
 
 class _NoCleanupRace(logging.Filter):
@@ -102,11 +109,17 @@ def rank_environments(hosts: list[str], master_port: int) -> list[dict[str, str]
     environments = []
     for rank, host in enumerate(hosts):
         same_host = [i for i, h in enumerate(hosts) if h == host]
-        environments.append({
-            "RANK": str(rank), "WORLD_SIZE": str(len(hosts)), "LOCAL_RANK": str(same_host.index(rank)),
-            "LOCAL_WORLD_SIZE": str(len(same_host)), "MASTER_ADDR": hosts[0] if len(set(hosts)) > 1 else "127.0.0.1",
-            "MASTER_PORT": str(master_port), "DLSCALE_LAUNCHER": "ipyparallel",
-        })
+        environments.append(
+            {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(len(hosts)),
+                "LOCAL_RANK": str(same_host.index(rank)),
+                "LOCAL_WORLD_SIZE": str(len(same_host)),
+                "MASTER_ADDR": hosts[0] if len(set(hosts)) > 1 else "127.0.0.1",
+                "MASTER_PORT": str(master_port),
+                "DLSCALE_LAUNCHER": "ipyparallel",
+            }
+        )
     return environments
 
 
@@ -133,10 +146,17 @@ def _start(ipp: Any, n: int, options: dict) -> tuple[Any, Any]:
 
 def _local_sessions(cluster: Any) -> list[int]:
     """The process sessions of a local cluster's controller and engines (ipyparallel starts each in its own)."""
-    launchers = [cluster.controller, *(engine for engine_set in cluster.engines.values()
-                                       for engine in getattr(engine_set, "launchers", {}).values())]
-    return [launcher.pid for launcher in launchers if isinstance(getattr(launcher, "pid", None), int)
-            and launcher.pid > 0]
+    launchers = [
+        cluster.controller,
+        *(
+            engine
+            for engine_set in cluster.engines.values()
+            for engine in getattr(engine_set, "launchers", {}).values()
+        ),
+    ]
+    return [
+        launcher.pid for launcher in launchers if isinstance(getattr(launcher, "pid", None), int) and launcher.pid > 0
+    ]
 
 
 def stop_engines() -> None:
@@ -156,9 +176,17 @@ def _leave_no_group() -> None:
         dist.destroy_process_group()
 
 
-def run_on_engines(function: Callable, n: int = 2, *args: Any, engines: str = "local", timeout: float | None = 900,
-                   cluster_options: dict | None = None, as_ranks: bool = True, show: bool = True,
-                   **kwargs: Any) -> list[Any]:
+def run_on_engines(
+    function: Callable,
+    n: int = 2,
+    *args: Any,
+    engines: str = "local",
+    timeout: float | None = 900,
+    cluster_options: dict | None = None,
+    as_ranks: bool = True,
+    show: bool = True,
+    **kwargs: Any,
+) -> list[Any]:
     """Call ``function(*args, **kwargs)`` on ``n`` engines as ranks 0..n-1 of one job; return the results.
 
     With ``show``, what rank 0 prints appears here as it comes (a cell that trains on the engines shows its
@@ -207,8 +235,17 @@ def _relay(task: Any, timeout: float | None) -> None:
             return
 
 
-def _run_job(ipp: Any, client: Any, n: int, function: Callable, args: tuple, kwargs: dict,
-             timeout: float | None, as_ranks: bool = True, show: bool = False) -> list[Any]:
+def _run_job(
+    ipp: Any,
+    client: Any,
+    n: int,
+    function: Callable,
+    args: tuple,
+    kwargs: dict,
+    timeout: float | None,
+    as_ranks: bool = True,
+    show: bool = False,
+) -> list[Any]:
     """The job on the first ``n`` engines of ``client``: the rank variables, the call, the results or one error."""
     ids = sorted(client.ids)[:n]
     if as_ranks:
@@ -216,8 +253,10 @@ def _run_job(ipp: Any, client: Any, n: int, function: Callable, args: tuple, kwa
         environments = rank_environments([host for host, _ in hosts_ports], hosts_ports[0][1])
     else:
         environments = [{"DLSCALE_LAUNCHER": "single"}] * n
-    pending = [client[engine].apply_async(_run_as_rank, environment, function, args, kwargs)
-               for engine, environment in zip(ids, environments)]
+    pending = [
+        client[engine].apply_async(_run_as_rank, environment, function, args, kwargs)
+        for engine, environment in zip(ids, environments)
+    ]
     if show:
         _relay(pending[0], timeout)
     results, failures = [], []

@@ -34,9 +34,9 @@ class Queue:
     """A place to submit: ``kind`` is "site" (the real queue), "local" (a cluster here) or "none"."""
 
     kind: str
-    site: str                                  # the folder of slurm/ whose scripts it runs
-    env: dict[str, str] | None = None          # the environment sbatch and squeue need
-    cluster: Any = None                        # the LocalSlurm to stop, for "local"
+    site: str  # the folder of slurm/ whose scripts it runs
+    env: dict[str, str] | None = None  # the environment sbatch and squeue need
+    cluster: Any = None  # the LocalSlurm to stop, for "local"
     settings: dict[str, str] = field(default_factory=dict)
 
     def script(self, root: str | Path, name: str = "train.sbatch") -> Path:
@@ -55,9 +55,25 @@ class Queue:
         wrap = f"--wrap=bash {self.env['DLSCALE_ROOT']}/slurm/launch.sh {self.site} probe"
         output = JOB_OUTPUT.parent.resolve() / "probe-%j.out"  # (the runs' folder, not beside the notebook)
         output.parent.mkdir(parents=True, exist_ok=True)
-        job = subprocess.run(["sbatch", "--parsable", f"--ntasks={tasks}", "--cpus-per-task=1", f"--output={output}",
-                              *self.wrap_options, wrap], env=self.env, capture_output=True, text=True,
-                             check=True).stdout.strip().split(";")[0]
+        job = (
+            subprocess.run(
+                [
+                    "sbatch",
+                    "--parsable",
+                    f"--ntasks={tasks}",
+                    "--cpus-per-task=1",
+                    f"--output={output}",
+                    *self.wrap_options,
+                    wrap,
+                ],
+                env=self.env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            .stdout.strip()
+            .split(";")[0]
+        )
         wait_for_jobs([job], self.env, timeout=timeout, poll=0.5)
         return Path(str(output).replace("%j", job)).read_text()
 
@@ -84,8 +100,9 @@ def read_settings(path: str | Path) -> dict[str, str]:
             continue
         name, equals, value = line.partition("=")
         if not equals or name.strip() not in SETTINGS:
-            raise DlscaleError(f"{path}, line {number}: expected one of {', '.join(SETTINGS)} as NAME=value, "
-                               f"got {line!r}")
+            raise DlscaleError(
+                f"{path}, line {number}: expected one of {', '.join(SETTINGS)} as NAME=value, got {line!r}"
+            )
         settings[name.strip()] = value.strip().strip('"')
     return settings
 

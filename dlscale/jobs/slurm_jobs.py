@@ -18,8 +18,17 @@ from typing import Callable, Iterable
 from dlscale.errors import DlscaleError
 
 #: Job states after which a job will not run again by itself.
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-                "DEADLINE", "PREEMPTED"}
+FINAL_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+}
 
 
 class JobFailedError(DlscaleError):
@@ -38,8 +47,9 @@ def _run(argv: list[str], env: dict[str, str] | None) -> str:
 JOB_OUTPUT = Path("runs") / "slurm" / "%x-%j.out"
 
 
-def submit(script: str | Path, args: Iterable[str] = (), options: Iterable[str] = (),
-           env: dict[str, str] | None = None) -> str:
+def submit(
+    script: str | Path, args: Iterable[str] = (), options: Iterable[str] = (), env: dict[str, str] | None = None
+) -> str:
     """``sbatch --parsable OPTIONS SCRIPT ARGS``; returns the job id. Without ``--output`` among the options the
     job writes to :data:`JOB_OUTPUT` (made absolute here: a job may change its folder)."""
     options = list(options)
@@ -70,8 +80,13 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str, poll: f
         time.sleep(poll)
 
 
-def wait_for_jobs(jobs: Iterable[str], env: dict[str, str] | None = None, timeout: float = 600.0,
-                  watch: Callable[[str], None] | None = None, poll: float = 2.0) -> dict[str, dict[str, str]]:
+def wait_for_jobs(
+    jobs: Iterable[str],
+    env: dict[str, str] | None = None,
+    timeout: float = 600.0,
+    watch: Callable[[str], None] | None = None,
+    poll: float = 2.0,
+) -> dict[str, dict[str, str]]:
     """Wait until every job has ended; return each job's final ``scontrol`` fields.
 
     ``watch`` is called with ``squeue``'s lines for the jobs at every poll (e.g. ``print``).
@@ -87,8 +102,9 @@ def wait_for_jobs(jobs: Iterable[str], env: dict[str, str] | None = None, timeou
                 if info.get("JobState") in FINAL_STATES:
                     finals[job] = info
         if watch is not None and len(finals) < len(jobs):
-            queue = _run(["squeue", "-h", "-j", ",".join(j for j in jobs if j not in finals),
-                          "-o", "%i %j %T %M %D %C %R"], env).strip()
+            queue = _run(
+                ["squeue", "-h", "-j", ",".join(j for j in jobs if j not in finals), "-o", "%i %j %T %M %D %C %R"], env
+            ).strip()
             if queue:
                 watch(queue)
         return len(finals) == len(jobs)
@@ -97,14 +113,25 @@ def wait_for_jobs(jobs: Iterable[str], env: dict[str, str] | None = None, timeou
     for job in jobs:
         info = finals[job]
         if info["JobState"] != "COMPLETED":
-            raise JobFailedError(f"job {job} ({info.get('JobName', '?')}) ended {info['JobState']}, exit code "
-                            f"{info.get('ExitCode', '?')}; the end of its output:\n{output_tail(info)}")
+            raise JobFailedError(
+                f"job {job} ({info.get('JobName', '?')}) ended {info['JobState']}, exit code "
+                f"{info.get('ExitCode', '?')}; the end of its output:\n{output_tail(info)}"
+            )
     return finals
 
 
-def submit_sweep(root: str | Path, site: str, sizes: Iterable[int], per_rank_batch: int, args: Iterable[str],
-                 sweep_dir: str | Path, env: dict[str, str] | None = None) -> list[str]:
+def submit_sweep(
+    root: str | Path,
+    site: str,
+    sizes: Iterable[int],
+    per_rank_batch: int,
+    args: Iterable[str],
+    sweep_dir: str | Path,
+    env: dict[str, str] | None = None,
+) -> list[str]:
     """``slurm/sweep.sh SITE SIZES PER_RANK_BATCH ARGS`` into ``sweep_dir``; returns the job ids it submitted."""
-    out = _run(["bash", str(Path(root) / "slurm/sweep.sh"), site, " ".join(map(str, sizes)), str(per_rank_batch),
-                *args], {**(os.environ if env is None else env), "DLSCALE_SWEEP_DIR": str(sweep_dir)})
+    out = _run(
+        ["bash", str(Path(root) / "slurm/sweep.sh"), site, " ".join(map(str, sizes)), str(per_rank_batch), *args],
+        {**(os.environ if env is None else env), "DLSCALE_SWEEP_DIR": str(sweep_dir)},
+    )
     return re.findall(r"job (\d+)", out)

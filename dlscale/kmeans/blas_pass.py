@@ -52,25 +52,43 @@ class BlasPass:
         tie_scale = 4 * bounds.scale
         block = torch.empty(min(self.chunk, len(x)) * k, dtype=x.dtype)
         for start in range(0, len(x), self.chunk):
-            rows = x[start:start + self.chunk]
-            scores = torch.addmm(c_sq, rows, centers.T, alpha=-2, out=block[:len(rows) * k].view(len(rows), k))
+            rows = x[start : start + self.chunk]
+            scores = torch.addmm(c_sq, rows, centers.T, alpha=-2, out=block[: len(rows) * k].view(len(rows), k))
             end = start + len(rows)
-            loops.nearest_two_of_scores(scores.numpy(), bounds.x_sq[start:end].numpy(), tie_scale, c_max,
-                                        *(t[start:end].numpy() for t in (self.best, self.first, self.second, self.near)))
+            loops.nearest_two_of_scores(
+                scores.numpy(),
+                bounds.x_sq[start:end].numpy(),
+                tie_scale,
+                c_max,
+                *(t[start:end].numpy() for t in (self.best, self.first, self.second, self.near)),
+            )
         near = torch.nonzero(self.near).squeeze(1)
         if len(near):
             best, first, second = (torch.empty(len(near), dtype=t.dtype) for t in (self.best, self.first, self.second))
-            loops.nearest_two_of_rows(x.numpy(), near.numpy(), cm2.numpy(), c_sq.numpy(), best.numpy(),
-                                      first.numpy(), second.numpy())
+            loops.nearest_two_of_rows(
+                x.numpy(), near.numpy(), cm2.numpy(), c_sq.numpy(), best.numpy(), first.numpy(), second.numpy()
+            )
             self.best[near], self.first[near], self.second[near] = best, first, second
             self.rescored += len(near)
         part_sums = torch.zeros(bounds.parts, k, d, dtype=torch.float64)
         part_totals = torch.zeros(bounds.parts, k, dtype=torch.float64)
         changed = torch.zeros(bounds.parts, dtype=torch.int64)
-        loops.apply_labels(x.numpy(), bounds.weights.numpy(), self.best.numpy(), self.first.numpy(),
-                           self.second.numpy(), labels.numpy(), bounds.upper.numpy(), bounds.lower.numpy(),
-                           bounds.x_sq.numpy(), bounds.scale, bounds.scale * c_max, part_sums.numpy(),
-                           part_totals.numpy(), changed.numpy())
+        loops.apply_labels(
+            x.numpy(),
+            bounds.weights.numpy(),
+            self.best.numpy(),
+            self.first.numpy(),
+            self.second.numpy(),
+            labels.numpy(),
+            bounds.upper.numpy(),
+            bounds.lower.numpy(),
+            bounds.x_sq.numpy(),
+            bounds.scale,
+            bounds.scale * c_max,
+            part_sums.numpy(),
+            part_totals.numpy(),
+            changed.numpy(),
+        )
         sums += part_sums.sum(0)
         totals += part_totals.sum(0)
         bounds.scored += len(x) + len(near)

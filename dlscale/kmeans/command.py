@@ -67,8 +67,13 @@ def load_sample_image(name: str = "sample") -> np.ndarray:
     """An RGB image as floats in [0, 1]: scikit-learn's ``china.jpg`` for ``sample`` (its ``flower.jpg`` too, by
     name), else a file."""
     if name in ("sample", "china.jpg", "flower.jpg"):
-        datasets = import_optional("sklearn.datasets", "kmeans", "--image sample (scikit-learn's bundled photo)",
-                                   InputError, "or pass --image PATH")
+        datasets = import_optional(
+            "sklearn.datasets",
+            "kmeans",
+            "--image sample (scikit-learn's bundled photo)",
+            InputError,
+            "or pass --image PATH",
+        )
         image = datasets.load_sample_image("china.jpg" if name == "sample" else name)
     else:
         from matplotlib import image as mpimg
@@ -95,7 +100,8 @@ def load_input(inputs: list[str], image: str | None, rank: int, world: int) -> t
 
 
 def load_weights(pattern: str | None, rank: int, world: int, n_rows: int) -> np.ndarray | None:
-    """``--sample-weight``: one weight per row of this rank, from a .npy file split like ``--input`` or a {rank} pattern."""
+    """``--sample-weight``: one weight per row of this rank, from a .npy file split like ``--input`` or a {rank}
+    pattern."""
     if pattern is None:
         return None
 
@@ -106,8 +112,10 @@ def load_weights(pattern: str | None, rank: int, world: int, n_rows: int) -> np.
 
     weights, path = _rank_part(pattern, rank, world, read)
     if weights.shape != (n_rows,):
-        raise InputError(f"{path} holds weights of shape {weights.shape}, but this rank has {n_rows} samples: "
-                         "give one weight per sample, in the order of --input")
+        raise InputError(
+            f"{path} holds weights of shape {weights.shape}, but this rank has {n_rows} samples: "
+            "give one weight per sample, in the order of --input"
+        )
     return weights.astype(np.float64, copy=False)
 
 
@@ -138,8 +146,16 @@ def run(args: Any) -> dict:
         env = distributed.detect()
         rank, world = env.rank, spmd_ranks()
     x, picture = load_input(args.input, args.image, rank, world)
-    model = KMeans(args.k, init=initial_centers(args.init), max_iter=args.max_iter, tol=args.tol, backend=backend,
-                   device=args.device, chunk_size=args.chunk_size, random_state=args.seed)
+    model = KMeans(
+        args.k,
+        init=initial_centers(args.init),
+        max_iter=args.max_iter,
+        tol=args.tol,
+        backend=backend,
+        device=args.device,
+        chunk_size=args.chunk_size,
+        random_state=args.seed,
+    )
     started = time.perf_counter()
     try:
         model.fit(x, sample_weight=load_weights(args.sample_weight, rank, world, len(x)))
@@ -149,19 +165,32 @@ def run(args: Any) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     np.save(out / (f"labels_rank{rank}.npy" if world > 1 else "labels.npy"), model.labels_)
-    summary = {"backend": backend, "ranks": world, "launcher": launcher, "device": str(device),
-               "n_samples_rank0": int(len(x)), "n_features": int(x.shape[1]), "n_clusters": args.k,
-               "inertia": model.inertia_, "n_iter": model.n_iter_, "seconds": seconds,
-               "seconds_per_iteration": model.timings_["per_iteration"], "init_seconds": model.timings_["init"],
-               "threads": threads.to_dict()}
+    summary = {
+        "backend": backend,
+        "ranks": world,
+        "launcher": launcher,
+        "device": str(device),
+        "n_samples_rank0": int(len(x)),
+        "n_features": int(x.shape[1]),
+        "n_clusters": args.k,
+        "inertia": model.inertia_,
+        "n_iter": model.n_iter_,
+        "seconds": seconds,
+        "seconds_per_iteration": model.timings_["per_iteration"],
+        "init_seconds": model.timings_["init"],
+        "threads": threads.to_dict(),
+    }
     if rank == 0:
         np.save(out / "centers.npy", model.cluster_centers_)
         if picture is not None:
             _write_quantized(model, picture, out)
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        print(f"K-Means ({backend}, {world} rank{'s' if world > 1 else ''}): k={args.k}, inertia "
-              f"{model.inertia_:.6g}, {model.n_iter_} iterations, {summary['seconds_per_iteration'] * 1e3:.1f} ms "
-              f"per iteration, {seconds:.2f} s in all; outputs in {out}/", flush=True)
+        print(
+            f"K-Means ({backend}, {world} rank{'s' if world > 1 else ''}): k={args.k}, inertia "
+            f"{model.inertia_:.6g}, {model.n_iter_} iterations, {summary['seconds_per_iteration'] * 1e3:.1f} ms "
+            f"per iteration, {seconds:.2f} s in all; outputs in {out}/",
+            flush=True,
+        )
     if backend == "torch":
         distributed.shutdown()
     return summary

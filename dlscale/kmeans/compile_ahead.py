@@ -1,6 +1,7 @@
 """Compile K-Means's CPU loops into numba's cache ahead of the first fit: ``python -m dlscale.kmeans.compile_ahead``.
 
-numba compiles each loop for each kind of input (float32 or float64) at its first call and keeps the machine code in its cache (``__pycache__`` beside the source, or
+numba compiles each loop for each kind of input (float32 or float64) at its first call and keeps the machine code in
+its cache (``__pycache__`` beside the source, or
 ``NUMBA_CACHE_DIR``). In a fresh install every process that fits before the cache is written
 compiles for itself: 20–25 s of CPU each on 2 cores, paid by each rank of a first distributed
 run, each kernel of a workshop room and each test process. ``make setup-dev`` (and so ``make lab``
@@ -35,8 +36,9 @@ def compile_ahead() -> float:
         x = rows.astype(dtype)
         for init in ("k-means++", "random", tied.astype(dtype)):
             # max_iter 4 and tol 0: the BLAS pass, then the compiled one, then the faster of the two
-            model = KMeans(4, init=init, n_init=1, max_iter=4, tol=0.0, random_state=0, backend="torch",
-                           device="cpu").fit(x)
+            model = KMeans(
+                4, init=init, n_init=1, max_iter=4, tol=0.0, random_state=0, backend="torch", device="cpu"
+            ).fit(x)
             model.predict(x)
             model.score(x)
     return time.perf_counter() - started

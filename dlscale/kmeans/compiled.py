@@ -66,8 +66,27 @@ def _move_row(x, w, weighted, i, new, labels, part_sums, part_totals):
 
 
 @njit(parallel=True, cache=True)
-def lloyd_pass(x, w, cm2, c_sq, labels, upper, lower, x_sq, scale, shift, other, gap, c_slack, skip_slack,
-               score_all, sums, totals, changed, scored):
+def lloyd_pass(
+    x,
+    w,
+    cm2,
+    c_sq,
+    labels,
+    upper,
+    lower,
+    x_sq,
+    scale,
+    shift,
+    other,
+    gap,
+    c_slack,
+    skip_slack,
+    score_all,
+    sums,
+    totals,
+    changed,
+    scored,
+):
     """One Lloyd's pass over this rank's rows with Hamerly's bounds (see :mod:`dlscale.kmeans.hamerly`).
 
     Rows whose bounds rule out a new centre are skipped; the others are scored, their bounds
@@ -193,6 +212,7 @@ def inertia(x, w, centers, labels, parts):
 
 
 # -- the BLAS pass's loops (dlscale.kmeans.blas_pass): a GEMM scores the rows, these read its block --------------
+
 
 @njit(parallel=True, cache=True)
 def nearest_two_of_scores(scores, x_sq, tie_scale, c_max, best, first, second, near):

@@ -57,7 +57,8 @@ def formula(centers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def nearest(x: torch.Tensor, centers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's nearest centre, by the arithmetic of the bounded pass (:mod:`dlscale.kmeans.hamerly`), and its squared distance (float64)."""
+    """Each row's nearest centre, by the arithmetic of the bounded pass (:mod:`dlscale.kmeans.hamerly`), and its
+    squared distance (float64)."""
     x = x.contiguous()
     labels = torch.empty(len(x), dtype=torch.int64)
     distance = torch.empty(len(x), dtype=torch.float64)
@@ -69,8 +70,11 @@ def nearest(x: torch.Tensor, centers: torch.Tensor) -> tuple[torch.Tensor, torch
 def inertia(x: torch.Tensor, centers: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None) -> float:
     """Σ w·‖x − c_label‖² over the rows, each term and the sum in float64, by a compiled loop."""
     x = x.contiguous()
-    return float(loops().inertia(x.numpy(), weights_for_loops(weights).numpy(),
-                                 centers.contiguous().numpy(), labels.numpy(), parts(len(x))))
+    return float(
+        loops().inertia(
+            x.numpy(), weights_for_loops(weights).numpy(), centers.contiguous().numpy(), labels.numpy(), parts(len(x))
+        )
+    )
 
 
 def column_sums(x: torch.Tensor) -> torch.Tensor:

@@ -56,8 +56,14 @@ class CpuPass:
         """The kind that ran most of the passes (the GEMM on a tie)."""
         return max(KINDS, key=lambda kind: self.passes[kind])
 
-    def run(self, centers: torch.Tensor, previous: torch.Tensor | None, labels: torch.Tensor,
-            sums: torch.Tensor, totals: torch.Tensor) -> int:
+    def run(
+        self,
+        centers: torch.Tensor,
+        previous: torch.Tensor | None,
+        labels: torch.Tensor,
+        sums: torch.Tensor,
+        totals: torch.Tensor,
+    ) -> int:
         """One pass after the centres moved from ``previous`` (None: the first): as
         :meth:`HamerlyPass.run <dlscale.kmeans.hamerly.HamerlyPass.run>`, by the kind chosen now."""
         kind = self._pick()
@@ -90,5 +96,7 @@ class CpuPass:
 
 def _compiled_versions(loops) -> int:
     """How many compiled versions the loops have in this process (it grows when a call compiles or loads one)."""
-    return sum(len(getattr(loops, name).signatures)
-               for name in ("lloyd_pass", "nearest_two_of_scores", "nearest_two_of_rows", "apply_labels"))
+    return sum(
+        len(getattr(loops, name).signatures)
+        for name in ("lloyd_pass", "nearest_two_of_scores", "nearest_two_of_rows", "apply_labels")
+    )

@@ -61,8 +61,9 @@ def start_mpi(d4p: ModuleType) -> None:
         _mpi_started = True
 
 
-def fit_daal4py(X: np.ndarray, n_clusters: int, init: str | np.ndarray, max_iter: int, tol: float,
-                random_state: int | None) -> KMeansFit:
+def fit_daal4py(
+    X: np.ndarray, n_clusters: int, init: str | np.ndarray, max_iter: int, tol: float, random_state: int | None
+) -> KMeansFit:
     """Cluster this rank's ``X`` with oneDAL (SPMD over the job's MPI ranks when there are several).
 
     An array ``init`` comes checked by the estimator (shape, and the data's dtype).
@@ -77,8 +78,9 @@ def fit_daal4py(X: np.ndarray, n_clusters: int, init: str | np.ndarray, max_iter
     started = time.perf_counter()
     if isinstance(init, str):
         seed = random_state if random_state is not None else 0
-        initializer = d4p.kmeans_init(k, fptype=fptype, method=INIT_METHODS[init], distributed=spmd,
-                                      engine=d4p.engines_mt19937(seed=seed))
+        initializer = d4p.kmeans_init(
+            k, fptype=fptype, method=INIT_METHODS[init], distributed=spmd, engine=d4p.engines_mt19937(seed=seed)
+        )
         centroids = initializer.compute(X).centroids
     else:
         centroids = np.ascontiguousarray(init, dtype=X.dtype)
@@ -87,8 +89,10 @@ def fit_daal4py(X: np.ndarray, n_clusters: int, init: str | np.ndarray, max_iter
     loop_done = time.perf_counter()
     labels = d4p.kmeans(k, 0, fptype=fptype, assignFlag=True).compute(X, result.centroids).assignments
     iterations = int(np.asarray(result.nIterations).ravel()[0])
-    return KMeansFit(cluster_centers=np.asarray(result.centroids, dtype=X.dtype),
-                     labels=np.asarray(labels).ravel().astype(np.int64),
-                     inertia=float(np.asarray(result.objectiveFunction).ravel()[0]), n_iter=iterations,
-                     timings=timings(init_done - started, loop_done - init_done, iterations,
-                                     total=time.perf_counter() - started))
+    return KMeansFit(
+        cluster_centers=np.asarray(result.centroids, dtype=X.dtype),
+        labels=np.asarray(labels).ravel().astype(np.int64),
+        inertia=float(np.asarray(result.objectiveFunction).ravel()[0]),
+        n_iter=iterations,
+        timings=timings(init_done - started, loop_done - init_done, iterations, total=time.perf_counter() - started),
+    )

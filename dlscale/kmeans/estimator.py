@@ -54,10 +54,12 @@ EXPECTED_FAILED_CHECKS = {
     "check_sample_weight_equivalence_on_dense_data": (
         "a weight of 2 is not the same as a repeated row for the random initialisation: the seeding draws "
         "from n rows instead of n + 1, so the initial centres differ (scikit-learn's KMeans declares the same); "
-        "from the same initial centres the weighted fit is exact (tests/unit/test_kmeans.py)"),
+        "from the same initial centres the weighted fit is exact (tests/unit/test_kmeans.py)"
+    ),
     "check_sample_weight_equivalence_on_sparse_data": (
         "the same check on a sparse copy of the data, which is made dense and fitted as above (scikit-learn's "
-        "KMeans declares it too)"),
+        "KMeans declares it too)"
+    ),
 }
 
 
@@ -194,11 +196,25 @@ default="k-means++"
         "rounds": [Interval(Integral, 1, None, closed="left")],
     }
 
-    def __init__(self, n_clusters: int = 8, *, init: str | Any = "k-means++", n_init: str | int = "auto",
-                 max_iter: int = 300, tol: float = 1e-4, verbose: int = 0, random_state: Any = None,
-                 copy_x: bool = True, algorithm: str = "lloyd", backend: str = "auto", device: str | None = None,
-                 chunk_size: int | None = None, n_local_trials: int | None = None, oversampling: float | None = None,
-                 rounds: int = 5):
+    def __init__(
+        self,
+        n_clusters: int = 8,
+        *,
+        init: str | Any = "k-means++",
+        n_init: str | int = "auto",
+        max_iter: int = 300,
+        tol: float = 1e-4,
+        verbose: int = 0,
+        random_state: Any = None,
+        copy_x: bool = True,
+        algorithm: str = "lloyd",
+        backend: str = "auto",
+        device: str | None = None,
+        chunk_size: int | None = None,
+        n_local_trials: int | None = None,
+        oversampling: float | None = None,
+        rounds: int = 5,
+    ):
         self.n_clusters = n_clusters
         self.init = init
         self.n_init = n_init
@@ -245,34 +261,49 @@ default="k-means++"
         x = self._check_data(X, device, reset=True)
         weights = self._check_weights(sample_weight, X, x)
         if weights is not None and self.backend_ == "daal4py":
-            raise KMeansError("backend='daal4py' takes no sample_weight (oneDAL's K-Means has no weights input): "
-                              "use backend='torch' (under torchrun or srun for several ranks)")
+            raise KMeansError(
+                "backend='daal4py' takes no sample_weight (oneDAL's K-Means has no weights input): "
+                "use backend='torch' (under torchrun or srun for several ranks)"
+            )
         if callable(self.init) and self.backend_ == "daal4py":
-            raise KMeansError("backend='daal4py' takes no callable init (oneDAL seeds itself or takes an array): "
-                              "pass its centres as an array, or use backend='torch'")
+            raise KMeansError(
+                "backend='daal4py' takes no callable init (oneDAL seeds itself or takes an array): "
+                "pass its centres as an array, or use backend='torch'"
+            )
         rows = torch.tensor([float(len(x))], dtype=torch.float64, device=x.device)
         n_total = int(distributed.all_reduce_sum(rows)[0])
         if n_total < self.n_clusters:
-            raise KMeansError(f"n_samples={n_total} should be >= n_clusters={self.n_clusters}: ask for fewer "
-                              "clusters or give more samples")
+            raise KMeansError(
+                f"n_samples={n_total} should be >= n_clusters={self.n_clusters}: ask for fewer "
+                "clusters or give more samples"
+            )
         if group_size() > 1 and len(x) == 0:
             raise KMeansError("this rank's shard is empty: give every rank at least one sample")
         if self.algorithm == "elkan" and self.n_clusters == 1:
-            warnings.warn("algorithm='elkan' doesn't make sense for a single cluster. Using 'lloyd' instead.",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                "algorithm='elkan' doesn't make sense for a single cluster. Using 'lloyd' instead.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self._n_init = self._n_runs()  # (scikit-learn's name for it, which its own tests read)
         init, seeds = self._checked_init(x), self._seeds(self._n_init)
-        runs = (self._runs_daal4py(x, init, seeds) if self.backend_ == "daal4py" else
-                self._runs_torch(x, weights, init, seeds, n_total))
+        runs = (
+            self._runs_daal4py(x, init, seeds)
+            if self.backend_ == "daal4py"
+            else self._runs_torch(x, weights, init, seeds, n_total)
+        )
         best = min(runs, key=lambda run: run.inertia)  # the first of equals, as scikit-learn keeps
         self.cluster_centers_, self.labels_ = best.cluster_centers, best.labels
         self.inertia_, self.n_iter_, self.timings_, self.pass_ = best.inertia, best.n_iter, best.timings, best.pass_name
         self._n_features_out = self.n_clusters
         distinct = int(np.count_nonzero(np.bincount(self.labels_, minlength=self.n_clusters)))
         if group_size() <= 1 and distinct < self.n_clusters:
-            warnings.warn(f"Number of distinct clusters ({distinct}) found smaller than n_clusters "
-                          f"({self.n_clusters}). Possibly due to duplicate points in X.", ConvergenceWarning,
-                          stacklevel=2)
+            warnings.warn(
+                f"Number of distinct clusters ({distinct}) found smaller than n_clusters "
+                f"({self.n_clusters}). Possibly due to duplicate points in X.",
+                ConvergenceWarning,
+                stacklevel=2,
+            )
         return self
 
     def fit_predict(self, X: Any, y: Any = None, sample_weight: Any = None) -> np.ndarray:
@@ -304,8 +335,15 @@ default="k-means++"
     def _check_data(self, X: Any, device: torch.device, reset: bool) -> torch.Tensor:
         """scikit-learn's validation for arrays, lists and DataFrames; the same rules for a tensor, in place."""
         if not isinstance(X, torch.Tensor):
-            array = validate_data(self, X, reset=reset, dtype=[np.float64, np.float32], order="C",
-                                  accept_sparse="csr", ensure_min_samples=0 if group_size() > 1 else 1)
+            array = validate_data(
+                self,
+                X,
+                reset=reset,
+                dtype=[np.float64, np.float32],
+                order="C",
+                accept_sparse="csr",
+                ensure_min_samples=0 if group_size() > 1 else 1,
+            )
             if hasattr(array, "toarray"):  # sparse: made dense once, if it fits (sparse_input says why)
                 array = sparse_input.dense(array)
             return torch.from_numpy(array).to(device)
@@ -322,8 +360,9 @@ default="k-means++"
             if hasattr(self, "feature_names_in_"):
                 del self.feature_names_in_
         elif x.shape[1] != self.n_features_in_:
-            raise KMeansError(f"X has {x.shape[1]} features, but KMeans is expecting {self.n_features_in_} "
-                              "features as input.")
+            raise KMeansError(
+                f"X has {x.shape[1]} features, but KMeans is expecting {self.n_features_in_} features as input."
+            )
         return x.contiguous()
 
     def _check_weights(self, sample_weight: Any, X: Any, x: torch.Tensor) -> torch.Tensor | None:
@@ -333,8 +372,13 @@ default="k-means++"
         if isinstance(X, torch.Tensor):  # scikit-learn's check only needs the number of rows from X
             X = np.empty((len(x), 0))
         shard = group_size() > 1  # (one rank's shard may weigh nothing at all; the whole data set may not)
-        weights = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True,
-                                       **({"allow_all_zero_weights": shard} if _CHECKS_ZERO_WEIGHTS else {}))
+        weights = _check_sample_weight(
+            sample_weight,
+            X,
+            dtype=np.float64,
+            ensure_non_negative=True,
+            **({"allow_all_zero_weights": shard} if _CHECKS_ZERO_WEIGHTS else {}),
+        )
         if not shard and not weights.any():  # (what scikit-learn >= 1.8 says; before, its helper let it through)
             raise ValueError("Sample weights must contain at least one non-zero number.")
         return torch.from_numpy(weights).to(x.device)
@@ -352,8 +396,12 @@ default="k-means++"
         if self.n_init == "auto":  # (as scikit-learn: one run from a good seeding or given centres, else 10)
             return 1 if explicit or self.init in ("k-means++", "k-means||") else 10
         if explicit and self.n_init != 1:
-            warnings.warn(f"Explicit initial center position passed: performing only one init in KMeans instead "
-                          f"of n_init={self.n_init}.", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"Explicit initial center position passed: performing only one init in KMeans instead "
+                f"of n_init={self.n_init}.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             return 1
         return self.n_init
 
@@ -370,18 +418,24 @@ default="k-means++"
         return self._checked_centers(self.init, x)
 
     def _checked_centers(self, given: Any, x: torch.Tensor) -> np.ndarray:
-        """Initial centres given as an array or returned by a callable ``init``, in the data's dtype, of the right shape."""
+        """Initial centres given as an array or returned by a callable ``init``, in the data's dtype, of the right
+        shape."""
         centers = check_array(given, dtype=np.float32 if x.dtype == torch.float32 else np.float64, copy=True)
         if centers.shape[0] != self.n_clusters:
-            raise KMeansError(f"The shape of the initial centers {centers.shape} does not match the number "
-                              f"of clusters {self.n_clusters}.")
+            raise KMeansError(
+                f"The shape of the initial centers {centers.shape} does not match the number "
+                f"of clusters {self.n_clusters}."
+            )
         if centers.shape[1] != x.shape[1]:
-            raise KMeansError(f"The shape of the initial centers {centers.shape} does not match the number "
-                              f"of features of the data {x.shape[1]}.")
+            raise KMeansError(
+                f"The shape of the initial centers {centers.shape} does not match the number "
+                f"of features of the data {x.shape[1]}."
+            )
         return centers
 
-    def _initial_centers(self, x: torch.Tensor, weights: torch.Tensor | None, init: str | np.ndarray | Any,
-                         seed: int, mean: torch.Tensor) -> torch.Tensor:
+    def _initial_centers(
+        self, x: torch.Tensor, weights: torch.Tensor | None, init: str | np.ndarray | Any, seed: int, mean: torch.Tensor
+    ) -> torch.Tensor:
         """Starting centres for the mean-centred rows ``x`` (an explicit ``init`` is centred the same way)."""
         k = self.n_clusters
         if callable(init):
@@ -392,8 +446,9 @@ default="k-means++"
         if init == "random":
             return random_init(x, k, generator, weights)
         if init == "k-means||" or group_size() > 1:
-            return kmeans_parallel(x, k, generator, self._chunk(x), oversampling=self.oversampling,
-                                   rounds=self.rounds, weights=weights)
+            return kmeans_parallel(
+                x, k, generator, self._chunk(x), oversampling=self.oversampling, rounds=self.rounds, weights=weights
+            )
         return kmeans_plusplus(x, k, generator, self.n_local_trials, weights)
 
     def _called_init(self, init: Any, x: torch.Tensor, seed: int) -> torch.Tensor:
@@ -414,8 +469,9 @@ default="k-means++"
             raise KMeansError(f"the callable init failed on the first rank ({centers}): fix it there")
         return torch.from_numpy(centers).to(device=x.device, dtype=x.dtype)
 
-    def _runs_torch(self, x: torch.Tensor, weights: torch.Tensor | None, init: str | np.ndarray, seeds: list[int],
-                    n_total: int) -> Iterator[KMeansFit]:
+    def _runs_torch(
+        self, x: torch.Tensor, weights: torch.Tensor | None, init: str | np.ndarray, seeds: list[int], n_total: int
+    ) -> Iterator[KMeansFit]:
         """One torch fit per seed."""
         chunk = self._chunk(x)
         mean = global_mean(x, n_total, chunk)
@@ -430,8 +486,14 @@ default="k-means++"
             if self.verbose:
                 say_on_first_rank("Initialization complete")
             run = lloyd(x, weights, centers, self.max_iter, threshold, chunk, verbose=bool(self.verbose))
-            yield KMeansFit((run.centers + mean).cpu().numpy(), run.labels.cpu().numpy(), run.inertia, run.n_iter,
-                            timings(init_seconds, run.seconds, run.n_iter), run.pass_name)
+            yield KMeansFit(
+                (run.centers + mean).cpu().numpy(),
+                run.labels.cpu().numpy(),
+                run.inertia,
+                run.n_iter,
+                timings(init_seconds, run.seconds, run.n_iter),
+                run.pass_name,
+            )
 
     def _runs_daal4py(self, x: torch.Tensor, init: str | np.ndarray, seeds: list[int]) -> Iterator[KMeansFit]:
         """One oneDAL fit per seed."""

@@ -72,8 +72,14 @@ class HamerlyPass:
         self._passes_scoring_all = 0  # since the bounds last skipped too few rows (0: they pay)
         self.weights = compiled_scoring.weights_for_loops(weights)  # (as the loops read them)
 
-    def run(self, centers: torch.Tensor, previous: torch.Tensor | None, labels: torch.Tensor,
-            sums: torch.Tensor, totals: torch.Tensor) -> int:
+    def run(
+        self,
+        centers: torch.Tensor,
+        previous: torch.Tensor | None,
+        labels: torch.Tensor,
+        sums: torch.Tensor,
+        totals: torch.Tensor,
+    ) -> int:
         """One pass after the centres moved from ``previous`` (None: the first pass, every row scored).
 
         Relabels the rows that changed cluster, moves their weighted features between the clusters'
@@ -84,17 +90,33 @@ class HamerlyPass:
         score_all = previous is None or self._passes_scoring_all % self.PROBE_EVERY != 0
         zeros = torch.zeros(k, dtype=torch.float64)
         shift, other, gap = (zeros, zeros, zeros) if score_all else _motion(previous.double(), new64)
-        c_max = float((new64 ** 2).sum(1).max())
+        c_max = float((new64**2).sum(1).max())
         cm2, c_sq = compiled_scoring.formula(centers)
         part_sums = torch.zeros(self.parts, k, d, dtype=torch.float64)
         part_totals = torch.zeros(self.parts, k, dtype=torch.float64)
         changed = torch.zeros(self.parts, dtype=torch.int64)
         scored = torch.zeros(self.parts, dtype=torch.int64)
         self.loops.lloyd_pass(
-            self.x.numpy(), self.weights.numpy(), cm2.numpy(), c_sq.numpy(), labels.numpy(), self.upper.numpy(),
-            self.lower.numpy(), self.x_sq.numpy(), self.scale, shift.numpy(), other.numpy(), gap.numpy(),
-            self.scale * c_max, 2 * self.scale * c_max, score_all, part_sums.numpy(), part_totals.numpy(),
-            changed.numpy(), scored.numpy())
+            self.x.numpy(),
+            self.weights.numpy(),
+            cm2.numpy(),
+            c_sq.numpy(),
+            labels.numpy(),
+            self.upper.numpy(),
+            self.lower.numpy(),
+            self.x_sq.numpy(),
+            self.scale,
+            shift.numpy(),
+            other.numpy(),
+            gap.numpy(),
+            self.scale * c_max,
+            2 * self.scale * c_max,
+            score_all,
+            part_sums.numpy(),
+            part_totals.numpy(),
+            changed.numpy(),
+            scored.numpy(),
+        )
         sums += part_sums.sum(0)
         totals += part_totals.sum(0)
         n_scored = int(scored.sum())

@@ -46,8 +46,9 @@ def _rows_by_global_index(x: torch.Tensor, indices: torch.Tensor) -> torch.Tenso
     return all_reduce_sum(out).to(x.dtype)
 
 
-def random_init(x: torch.Tensor, k: int, generator: torch.Generator,
-                weights: torch.Tensor | None = None) -> torch.Tensor:
+def random_init(
+    x: torch.Tensor, k: int, generator: torch.Generator, weights: torch.Tensor | None = None
+) -> torch.Tensor:
     """``k`` distinct samples drawn from all ranks' data: uniformly, or with probability ∝ weight.
 
     The weighted draw is without replacement, as scikit-learn's ``choice(p=w / w.sum())``:
@@ -76,14 +77,19 @@ def _closest_sq(x: torch.Tensor, centers: torch.Tensor, chunk: int) -> torch.Ten
     c_sq = (centers * centers).sum(1)
     out = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
     for start in range(0, x.shape[0], chunk):
-        xc = x[start:start + chunk]
+        xc = x[start : start + chunk]
         block = torch.addmm(c_sq, xc, centers.T, beta=1, alpha=-2).min(dim=1).values
-        out[start:start + chunk] = (block + (xc * xc).sum(1)).clamp_(min=0).double()
+        out[start : start + chunk] = (block + (xc * xc).sum(1)).clamp_(min=0).double()
     return out
 
 
-def kmeans_plusplus(x: torch.Tensor, k: int, generator: torch.Generator, n_local_trials: int | None = None,
-                    weights: torch.Tensor | None = None) -> torch.Tensor:
+def kmeans_plusplus(
+    x: torch.Tensor,
+    k: int,
+    generator: torch.Generator,
+    n_local_trials: int | None = None,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Greedy k-means++ on the rows of ``x`` (optionally weighted), in one process, as scikit-learn does it.
 
     Distances to the candidates are one GEMM each step (``‖x‖² − 2·x·cᵀ + ‖c‖²`` in the data's
@@ -122,9 +128,15 @@ def kmeans_plusplus(x: torch.Tensor, k: int, generator: torch.Generator, n_local
     return torch.stack(centers).clone()
 
 
-def kmeans_parallel(x: torch.Tensor, k: int, generator: torch.Generator, chunk: int,
-                    oversampling: float | None = None, rounds: int = 5,
-                    weights: torch.Tensor | None = None) -> torch.Tensor:
+def kmeans_parallel(
+    x: torch.Tensor,
+    k: int,
+    generator: torch.Generator,
+    chunk: int,
+    oversampling: float | None = None,
+    rounds: int = 5,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
     """k-means|| over all ranks' shards: ``rounds`` of oversampling (ℓ = 2k by default), then weighted k-means++.
 
     ``chunk`` is the rows of a distance block against k centres; against more candidates a block
@@ -153,8 +165,12 @@ def kmeans_parallel(x: torch.Tensor, k: int, generator: torch.Generator, chunk: 
     # Weight each candidate by the points closest to it, then reduce the candidates to k. (About ℓ·rounds
     # candidates, ten times k: the rows per block shrink to match, or a GPU's block would be 1.3 GB at 1M rows.)
     rows = max(1, budget // len(candidates))
-    labels = torch.cat([torch.addmm((candidates * candidates).sum(1), x[s:s + rows], candidates.T, alpha=-2)
-                        .argmin(1) for s in range(0, x.shape[0], rows)])
+    labels = torch.cat(
+        [
+            torch.addmm((candidates * candidates).sum(1), x[s : s + rows], candidates.T, alpha=-2).argmin(1)
+            for s in range(0, x.shape[0], rows)
+        ]
+    )
     candidate_weights = all_reduce_sum(torch.bincount(labels, weights=weights, minlength=len(candidates)).double())
     if len(candidates) <= k:  # too few distinct candidates: top up with random samples
         return torch.cat([candidates, random_init(x, k - len(candidates), generator, weights)])
@@ -170,5 +186,5 @@ def _gather_rows(rows: torch.Tensor) -> torch.Tensor:
     counts[_world()[0]] = len(rows)
     counts = all_reduce_sum(counts).tolist()
     padded = torch.zeros(max(counts), rows.shape[1], dtype=rows.dtype, device=rows.device)
-    padded[:len(rows)] = rows
+    padded[: len(rows)] = rows
     return torch.cat([block[:count] for block, count in zip(all_gather(padded), counts)])

@@ -89,7 +89,7 @@ def global_mean(x: torch.Tensor, n_total: int, chunk: int) -> torch.Tensor:
     else:
         total = x.new_zeros(x.shape[1], dtype=torch.float64)
         for start in range(0, x.shape[0], chunk):
-            total += x[start:start + chunk].double().sum(0)
+            total += x[start : start + chunk].double().sum(0)
     return distributed.all_reduce_sum(total) / n_total
 
 
@@ -98,11 +98,12 @@ def mean_variance(x: torch.Tensor, mean: torch.Tensor, n_total: int, chunk: int)
     scikit-learn's ``tol``)."""
     squares = torch.zeros_like(mean)
     for start in range(0, x.shape[0], chunk):
-        squares += ((x[start:start + chunk].double() - mean) ** 2).sum(0)
+        squares += ((x[start : start + chunk].double() - mean) ** 2).sum(0)
     return float((distributed.all_reduce_sum(squares) / n_total).mean())
 
 
 # -- one run --------------------------------------------------------------------------------------
+
 
 class _ClusterSums:
     """This rank's per-cluster weighted sums (k × d) and weights (k), float64, packed for one all-reduce."""
@@ -110,19 +111,28 @@ class _ClusterSums:
     def __init__(self, k: int, d: int, device: torch.device):
         self.k, self.d = k, d
         self.packed = torch.zeros(k * d + k + 1, dtype=torch.float64, device=device)
-        self.sums = self.packed[:k * d].view(k, d)
-        self.weights = self.packed[k * d:k * d + k]
+        self.sums = self.packed[: k * d].view(k, d)
+        self.weights = self.packed[k * d : k * d + k]
 
     def all_reduce(self, changed: int) -> tuple[torch.Tensor, torch.Tensor, float]:
         """The sums and weights over all ranks, and the number of labels changed on all ranks."""
         self.packed[-1] = changed
         total = distributed.all_reduce_sum(self.packed.clone())
         k, d = self.k, self.d
-        return total[:k * d].view(k, d), total[k * d:k * d + k], float(total[-1])
+        return total[: k * d].view(k, d), total[k * d : k * d + k], float(total[-1])
 
 
-def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, max_iter: int, threshold: float,
-          chunk: int, skip_rows: bool | None = None, verbose: bool = False, cpu_pass: str = "auto") -> LloydFit:
+def lloyd(
+    x: torch.Tensor,
+    weights: torch.Tensor | None,
+    centers: torch.Tensor,
+    max_iter: int,
+    threshold: float,
+    chunk: int,
+    skip_rows: bool | None = None,
+    verbose: bool = False,
+    cpu_pass: str = "auto",
+) -> LloydFit:
     """Lloyd's iterations from ``centers`` on this rank's rows ``x`` (weights float64, or None for ones).
 
     ``skip_rows`` chooses Hamerly's bounds in one compiled pass (default on CPUs where numba,
@@ -165,8 +175,9 @@ def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, 
             break
         if shift <= threshold:
             if verbose:
-                say_on_first_rank(f"Converged at iteration {iterations - 1}: center shift {shift} within tolerance "
-                                  f"{threshold}.")
+                say_on_first_rank(
+                    f"Converged at iteration {iterations - 1}: center shift {shift} within tolerance {threshold}."
+                )
             break
     passes = iterations
     if strict or use_bounds:
@@ -179,8 +190,15 @@ def lloyd(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, 
         labels, inertia = assign(x, centers, chunk, weights, compiled=False)
     inertia = _total(inertia, x)
     scored = bounds.scored if use_bounds else passes * x.shape[0]
-    return LloydFit(centers, labels, inertia, iterations, time.perf_counter() - started, scored,
-                    bounds.name if use_bounds else "gemm")
+    return LloydFit(
+        centers,
+        labels,
+        inertia,
+        iterations,
+        time.perf_counter() - started,
+        scored,
+        bounds.name if use_bounds else "gemm",
+    )
 
 
 def _total(inertia: float, x: torch.Tensor) -> float:
@@ -205,8 +223,14 @@ def _use_bounds(device: torch.device, skip_rows: bool | None) -> bool:
     return skip_rows
 
 
-def _one_hot_pass(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor, labels: torch.Tensor,
-                  chunk: int, local: _ClusterSums) -> int:
+def _one_hot_pass(
+    x: torch.Tensor,
+    weights: torch.Tensor | None,
+    centers: torch.Tensor,
+    labels: torch.Tensor,
+    chunk: int,
+    local: _ClusterSums,
+) -> int:
     """Every row re-scored, sums recomputed with a one-hot GEMM (GPUs: deterministic); returns #changed.
 
     The GEMM runs in float64 (the one-hot rows, the weights and the chunk's rows): accumulated in
@@ -218,15 +242,15 @@ def _one_hot_pass(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.
     changed = torch.zeros((), dtype=torch.int64, device=x.device)
     onehot_buffer = torch.empty(min(chunk, x.shape[0]), centers.shape[0], dtype=torch.float64, device=x.device)
     for start in range(0, x.shape[0], chunk):
-        xc = x[start:start + chunk]
+        xc = x[start : start + chunk]
         block = torch.addmm(c_sq, xc, centers.T, alpha=-2)
         new = argmin_rows(block)
         del block  # (before the float64 block: at most one chunk-sized block of each at a time)
-        old = labels[start:start + chunk]
+        old = labels[start : start + chunk]
         changed += (new != old).sum()
-        onehot = onehot_buffer[:len(xc)].zero_().scatter_(1, new[:, None], 1.0)
+        onehot = onehot_buffer[: len(xc)].zero_().scatter_(1, new[:, None], 1.0)
         if weights is not None:
-            onehot *= weights[start:start + chunk, None]
+            onehot *= weights[start : start + chunk, None]
         local.sums += onehot.T @ xc.double()
         local.weights += onehot.sum(0)
         old.copy_(new)
@@ -251,8 +275,15 @@ def _farthest_distinct_rows(x: torch.Tensor, order: torch.Tensor, count: int) ->
         pool = min(len(order), 2 * pool)
 
 
-def _relocate_empty_clusters(x: torch.Tensor, weights: torch.Tensor | None, centers: torch.Tensor,
-                             labels: torch.Tensor, sums: torch.Tensor, totals: torch.Tensor, chunk: int) -> None:
+def _relocate_empty_clusters(
+    x: torch.Tensor,
+    weights: torch.Tensor | None,
+    centers: torch.Tensor,
+    labels: torch.Tensor,
+    sums: torch.Tensor,
+    totals: torch.Tensor,
+    chunk: int,
+) -> None:
     """scikit-learn's repair: each empty cluster takes one of the points farthest from their centres.
 
     Each takes a different point: copies of one row (a photo's many pixels of one colour) are offered once, and a
@@ -290,7 +321,7 @@ def _relocate_empty_clusters(x: torch.Tensor, weights: torch.Tensor | None, cent
     for index in offered:  # distinct points first, in order...
         if len(taken) < n_empty and not any(torch.equal(offer[index, 5:], offer[j, 5:]) for j in taken):
             taken.append(index)
-    taken += [i for i in offered if i not in taken][:n_empty - len(taken)]  # ...then copies, if points run out
+    taken += [i for i in offered if i not in taken][: n_empty - len(taken)]  # ...then copies, if points run out
     for cluster, index in zip(empty.tolist(), taken):
         candidate = offer[index]
         donor, weight = int(candidate[3]), candidate[4]

@@ -25,15 +25,25 @@ def kmeans_command(launcher: Literal["torchrun", "mpirun", "none"], procs: int, 
         return [sys.executable, "-m", *module]
     if launcher == "torchrun":
         from dlscale.jobs.local_ranks import torchrun_command
+
         return torchrun_command(procs, module)
     if launcher == "mpirun":  # Intel MPI from PyPI installs mpirun beside the interpreter
         return [str(Path(sys.executable).with_name("mpirun")), "-n", str(procs), sys.executable, "-m", *module]
     raise ValueError(f"launcher {launcher!r}: use torchrun, mpirun or none")
 
 
-def launch_kmeans(input: str | Path | np.ndarray, k: int, out: str | Path, procs: int = 2, launcher: str = "torchrun",
-                  backend: str = "torch", init: str | Path | np.ndarray = "k-means++", max_iter: int = 300,
-                  tol: float = 1e-4, threads: int | None = None) -> dict:
+def launch_kmeans(
+    input: str | Path | np.ndarray,
+    k: int,
+    out: str | Path,
+    procs: int = 2,
+    launcher: str = "torchrun",
+    backend: str = "torch",
+    init: str | Path | np.ndarray = "k-means++",
+    max_iter: int = 300,
+    tol: float = 1e-4,
+    threads: int | None = None,
+) -> dict:
     """Run ``dlscale kmeans`` on ``procs`` ranks and return its ``summary.json``.
 
     ``input`` (and an ``init`` of starting centres) may be arrays: they are saved into ``out`` as
@@ -47,8 +57,24 @@ def launch_kmeans(input: str | Path | np.ndarray, k: int, out: str | Path, procs
     if isinstance(init, np.ndarray):
         np.save(Path(out) / "init.npy", init)
         init = Path(out) / "init.npy"
-    args = ["--input", str(input), "--k", str(k), "--init", str(init), "--max-iter", str(max_iter), "--tol",
-            str(tol), "--backend", backend, "--device", "cpu", "--out", str(out)]
+    args = [
+        "--input",
+        str(input),
+        "--k",
+        str(k),
+        "--init",
+        str(init),
+        "--max-iter",
+        str(max_iter),
+        "--tol",
+        str(tol),
+        "--backend",
+        backend,
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    ]
     argv = kmeans_command(launcher, procs, args)
     run_local(argv, f"{' '.join(argv[:6])} ...", threads or fair_threads(procs))
     return json.loads((Path(out) / "summary.json").read_text())

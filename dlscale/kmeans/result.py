@@ -23,5 +23,9 @@ class KMeansFit:
 
 def timings(init: float, iterations: float, n_iter: int, total: float | None = None) -> dict[str, float]:
     """``timings_``: seconds of the initialisation, of the iterations and per iteration, and in all."""
-    return {"init": init, "iterations": iterations, "per_iteration": iterations / max(n_iter, 1),
-            "total": init + iterations if total is None else total}
+    return {
+        "init": init,
+        "iterations": iterations,
+        "per_iteration": iterations / max(n_iter, 1),
+        "total": init + iterations if total is None else total,
+    }

@@ -31,8 +31,13 @@ def _weighted_inertia(squared: torch.Tensor, weights: torch.Tensor | None) -> to
     return (squared if weights is None else squared * weights).sum()
 
 
-def assign(x: torch.Tensor, centers: torch.Tensor, chunk: int, weights: torch.Tensor | None = None,
-           compiled: bool | None = None) -> tuple[torch.Tensor, float]:
+def assign(
+    x: torch.Tensor,
+    centers: torch.Tensor,
+    chunk: int,
+    weights: torch.Tensor | None = None,
+    compiled: bool | None = None,
+) -> tuple[torch.Tensor, float]:
     """Closest centre of every local row, and the local (weighted) inertia, chunk by chunk.
 
     On CPUs with numba (``compiled`` None or True) by the compiled loop of the CPU engine, so
@@ -45,17 +50,18 @@ def assign(x: torch.Tensor, centers: torch.Tensor, chunk: int, weights: torch.Te
     labels = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
     inertia = torch.zeros((), dtype=torch.float64, device=x.device)
     for start in range(0, x.shape[0], chunk):
-        xc = x[start:start + chunk]
+        xc = x[start : start + chunk]
         block = torch.addmm(c_sq, xc, centers.T, alpha=-2)
         # argmin then gather: torch's min(dim) returning values and indices is several times slower on CPUs
-        nearest = labels[start:start + chunk] = argmin_rows(block)
+        nearest = labels[start : start + chunk] = argmin_rows(block)
         best = block.gather(1, nearest[:, None]).squeeze(1) + (xc * xc).sum(1)
-        inertia += _weighted_inertia(best, None if weights is None else weights[start:start + chunk])
+        inertia += _weighted_inertia(best, None if weights is None else weights[start : start + chunk])
     return labels, float(inertia)
 
 
-def inertia_of(x: torch.Tensor, centers: torch.Tensor, labels: torch.Tensor, chunk: int,
-               weights: torch.Tensor | None = None) -> float:
+def inertia_of(
+    x: torch.Tensor, centers: torch.Tensor, labels: torch.Tensor, chunk: int, weights: torch.Tensor | None = None
+) -> float:
     """Sum of (weighted) squared distances of the local rows to the centres of their labels.
 
     On CPUs with numba by a compiled loop in float64 (no chunk-sized temporaries); otherwise by chunks.

@@ -28,5 +28,6 @@ def dense(matrix) -> np.ndarray:
         raise KMeansError(
             f"a sparse X of {rows:,} × {features:,} is made dense to be clustered ({needed / 2**30:.1f} GiB with "
             f"its centred copy), more than the {free / 2**30:.1f} GiB free here: give each rank fewer rows (more "
-            "ranks), reduce the features first (TruncatedSVD), or use scikit-learn's KMeans, which keeps X sparse")
+            "ranks), reduce the features first (TruncatedSVD), or use scikit-learn's KMeans, which keeps X sparse"
+        )
     return np.ascontiguousarray(matrix.toarray())

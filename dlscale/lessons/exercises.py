@@ -78,22 +78,30 @@ def _solution_cell(solution: dict, exercise: str, where: str) -> str:
     """The source of the solution cell whose fences answer Exercise ``exercise`` (e.g. "05.3")."""
     for cell in solution["cells"]:
         text = _source(cell)
-        if cell["cell_type"] == "code" and any((m := BEGIN.match(line)) and (m["hint"] or "").startswith(
-                f"Exercise {exercise}:") for line in text.splitlines()):
+        if cell["cell_type"] == "code" and any(
+            (m := BEGIN.match(line)) and (m["hint"] or "").startswith(f"Exercise {exercise}:")
+            for line in text.splitlines()
+        ):
             return text
     raise ExerciseError(f"{where}: no solution cell answers Exercise {exercise}")
 
 
 def _attendee_cells(lesson: dict) -> list[tuple[int, str]]:
-    return [(index, cell["metadata"]["exercise"]) for index, cell in enumerate(lesson["cells"])
-            if "attendee" in cell.get("metadata", {}).get("tags", []) and "exercise" in cell["metadata"]]
+    return [
+        (index, cell["metadata"]["exercise"])
+        for index, cell in enumerate(lesson["cells"])
+        if "attendee" in cell.get("metadata", {}).get("tags", []) and "exercise" in cell["metadata"]
+    ]
 
 
 def _stage_cells(lesson: dict) -> list[tuple[int, dict]]:
     """(index, metadata) of the cells in which the attendee writes the lesson's stage of the recipe:
     ``{"recipe": "05_ddp.py"}``, and ``"writes": "{my_stage}"`` where the cell writes it to a file (for ranks)."""
-    return [(index, cell["metadata"]) for index, cell in enumerate(lesson["cells"])
-            if "attendee" in cell.get("metadata", {}).get("tags", []) and "recipe" in cell["metadata"]]
+    return [
+        (index, cell["metadata"])
+        for index, cell in enumerate(lesson["cells"])
+        if "attendee" in cell.get("metadata", {}).get("tags", []) and "recipe" in cell["metadata"]
+    ]
 
 
 #: The first line of a stage the attendee writes (the rest is the stage with its gaps, or filled in).
@@ -111,8 +119,9 @@ def stage_source(name: str, gaps: bool, writes: str | None = None) -> str:
     magic = f"%%writefile {writes}\n" if writes else ""
     # (a stage written to a file keeps its command line: the lesson runs that file under torchrun too)
     footer = SCRIPT_FOOTER.rstrip("\n") if writes else ""
-    return (magic + STAGE_HEADER.format(name=name, lesson=name[:2]) + (gapped_recipe(name, body) if gaps else body)
-            + footer)
+    return (
+        magic + STAGE_HEADER.format(name=name, lesson=name[:2]) + (gapped_recipe(name, body) if gaps else body) + footer
+    )
 
 
 def _with_sources(lesson: dict, solution: dict, transform, name: str, gaps: bool) -> dict:
@@ -160,8 +169,12 @@ def render(notebook: dict) -> str:
     return json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def generate(solutions: str | Path = "solutions", exercises: str | Path = "exercises",
-             check: bool = False, lessons: str | Path | None = None) -> list[Path]:
+def generate(
+    solutions: str | Path = "solutions",
+    exercises: str | Path = "exercises",
+    check: bool = False,
+    lessons: str | Path | None = None,
+) -> list[Path]:
     """Write (or with ``check``, compare) the exercise of every solution notebook, and the attendee cells of
     the lessons in ``lessons`` (None: leave the lessons alone).
 
@@ -171,8 +184,9 @@ def generate(solutions: str | Path = "solutions", exercises: str | Path = "exerc
     sources = sorted(solutions.glob("*.ipynb"))
     if not sources:
         raise ExerciseError(f"no solution notebooks in {solutions}")
-    outputs = [(exercises / path.name, render(exercise_notebook(json.loads(path.read_text()), path.name)))
-               for path in sources]
+    outputs = [
+        (exercises / path.name, render(exercise_notebook(json.loads(path.read_text()), path.name))) for path in sources
+    ]
     for path in sorted(Path(lessons).glob("*.ipynb")) if lessons is not None else []:
         lesson = json.loads(path.read_text())
         if _attendee_cells(lesson) or _stage_cells(lesson):

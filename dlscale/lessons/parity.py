@@ -22,9 +22,15 @@ from dlscale.bench.repeats import Spread, measure_rounds
 from dlscale.lessons.recipe_folder import RecipeError, recipe_path
 
 #: Recipe arguments whose config key has another name.
-_CONFIG_KEYS = {"batch_size": "global_batch_size", "workers": "num_workers", "clip": "grad_clip",
-                "tp": "tensor_parallel", "scaling": "lr_scaling", "optimizer_name": "optimizer",
-                "accumulate": "grad_accumulation"}
+_CONFIG_KEYS = {
+    "batch_size": "global_batch_size",
+    "workers": "num_workers",
+    "clip": "grad_clip",
+    "tp": "tensor_parallel",
+    "scaling": "lr_scaling",
+    "optimizer_name": "optimizer",
+    "accumulate": "grad_accumulation",
+}
 #: Recipe arguments with no effect on what is computed (where it runs, where it writes, what it logs).
 _NOT_COMPUTED = {"device", "checkpoint", "resume", "config", "log_every", "profile_steps"}
 
@@ -37,8 +43,11 @@ def recipe_defaults(stage: str) -> dict:
     main = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main")
     names = [a.arg for a in main.args.args]
     defaults = main.args.defaults
-    return {name: ast.literal_eval(value) for name, value in zip(names[len(names) - len(defaults):], defaults)
-            if name != "device"}
+    return {
+        name: ast.literal_eval(value)
+        for name, value in zip(names[len(names) - len(defaults) :], defaults)
+        if name != "device"
+    }
 
 
 def engine_settings(stage: str, **arguments) -> tuple[str, dict]:
@@ -127,8 +136,13 @@ def time_stage(stage: str, rounds: int = 3, **arguments: Any) -> dict[str, Any]:
         run("recipe"), run("engine")
         spreads = measure_rounds({"recipe": lambda: run("recipe"), "engine": lambda: run("engine")}, rounds)
     ratios = Spread([e / r for e, r in zip(spreads["engine"].values, spreads["recipe"].values)])
-    return {"stage": stage, "recipe": spreads["recipe"], "engine": spreads["engine"], "ratio": ratios,
-            "loss_gap": max(gaps)}
+    return {
+        "stage": stage,
+        "recipe": spreads["recipe"],
+        "engine": spreads["engine"],
+        "ratio": ratios,
+        "loss_gap": max(gaps),
+    }
 
 
 def format_parity(rows: list[dict[str, Any]]) -> str:
@@ -136,7 +150,9 @@ def format_parity(rows: list[dict[str, Any]]) -> str:
     lines = ["| stage | recipe s | engine s | engine / recipe | largest loss gap |", "|---|---|---|---|---|"]
     for row in rows:
         recipe, engine, ratio = row["recipe"], row["engine"], row["ratio"]
-        lines.append(f"| {row['stage'][:-3]} | {recipe.median:.2f} ({recipe.low:.2f}–{recipe.high:.2f}) | "
-                     f"{engine.median:.2f} ({engine.low:.2f}–{engine.high:.2f}) | {ratio.median:.3f}× "
-                     f"({ratio.low:.3f}–{ratio.high:.3f}) | {row['loss_gap']:.1e} |")
+        lines.append(
+            f"| {row['stage'][:-3]} | {recipe.median:.2f} ({recipe.low:.2f}–{recipe.high:.2f}) | "
+            f"{engine.median:.2f} ({engine.low:.2f}–{engine.high:.2f}) | {ratio.median:.3f}× "
+            f"({ratio.low:.3f}–{ratio.high:.3f}) | {row['loss_gap']:.1e} |"
+        )
     return "\n".join(lines)

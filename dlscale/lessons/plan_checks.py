@@ -29,18 +29,24 @@ def check_breakdown(breakdown: Callable[[dict, dict], dict]) -> None:
     at_two = {FULL: 0.016, MEMORY: 0.014, ALONE: 0.011}
     got = breakdown(dict(at_two), dict(ref))
     want = breakdown_parts(at_two, ref)
-    assert set(got) >= {"io", "communication", "rest"}, \
+    assert set(got) >= {"io", "communication", "rest"}, (
         f"return a dict with 'io', 'communication' and 'rest' (got keys {sorted(got)})"
+    )
     if _close(got["io"], 0.002 / 0.016):
-        raise AssertionError("exposed I/O came out as 12.5%, what the loader adds at two ranks; one rank already "
-                             "waited as long for it. The part of the lost efficiency is how much that wait grew: "
-                             "subtract the one-rank difference (full - data in memory) too")
+        raise AssertionError(
+            "exposed I/O came out as 12.5%, what the loader adds at two ranks; one rank already "
+            "waited as long for it. The part of the lost efficiency is how much that wait grew: "
+            "subtract the one-rank difference (full - data in memory) too"
+        )
     if _close(got["communication"], 0.003 / 0.012):
-        raise AssertionError("the parts are fractions of the step at n ranks, t_full(n), not of the one-rank "
-                             "step: divide by the larger time, so that efficiency plus the parts is 100%")
+        raise AssertionError(
+            "the parts are fractions of the step at n ranks, t_full(n), not of the one-rank "
+            "step: divide by the larger time, so that efficiency plus the parts is 100%"
+        )
     for part in ("io", "communication", "rest"):
-        assert _close(got[part], want[part]), (f"{part}: got {got[part]:.4f}, expected {want[part]:.4f} "
-                                               f"(= {_formula(part)})")
+        assert _close(got[part], want[part]), (
+            f"{part}: got {got[part]:.4f}, expected {want[part]:.4f} (= {_formula(part)})"
+        )
     rng = random.Random(11)
     for _ in range(20):  # any timings: the parts add up to the lost efficiency
         ref = {FULL: rng.uniform(0.01, 0.02), MEMORY: rng.uniform(0.005, 0.01)}
@@ -49,18 +55,22 @@ def check_breakdown(breakdown: Callable[[dict, dict], dict]) -> None:
         total = got["io"] + got["communication"] + got["rest"]
         assert _close(total, 1 - ref[FULL] / t[FULL]), (
             f"for t={t} and ref={ref} your parts add up to {total:.4f}, but the lost efficiency is "
-            f"{1 - ref[FULL] / t[FULL]:.4f}: each part must be the growth of one cost from one rank to n")
+            f"{1 - ref[FULL] / t[FULL]:.4f}: each part must be the growth of one cost from one rank to n"
+        )
     _passed("11.1")
 
 
 def _formula(part: str) -> str:
-    return {"io": "((t_full(n) - t_mem(n)) - (t_full(1) - t_mem(1))) / t_full(n)",
-            "communication": "(t_mem(n) - t_alone(n)) / t_full(n)",
-            "rest": "(t_alone(n) - t_mem(1)) / t_full(n)"}[part]
+    return {
+        "io": "((t_full(n) - t_mem(n)) - (t_full(1) - t_mem(1))) / t_full(n)",
+        "communication": "(t_mem(n) - t_alone(n)) / t_full(n)",
+        "rest": "(t_alone(n) - t_mem(1)) / t_full(n)",
+    }[part]
 
 
-def predicted_efficiency(step_seconds: float, gradient_bytes: float, ranks: int, alpha: float, beta: float,
-                         overlap: float) -> float:
+def predicted_efficiency(
+    step_seconds: float, gradient_bytes: float, ranks: int, alpha: float, beta: float, overlap: float
+) -> float:
     """The reference for 11.2: one rank's step over the step plus the exposed part of a ring all-reduce."""
     comm = ring_allreduce(gradient_bytes, ranks, Link(alpha, beta))
     return step_seconds / (step_seconds + (1 - overlap) * comm)
@@ -71,15 +81,19 @@ def check_predicted_efficiency(predict: Callable[[float, float, int, float, floa
     step, gradient, alpha, beta = 0.02, 100e6, 1e-4, 1e-9  # 20 ms of compute; 100 MB of gradients at 1 GB/s
     mistakes = {
         "you counted the bytes of one pass only (a reduce-scatter): a ring all-reduce is a reduce-scatter and an "
-        "all-gather, so each rank sends 2(p-1)/p of the buffer":
-            lambda p, o: step / (step + (1 - o) * ((p - 1) * alpha + (p - 1) / p * gradient * beta)),
+        "all-gather, so each rank sends 2(p-1)/p of the buffer": lambda p, o: (
+            step / (step + (1 - o) * ((p - 1) * alpha + (p - 1) / p * gradient * beta))
+        ),
         "each rank sends 2(p-1)/p of the buffer, not all of it twice (leave out the (p-1)/p and the model "
-        "ignores that a ring splits the buffer into p chunks)":
-            lambda p, o: step / (step + (1 - o) * (2 * (p - 1) * alpha + 2 * gradient * beta)),
-        "the overlap hides that share of the communication: multiply the all-reduce by (1 - overlap)":
-            lambda p, o: step / (step + ring_allreduce(gradient, p, Link(alpha, beta))),
-        "a ring of p ranks makes 2(p-1) steps, each costing α once: the latency term is 2(p-1)α":
-            lambda p, o: step / (step + (1 - o) * (2 * p * alpha + 2 * (p - 1) / p * gradient * beta)),
+        "ignores that a ring splits the buffer into p chunks)": lambda p, o: (
+            step / (step + (1 - o) * (2 * (p - 1) * alpha + 2 * gradient * beta))
+        ),
+        "the overlap hides that share of the communication: multiply the all-reduce by (1 - overlap)": lambda p, o: (
+            step / (step + ring_allreduce(gradient, p, Link(alpha, beta)))
+        ),
+        "a ring of p ranks makes 2(p-1) steps, each costing α once: the latency term is 2(p-1)α": lambda p, o: (
+            step / (step + (1 - o) * (2 * p * alpha + 2 * (p - 1) / p * gradient * beta))
+        ),
     }
     for ranks, overlap in ((2, 0.0), (4, 0.5), (16, 0.25)):
         got = predict(step, gradient, ranks, alpha, beta, overlap)
@@ -89,8 +103,10 @@ def check_predicted_efficiency(predict: Callable[[float, float, int, float, floa
         for why, wrong in mistakes.items():
             if _close(got, wrong(ranks, overlap)):
                 raise AssertionError(f"at {ranks} ranks with overlap {overlap}: {why}")
-        raise AssertionError(f"at {ranks} ranks with overlap {overlap}: got {got:.4f}, expected {want:.4f}: "
-                             f"step / (step + (1 - overlap) · (2(p-1)·α + 2(p-1)/p·n·β))")
+        raise AssertionError(
+            f"at {ranks} ranks with overlap {overlap}: got {got:.4f}, expected {want:.4f}: "
+            f"step / (step + (1 - overlap) · (2(p-1)·α + 2(p-1)/p·n·β))"
+        )
     assert _close(predict(step, gradient, 1, alpha, beta, 0.0), 1.0), "one rank sends nothing: its efficiency is 1"
     _passed("11.2")
 
@@ -101,23 +117,30 @@ def _run(name: str, nodes: int, hours: float | None) -> dict:
 
 def check_cheapest(cheapest: Callable[[list[dict], float], str | None]) -> None:
     """11.3: the run with the fewest node-hours among those that reached the target within the deadline."""
-    runs = [_run("1 node", 1, 10.0),     # 10 node-hours, misses a 6-hour deadline
-            _run("2 nodes", 2, 5.5),     # 11 node-hours: the cheapest on time
-            _run("4 nodes", 4, 3.0),     # 12
-            _run("8 nodes", 8, 2.0),     # 16: the fastest
-            _run("16 nodes", 16, None)]  # never reached the target (its batch was too large)
+    runs = [
+        _run("1 node", 1, 10.0),  # 10 node-hours, misses a 6-hour deadline
+        _run("2 nodes", 2, 5.5),  # 11 node-hours: the cheapest on time
+        _run("4 nodes", 4, 3.0),  # 12
+        _run("8 nodes", 8, 2.0),  # 16: the fastest
+        _run("16 nodes", 16, None),
+    ]  # never reached the target (its batch was too large)
     got = cheapest([dict(r) for r in runs], 6.0)
     if got == "8 nodes":
-        raise AssertionError("you chose the fastest run; the question is the cheapest one (fewest node-hours: "
-                             "nodes × hours) that still meets the deadline")
+        raise AssertionError(
+            "you chose the fastest run; the question is the cheapest one (fewest node-hours: "
+            "nodes × hours) that still meets the deadline"
+        )
     if got == "1 node":
         raise AssertionError("1 node is the cheapest, but it takes 10 h and the deadline is 6 h")
     if got == "16 nodes":
         raise AssertionError("16 nodes never reached the target (its time is None): it cannot be chosen")
     if got == "4 nodes":
-        raise AssertionError("4 nodes takes 3 h on 4 nodes, 12 node-hours; 2 nodes takes 11: compare nodes × hours, "
-                             "not hours alone")
+        raise AssertionError(
+            "4 nodes takes 3 h on 4 nodes, 12 node-hours; 2 nodes takes 11: compare nodes × hours, not hours alone"
+        )
     assert got == "2 nodes", f"got {got!r}, expected '2 nodes' (11 node-hours, 5.5 h)"
     assert cheapest([dict(r) for r in runs], 1.0) is None, "no run meets a 1-hour deadline: return None"
-    assert cheapest([dict(r) for r in runs], 24.0) == "1 node", "with a day to spare, 1 node (10 node-hours) is cheapest"
+    assert cheapest([dict(r) for r in runs], 24.0) == "1 node", (
+        "with a day to spare, 1 node (10 node-hours) is cheapest"
+    )
     _passed("11.3")

@@ -39,8 +39,9 @@ class Question:
         """The attendee's prediction beside what ``measurement`` shows."""
         answer = self.outcome(*measurement)
         if prediction is not None and prediction not in self.choices:
-            raise ValueError(f"prediction must be one of {', '.join(map(repr, self.choices))} (or None); "
-                             f"got {prediction!r}")
+            raise ValueError(
+                f"prediction must be one of {', '.join(map(repr, self.choices))} (or None); got {prediction!r}"
+            )
         if answer is None:
             return "This run did not measure it (see the parameters cell)."
         shown = f"the measurement says ({answer}) {self.choices[answer]}"
@@ -64,8 +65,10 @@ def _precision(r2: dict[str, float], spread: float) -> str:
 
 
 def _strong_scaling(rows: list[dict[str, Any]]) -> str | None:
-    efficiency = next((r["efficiency"] for r in rows if r["mode"] == "strong" and
-                       r["processes"] > min(q["processes"] for q in rows)), None)
+    efficiency = next(
+        (r["efficiency"] for r in rows if r["mode"] == "strong" and r["processes"] > min(q["processes"] for q in rows)),
+        None,
+    )
     if efficiency is None:
         return None
     return "a" if efficiency >= 0.9 else "b" if efficiency >= 0.5 else "c"
@@ -99,30 +102,59 @@ def _horovod_same(difference: float) -> str:
     return "a" if difference < 1e-4 else "b"
 
 
-CONVERGENCE = Question("epoch by epoch, the validation R² of this run...",
-                       {"a": "rises in every epoch", "b": "falls in at least one epoch"}, _convergence)
-LOADER = Question("can one process read and augment maps as fast as the model trains on plain ones?",
-                  {"a": "yes: the loader alone is clearly faster", "b": "no: the step would be starved",
-                   "c": "too close to tell apart"}, _loader)
-PRECISION = Question("after the same training, the validation R² of fp32, bf16 and fp16...",
-                     {"a": "agree within the spread fp32 shows between two seeds",
-                      "b": "differ by more: a 16-bit format loses accuracy"}, _precision)
-STRONG_SCALING = Question("two ranks on this machine split the same global batch (strong scaling); the efficiency is...",
-                          {"a": "90% or more", "b": "between 50% and 90%", "c": "below 50%"}, _strong_scaling)
-NO_SCALING = Question("at the sweep's largest batch, does training with no LR scaling stay within 0.02 of the "
-                      "baseline's R²?", {"a": "yes", "b": "no, it falls behind"}, _no_scaling_keeps_up)
-NOISE_SCALE = Question("the measured gradient noise scale B_simple lies...",
-                       {"a": "below the smallest batch of the sweep", "b": "among the sweep's batches",
-                        "c": "above the largest batch"}, _noise_scale)
-COMPILE = Question("your stage compiled with torch.compile, against not compiled, on this machine: its steady "
-                   "samples/s are...", {"a": "clearly faster", "b": "not told apart", "c": "clearly slower"},
-                   _compiled)
-HOROVOD_SAME = Question("Horovod averages the gradients through the optimizer, DDP through the model; after the same "
-                        "steps on 2 ranks, Horovod's weights against one process's differ by...",
-                        {"a": "rounding only (below 1e-4)", "b": "more: Horovod trains another model"},
-                        _horovod_same)
-FSDP_MEMORY = Question("on 2 ranks, what FSDP holds per rank (parameters, gradients, optimizer state), against DDP, is...",
-                       {"a": "about the same", "b": "about half", "c": "about a quarter"}, _fsdp_memory)
+CONVERGENCE = Question(
+    "epoch by epoch, the validation R² of this run...",
+    {"a": "rises in every epoch", "b": "falls in at least one epoch"},
+    _convergence,
+)
+LOADER = Question(
+    "can one process read and augment maps as fast as the model trains on plain ones?",
+    {
+        "a": "yes: the loader alone is clearly faster",
+        "b": "no: the step would be starved",
+        "c": "too close to tell apart",
+    },
+    _loader,
+)
+PRECISION = Question(
+    "after the same training, the validation R² of fp32, bf16 and fp16...",
+    {
+        "a": "agree within the spread fp32 shows between two seeds",
+        "b": "differ by more: a 16-bit format loses accuracy",
+    },
+    _precision,
+)
+STRONG_SCALING = Question(
+    "two ranks on this machine split the same global batch (strong scaling); the efficiency is...",
+    {"a": "90% or more", "b": "between 50% and 90%", "c": "below 50%"},
+    _strong_scaling,
+)
+NO_SCALING = Question(
+    "at the sweep's largest batch, does training with no LR scaling stay within 0.02 of the baseline's R²?",
+    {"a": "yes", "b": "no, it falls behind"},
+    _no_scaling_keeps_up,
+)
+NOISE_SCALE = Question(
+    "the measured gradient noise scale B_simple lies...",
+    {"a": "below the smallest batch of the sweep", "b": "among the sweep's batches", "c": "above the largest batch"},
+    _noise_scale,
+)
+COMPILE = Question(
+    "your stage compiled with torch.compile, against not compiled, on this machine: its steady samples/s are...",
+    {"a": "clearly faster", "b": "not told apart", "c": "clearly slower"},
+    _compiled,
+)
+HOROVOD_SAME = Question(
+    "Horovod averages the gradients through the optimizer, DDP through the model; after the same "
+    "steps on 2 ranks, Horovod's weights against one process's differ by...",
+    {"a": "rounding only (below 1e-4)", "b": "more: Horovod trains another model"},
+    _horovod_same,
+)
+FSDP_MEMORY = Question(
+    "on 2 ranks, what FSDP holds per rank (parameters, gradients, optimizer state), against DDP, is...",
+    {"a": "about the same", "b": "about half", "c": "about a quarter"},
+    _fsdp_memory,
+)
 
 
 def _largest_part(result: dict[str, Any]) -> str | None:
@@ -135,10 +167,16 @@ def _largest_part(result: dict[str, Any]) -> str | None:
     return {"io": "a", "communication": "b", "rest": "c"}[top]
 
 
-LARGEST_LOSS = Question("at the largest size of the breakdown, the largest part of the lost efficiency is...",
-                        {"a": "exposed I/O (the loader)", "b": "exposed communication (the all-reduce)",
-                         "c": "the rest (compute that does not scale: ranks sharing cores)",
-                         "d": "too close to tell: the rounds disagree on which part is largest"}, _largest_part)
+LARGEST_LOSS = Question(
+    "at the largest size of the breakdown, the largest part of the lost efficiency is...",
+    {
+        "a": "exposed I/O (the loader)",
+        "b": "exposed communication (the all-reduce)",
+        "c": "the rest (compute that does not scale: ranks sharing cores)",
+        "d": "too close to tell: the rounds disagree on which part is largest",
+    },
+    _largest_part,
+)
 
 
 #: The samplers lesson 12 compares with pruning off, in the order of BEST_PER_COST's choices.
@@ -160,9 +198,17 @@ def repeated_searches(progress: dict[str, list[list[tuple[float, float]]]]) -> d
     for way, studies in progress.items():
         best = [best_within(points, budget) for points in studies]
         spent = [points[-1][0] if points else 0.0 for points in studies]
-        out[way] = {"best": best, "median": statistics.median(best), "low": min(best), "high": max(best),
-                    "spent": spent, "median_spent": statistics.median(spent), "low_spent": min(spent),
-                    "high_spent": max(spent), "budget": budget}
+        out[way] = {
+            "best": best,
+            "median": statistics.median(best),
+            "low": min(best),
+            "high": max(best),
+            "spent": spent,
+            "median_spent": statistics.median(spent),
+            "low_spent": min(spent),
+            "high_spent": max(spent),
+            "budget": budget,
+        }
     return out
 
 
@@ -185,7 +231,13 @@ def _best_per_cost(summary: dict[str, dict[str, Any]]) -> str | None:
     return "d" if winner is None else "abc"[SEARCHES.index(winner)]
 
 
-BEST_PER_COST = Question("with pruning off and the same budget, repeated over seeds, the best validation R² comes "
-                         "from...",
-                         {"a": "the grid (lesson 07's kind of sweep)", "b": "random search", "c": "TPE",
-                          "d": "no clear winner: a tie, or the seeds' ranges overlap"}, _best_per_cost)
+BEST_PER_COST = Question(
+    "with pruning off and the same budget, repeated over seeds, the best validation R² comes from...",
+    {
+        "a": "the grid (lesson 07's kind of sweep)",
+        "b": "random search",
+        "c": "TPE",
+        "d": "no clear winner: a tie, or the seeds' ranges overlap",
+    },
+    _best_per_cost,
+)

@@ -26,7 +26,7 @@ CLIP = 0.05
 
 def _amp_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     x, y = regression_problem(n=64, seed=3)
-    return [(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)]
+    return [(x[i : i + 16], y[i : i + 16]) for i in range(0, 64, 16)]
 
 
 def _amp_model() -> nn.Module:
@@ -61,16 +61,21 @@ def check_mixed_precision_loop(train_fp16: Callable[[nn.Module, list, float, flo
     """03.2: fp16 autocast with a GradScaler, and clipping of the true (unscaled) gradients, in the plain loop."""
     model = _amp_model()
     train_fp16(model, _amp_batches(), 0.1, CLIP)
-    mistakes = {"clip then unscale": "clipping before scaler.unscale_(optimizer): the clip compared the scaled "
-                                     "gradients (thousands of times too large) with the threshold",
-                "no clipping": "no clipping: clip with torch.nn.utils.clip_grad_norm_(model.parameters(), clip) "
-                               "after scaler.unscale_(optimizer)",
-                "no scaler": "no GradScaler: scale the loss (scaler.scale(loss).backward()), step through "
-                             "scaler.step(optimizer) and call scaler.update()"}
+    mistakes = {
+        "clip then unscale": "clipping before scaler.unscale_(optimizer): the clip compared the scaled "
+        "gradients (thousands of times too large) with the threshold",
+        "no clipping": "no clipping: clip with torch.nn.utils.clip_grad_norm_(model.parameters(), clip) "
+        "after scaler.unscale_(optimizer)",
+        "no scaler": "no GradScaler: scale the loss (scaler.scale(loss).backward()), step through "
+        "scaler.step(optimizer) and call scaler.update()",
+    }
     if not _same_weights(model, _amp_loop("unscale, clip")):
         named = next((message for order, message in mistakes.items() if _same_weights(model, _amp_loop(order))), None)
-        raise AssertionError(named or "the weights differ from the reference: autocast the forward pass and the "
-                                      "loss, then scale, backward, unscale_, clip, step and update")
+        raise AssertionError(
+            named
+            or "the weights differ from the reference: autocast the forward pass and the "
+            "loss, then scale, backward, unscale_, clip, step and update"
+        )
     _passed("03.2")
 
 
@@ -125,7 +130,7 @@ def reference_losses(world_size: int = 2) -> list[float]:
             sampler.set_epoch(epoch)
             shares.append(list(sampler))
         for step in range(len(shares[0]) // per_rank):
-            rows = [i for share in shares for i in share[step * per_rank:(step + 1) * per_rank]]
+            rows = [i for share in shares for i in share[step * per_rank : (step + 1) * per_rank]]
             optimizer.zero_grad()
             loss = nn.functional.mse_loss(model(data.x[rows]), data.y[rows])
             loss.backward()
@@ -142,30 +147,37 @@ def check_data_parallel_loop(train_data_parallel: Callable[[Dataset, int, int, f
     ranks = _on_two_engines(_data_parallel_on_rank, train_data_parallel, str(folder / "checkpoint-05.3.pt"))
     share = SAMPLES // 2
     for rank, result in enumerate(ranks):
-        epochs = [result["seen"][i * share:(i + 1) * share] for i in range(EPOCHS)]
+        epochs = [result["seen"][i * share : (i + 1) * share] for i in range(EPOCHS)]
         assert len(result["seen"]) == EPOCHS * share and all(len(set(e)) == share for e in epochs), (
             f"rank {rank} read {len(result['seen'])} samples in {EPOCHS} epochs, expected {share} distinct ones per "
             f"epoch: the sampler's share size is wrong when the data do not divide ({SAMPLES} over 2 ranks). "
             f"Use DistributedSampler(dataset, num_replicas=world_size, rank=rank, drop_last=True): without "
-            f"drop_last it pads the shares with repeated samples")
+            f"drop_last it pads the shares with repeated samples"
+        )
         assert epochs[0] != epochs[1], (
             f"rank {rank} read the same order in both epochs: call sampler.set_epoch(epoch) at the start of every "
-            f"epoch (the sampler seeds its shuffle with seed + epoch)")
+            f"epoch (the sampler seeds its shuffle with seed + epoch)"
+        )
     first = [set(ranks[0]["seen"][:share]), set(ranks[1]["seen"][:share])]
     assert not first[0] & first[1], "the ranks read the same samples: give each rank its own share (rank=rank)"
     assert ranks[0]["losses"] == ranks[1]["losses"], (
         "the ranks logged different losses: the metrics are not all-reduced. Log the global batch's loss: "
-        "dist.all_reduce a copy of the loss (SUM), then divide by the world size")
+        "dist.all_reduce a copy of the loss (SUM), then divide by the world size"
+    )
     writers = [rank for rank, result in enumerate(ranks) if result["saves"]]
     assert writers == [0], (
         f"the checkpoint was written by rank(s) {writers}: a checkpoint written by every rank races for one "
-        f"file; only rank 0 should write (the ranks hold the same weights)" if writers else
-        "no rank wrote the checkpoint: rank 0 should torch.save it at the end of every epoch")
+        f"file; only rank 0 should write (the ranks hold the same weights)"
+        if writers
+        else "no rank wrote the checkpoint: rank 0 should torch.save it at the end of every epoch"
+    )
     expected = reference_losses()
     assert len(ranks[0]["losses"]) == len(expected) and all(
-        abs(a - b) < 1e-5 for a, b in zip(ranks[0]["losses"], expected)), (
+        abs(a - b) < 1e-5 for a, b in zip(ranks[0]["losses"], expected)
+    ), (
         "the losses differ from one process training on each global batch: wrap the model in "
-        "DistributedDataParallel (it averages the gradients) and give each rank batch_size // world_size samples")
+        "DistributedDataParallel (it averages the gradients) and give each rank batch_size // world_size samples"
+    )
     _passed("05.3")
 
 
@@ -197,24 +209,35 @@ def check_lr_schedule(scaled_schedule: Callable[..., tuple[torch.optim.Optimizer
         return _passed("07.3")
     top = max(trace)
     if abs(top - s["lr"]) < 1e-12:
-        raise AssertionError(f"the LR never exceeds {s['lr']}: it is not scaled. With a batch {s['batch_size'] // s['base_batch']}"
-                             f"x larger take {s['batch_size'] // s['base_batch']}x fewer steps of a "
-                             f"{s['batch_size'] // s['base_batch']}x larger LR: lr * batch_size / base_batch")
+        raise AssertionError(
+            f"the LR never exceeds {s['lr']}: it is not scaled. With a batch {s['batch_size'] // s['base_batch']}"
+            f"x larger take {s['batch_size'] // s['base_batch']}x fewer steps of a "
+            f"{s['batch_size'] // s['base_batch']}x larger LR: lr * batch_size / base_batch"
+        )
     if abs(top - s["lr"] * (s["batch_size"] / s["base_batch"]) ** 0.5) < 1e-9:
-        raise AssertionError("the peak is lr * sqrt(k): that is the square-root rule; this exercise asks for the "
-                             "linear one, lr * batch_size / base_batch")
+        raise AssertionError(
+            "the peak is lr * sqrt(k): that is the square-root rule; this exercise asks for the "
+            "linear one, lr * batch_size / base_batch"
+        )
     if trace[0] == 0:
-        raise AssertionError("the first step's LR is 0: the first step would not move. Start the warmup at the "
-                             "unscaled lr (a factor of lr / peak at step 0)")
+        raise AssertionError(
+            "the first step's LR is 0: the first step would not move. Start the warmup at the "
+            "unscaled lr (a factor of lr / peak at step 0)"
+        )
     if abs(trace[0] - peak) < 1e-9:
-        raise AssertionError(f"the first step already takes the peak LR {peak:g}: no warmup. Rise linearly from lr to "
-                             f"the peak over warmup_steps steps")
-    raise AssertionError(f"the LR by step differs from the reference: got {[round(v, 4) for v in trace[:10]]}..., "
-                         f"expected {[round(v, 4) for v in expected[:10]]}...: warmup from lr to the peak over "
-                         f"warmup_steps, then 0.5 * (1 + cos(pi * progress)) down to 0 at total_steps")
+        raise AssertionError(
+            f"the first step already takes the peak LR {peak:g}: no warmup. Rise linearly from lr to "
+            f"the peak over warmup_steps steps"
+        )
+    raise AssertionError(
+        f"the LR by step differs from the reference: got {[round(v, 4) for v in trace[:10]]}..., "
+        f"expected {[round(v, 4) for v in expected[:10]]}...: warmup from lr to the peak over "
+        f"warmup_steps, then 0.5 * (1 + cos(pi * progress)) down to 0 at total_steps"
+    )
 
 
 # -- 10.3: FSDP2 on the transformer's blocks ----------------------------------------------------------
+
 
 def _small_vit() -> nn.Module:
     from dlscale.models import ViTRegressor
@@ -273,17 +296,23 @@ def check_fsdp_sharding(shard: Callable[[nn.Module, Any], None]) -> None:
     except Exception as err:  # (FSDP2 refuses a root sharded before its blocks)
         if "NotImplementedError" in type(err).__name__:
             raise
-        raise AssertionError(f"sharding failed on the ranks ({str(err)[:300]}): call fully_shard(block, mesh=mesh) "
-                             f"for each block first, then fully_shard(model, mesh=mesh)") from None
+        raise AssertionError(
+            f"sharding failed on the ranks ({str(err)[:300]}): call fully_shard(block, mesh=mesh) "
+            f"for each block first, then fully_shard(model, mesh=mesh)"
+        ) from None
     result = ranks[0]
     assert all(result["blocks"]), (
         "the blocks are not FSDP units: with only the root sharded, every parameter is gathered at once and the "
-        "memory saving is lost. Call fully_shard(block, mesh=mesh) on each of model.blocks")
-    assert result["root"], ("the root is not sharded: the patch embedding, the norm and the head stay whole on every "
-                            "rank, and their gradients are never averaged. Call fully_shard(model, mesh=mesh) last")
+        "memory saving is lost. Call fully_shard(block, mesh=mesh) on each of model.blocks"
+    )
+    assert result["root"], (
+        "the root is not sharded: the patch embedding, the norm and the head stay whole on every "
+        "rank, and their gradients are never averaged. Call fully_shard(model, mesh=mesh) last"
+    )
     expected = _train_vit(_small_vit())
     assert all(abs(a - b) < 1e-5 for a, b in zip(result["losses"], expected)), (
-        f"the sharded ranks' losses {result['losses']} differ from one process's {expected}")
+        f"the sharded ranks' losses {result['losses']} differ from one process's {expected}"
+    )
     _passed("10.3")
 
 

@@ -27,6 +27,8 @@ def recipe_path(name: str) -> Path:
     """The file of one stage, e.g. ``recipe_path("05_ddp.py")``."""
     path = RECIPES / name
     if not path.is_file():
-        raise RecipeError(f"{path} does not exist: the recipes live in the repository's recipes/ folder "
-                          f"(clone it, or run `dlscale recipes` in it)")
+        raise RecipeError(
+            f"{path} does not exist: the recipes live in the repository's recipes/ folder "
+            f"(clone it, or run `dlscale recipes` in it)"
+        )
     return path

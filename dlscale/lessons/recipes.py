@@ -29,8 +29,13 @@ def recipe_diff(old: str, new: str) -> str:
 
 
 #: How each kind of diff line is shown: added green, removed red, the hunk headers grey.
-_DIFF_STYLES = (("+++", "font-weight:bold"), ("---", "font-weight:bold"), ("+", "background:#e6ffec"),
-                ("-", "background:#ffebe9"), ("@@", "color:#57606a;background:#f6f8fa"))
+_DIFF_STYLES = (
+    ("+++", "font-weight:bold"),
+    ("---", "font-weight:bold"),
+    ("+", "background:#e6ffec"),
+    ("-", "background:#ffebe9"),
+    ("@@", "color:#57606a;background:#f6f8fa"),
+)
 
 
 _BOX = "font-family:monospace;font-size:12px;line-height:1.35;white-space:pre;overflow-x:auto"
@@ -53,8 +58,10 @@ def recipe_change_html(old: str, new: str) -> str:
     import html
 
     whole = html.escape(recipe_path(new).read_text())
-    return (_diff_html(recipe_diff(old, new)) +
-            f'<details><summary>the whole of recipes/{new}</summary><div style="{_BOX}">{whole}</div></details>')
+    return (
+        _diff_html(recipe_diff(old, new))
+        + f'<details><summary>the whole of recipes/{new}</summary><div style="{_BOX}">{whole}</div></details>'
+    )
 
 
 def show_recipe_change(old: str, new: str) -> None:
@@ -73,8 +80,10 @@ def _recipe_cells(notebooks: Path) -> dict[str, tuple[str, str]]:
     """{file name: (cell source, the notebook's file name)} for each cell tagged ``recipe``."""
     found: dict[str, tuple[str, str]] = {}
     if not Path(notebooks).is_dir():
-        raise RecipeError(f"{notebooks} is not a folder of notebooks: run this in a clone of dlscale, or name the "
-                          f"lessons' folder with --notebooks")
+        raise RecipeError(
+            f"{notebooks} is not a folder of notebooks: run this in a clone of dlscale, or name the "
+            f"lessons' folder with --notebooks"
+        )
     for path in sorted(Path(notebooks).glob("*.ipynb")):
         for cell in json.loads(path.read_text())["cells"]:
             if "recipe" not in cell.get("metadata", {}).get("tags", []):
@@ -82,12 +91,15 @@ def _recipe_cells(notebooks: Path) -> dict[str, tuple[str, str]]:
             source = "".join(cell["source"])
             first = source.splitlines()[0] if source else ""
             if not first.startswith("# recipes/") or not first.endswith(".py"):
-                raise RecipeError(f"{path.name}: a cell tagged recipe must start with '# recipes/NAME.py', "
-                                  f"not {first[:60]!r}")
+                raise RecipeError(
+                    f"{path.name}: a cell tagged recipe must start with '# recipes/NAME.py', not {first[:60]!r}"
+                )
             name = first.removeprefix("# recipes/")
             if not _PLAIN_NAME.fullmatch(name):  # (never a path: a recipe is written inside recipes/ only)
-                raise RecipeError(f"{path.name}: a recipe cell must name a plain file in recipes/ "
-                                  f"('# recipes/NAME.py', letters, digits, _ . -), not {first[:60]!r}")
+                raise RecipeError(
+                    f"{path.name}: a recipe cell must name a plain file in recipes/ "
+                    f"('# recipes/NAME.py', letters, digits, _ . -), not {first[:60]!r}"
+                )
             if name in found:
                 raise RecipeError(f"{path.name}: recipes/{name} is written by two cells")
             found[name] = (source, path.name)
@@ -119,6 +131,7 @@ def write_recipes(notebooks: Path, recipes: Path, check: bool = False) -> list[P
 
 # -- the stage the attendee writes ----------------------------------------------------------------
 
+
 def gapped_recipe(name: str, source: str) -> str:
     """The source of stage ``name`` with each of its gaps (:data:`~dlscale.lessons.gaps.GAPS`) replaced by a TODO
     that says what must be true there and raises ``NotImplementedError("TODO 05.b: ...")`` (indented as the first
@@ -128,13 +141,16 @@ def gapped_recipe(name: str, source: str) -> str:
         label = f"TODO {gap_id}: {gap.asks}"
         span = gap_span(lines, gap, start)
         if span is None:
-            raise RecipeError(f"recipes/{name}: the gap {label!r} needs a line with {gap.first!r}, then one with "
-                              f"{gap.last!r}")
+            raise RecipeError(
+                f"recipes/{name}: the gap {label!r} needs a line with {gap.first!r}, then one with {gap.last!r}"
+            )
         begin, end = span
-        indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
-        stub = [f"{indent}# {label}  (hint({gap_id!r}) helps)\n",
-                f"{indent}raise NotImplementedError({json.dumps(label, ensure_ascii=False)})\n"]
-        lines[begin:end + 1] = stub
+        indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
+        stub = [
+            f"{indent}# {label}  (hint({gap_id!r}) helps)\n",
+            f"{indent}raise NotImplementedError({json.dumps(label, ensure_ascii=False)})\n",
+        ]
+        lines[begin : end + 1] = stub
         start = begin + len(stub)
     text = "".join(lines)
     compile(text, f"recipes/{name} with gaps", "exec")  # a gap must cut whole statements
@@ -159,8 +175,16 @@ def _stage_text(source: str) -> list[str]:
 def ours_beside_theirs(lesson: str, theirs: str) -> str:
     """The unified diff from the attendee's stage (its source) to ours: what ours does otherwise."""
     name = stage_name(lesson)
-    return "\n".join(difflib.unified_diff(_stage_text(theirs), _stage_text(recipe_path(name).read_text()),
-                                          "your stage", f"ours (recipes/{name})", lineterm="", n=2))
+    return "\n".join(
+        difflib.unified_diff(
+            _stage_text(theirs),
+            _stage_text(recipe_path(name).read_text()),
+            "your stage",
+            f"ours (recipes/{name})",
+            lineterm="",
+            n=2,
+        )
+    )
 
 
 def show_ours(lesson: str, theirs: str | dict | None = None) -> None:
@@ -193,8 +217,10 @@ def use_ours(lesson: str) -> Any:
 
     name = stage_name(lesson)
     path = recipe_path(name)
-    print(f"From here lesson {lesson[:2]} runs OUR stage (recipes/{name}), not yours: every measurement it feeds "
-          f"says so. Your stage stays where you wrote it.")
+    print(
+        f"From here lesson {lesson[:2]} runs OUR stage (recipes/{name}), not yours: every measurement it feeds "
+        f"says so. Your stage stays where you wrote it."
+    )
     if lesson[:2] in ("01", "02", "03", "04"):
         return runpy.run_path(str(path), run_name="recipe")["main"]
     return str(path)

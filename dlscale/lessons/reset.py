@@ -25,8 +25,13 @@ def lesson_runs(lesson: str, runs: str | Path = "runs") -> list[Path]:
     folder = Path(runs)
     if not folder.is_dir():
         return []
-    return sorted(path for path in folder.iterdir() if path.is_dir() and not path.is_symlink()
-                  and (path.name == f"lesson{lesson}" or path.name.startswith(f"lesson{lesson}_")))
+    return sorted(
+        path
+        for path in folder.iterdir()
+        if path.is_dir()
+        and not path.is_symlink()
+        and (path.name == f"lesson{lesson}" or path.name.startswith(f"lesson{lesson}_"))
+    )
 
 
 def reset_lesson(lesson: str, runs: str | Path = "runs") -> list[Path]:

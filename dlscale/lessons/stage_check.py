@@ -37,11 +37,14 @@ def _device(arguments: dict[str, Any]) -> str:
 
 # -- the probes: (what was seen, arguments, the stage's result) -> what is wrong, or None ---------------------
 
+
 def _one_step_each(seen: dict, args: dict, result: dict) -> str | None:
     steps = seen["optimizer_steps"]
     if seen["zero_grads"] < steps:
-        return (f"the gradients were cleared {seen['zero_grads']} time(s) in {steps} steps: each step's backward "
-                f"adds to what the last step left, so clear them before every backward pass")
+        return (
+            f"the gradients were cleared {seen['zero_grads']} time(s) in {steps} steps: each step's backward "
+            f"adds to what the last step left, so clear them before every backward pass"
+        )
     if steps != _steps(result):
         return f"the optimizer stepped {steps} times in {_steps(result)} logged steps: once per batch"
     return None
@@ -59,17 +62,21 @@ def _loader_settings(seen: dict, args: dict, result: dict) -> str | None:
     want = {"num_workers": args.get("workers", 0), "pin_memory": _device(args) == "cuda"}
     got = {key: loader[key] for key in want}
     if got != want:
-        return (f"the training loader ran with {got}, but this run asked for workers={args.get('workers')} on "
-                f"{_device(args)}: want {want} (pinned memory helps a copy to a GPU only)")
+        return (
+            f"the training loader ran with {got}, but this run asked for workers={args.get('workers')} on "
+            f"{_device(args)}: want {want} (pinned memory helps a copy to a GPU only)"
+        )
     return None
 
 
 def _non_blocking_copies(seen: dict, args: dict, result: dict) -> str | None:
     needed = 2 * _steps(result)
     if seen["non_blocking_copies"] < needed:
-        return (f"{seen['non_blocking_copies']} non-blocking copies to the device in {_steps(result)} steps (and "
-                f"{seen['copies']} copies in all): each batch's inputs and targets go with non_blocking=True, "
-                f"so that the host does not wait for the copy")
+        return (
+            f"{seen['non_blocking_copies']} non-blocking copies to the device in {_steps(result)} steps (and "
+            f"{seen['copies']} copies in all): each batch's inputs and targets go with non_blocking=True, "
+            f"so that the host does not wait for the copy"
+        )
     return None
 
 
@@ -83,14 +90,18 @@ def _precision_choice(seen: dict, args: dict, result: dict) -> str | None:
     if want is None and enabled:
         return f"precision=fp32, but autocast ran in {enabled[0]}: fp32 runs with autocast disabled"
     if want is not None and not enabled:
-        return (f"precision={precision}, but no forward pass ran under autocast "
-                f"({len(seen['autocast'])} autocast block(s), none enabled)")
+        return (
+            f"precision={precision}, but no forward pass ran under autocast "
+            f"({len(seen['autocast'])} autocast block(s), none enabled)"
+        )
     if want is not None and any(dtype != want for dtype in enabled):
         return f"precision={precision} wants {want}, but autocast ran in {sorted(set(enabled))}"
     if steps and seen["scaler_enabled"] and any(on != (precision == "fp16") for on in seen["scaler_enabled"]):
         state = "on" if seen["scaler_enabled"][0] else "off"
-        return (f"the loss scaler was {state} with precision={precision}: it acts for fp16 only (fp16 gradients "
-                f"underflow; bf16 keeps fp32's range)")
+        return (
+            f"the loss scaler was {state} with precision={precision}: it acts for fp16 only (fp16 gradients "
+            f"underflow; bf16 keeps fp32's range)"
+        )
     return None
 
 
@@ -98,17 +109,21 @@ def _scaled_step(seen: dict, args: dict, result: dict) -> str | None:
     order, steps = seen["order"], _steps(result)
     if args.get("precision", "fp32") != "fp32" and len([a for a in seen["autocast"] if a[2]]) < steps:
         return f"{len([a for a in seen['autocast'] if a[2]])} forward passes under autocast in {steps} steps"
-    step = order[:order.index("update") + 1] if "update" in order else order
+    step = order[: order.index("update") + 1] if "update" in order else order
     calls = [name for name in step if name in ("scale", "unscale", "clip", "scaler step", "update")]
     want = ["scale", "unscale", "clip", "scaler step", "update"]
     if calls == want:
         return None
     if "clip" in calls and "unscale" in calls and calls.index("clip") < calls.index("unscale"):
-        return ("the gradients were clipped before they were unscaled: the clip compared the scaled gradients "
-                "(thousands of times too large under fp16) with `clip`")
+        return (
+            "the gradients were clipped before they were unscaled: the clip compared the scaled gradients "
+            "(thousands of times too large under fp16) with `clip`"
+        )
     missing = [name for name in want if name not in calls]
-    return (f"the first step called {calls or 'none of'} of the scaler and the clip, without {missing}: scale the "
-            f"loss, backward, unscale, clip, then step and update through the scaler")
+    return (
+        f"the first step called {calls or 'none of'} of the scaler and the clip, without {missing}: scale the "
+        f"loss, backward, unscale, clip, then step and update through the scaler"
+    )
 
 
 def _compiled(seen: dict, args: dict, result: dict) -> str | None:
@@ -127,18 +142,24 @@ def _named_phases(seen: dict, args: dict, result: dict) -> str | None:
     steps = _steps(result)
     short = {name: seen["ranges"].get(name, 0) for name in _PHASES if seen["ranges"].get(name, 0) < steps}
     if short:
-        return (f"in {steps} steps the profiler saw the ranges {short} times: each step's forward, backward and "
-                f"optimizer step inside a range of that name (other names: {sorted(set(seen['ranges']) - set(_PHASES))})")
+        return (
+            f"in {steps} steps the profiler saw the ranges {short} times: each step's forward, backward and "
+            f"optimizer step inside a range of that name (other names: {sorted(set(seen['ranges']) - set(_PHASES))})"
+        )
     if seen["window_steps"] != steps:
-        return (f"the profiling window heard of {seen['window_steps']} steps in {steps}: it must be told at the end "
-                f"of every step, or it records the wrong ones")
+        return (
+            f"the profiling window heard of {seen['window_steps']} steps in {steps}: it must be told at the end "
+            f"of every step, or it records the wrong ones"
+        )
     return None
 
 
 def _validation_sums(seen: dict, args: dict, result: dict) -> str | None:
     if not any(dtype == "torch.float64" and shape and shape[0] == 4 for shape, dtype in seen["all_reduced"]):
-        return ("the validation sums were never added over the ranks: each rank computed the R² of its own share "
-                "only (and a mean of the ranks' R² is not the R² of the whole set)")
+        return (
+            "the validation sums were never added over the ranks: each rank computed the R² of its own share "
+            "only (and a mean of the ranks' R² is not the R² of the whole set)"
+        )
     return None
 
 
@@ -157,12 +178,19 @@ def _sampler(seen: dict, args: dict, result: dict) -> str | None:
     if not seen["samplers"]:
         return "no DistributedSampler was made: every rank would read the whole data set"
     sampler, group = seen["samplers"][0], seen["process_group"] or {}
-    want = {"num_replicas": group.get("world_size", sampler["num_replicas"]), "rank": group.get("rank",
-            sampler["rank"]), "seed": args.get("seed", 0), "drop_last": True, "shuffle": True}
+    want = {
+        "num_replicas": group.get("world_size", sampler["num_replicas"]),
+        "rank": group.get("rank", sampler["rank"]),
+        "seed": args.get("seed", 0),
+        "drop_last": True,
+        "shuffle": True,
+    }
     wrong = {key: sampler[key] for key in want if want[key] is not None and sampler[key] != want[key]}
     if wrong:
-        return (f"the sampler has {wrong}, want {({key: want[key] for key in wrong})}: drop_last gives every rank the "
-                f"same number of steps (a rank with one more would wait for its peers forever)")
+        return (
+            f"the sampler has {wrong}, want { ({key: want[key] for key in wrong}) }: drop_last gives every rank the "
+            f"same number of steps (a rank with one more would wait for its peers forever)"
+        )
     return None
 
 
@@ -175,8 +203,10 @@ def _ddp(seen: dict, args: dict, result: dict) -> str | None:
 def _epochs_ordered(seen: dict, args: dict, result: dict) -> str | None:
     epochs = len(result.get("r2") or [])
     if len(seen["set_epochs"]) < epochs or len(set(seen["set_epochs"])) < len(seen["set_epochs"]):
-        return (f"the sampler was told the epochs {seen['set_epochs']} in {epochs} epoch(s): without a new epoch "
-                f"each time, every epoch repeats the first one's order")
+        return (
+            f"the sampler was told the epochs {seen['set_epochs']} in {epochs} epoch(s): without a new epoch "
+            f"each time, every epoch repeats the first one's order"
+        )
     return None
 
 
@@ -191,15 +221,19 @@ def _horovod_optimizer(seen: dict, args: dict, result: dict) -> str | None:
     if not made["averaged"]:
         return f"Horovod's optimizer takes op={made['op']}: the ranks' gradients are averaged (hvd.Average)"
     if made["backward_passes_per_step"] != args.get("accumulate", 1):
-        return (f"Horovod's optimizer averages every {made['backward_passes_per_step']} backward pass(es), with "
-                f"accumulate={args.get('accumulate', 1)}")
+        return (
+            f"Horovod's optimizer averages every {made['backward_passes_per_step']} backward pass(es), with "
+            f"accumulate={args.get('accumulate', 1)}"
+        )
     return None
 
 
 def _broadcast(seen: dict, args: dict, result: dict) -> str | None:
     if not seen["broadcasts"]:
-        return ("rank 0's weights were never broadcast: each rank starts from its own initialisation (here the "
-                "ranks happen to be seeded alike; in your own code they are not)")
+        return (
+            "rank 0's weights were never broadcast: each rank starts from its own initialisation (here the "
+            "ranks happen to be seeded alike; in your own code they are not)"
+        )
     return None
 
 
@@ -221,8 +255,10 @@ def _lr_peak(seen: dict, args: dict, result: dict) -> str | None:
         return None
     want = max(_expected_lrs(args, len(lrs)))
     if len(set(lrs)) > 1 and abs(max(lrs) - want) > 1e-9 * want:
-        return (f"the LR peaked at {max(lrs):.6g}, want {want:.6g}: lr={args['lr']} tuned at base_batch="
-                f"{args['base_batch']}, scaled for batch_size={args['batch_size']} by the {args['scaling']} rule")
+        return (
+            f"the LR peaked at {max(lrs):.6g}, want {want:.6g}: lr={args['lr']} tuned at base_batch="
+            f"{args['base_batch']}, scaled for batch_size={args['batch_size']} by the {args['scaling']} rule"
+        )
     return None
 
 
@@ -233,9 +269,11 @@ def _lr_shape(seen: dict, args: dict, result: dict) -> str | None:
     want = _expected_lrs(args, len(lrs))
     worst = max(range(len(lrs)), key=lambda i: abs(lrs[i] - want[i]))
     if abs(lrs[worst] - want[worst]) > 1e-9 * max(want):
-        return (f"the LR at step {worst} was {lrs[worst]:.6g}, want {want[worst]:.6g} (first steps: "
-                f"{[round(v, 6) for v in lrs[:4]]}, want {[round(v, 6) for v in want[:4]]}): a straight rise from "
-                f"start over the warmup, then half a cosine to 0")
+        return (
+            f"the LR at step {worst} was {lrs[worst]:.6g}, want {want[worst]:.6g} (first steps: "
+            f"{[round(v, 6) for v in lrs[:4]]}, want {[round(v, 6) for v in want[:4]]}): a straight rise from "
+            f"start over the warmup, then half a cosine to 0"
+        )
     return None
 
 
@@ -243,8 +281,10 @@ def _lr_advances(seen: dict, args: dict, result: dict) -> str | None:
     lrs = seen["lrs"]
     first = _expected_lrs(args, 2)[0] if lrs and not args.get("resume") else None
     if len(lrs) > 1 and len(set(lrs)) == 1 and first is not None and abs(lrs[0] - first) <= 1e-9 * first:
-        return (f"the LR stayed at {lrs[0]:.6g} for all {len(lrs)} steps: the schedule never moved on (one step of "
-                f"it after every optimizer step)")
+        return (
+            f"the LR stayed at {lrs[0]:.6g} for all {len(lrs)} steps: the schedule never moved on (one step of "
+            f"it after every optimizer step)"
+        )
     return None
 
 
@@ -252,31 +292,43 @@ def _meta_build(seen: dict, args: dict, result: dict) -> str | None:
     if not seen["vit_on_meta"]:
         return "no ViTRegressor was built"
     if not seen["vit_on_meta"][0]:
-        return ("the transformer was built with real memory: on the meta device it takes none until each rank "
-                "allocates its own shards (a model larger than one GPU could not be built at all)")
+        return (
+            "the transformer was built with real memory: on the meta device it takes none until each rank "
+            "allocates its own shards (a model larger than one GPU could not be built at all)"
+        )
     return None
 
 
 def _tensor_parallel(seen: dict, args: dict, result: dict) -> str | None:
     if args.get("tp", 1) <= 1:
         return None
-    want = {"attention.wq": "ColwiseParallel", "attention.wk": "ColwiseParallel", "attention.wv": "ColwiseParallel",
-            "attention.wo": "RowwiseParallel", "mlp.w1": "ColwiseParallel", "mlp.w2": "RowwiseParallel"}
+    want = {
+        "attention.wq": "ColwiseParallel",
+        "attention.wk": "ColwiseParallel",
+        "attention.wv": "ColwiseParallel",
+        "attention.wo": "RowwiseParallel",
+        "mlp.w1": "ColwiseParallel",
+        "mlp.w2": "RowwiseParallel",
+    }
     if not seen["tp_splits"]:
         return f"tp={args['tp']}, but no block was split over the tensor-parallel ranks"
     wrong = {name: style for name, style in seen["tp_splits"][0].items() if want.get(name) != style}
     missing = sorted(set(want) - set(seen["tp_splits"][0]))
     if wrong or missing:
-        return (f"the split plan has {wrong or 'no wrong entry'}, missing {missing or 'none'}: the query, key, "
-                f"value and the MLP's first layer by columns, the attention's output and the MLP's second by rows")
+        return (
+            f"the split plan has {wrong or 'no wrong entry'}, missing {missing or 'none'}: the query, key, "
+            f"value and the MLP's first layer by columns, the attention's output and the MLP's second by rows"
+        )
     return None
 
 
 def _fsdp_units(seen: dict, args: dict, result: dict) -> str | None:
     units = [unit["module"] for unit in seen["fsdp_units"]]
     if not units or units[-1] != "ViTRegressor":
-        return (f"the units sharded were {units or 'none'}: each block, then the whole model last (its embedding, "
-                f"norm and head are the root's)")
+        return (
+            f"the units sharded were {units or 'none'}: each block, then the whole model last (its embedding, "
+            f"norm and head are the root's)"
+        )
     if len(units) < args.get("depth", 2) + 1:
         return f"{len(units) - 1} block(s) sharded as units, in a model of depth {args.get('depth', 2)}"
     if args.get("precision") == "bf16" and seen["fsdp_units"][-1]["output_dtype"] != "torch.float32":
@@ -286,8 +338,10 @@ def _fsdp_units(seen: dict, args: dict, result: dict) -> str | None:
 
 def _allocated(seen: dict, args: dict, result: dict) -> str | None:
     if not seen["to_empty"] or not seen["init_weights"]:
-        return (f"memory given {seen['to_empty']} time(s), weights initialised {seen['init_weights']} time(s): "
-                f"each rank's shards need both, after sharding")
+        return (
+            f"memory given {seen['to_empty']} time(s), weights initialised {seen['init_weights']} time(s): "
+            f"each rank's shards need both, after sharding"
+        )
     return None
 
 
@@ -309,8 +363,13 @@ PROBES: dict[str, dict[str, Probe]] = {
     "05_ddp.py": {"05.a": _validation_sums, "05.b": _joined, "05.c": _sampler, "05.d": _ddp, "05.e": _epochs_ordered},
     "06_horovod.py": {"06.a": _horovod_joined, "06.b": _horovod_optimizer, "06.c": _broadcast},
     "07_large_batch.py": {"07.c": _lr_advances, "07.a": _lr_peak, "07.b": _lr_shape},
-    "10_fsdp_tp.py": {"10.a": _meta_build, "10.b": _tensor_parallel, "10.c": _fsdp_units, "10.d": _allocated,
-                      "10.e": _dcp_saved},
+    "10_fsdp_tp.py": {
+        "10.a": _meta_build,
+        "10.b": _tensor_parallel,
+        "10.c": _fsdp_units,
+        "10.d": _allocated,
+        "10.e": _dcp_saved,
+    },
 }
 
 #: The gaps the numbers point to when no probe has spoken: (the R²'s, the update's) per stage.
@@ -326,10 +385,13 @@ BY_NUMBERS: dict[str, tuple[list[str], list[str]]] = {
 }
 
 #: Errors that say which call is missing: (words in the message, an API name the missing answer calls).
-_KNOWN_ERRORS = (("process group has not been initialized", "init_process_group"),
-                 ("no attribute 'set_requires_gradient_sync'", "fully_shard"),  # (a method FSDP2 adds)
-                 ("no attribute 'synchronize'", "DistributedOptimizer"),  # (a method Horovod's optimizer adds)
-                 ("meta", "to_empty"), ("Horovod has not been initialized", "hvd.init"))
+_KNOWN_ERRORS = (
+    ("process group has not been initialized", "init_process_group"),
+    ("no attribute 'set_requires_gradient_sync'", "fully_shard"),  # (a method FSDP2 adds)
+    ("no attribute 'synchronize'", "DistributedOptimizer"),  # (a method Horovod's optimizer adds)
+    ("meta", "to_empty"),
+    ("Horovod has not been initialized", "hvd.init"),
+)
 
 
 def _label(gap_id: str) -> str:
@@ -380,8 +442,7 @@ def _gap_of_error(stage: str, error: dict[str, Any]) -> tuple[str | None, str]:
             if function == frame["function"] or f"{function}(" in frame["text"] or f"{function})" in frame["text"]:
                 return gap_id, (f"{error['type']} at line {frame['line']} ({frame['text']}): {message[:200]}")
     where = error["frames"][-1] if error["frames"] else None
-    return None, (f"{error['type']}: {message[:300]}" + (f" (line {where['line']}: {where['text']})" if where
-                                                          else ""))
+    return None, (f"{error['type']}: {message[:300]}" + (f" (line {where['line']}: {where['text']})" if where else ""))
 
 
 def check_gaps(stage: str, mine: dict[str, Any]) -> None:
@@ -391,8 +452,9 @@ def check_gaps(stage: str, mine: dict[str, Any]) -> None:
     if error:
         gap_id, said = _gap_of_error(stage, error)
         if gap_id is None:
-            raise AssertionError(f"your stage stopped before the end: {said}. Its gaps: "
-                                 + "; ".join(_label(g) for g in gap_ids(stage)))
+            raise AssertionError(
+                f"your stage stopped before the end: {said}. Its gaps: " + "; ".join(_label(g) for g in gap_ids(stage))
+            )
         raise AssertionError(f"{_label(gap_id)}: {said}")
     if "seen" not in mine:
         return
@@ -418,21 +480,30 @@ def check_stage(stage: str, mine: dict, twin: dict | None, device: str | None = 
     losses, reference = list(mine["losses"]), list(twin["losses"]) if twin else []
     assert len(losses) == len(reference), (
         f"your stage logged {len(losses)} steps, dlscale.train {len(reference)} with the same settings: check the "
-        f"batch size each rank loads (the global batch over the ranks) and drop_last ({_gaps_named(for_update)})")
+        f"batch size each rank loads (the global batch over the ranks) and drop_last ({_gaps_named(for_update)})"
+    )
     for step, (a, b) in enumerate(zip(losses, reference)):
         if abs(a - b) > tolerance * max(1.0, abs(b)):
-            where = ("the first step's loss: the forward pass, the loss or the data each rank reads" if step == 0 else
-                     f"step {step} (the steps before it agree): the update")
-            raise AssertionError(f"your stage's loss {a:.6f} differs from dlscale.train's {b:.6f} from {where} "
-                                 f"(allowed on {kind}: {tolerance:g} of the loss). Look at {_gaps_named(for_update)}")
+            where = (
+                "the first step's loss: the forward pass, the loss or the data each rank reads"
+                if step == 0
+                else f"step {step} (the steps before it agree): the update"
+            )
+            raise AssertionError(
+                f"your stage's loss {a:.6f} differs from dlscale.train's {b:.6f} from {where} "
+                f"(allowed on {kind}: {tolerance:g} of the loss). Look at {_gaps_named(for_update)}"
+            )
     for epoch, (a, b) in enumerate(zip(mine["r2"], twin["r2"]), 1):
         assert a is not None and abs(a - b) <= max(1e-3, tolerance), (
             f"the losses agree but epoch {epoch}'s validation R² is {a if a is None else f'{a:.4f}'}, dlscale.train's "
             f"{b:.4f}: the R² "
-            f"(1 - squared error / variance, per target, over every rank's share). Look at {_gaps_named(for_r2)}")
-    print(f"Lesson {lesson}'s stage passed ✓ every gap as asked, and {len(losses)} steps as dlscale.train takes them "
-          f"(largest difference {max((abs(a - b) for a, b in zip(losses, reference)), default=0):.1e}), validation "
-          f"R² {mine['r2'][-1]:.4f}. Ours beside yours: show_ours({lesson!r})")
+            f"(1 - squared error / variance, per target, over every rank's share). Look at {_gaps_named(for_r2)}"
+        )
+    print(
+        f"Lesson {lesson}'s stage passed ✓ every gap as asked, and {len(losses)} steps as dlscale.train takes them "
+        f"(largest difference {max((abs(a - b) for a, b in zip(losses, reference)), default=0):.1e}), validation "
+        f"R² {mine['r2'][-1]:.4f}. Ours beside yours: show_ours({lesson!r})"
+    )
 
 
 __all__ = ["BY_NUMBERS", "PROBES", "STAGE_TOLERANCE", "Gap", "check_gaps", "check_stage"]

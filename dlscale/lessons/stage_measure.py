@@ -48,7 +48,7 @@ def final_r2(result: Mapping[str, Any]) -> float:
 
 
 def whose(stage: str | Callable) -> str:
-    """"your stage" or "our stage (use_ours)": a stage defined in the kit's ``recipes/`` folder is ours."""
+    """ "your stage" or "our stage (use_ours)": a stage defined in the kit's ``recipes/`` folder is ours."""
     from dlscale.lessons.stage_probes import is_ours
 
     return "our stage (use_ours)" if is_ours(stage) else "your stage"
@@ -105,15 +105,19 @@ def run_quietly(stage: str | Callable, arguments: Mapping[str, Any], threads: in
         from dlscale.lessons.stage_probes import leave_group
 
         leave_group()
-        raise StageFailed(f"{whose(stage)} stopped while being measured with {dict(arguments)}: "
-                          f"{type(err).__name__}: {str(err)[:300]} (the stage's check names the gap; or "
-                          f"use_ours(...) to go on with ours)") from None
+        raise StageFailed(
+            f"{whose(stage)} stopped while being measured with {dict(arguments)}: "
+            f"{type(err).__name__}: {str(err)[:300]} (the stage's check names the gap; or "
+            f"use_ours(...) to go on with ours)"
+        ) from None
     finally:
         torch.set_num_threads(kept)
     for key in ("losses", "r2", "throughput"):
         if key not in result:
-            raise StageFailed(f"{whose(stage)} returned no {key!r}: its main must return the dict the recipe's does "
-                              f"(losses, r2, throughput)")
+            raise StageFailed(
+                f"{whose(stage)} returned no {key!r}: its main must return the dict the recipe's does "
+                f"(losses, r2, throughput)"
+            )
     return {**result, "printed": printed.getvalue()}
 
 
@@ -122,9 +126,15 @@ def run_rank(stage: str, arguments: Mapping[str, Any], threads: int | None = Non
     return run_quietly(stage, arguments, threads)
 
 
-def measure_stage(stage: str | Callable, settings: Mapping[Hashable, Mapping[str, Any]], rounds: int = 1,
-                  value: Callable[[Mapping[str, Any]], float] = steady_throughput, ranks: Mapping[Hashable, int]
-                  | None = None, threads: int | None = None, unit: str = "samples/s") -> StageMeasurement:
+def measure_stage(
+    stage: str | Callable,
+    settings: Mapping[Hashable, Mapping[str, Any]],
+    rounds: int = 1,
+    value: Callable[[Mapping[str, Any]], float] = steady_throughput,
+    ranks: Mapping[Hashable, int] | None = None,
+    threads: int | None = None,
+    unit: str = "samples/s",
+) -> StageMeasurement:
     """Run ``stage`` once per setting (its arguments) per round and read ``value`` from each run's result.
 
     ``ranks``: per setting, on how many notebook engines the stage's file runs (a data-parallel stage); left out, it
@@ -144,6 +154,7 @@ def measure_stage(stage: str | Callable, settings: Mapping[Hashable, Mapping[str
             results[key].append(result)
             MEASURED.append(result)
             return value(result)
+
         return measure
 
     spreads = measure_rounds({key: once(key) for key in settings}, rounds)
@@ -159,8 +170,7 @@ class StageProfile:
     table: str  # the profiler's table as the stage printed it
 
 
-def profile_stage(stage: str | Callable, folder: str | Path, window: tuple[int, int], **arguments: Any
-                  ) -> StageProfile:
+def profile_stage(stage: str | Callable, folder: str | Path, window: tuple[int, int], **arguments: Any) -> StageProfile:
     """Run ``stage`` with its profiling window (``profile_steps``) in ``folder``, where its ``trace.json`` lands:
     the milliseconds per step of each range the stage marked in the window, its trace, and the table it printed."""
     import json
@@ -179,12 +189,19 @@ def profile_stage(stage: str | Callable, folder: str | Path, window: tuple[int, 
     MEASURED.append(result)
     trace = folder / "trace.json"
     if not trace.is_file():
-        raise StageFailed(f"{whose(stage)} wrote no trace.json for profile_steps={window[0]},{window[1]}: does its "
-                          f"loop call the profiling window's step() after each step (TODO 04.c)?")
+        raise StageFailed(
+            f"{whose(stage)} wrote no trace.json for profile_steps={window[0]},{window[1]}: does its "
+            f"loop call the profiling window's step() after each step (TODO 04.c)?"
+        )
     data = json.loads(trace.read_text())
-    events = [e for e in (data["traceEvents"] if isinstance(data, dict) else data)
-              if e.get("ph") == "X" and e.get("cat") == "user_annotation" and "#" not in e["name"]
-              and not e["name"].startswith("ProfilerStep")]  # (the stage's own ranges: not torch's, Class.method#...)
+    events = [
+        e
+        for e in (data["traceEvents"] if isinstance(data, dict) else data)
+        if e.get("ph") == "X"
+        and e.get("cat") == "user_annotation"
+        and "#" not in e["name"]
+        and not e["name"].startswith("ProfilerStep")
+    ]  # (the stage's own ranges: not torch's, Class.method#...)
     steps = window[1] - window[0]
     totals: dict[str, float] = {}
     for event in events:
@@ -203,7 +220,8 @@ def checkpoint_shares(folder: str | Path) -> dict[str, float]:
     latest = epochs[-1] if epochs else folder
     files = sorted(latest.glob("*.distcp"))
     if not files:
-        raise StageFailed(f"{latest} holds no .distcp file: did the stage save with torch.distributed.checkpoint "
-                          f"(TODO 10.e)?")
+        raise StageFailed(
+            f"{latest} holds no .distcp file: did the stage save with torch.distributed.checkpoint (TODO 10.e)?"
+        )
     total = sum(f.stat().st_size for f in files)
     return {f.name: f.stat().st_size / total for f in files}

@@ -30,11 +30,35 @@ _ORDER_KEPT = 400
 
 
 def _new_record() -> dict[str, Any]:
-    return {"loaders": [], "copies": 0, "non_blocking_copies": 0, "compiled": 0, "ranges": Counter(),
-            "window_steps": 0, "order": [], "autocast": [], "scaler_enabled": [], "optimizer_steps": 0, "lrs": [],
-            "zero_grads": 0, "process_group": None, "all_reduced": [], "samplers": [], "set_epochs": [], "ddp": 0,
-            "saves": 0, "hvd_init": 0, "hvd_optimizers": [], "broadcasts": 0, "vit_on_meta": [], "tp_splits": [],
-            "fsdp_units": [], "to_empty": 0, "init_weights": 0, "dcp_saves": []}
+    return {
+        "loaders": [],
+        "copies": 0,
+        "non_blocking_copies": 0,
+        "compiled": 0,
+        "ranges": Counter(),
+        "window_steps": 0,
+        "order": [],
+        "autocast": [],
+        "scaler_enabled": [],
+        "optimizer_steps": 0,
+        "lrs": [],
+        "zero_grads": 0,
+        "process_group": None,
+        "all_reduced": [],
+        "samplers": [],
+        "set_epochs": [],
+        "ddp": 0,
+        "saves": 0,
+        "hvd_init": 0,
+        "hvd_optimizers": [],
+        "broadcasts": 0,
+        "vit_on_meta": [],
+        "tp_splits": [],
+        "fsdp_units": [],
+        "to_empty": 0,
+        "init_weights": 0,
+        "dcp_saves": [],
+    }
 
 
 class _Patches:
@@ -71,21 +95,25 @@ _WATCHING: list[bool] = [False]
 
 def _noting(original: Callable, note: Callable[..., None]) -> Callable:
     """``original`` that first calls ``note`` with the same arguments (while a watch is on)."""
+
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if _WATCHING[0]:
             note(*args, **kwargs)
         return original(*args, **kwargs)
+
     wrapper.__wrapped__ = original  # type: ignore[attr-defined]
     return wrapper
 
 
 def _after(original: Callable, note: Callable[..., None]) -> Callable:
     """``original``, then ``note`` with the same arguments (for constructors: ``self`` is then whole)."""
+
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
         if _WATCHING[0]:
             note(*args, **kwargs)
         return result
+
     wrapper.__wrapped__ = original  # type: ignore[attr-defined]
     return wrapper
 
@@ -114,59 +142,133 @@ def watch(namespace: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
             order.append(name)
 
     patches = _Patches(namespace if namespace is not None else {})
-    patches.wrap(DataLoader, "__init__", lambda f: _after(f, lambda self, *a, **k: seen["loaders"].append(
-        {"num_workers": self.num_workers, "pin_memory": bool(self.pin_memory),
-         "shuffled_by": type(self.sampler).__name__, "drop_last": self.drop_last})))
+    patches.wrap(
+        DataLoader,
+        "__init__",
+        lambda f: _after(
+            f,
+            lambda self, *a, **k: seen["loaders"].append(
+                {
+                    "num_workers": self.num_workers,
+                    "pin_memory": bool(self.pin_memory),
+                    "shuffled_by": type(self.sampler).__name__,
+                    "drop_last": self.drop_last,
+                }
+            ),
+        ),
+    )
 
     def copied(self: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         if args and isinstance(args[0], (torch.device, str)):
             seen["copies"] += 1
             seen["non_blocking_copies"] += bool(kwargs.get("non_blocking") or (len(args) > 1 and args[1] is True))
+
     patches.wrap(torch.Tensor, "to", lambda f: _noting(f, copied))
-    patches.wrap(torch, "compile", lambda f: _noting(f, lambda *a, **k: seen.__setitem__("compiled",
-                                                                                           seen["compiled"] + 1)))
+    patches.wrap(
+        torch, "compile", lambda f: _noting(f, lambda *a, **k: seen.__setitem__("compiled", seen["compiled"] + 1))
+    )
     # (the class keeps its identity: torch.compile's tracing checks isinstance against it)
-    patches.wrap(torch.autograd.profiler.record_function, "__init__", lambda f: _noting(
-        f, lambda self, name, *a, **k: seen["ranges"].update([str(name)])))
+    patches.wrap(
+        torch.autograd.profiler.record_function,
+        "__init__",
+        lambda f: _noting(f, lambda self, name, *a, **k: seen["ranges"].update([str(name)])),
+    )
     tools = sys.modules.get("training_tools")
     if tools is not None and hasattr(tools, "ProfilingWindow"):
-        patches.wrap(tools.ProfilingWindow, "step", lambda f: _noting(f, lambda self: seen.__setitem__(
-            "window_steps", seen["window_steps"] + 1)))
-    patches.wrap(torch.autocast, "__enter__", lambda f: _noting(f, lambda self: seen["autocast"].append(
-        (str(self.device), str(self.fast_dtype), bool(self._enabled))) if len(seen["autocast"]) < _ORDER_KEPT
-        else None))
+        patches.wrap(
+            tools.ProfilingWindow,
+            "step",
+            lambda f: _noting(f, lambda self: seen.__setitem__("window_steps", seen["window_steps"] + 1)),
+        )
+    patches.wrap(
+        torch.autocast,
+        "__enter__",
+        lambda f: _noting(
+            f,
+            lambda self: (
+                seen["autocast"].append((str(self.device), str(self.fast_dtype), bool(self._enabled)))
+                if len(seen["autocast"]) < _ORDER_KEPT
+                else None
+            ),
+        ),
+    )
     scaler = torch.amp.GradScaler
-    patches.wrap(scaler, "scale", lambda f: _noting(f, lambda self, *a, **k: (
-        step_order("scale"), seen["scaler_enabled"].append(self.is_enabled()) if len(
-            seen["scaler_enabled"]) < _ORDER_KEPT else None)))
+    patches.wrap(
+        scaler,
+        "scale",
+        lambda f: _noting(
+            f,
+            lambda self, *a, **k: (
+                step_order("scale"),
+                seen["scaler_enabled"].append(self.is_enabled()) if len(seen["scaler_enabled"]) < _ORDER_KEPT else None,
+            ),
+        ),
+    )
     for method, name in (("unscale_", "unscale"), ("step", "scaler step"), ("update", "update")):
         patches.wrap(scaler, method, lambda f, name=name: _noting(f, lambda *a, **k: step_order(name)))
     patches.wrap(torch.nn.utils, "clip_grad_norm_", lambda f: _noting(f, lambda *a, **k: step_order("clip")))
-    patches.wrap(torch.optim.Optimizer, "zero_grad", lambda f: _noting(f, lambda *a, **k: (
-        seen.__setitem__("zero_grads", seen["zero_grads"] + 1), step_order("zero_grad"))))
+    patches.wrap(
+        torch.optim.Optimizer,
+        "zero_grad",
+        lambda f: _noting(
+            f, lambda *a, **k: (seen.__setitem__("zero_grads", seen["zero_grads"] + 1), step_order("zero_grad"))
+        ),
+    )
 
     def stepped(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         seen["optimizer_steps"] += 1
         seen["lrs"].append(float(optimizer.param_groups[0]["lr"]))
         step_order("optimizer step")
+
     hook = register_optimizer_step_post_hook(stepped)
 
     def joined(*args: Any, **kwargs: Any) -> None:
         backend = kwargs.get("backend", args[0] if args else None)
         timeout = kwargs.get("timeout")
-        seen["process_group"] = {"backend": str(backend), "rank": kwargs.get("rank"),
-                                 "world_size": kwargs.get("world_size"),
-                                 "timeout_s": timeout.total_seconds() if timeout is not None else None}
+        seen["process_group"] = {
+            "backend": str(backend),
+            "rank": kwargs.get("rank"),
+            "world_size": kwargs.get("world_size"),
+            "timeout_s": timeout.total_seconds() if timeout is not None else None,
+        }
+
     patches.wrap(dist, "init_process_group", lambda f: _noting(f, joined))
-    patches.wrap(dist, "all_reduce", lambda f: _noting(f, lambda tensor, *a, **k: seen["all_reduced"].append(
-        (list(tensor.shape), str(tensor.dtype))) if len(seen["all_reduced"]) < _ORDER_KEPT else None))
-    patches.wrap(DistributedSampler, "__init__", lambda f: _after(f, lambda self, *a, **k: seen["samplers"].append(
-        {"num_replicas": self.num_replicas, "rank": self.rank, "seed": self.seed, "drop_last": self.drop_last,
-         "shuffle": self.shuffle})))
-    patches.wrap(DistributedSampler, "set_epoch", lambda f: _noting(f, lambda self, epoch: seen["set_epochs"].append(
-        int(epoch))))
-    patches.wrap(DistributedDataParallel, "__init__", lambda f: _noting(f, lambda *a, **k: seen.__setitem__(
-        "ddp", seen["ddp"] + 1)))
+    patches.wrap(
+        dist,
+        "all_reduce",
+        lambda f: _noting(
+            f,
+            lambda tensor, *a, **k: (
+                seen["all_reduced"].append((list(tensor.shape), str(tensor.dtype)))
+                if len(seen["all_reduced"]) < _ORDER_KEPT
+                else None
+            ),
+        ),
+    )
+    patches.wrap(
+        DistributedSampler,
+        "__init__",
+        lambda f: _after(
+            f,
+            lambda self, *a, **k: seen["samplers"].append(
+                {
+                    "num_replicas": self.num_replicas,
+                    "rank": self.rank,
+                    "seed": self.seed,
+                    "drop_last": self.drop_last,
+                    "shuffle": self.shuffle,
+                }
+            ),
+        ),
+    )
+    patches.wrap(
+        DistributedSampler, "set_epoch", lambda f: _noting(f, lambda self, epoch: seen["set_epochs"].append(int(epoch)))
+    )
+    patches.wrap(
+        DistributedDataParallel,
+        "__init__",
+        lambda f: _noting(f, lambda *a, **k: seen.__setitem__("ddp", seen["ddp"] + 1)),
+    )
     patches.wrap(torch, "save", lambda f: _noting(f, lambda *a, **k: seen.__setitem__("saves", seen["saves"] + 1)))
     _watch_horovod(patches, seen)
     _watch_sharding(patches, seen)
@@ -185,14 +287,27 @@ def _watch_horovod(patches: _Patches, seen: dict[str, Any]) -> None:
     hvd = sys.modules.get("horovod.torch")
     if hvd is None:
         return
-    patches.wrap(hvd, "init", lambda f: _noting(f, lambda *a, **k: seen.__setitem__("hvd_init",
-                                                                                       seen["hvd_init"] + 1)))
-    patches.wrap(hvd, "DistributedOptimizer", lambda f: _noting(f, lambda *a, **k: seen["hvd_optimizers"].append(
-        {"averaged": k.get("op", hvd.Average) == hvd.Average, "op": str(k.get("op", "Average")),
-         "backward_passes_per_step": k.get("backward_passes_per_step", 1),
-         "named": k.get("named_parameters") is not None})))
-    patches.wrap(hvd, "broadcast_parameters", lambda f: _noting(f, lambda *a, **k: seen.__setitem__(
-        "broadcasts", seen["broadcasts"] + 1)))
+    patches.wrap(hvd, "init", lambda f: _noting(f, lambda *a, **k: seen.__setitem__("hvd_init", seen["hvd_init"] + 1)))
+    patches.wrap(
+        hvd,
+        "DistributedOptimizer",
+        lambda f: _noting(
+            f,
+            lambda *a, **k: seen["hvd_optimizers"].append(
+                {
+                    "averaged": k.get("op", hvd.Average) == hvd.Average,
+                    "op": str(k.get("op", "Average")),
+                    "backward_passes_per_step": k.get("backward_passes_per_step", 1),
+                    "named": k.get("named_parameters") is not None,
+                }
+            ),
+        ),
+    )
+    patches.wrap(
+        hvd,
+        "broadcast_parameters",
+        lambda f: _noting(f, lambda *a, **k: seen.__setitem__("broadcasts", seen["broadcasts"] + 1)),
+    )
 
 
 def _watch_sharding(patches: _Patches, seen: dict[str, Any]) -> None:
@@ -203,23 +318,46 @@ def _watch_sharding(patches: _Patches, seen: dict[str, Any]) -> None:
 
     from dlscale.models import ViTRegressor
 
-    patches.wrap(ViTRegressor, "__init__", lambda f: _after(f, lambda self, *a, **k: seen["vit_on_meta"].append(
-        next(self.parameters()).is_meta)))
-    patches.wrap(ViTRegressor, "init_weights", lambda f: _noting(f, lambda *a, **k: seen.__setitem__(
-        "init_weights", seen["init_weights"] + 1)))
-    patches.wrap(parallel, "parallelize_module", lambda f: _noting(f, lambda module, mesh=None, plan=None, *a, **k:
-                 seen["tp_splits"].append({name: type(style).__name__ for name, style in (plan or {}).items()}
-                                          if isinstance(plan, dict) else {})))
+    patches.wrap(
+        ViTRegressor,
+        "__init__",
+        lambda f: _after(f, lambda self, *a, **k: seen["vit_on_meta"].append(next(self.parameters()).is_meta)),
+    )
+    patches.wrap(
+        ViTRegressor,
+        "init_weights",
+        lambda f: _noting(f, lambda *a, **k: seen.__setitem__("init_weights", seen["init_weights"] + 1)),
+    )
+    patches.wrap(
+        parallel,
+        "parallelize_module",
+        lambda f: _noting(
+            f,
+            lambda module, mesh=None, plan=None, *a, **k: seen["tp_splits"].append(
+                {name: type(style).__name__ for name, style in (plan or {}).items()} if isinstance(plan, dict) else {}
+            ),
+        ),
+    )
+
     def sharded(module: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
         policy = kwargs.get("mp_policy")
-        seen["fsdp_units"].append({"module": type(module).__name__,
-                                   "param_dtype": str(getattr(policy, "param_dtype", None)),
-                                   "output_dtype": str(getattr(policy, "output_dtype", None))})
+        seen["fsdp_units"].append(
+            {
+                "module": type(module).__name__,
+                "param_dtype": str(getattr(policy, "param_dtype", None)),
+                "output_dtype": str(getattr(policy, "output_dtype", None)),
+            }
+        )
+
     patches.wrap(fsdp, "fully_shard", lambda f: _noting(f, sharded))
-    patches.wrap(torch.nn.Module, "to_empty", lambda f: _noting(f, lambda *a, **k: seen.__setitem__(
-        "to_empty", seen["to_empty"] + 1)))
-    patches.wrap(dcp, "save", lambda f: _noting(f, lambda *a, **k: seen["dcp_saves"].append(
-        str(k.get("checkpoint_id")))))
+    patches.wrap(
+        torch.nn.Module,
+        "to_empty",
+        lambda f: _noting(f, lambda *a, **k: seen.__setitem__("to_empty", seen["to_empty"] + 1)),
+    )
+    patches.wrap(
+        dcp, "save", lambda f: _noting(f, lambda *a, **k: seen["dcp_saves"].append(str(k.get("checkpoint_id"))))
+    )
 
 
 def effective_arguments(main: Callable, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -235,8 +373,13 @@ def _stage_frames(err: BaseException, filename: str) -> list[dict[str, Any]]:
     frames = []
     for frame in traceback.extract_tb(err.__traceback__):
         if frame.filename == filename:
-            frames.append({"function": frame.name, "line": frame.lineno,
-                           "text": (frame.line or linecache.getline(filename, frame.lineno or 0)).strip()})
+            frames.append(
+                {
+                    "function": frame.name,
+                    "line": frame.lineno,
+                    "text": (frame.line or linecache.getline(filename, frame.lineno or 0)).strip(),
+                }
+            )
     return frames
 
 
@@ -259,12 +402,19 @@ def run_stage(stage: str | Callable[..., dict], **arguments: Any) -> dict[str, A
         try:
             result = dict(main(**arguments))
         except Exception as err:  # noqa: BLE001 - the attendee's code: any failure is reported, by gap, by the check
-            error = {"type": type(err).__name__, "message": str(err)[:2000],
-                     "name": getattr(err, "name", None), "frames": _stage_frames(err, filename)}
+            error = {
+                "type": type(err).__name__,
+                "message": str(err)[:2000],
+                "name": getattr(err, "name", None),
+                "frames": _stage_frames(err, filename),
+            }
             where = error["frames"][-1] if error["frames"] else None
-            print(f"your stage stopped: {error['type']}: {str(err)[:300]}"
-                  + (f" (line {where['line']}: {where['text']})" if where else "")
-                  + "; the check below names the gap", flush=True)
+            print(
+                f"your stage stopped: {error['type']}: {str(err)[:300]}"
+                + (f" (line {where['line']}: {where['text']})" if where else "")
+                + "; the check below names the gap",
+                flush=True,
+            )
             leave_group()
     source = _source_of(main, stage)
     header = re.match(r"(?:%%writefile \S+\n)?# recipes/(\S+\.py)", source or "")
@@ -273,8 +423,14 @@ def run_stage(stage: str | Callable[..., dict], **arguments: Any) -> dict[str, A
     ours = is_ours(main)
     if ours:
         print("(this run is OUR stage, recipes/" + Path(filename).name + ", not yours: use_ours)", flush=True)
-    return {**result, "seen": seen, "arguments": effective_arguments(main, arguments), "error": error,
-            "source": source, "ours": ours}
+    return {
+        **result,
+        "seen": seen,
+        "arguments": effective_arguments(main, arguments),
+        "error": error,
+        "source": source,
+        "ours": ours,
+    }
 
 
 #: The source of the stage each lesson ran last in this process, by stage file (for show_ours).

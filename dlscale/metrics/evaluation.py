@@ -16,8 +16,13 @@ from dlscale.runtime.devices import to_device
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: Iterable, device: torch.device, channels_last: bool = False,
-             names: list[str] | None = None) -> dict[str, float]:
+def evaluate(
+    model: nn.Module,
+    loader: Iterable,
+    device: torch.device,
+    channels_last: bool = False,
+    names: list[str] | None = None,
+) -> dict[str, float]:
     """MSE and R² (mean and per target) of ``model`` over ``loader``.
 
     Built from sums (count, Σy, Σy², Σ squared error per target) so that ranks can add theirs before the
@@ -47,8 +52,9 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device, channels_
 
 
 @torch.no_grad()
-def predict(model: nn.Module, loader: Iterable, device: torch.device | str = "cpu",
-            channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def predict(
+    model: nn.Module, loader: Iterable, device: torch.device | str = "cpu", channels_last: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Predictions and targets over ``loader``, both on the CPU, in loader order."""
     model.eval()
     preds, targets = [], []

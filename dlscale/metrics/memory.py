@@ -26,10 +26,14 @@ def _bytes(tensors) -> int:
 def tensor_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """This rank's parameter, gradient and optimizer-state bytes (its shards, where split)."""
     params = list(model.parameters())
-    states = [v for state in optimizer.state.values() for v in state.values()
-              if isinstance(v, torch.Tensor) and v.numel() > 1]  # (a step counter is not state worth counting)
-    return {"parameters": _bytes(params), "gradients": _bytes(p.grad for p in params if p.grad is not None),
-            "optimizer_state": _bytes(states)}
+    states = [
+        v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor) and v.numel() > 1
+    ]  # (a step counter is not state worth counting)
+    return {
+        "parameters": _bytes(params),
+        "gradients": _bytes(p.grad for p in params if p.grad is not None),
+        "optimizer_state": _bytes(states),
+    }
 
 
 def peak_bytes(device: torch.device) -> int:
@@ -56,8 +60,9 @@ def memory_row(model: nn.Module, optimizer: torch.optim.Optimizer, device: torch
 OPTIMIZER_STATES = {"sgd": 1, "lars": 1, "adamw": 2, "lamb": 2}  # momentum; Adam's two moments
 
 
-def estimate_bytes(parameters: int, optimizer: str = "adamw", ranks: int = 1, sharded: bool = False,
-                   bytes_per_value: int = 4) -> dict[str, float]:
+def estimate_bytes(
+    parameters: int, optimizer: str = "adamw", ranks: int = 1, sharded: bool = False, bytes_per_value: int = 4
+) -> dict[str, float]:
     """What one rank holds for ``parameters`` parameters: weights, gradients and optimizer state, in bytes.
 
     fp32 training keeps 4 bytes of each per value; Adam-type optimizers keep two values per
@@ -66,8 +71,7 @@ def estimate_bytes(parameters: int, optimizer: str = "adamw", ranks: int = 1, sh
     """
     share = ranks if sharded else 1
     weights = parameters * bytes_per_value / share
-    return {"parameters": weights, "gradients": weights,
-            "optimizer_state": OPTIMIZER_STATES[optimizer] * weights}
+    return {"parameters": weights, "gradients": weights, "optimizer_state": OPTIMIZER_STATES[optimizer] * weights}
 
 
 def saved_activation_bytes(model: nn.Module, x: torch.Tensor) -> int:

@@ -118,8 +118,15 @@ class NoiseScaleProbe:
         """Whether the step that follows ``step`` steps is measured."""
         return step % self.every == 0
 
-    def measure_small_batch(self, model: torch.nn.Module, loss_fn: Callable, x: torch.Tensor, y: torch.Tensor,
-                            autocast: Callable, scaler: torch.amp.GradScaler) -> None:
+    def measure_small_batch(
+        self,
+        model: torch.nn.Module,
+        loss_fn: Callable,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        autocast: Callable,
+        scaler: torch.amp.GradScaler,
+    ) -> None:
         """‖gradient‖² of the mean loss over the first quarter of the batch (before the step's own pass)."""
         small = len(x) // 4 or 1
         with preserved_buffers(model):

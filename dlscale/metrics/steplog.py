@@ -42,7 +42,9 @@ def check_finite(losses: list[float], first_step: int, lr: float) -> None:
             f"was written from this point and the last good one is kept. Try a lower lr, a longer warmup "
             f"(warmup_steps), grad_clip=1.0 or precision=fp32, and check the data for NaN or inf values with "
             f"`dlscale data check DATA_DIR`; then continue from the last checkpoint with resume=true, or start "
-            f"afresh with resume=false", step=first_step + bad)
+            f"afresh with resume=false",
+            step=first_step + bad,
+        )
 
 
 class StepLog:
@@ -80,11 +82,16 @@ class StepLog:
         losses = all_reduce_mean(torch.stack([row[2] for row in self._rows]).float()).tolist()  # the global batch's
         check_finite(losses, self._rows[0][0], self._rows[0][3])  # every rank sees the same mean: all stop together
         rate = self._rate()
-        self.logger.log_steps([dict(step=s, epoch=e, loss=loss, lr=lr, samples_per_s=rate)
-                               for (s, e, _, lr), loss in zip(self._rows, losses)])
+        self.logger.log_steps(
+            [
+                dict(step=s, epoch=e, loss=loss, lr=lr, samples_per_s=rate)
+                for (s, e, _, lr), loss in zip(self._rows, losses)
+            ]
+        )
         self._rows.clear()
         for step, ratios in self._ratios:
-            self.logger.log_trust_ratios(self.ratio_columns, {"step": step, **dict(zip(self.ratio_columns,
-                                                                                        ratios.tolist()))})
+            self.logger.log_trust_ratios(
+                self.ratio_columns, {"step": step, **dict(zip(self.ratio_columns, ratios.tolist()))}
+            )
         self._ratios.clear()
         return losses[-1]

@@ -27,15 +27,16 @@ class ThroughputMeter:
     work is done when it returns); ``clock`` is the timer (``time.perf_counter``).
     """
 
-    def __init__(self, warmup_steps: int = 5, sync: Callable[[], None] | None = None,
-                 clock: Callable[[], float] | None = None):
+    def __init__(
+        self, warmup_steps: int = 5, sync: Callable[[], None] | None = None, clock: Callable[[], float] | None = None
+    ):
         self.warmup_steps = warmup_steps
         self.steps = 0
         self.samples = 0
         self.seconds = 0.0
         self._last: float | None = None
-        self._counting = False       # whether the last step was counted (its time ends at the next sync)
-        self._block = [0, 0.0]       # samples and seconds timed since the last block_rate()
+        self._counting = False  # whether the last step was counted (its time ends at the next sync)
+        self._block = [0, 0.0]  # samples and seconds timed since the last block_rate()
         self._sync = sync
         self._clock = clock or (lambda: time.perf_counter())
 

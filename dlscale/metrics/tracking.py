@@ -57,8 +57,14 @@ def _truncate(path: Path, last_step: int) -> None:
 def _start_wandb(logging: LoggingSection, run_dir: Path, run_name: str, config: dict[str, Any]):
     wandb = import_optional("wandb", "tracking", "tracking=wandb", TrackingError, "or set tracking=csv")
     mode = os.environ.get("WANDB_MODE", logging.wandb_mode)
-    run = wandb.init(project=logging.wandb_project, name=run_name, dir=str(run_dir), mode=mode,
-                     config=config, reinit="finish_previous")
+    run = wandb.init(
+        project=logging.wandb_project,
+        name=run_name,
+        dir=str(run_dir),
+        mode=mode,
+        config=config,
+        reinit="finish_previous",
+    )
     # Step rows arrive in blocks of 10, after the noise-scale and validation rows of the same steps, and
     # W&B drops a row whose step= is below one already logged. So every row carries the optimizer step
     # as an ordinary value, and each series is plotted against it.
@@ -78,9 +84,16 @@ class MetricsLogger:
     It is given the config's logging section; W&B also records the run's name and its whole config.
     """
 
-    def __init__(self, logging: LoggingSection, run_dir: str | Path, run_name: str = "",
-                 config: dict[str, Any] | None = None, resume_step: int | None = None, is_main: bool = True,
-                 val_columns: Sequence[str] = ()):
+    def __init__(
+        self,
+        logging: LoggingSection,
+        run_dir: str | Path,
+        run_name: str = "",
+        config: dict[str, Any] | None = None,
+        resume_step: int | None = None,
+        is_main: bool = True,
+        val_columns: Sequence[str] = (),
+    ):
         self.run_dir = Path(run_dir)
         self.enabled = is_main
         self.val_columns = ["epoch", "step", *val_columns]

@@ -23,5 +23,7 @@ def largest_weight_difference(a: Any, b: Any) -> float:
     if list(first) != list(second):
         missing = sorted(set(first) ^ set(second))
         raise ValueError(f"the two models differ in their tensors ({', '.join(missing[:4])} ...)")
-    return max(((x.double() - second[name].double()).abs().max().item() for name, x in first.items()
-                if x.is_floating_point()), default=0.0)
+    return max(
+        ((x.double() - second[name].double()).abs().max().item() for name, x in first.items() if x.is_floating_point()),
+        default=0.0,
+    )

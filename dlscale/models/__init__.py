@@ -18,8 +18,16 @@ from dlscale.models.cnn import CNNRegressor
 from dlscale.models.registry import MODELS, model_spec, register_model
 from dlscale.models.vit import ViTRegressor
 
-__all__ = ["MODELS", "CNNRegressor", "ViTRegressor", "build_model", "count_parameters", "is_channels_last",
-           "model_spec", "register_model"]
+__all__ = [
+    "MODELS",
+    "CNNRegressor",
+    "ViTRegressor",
+    "build_model",
+    "count_parameters",
+    "is_channels_last",
+    "model_spec",
+    "register_model",
+]
 
 
 def build_model(cfg: TrainConfig, in_channels: int = 1, num_outputs: int = len(TARGET_NAMES)) -> nn.Module:
@@ -37,9 +45,17 @@ def _cnn(model: ModelSection, input_shape: tuple[int, int, int], num_outputs: in
 
 
 def _vit(model: ModelSection, input_shape: tuple[int, int, int], num_outputs: int, seed: int) -> nn.Module:
-    return ViTRegressor(input_shape[0], num_outputs, image_size=input_shape[-1], patch_size=model.patch_size,
-                        width=model.width, depth=model.depth, heads=model.heads,
-                        activation_checkpointing=model.activation_checkpointing, seed=seed)
+    return ViTRegressor(
+        input_shape[0],
+        num_outputs,
+        image_size=input_shape[-1],
+        patch_size=model.patch_size,
+        width=model.width,
+        depth=model.depth,
+        heads=model.heads,
+        activation_checkpointing=model.activation_checkpointing,
+        seed=seed,
+    )
 
 
 register_model("cnn", _cnn)
@@ -54,5 +70,6 @@ def count_parameters(model: nn.Module) -> int:
 def is_channels_last(model: nn.Module) -> bool:
     """Whether the conv weights are in NHWC layout (a weight with one input channel is both, so it is skipped)."""
     weights = [p for p in model.parameters() if p.ndim == 4 and p.shape[1] > 1]
-    return bool(weights) and all(p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
-                                 for p in weights)
+    return bool(weights) and all(
+        p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous() for p in weights
+    )

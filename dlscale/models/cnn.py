@@ -35,10 +35,16 @@ def _conv_block(in_channels: int, out_channels: int, norm: str = "batch") -> nn.
 class CNNRegressor(nn.Module):
     """Maps of shape (N, in_channels, H, W) to (N, num_outputs) regression targets."""
 
-    def __init__(self, in_channels: int = 1, num_outputs: int = len(TARGET_NAMES), width: int = 16, depth: int = 3,
-                 norm: str = "batch"):
+    def __init__(
+        self,
+        in_channels: int = 1,
+        num_outputs: int = len(TARGET_NAMES),
+        width: int = 16,
+        depth: int = 3,
+        norm: str = "batch",
+    ):
         super().__init__()
-        channels = [in_channels] + [width * 2 ** i for i in range(depth)]
+        channels = [in_channels] + [width * 2**i for i in range(depth)]
         self.features = nn.Sequential(*(_conv_block(a, b, norm) for a, b in zip(channels, channels[1:])))
         self.head = nn.Sequential(
             nn.AdaptiveAvgPool2d(1),

@@ -38,8 +38,9 @@ class ModelSpec:
 MODELS: dict[str, ModelSpec] = {}
 
 
-def register_model(name: str, build: Callable[[ModelSection, tuple[int, int, int], int, int], nn.Module],
-                   meta_init: bool = False) -> ModelSpec:
+def register_model(
+    name: str, build: Callable[[ModelSection, tuple[int, int, int], int, int], nn.Module], meta_init: bool = False
+) -> ModelSpec:
     """Make ``model=NAME`` build ``build(model_section, input_shape, num_outputs, seed)`` in every config, run and
     command."""
     if not name.isidentifier():
@@ -56,4 +57,3 @@ def model_spec(name: str) -> ModelSpec:
         return MODELS[name]
     except KeyError:
         raise ConfigError(f"no model named {name!r}: the models are {', '.join(MODELS)}") from None
-

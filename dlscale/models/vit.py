@@ -79,16 +79,31 @@ class ViTRegressor(nn.Module):
 
     #: Tensor parallelism inside each unit (dlscale.distributed.parallelize): the projections into the attention and
     #: the MLP column-wise (a rank keeps whole heads), the ones out of them row-wise (one all-reduce each).
-    tensor_parallel_plan = {"attention.wq": "colwise", "attention.wk": "colwise", "attention.wv": "colwise",
-                            "attention.wo": "rowwise", "mlp.w1": "colwise", "mlp.w2": "rowwise"}
+    tensor_parallel_plan = {
+        "attention.wq": "colwise",
+        "attention.wk": "colwise",
+        "attention.wv": "colwise",
+        "attention.wo": "rowwise",
+        "mlp.w1": "colwise",
+        "mlp.w2": "rowwise",
+    }
 
     def parallel_units(self) -> list[nn.Module]:
         """The units FSDP shards one at a time and tensor parallelism splits: the transformer blocks."""
         return list(self.blocks)
 
-    def __init__(self, in_channels: int = 1, num_outputs: int = len(TARGET_NAMES), image_size: int = 32,
-                 patch_size: int = 4, width: int = 64, depth: int = 2, heads: int = 4,
-                 activation_checkpointing: bool = False, seed: int = 0):
+    def __init__(
+        self,
+        in_channels: int = 1,
+        num_outputs: int = len(TARGET_NAMES),
+        image_size: int = 32,
+        patch_size: int = 4,
+        width: int = 64,
+        depth: int = 2,
+        heads: int = 4,
+        activation_checkpointing: bool = False,
+        seed: int = 0,
+    ):
         super().__init__()
         self.heads = heads
         self.patch = nn.Conv2d(in_channels, width, patch_size, stride=patch_size)

@@ -29,8 +29,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     for param in model.parameters():
         if param.requires_grad:
             (decay if param.ndim > 1 else no_decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def build_optimizer(cfg: OptimSection, model: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
@@ -39,8 +38,12 @@ def build_optimizer(cfg: OptimSection, model: nn.Module, lr: float | None = None
     groups = param_groups(model, cfg.weight_decay)
     lr = cfg.lr if lr is None else lr
     trust = {"trust_coefficient": cfg.trust_coefficient} if cfg.trust_coefficient else {}
-    impl = {"auto": {"foreach": True}, "foreach": {"foreach": True}, "loop": {"foreach": False},
-            "fused": {"fused": True}}[cfg.optimizer_impl]
+    impl = {
+        "auto": {"foreach": True},
+        "foreach": {"foreach": True},
+        "loop": {"foreach": False},
+        "fused": {"fused": True},
+    }[cfg.optimizer_impl]
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, **impl)
     if cfg.optimizer == "adamw":
@@ -48,8 +51,13 @@ def build_optimizer(cfg: OptimSection, model: nn.Module, lr: float | None = None
     if cfg.optimizer == "lars":
         return LARS(groups, lr=lr, momentum=cfg.momentum, **trust)
     if cfg.optimizer == "larc":  # apex's LARC: LARS's trust ratio on SGD, clipped to the global LR in clip mode
-        return LARS(groups, lr=lr, momentum=cfg.momentum, trust_coefficient=cfg.trust_coefficient or LARC_TRUST,
-                    trust_clip=cfg.larc_mode == "clip")
+        return LARS(
+            groups,
+            lr=lr,
+            momentum=cfg.momentum,
+            trust_coefficient=cfg.trust_coefficient or LARC_TRUST,
+            trust_clip=cfg.larc_mode == "clip",
+        )
     if cfg.optimizer == "lamb":
         return LAMB(groups, lr=lr, betas=(cfg.momentum, 0.999))
     raise ValueError(f"unknown optimizer {cfg.optimizer!r}")  # TrainConfig already rejects these

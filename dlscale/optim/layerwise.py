@@ -44,8 +44,9 @@ def _norms(tensors: list[Tensor], masks: _GroupMasks | None = None) -> Tensor:
     return full_norms(tensors, masks.sharded if masks is not None else None)
 
 
-def _trust_ratios(weight_norms: Tensor, step_norms: Tensor, adapt: Tensor, scale: float = 1.0,
-                  denominator: Tensor | None = None) -> Tensor:
+def _trust_ratios(
+    weight_norms: Tensor, step_norms: Tensor, adapt: Tensor, scale: float = 1.0, denominator: Tensor | None = None
+) -> Tensor:
     """``scale * ‖w‖ / denominator`` (default ``‖step‖``) where ``adapt`` and both norms are positive, else 1."""
     denominator = step_norms if denominator is None else denominator
     usable = adapt & (weight_norms > 0) & (step_norms > 0)
@@ -66,8 +67,14 @@ class _GroupMasks:
     sharded: list[Tensor] | None  # the same, when any of them is split over ranks; else None
 
 
-def _lars_ratios(params: list[Tensor], grads: list[Tensor], masks: _GroupMasks, weight_decay: float,
-                 trust_coefficient: float, eps: float) -> Tensor:
+def _lars_ratios(
+    params: list[Tensor],
+    grads: list[Tensor],
+    masks: _GroupMasks,
+    weight_decay: float,
+    trust_coefficient: float,
+    eps: float,
+) -> Tensor:
     """LARS's ``η‖w‖ / (‖g‖ + λ‖w‖ + eps)`` per tensor (λ only where the tensor decays), 1 where unusable."""
     w_norm, g_norm = _norms(params, masks), _norms(grads, masks)
     decay_norm = weight_decay * w_norm if masks.all_decay else torch.where(masks.decay_mask, weight_decay * w_norm, 0.0)
@@ -99,10 +106,16 @@ class _LayerwiseMixin:
             adapt = [group["adapt"] and e for e in eligible]
             decay = [e and group["weight_decay"] != 0 for e in eligible]
             chosen = [i for i, d in enumerate(decay) if d]
-            masks = _GroupMasks(torch.tensor(adapt, dtype=torch.bool, device=device) if any(adapt) else None, decay,
-                             chosen, torch.tensor(decay, device=device), torch.tensor(chosen, device=device,
-                                                                                      dtype=torch.long), all(decay),
-                             originals, originals if any(map(is_sharded, originals)) else None)
+            masks = _GroupMasks(
+                torch.tensor(adapt, dtype=torch.bool, device=device) if any(adapt) else None,
+                decay,
+                chosen,
+                torch.tensor(decay, device=device),
+                torch.tensor(chosen, device=device, dtype=torch.long),
+                all(decay),
+                originals,
+                originals if any(map(is_sharded, originals)) else None,
+            )
             if len(maskss) > 64:  # groups whose parameters keep changing: do not grow without bound
                 maskss.clear()
             maskss[key] = masks
@@ -145,8 +158,13 @@ def _with_decay(grads: list[Tensor], params: list[Tensor], decay: list[bool], we
     return out
 
 
-def _add_decay(targets: list[Tensor], params: list[Tensor], decay: list[bool], weight_decay: float,
-               scales: list[Tensor] | None = None) -> None:
+def _add_decay(
+    targets: list[Tensor],
+    params: list[Tensor],
+    decay: list[bool],
+    weight_decay: float,
+    scales: list[Tensor] | None = None,
+) -> None:
     """``target += weight_decay * scale * param`` in place, for the tensors that decay."""
     chosen = [i for i, d in enumerate(decay) if d]
     if not chosen:
@@ -178,18 +196,40 @@ class LARS(_LayerwiseMixin, Optimizer):
     applied even where a norm is zero. Without the clip, LARC's scale mode is LARS itself.
     """
 
-    def __init__(self, params: Iterable, lr: float = 1.0, momentum: float = 0.9, weight_decay: float = 0.0,
-                 trust_coefficient: float = 1e-3, eps: float = 1e-8, nesterov: bool = False, adapt: bool = True,
-                 exclude_1d: bool = True, trust_clip: bool = False):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1.0,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        trust_coefficient: float = 1e-3,
+        eps: float = 1e-8,
+        nesterov: bool = False,
+        adapt: bool = True,
+        exclude_1d: bool = True,
+        trust_clip: bool = False,
+    ):
         if lr <= 0 or momentum < 0 or weight_decay < 0 or trust_coefficient <= 0:
-            raise ValueError(f"LARS needs lr > 0, momentum >= 0, weight_decay >= 0, trust_coefficient > 0; got "
-                             f"lr={lr}, momentum={momentum}, weight_decay={weight_decay}, "
-                             f"trust_coefficient={trust_coefficient}")
+            raise ValueError(
+                f"LARS needs lr > 0, momentum >= 0, weight_decay >= 0, trust_coefficient > 0; got "
+                f"lr={lr}, momentum={momentum}, weight_decay={weight_decay}, "
+                f"trust_coefficient={trust_coefficient}"
+            )
         self.exclude_1d = exclude_1d
         self.trust_ratios = []
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
-                                      trust_coefficient=trust_coefficient, eps=eps, nesterov=nesterov, adapt=adapt,
-                                      trust_clip=trust_clip))
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                momentum=momentum,
+                weight_decay=weight_decay,
+                trust_coefficient=trust_coefficient,
+                eps=eps,
+                nesterov=nesterov,
+                adapt=adapt,
+                trust_clip=trust_clip,
+            ),
+        )
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -227,15 +267,19 @@ class LARS(_LayerwiseMixin, Optimizer):
                 if masks.all_decay:
                     torch._foreach_addcmul_(buffers, params, list((ratios * wd).unbind()))
                 elif chosen:
-                    torch._foreach_addcmul_([buffers[i] for i in chosen], [params[i] for i in chosen],
-                                            list((ratios[masks.chosen_index] * wd).unbind()))
+                    torch._foreach_addcmul_(
+                        [buffers[i] for i in chosen],
+                        [params[i] for i in chosen],
+                        list((ratios[masks.chosen_index] * wd).unbind()),
+                    )
                 if not group["nesterov"]:
                     torch._foreach_add_(params, buffers, alpha=-lr)
                     continue
             # w -= lr * r * (g + wd * w): w *= (1 - lr * r * wd) first (it needs the old w), then w -= lr * r * g
             if chosen:
-                torch._foreach_mul_([params[i] for i in chosen],
-                                    list((1 - lr * wd * ratios[masks.chosen_index]).unbind()))
+                torch._foreach_mul_(
+                    [params[i] for i in chosen], list((1 - lr * wd * ratios[masks.chosen_index]).unbind())
+                )
             torch._foreach_addcmul_(params, grads, list((-lr * ratios).unbind()))
             if momentum:  # nesterov: w -= lr * (d + momentum * buf)
                 torch._foreach_add_(params, buffers, alpha=-lr * momentum)
@@ -261,19 +305,41 @@ class LAMB(_LayerwiseMixin, Optimizer):
     count ``t`` is kept per group.
     """
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.01, bias_correction: bool = True,
-                 trust_clip: float | None = None, max_grad_norm: float | None = None, adapt: bool = True,
-                 exclude_1d: bool = True):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+        bias_correction: bool = True,
+        trust_clip: float | None = None,
+        max_grad_norm: float | None = None,
+        adapt: bool = True,
+        exclude_1d: bool = True,
+    ):
         if lr <= 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1) or eps <= 0 or weight_decay < 0:
-            raise ValueError(f"LAMB needs lr > 0, 0 <= betas < 1, eps > 0, weight_decay >= 0; got lr={lr}, "
-                             f"betas={betas}, eps={eps}, weight_decay={weight_decay}")
+            raise ValueError(
+                f"LAMB needs lr > 0, 0 <= betas < 1, eps > 0, weight_decay >= 0; got lr={lr}, "
+                f"betas={betas}, eps={eps}, weight_decay={weight_decay}"
+            )
         self.exclude_1d = exclude_1d
         self.max_grad_norm = max_grad_norm
         self.trust_ratios = []
         self._scratch: dict[Tensor, Tensor] = {}  # per-parameter work space, not state: never checkpointed
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                                      bias_correction=bias_correction, trust_clip=trust_clip, adapt=adapt, step=0))
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                betas=tuple(betas),
+                eps=eps,
+                weight_decay=weight_decay,
+                bias_correction=bias_correction,
+                trust_clip=trust_clip,
+                adapt=adapt,
+                step=0,
+            ),
+        )
 
     def _scratch_for(self, params: list[Tensor]) -> list[Tensor]:
         out = []
@@ -309,7 +375,9 @@ class LAMB(_LayerwiseMixin, Optimizer):
             torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
             torch._foreach_mul_(exp_avg_sq, beta2)
             torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
-            c1, c2 = ((1 - beta1 ** group["step"]), (1 - beta2 ** group["step"])) if group["bias_correction"] else (1.0, 1.0)
+            c1, c2 = (
+                ((1 - beta1 ** group["step"]), (1 - beta2 ** group["step"])) if group["bias_correction"] else (1.0, 1.0)
+            )
             # The paper's update is u = m/c1 / (sqrt(v/c2) + eps) + wd*w. Written as
             # u = (sqrt(c2)/c1) * q with q = m / (sqrt(v) + eps*sqrt(c2)) + (c1*wd/sqrt(c2)) * w,
             # the scalar in front cancels in the trust ratio ‖w‖/‖u‖, which saves two passes.
@@ -327,8 +395,9 @@ class LAMB(_LayerwiseMixin, Optimizer):
                 continue
             w_norm, q_norm = _norms(params, masks), _norms(q, masks)
             usable = masks.adapt & (w_norm > 0) & (q_norm > 0)
-            ratios = torch.where(usable, w_norm / q_norm.clamp_min(torch.finfo(torch.float32).tiny) * (c1 / root_c2),
-                                 1.0)  # the paper's r = ‖w‖/‖u‖, 1 where unusable
+            ratios = torch.where(
+                usable, w_norm / q_norm.clamp_min(torch.finfo(torch.float32).tiny) * (c1 / root_c2), 1.0
+            )  # the paper's r = ‖w‖/‖u‖, 1 where unusable
             if group["trust_clip"] is not None:
                 ratios = ratios.clamp(max=group["trust_clip"])
             self._keep(index, ratios)

@@ -37,15 +37,24 @@ def scale_lr(base_lr: float, base_batch: int, global_batch: int, rule: str = "li
     if rule not in SCALING_RULES:
         raise ValueError(f"rule must be one of {', '.join(SCALING_RULES)}; got {rule!r}")
     if base_lr <= 0 or base_batch < 1 or global_batch < 1:
-        raise ValueError(f"scale_lr needs base_lr > 0 and batches >= 1; got base_lr={base_lr}, "
-                         f"base_batch={base_batch}, global_batch={global_batch}")
+        raise ValueError(
+            f"scale_lr needs base_lr > 0 and batches >= 1; got base_lr={base_lr}, "
+            f"base_batch={base_batch}, global_batch={global_batch}"
+        )
     k = global_batch / base_batch
     return base_lr * {"none": 1.0, "linear": k, "sqrt": math.sqrt(k)}[rule]
 
 
-def lr_factor(warmup_steps: int, total_steps: int, decay: str = "cosine", warmup_start_factor: float | None = None,
-              min_factor: float = 0.0, step_milestones: Sequence[float] = (0.5, 0.75), step_gamma: float = 0.1,
-              poly_power: float = 2.0) -> Callable[[int], float]:
+def lr_factor(
+    warmup_steps: int,
+    total_steps: int,
+    decay: str = "cosine",
+    warmup_start_factor: float | None = None,
+    min_factor: float = 0.0,
+    step_milestones: Sequence[float] = (0.5, 0.75),
+    step_gamma: float = 0.1,
+    poly_power: float = 2.0,
+) -> Callable[[int], float]:
     """The multiplier of the peak LR after ``t`` optimizer steps.
 
     Warmup rises linearly from ``warmup_start_factor`` (default ``1 / warmup_steps``) at
@@ -71,16 +80,24 @@ def lr_factor(warmup_steps: int, total_steps: int, decay: str = "cosine", warmup
         progress = min(1.0, (t - warmup_steps) / (total_steps - warmup_steps))
         if decay == "step":
             return step_gamma ** bisect.bisect_right(milestones, progress)
-        shape = {"cosine": 0.5 * (1.0 + math.cos(math.pi * progress)),
-                 "linear": 1.0 - progress,
-                 "poly": (1.0 - progress) ** poly_power}[decay]
+        shape = {
+            "cosine": 0.5 * (1.0 + math.cos(math.pi * progress)),
+            "linear": 1.0 - progress,
+            "poly": (1.0 - progress) ** poly_power,
+        }[decay]
         return min_factor + (1.0 - min_factor) * shape
 
     return factor
 
 
-def warmup_schedule(optimizer: Optimizer, warmup_steps: int, total_steps: int, decay: str = "cosine",
-                    warmup_start_factor: float | None = None, **decay_options: float) -> LambdaLR:
+def warmup_schedule(
+    optimizer: Optimizer,
+    warmup_steps: int,
+    total_steps: int,
+    decay: str = "cosine",
+    warmup_start_factor: float | None = None,
+    **decay_options: float,
+) -> LambdaLR:
     """A torch scheduler: linear warmup over ``warmup_steps``, then ``decay`` until ``total_steps``.
 
     Call ``scheduler.step()`` after every ``optimizer.step()``. ``decay_options`` are those
@@ -89,8 +106,14 @@ def warmup_schedule(optimizer: Optimizer, warmup_steps: int, total_steps: int, d
     return LambdaLR(optimizer, lr_factor(warmup_steps, total_steps, decay, warmup_start_factor, **decay_options))
 
 
-def lr_trace(peak_lr: float, warmup_steps: int, total_steps: int, decay: str = "cosine",
-             warmup_start_factor: float | None = None, **decay_options: float) -> list[float]:
+def lr_trace(
+    peak_lr: float,
+    warmup_steps: int,
+    total_steps: int,
+    decay: str = "cosine",
+    warmup_start_factor: float | None = None,
+    **decay_options: float,
+) -> list[float]:
     """The LR at every step of a schedule, produced by the real scheduler (for plots)."""
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=peak_lr)
     scheduler = warmup_schedule(optimizer, warmup_steps, total_steps, decay, warmup_start_factor, **decay_options)

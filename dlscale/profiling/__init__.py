@@ -21,6 +21,24 @@ from dlscale.profiling.nsys import as_shell, nsys_command, nsys_stats_command, p
 from dlscale.profiling.nvtx import RANGES, nvtx_backend, nvtx_range, under_nsys
 from dlscale.profiling.step_profiler import StepProfiler, phase_times, read_summary, summarize
 
-__all__ = ["PEAK_FLOPS", "RANGES", "FlopCount", "StepProfiler", "as_shell", "count_flops", "flops_per_sample", "mfu", "nsys_command",
-           "nsys_stats_command", "nvtx_backend", "nvtx_range", "parse_nvtx_sum", "peak_flops", "peak_precision",
-           "phase_times", "read_summary", "summarize", "under_nsys"]
+__all__ = [
+    "PEAK_FLOPS",
+    "RANGES",
+    "FlopCount",
+    "StepProfiler",
+    "as_shell",
+    "count_flops",
+    "flops_per_sample",
+    "mfu",
+    "nsys_command",
+    "nsys_stats_command",
+    "nvtx_backend",
+    "nvtx_range",
+    "parse_nvtx_sum",
+    "peak_flops",
+    "peak_precision",
+    "phase_times",
+    "read_summary",
+    "summarize",
+    "under_nsys",
+]

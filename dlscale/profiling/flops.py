@@ -11,15 +11,31 @@ from torch import nn
 #: Dense peaks from NVIDIA's and AMD's data sheets, by a part of the name torch reports; the first match wins,
 #: so the PCIe and NVL cards (lower clocks and power) come before the SXM H100's plain "H100".
 PEAK_FLOPS = {
-    ("A100", "bf16"): 312e12, ("A100", "fp16"): 312e12, ("A100", "tf32"): 156e12, ("A100", "fp32"): 19.5e12,
-    ("H100 PCIe", "bf16"): 756e12, ("H100 PCIe", "fp16"): 756e12, ("H100 PCIe", "tf32"): 378e12,
+    ("A100", "bf16"): 312e12,
+    ("A100", "fp16"): 312e12,
+    ("A100", "tf32"): 156e12,
+    ("A100", "fp32"): 19.5e12,
+    ("H100 PCIe", "bf16"): 756e12,
+    ("H100 PCIe", "fp16"): 756e12,
+    ("H100 PCIe", "tf32"): 378e12,
     ("H100 PCIe", "fp32"): 51e12,
-    ("H100 NVL", "bf16"): 835e12, ("H100 NVL", "fp16"): 835e12, ("H100 NVL", "tf32"): 417.5e12,
+    ("H100 NVL", "bf16"): 835e12,
+    ("H100 NVL", "fp16"): 835e12,
+    ("H100 NVL", "tf32"): 417.5e12,
     ("H100 NVL", "fp32"): 60e12,
-    ("H100", "bf16"): 989e12, ("H100", "fp16"): 989e12, ("H100", "tf32"): 494.7e12, ("H100", "fp32"): 67e12,
-    ("H200", "bf16"): 989e12, ("H200", "fp16"): 989e12, ("H200", "tf32"): 494.7e12, ("H200", "fp32"): 67e12,
-    ("V100", "fp16"): 125e12, ("V100", "fp32"): 15.7e12,
-    ("MI250X", "bf16"): 191.5e12, ("MI250X", "fp16"): 191.5e12, ("MI250X", "fp32"): 47.9e12,
+    ("H100", "bf16"): 989e12,
+    ("H100", "fp16"): 989e12,
+    ("H100", "tf32"): 494.7e12,
+    ("H100", "fp32"): 67e12,
+    ("H200", "bf16"): 989e12,
+    ("H200", "fp16"): 989e12,
+    ("H200", "tf32"): 494.7e12,
+    ("H200", "fp32"): 67e12,
+    ("V100", "fp16"): 125e12,
+    ("V100", "fp32"): 15.7e12,
+    ("MI250X", "bf16"): 191.5e12,
+    ("MI250X", "fp16"): 191.5e12,
+    ("MI250X", "fp32"): 47.9e12,
 }
 
 
@@ -59,8 +75,13 @@ class FlopCount:
     recomputed: float = 0.0
 
 
-def count_flops(model: nn.Module, input_shape: Sequence[int], loss_fn: Callable | None = None,
-                targets: int | None = None, batch: int = 2) -> FlopCount:
+def count_flops(
+    model: nn.Module,
+    input_shape: Sequence[int],
+    loss_fn: Callable | None = None,
+    targets: int | None = None,
+    batch: int = 2,
+) -> FlopCount:
     """FLOPs of one training step (forward and backward) per sample, counted by ``FlopCounterMode``.
 
     ``targets`` is the number of regression targets; by default, as many as the model outputs.
@@ -85,8 +106,13 @@ def count_flops(model: nn.Module, input_shape: Sequence[int], loss_fn: Callable 
     return FlopCount(total / batch, convolutions / total if total else 0.0)
 
 
-def flops_per_sample(model: nn.Module, input_shape: Sequence[int], loss_fn: Callable | None = None,
-                     targets: int | None = None, batch: int = 2) -> float:
+def flops_per_sample(
+    model: nn.Module,
+    input_shape: Sequence[int],
+    loss_fn: Callable | None = None,
+    targets: int | None = None,
+    batch: int = 2,
+) -> float:
     """FLOPs of one training step (forward and backward) per sample (:func:`count_flops`)."""
     return count_flops(model, input_shape, loss_fn, targets, batch).per_sample
 

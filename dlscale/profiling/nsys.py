@@ -14,16 +14,27 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def nsys_command(train_args: Sequence[str] = ("demo",), output: str = "runs/nsys/dlscale_%q{SLURM_PROCID}",
-                 cuda_graphs: bool = False, python: str = "python") -> list[str]:
+def nsys_command(
+    train_args: Sequence[str] = ("demo",),
+    output: str = "runs/nsys/dlscale_%q{SLURM_PROCID}",
+    cuda_graphs: bool = False,
+    python: str = "python",
+) -> list[str]:
     """``nsys profile ... python -m dlscale.train ARGS``: what to run on a GPU node, one report per rank.
 
     Pair it with ``profile_steps=start,stop`` in ``train_args``: the capture starts and stops
     at those steps through the CUDA profiler API, so the report holds only the steps you care
     about. Under Slurm, ``%q{SLURM_PROCID}`` gives each rank its own report.
     """
-    command = ["nsys", "profile", "--trace=cuda,nvtx,osrt,cudnn,cublas", "--capture-range=cudaProfilerApi",
-               "--capture-range-end=stop", "--force-overwrite=true", f"--output={output}"]
+    command = [
+        "nsys",
+        "profile",
+        "--trace=cuda,nvtx,osrt,cudnn,cublas",
+        "--capture-range=cudaProfilerApi",
+        "--capture-range-end=stop",
+        "--force-overwrite=true",
+        f"--output={output}",
+    ]
     if cuda_graphs:
         command.append("--cuda-graph-trace=node")
     return command + [python, "-m", "dlscale.train", *train_args]
@@ -40,10 +51,25 @@ def as_shell(command: Sequence[str]) -> str:
 
 
 _COLUMNS = {  # nsys's column names, old and new, to ours
-    "Time (%)": "time_percent", "Time(%)": "time_percent", "Total Time (ns)": "total_ns", "Instances": "instances",
-    "Avg (ns)": "avg_ns", "Average": "avg_ns", "Average (ns)": "avg_ns", "Med (ns)": "med_ns", "Median (ns)": "med_ns",
-    "Min (ns)": "min_ns", "Minimum": "min_ns", "Minimum (ns)": "min_ns", "Max (ns)": "max_ns", "Maximum": "max_ns",
-    "Maximum (ns)": "max_ns", "StdDev (ns)": "stddev_ns", "StdDev": "stddev_ns", "Style": "style", "Range": "range",
+    "Time (%)": "time_percent",
+    "Time(%)": "time_percent",
+    "Total Time (ns)": "total_ns",
+    "Instances": "instances",
+    "Avg (ns)": "avg_ns",
+    "Average": "avg_ns",
+    "Average (ns)": "avg_ns",
+    "Med (ns)": "med_ns",
+    "Median (ns)": "med_ns",
+    "Min (ns)": "min_ns",
+    "Minimum": "min_ns",
+    "Minimum (ns)": "min_ns",
+    "Max (ns)": "max_ns",
+    "Maximum": "max_ns",
+    "Maximum (ns)": "max_ns",
+    "StdDev (ns)": "stddev_ns",
+    "StdDev": "stddev_ns",
+    "Style": "style",
+    "Range": "range",
     "Name": "range",
 }
 
@@ -57,8 +83,9 @@ def parse_nvtx_sum(text: str) -> list[dict[str, Any]]:
     ``:`` that newer versions put before push/pop range names removed.
     """
     lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if "Total Time" in line and ("Range" in line or "Name" in line)),
-                 None)
+    start = next(
+        (i for i, line in enumerate(lines) if "Total Time" in line and ("Range" in line or "Name" in line)), None
+    )
     if start is None:
         raise ValueError("no NVTX summary table found: expected nsys stats --report nvtx_sum --format csv output")
     rows = []
@@ -74,7 +101,11 @@ def parse_nvtx_sum(text: str) -> list[dict[str, Any]]:
             if key in ("range", "style"):
                 row[key] = value.lstrip(":") if key == "range" else value
             else:
-                row[key] = float(value.replace(",", "")) if "." in value or key == "time_percent" else int(value.replace(",", ""))
+                row[key] = (
+                    float(value.replace(",", ""))
+                    if "." in value or key == "time_percent"
+                    else int(value.replace(",", ""))
+                )
         rows.append(row)
     return rows
 

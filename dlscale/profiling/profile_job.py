@@ -22,15 +22,18 @@ def command(argv: list[str]) -> list[str]:
     parser.add_argument("--output", required=True, help="nsys's report, e.g. runs/job/nsys/rank_%%q{SLURM_PROCID}")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="what dlscale.train takes: a config, key=value")
     args = parser.parse_args(argv)
-    return nsys_command(args.train_args, output=args.output, python=sys.executable,
-                        cuda_graphs="cuda_graphs=true" in args.train_args)
+    return nsys_command(
+        args.train_args, output=args.output, python=sys.executable, cuda_graphs="cuda_graphs=true" in args.train_args
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     line = command(sys.argv[1:] if argv is None else argv)
     if shutil.which(line[0]) is None:
-        sys.exit(f"dlscale: nsys (Nsight Systems) is not on the PATH of this task ({sys.executable}): load the "
-                 f"site's module (module load nsight-systems on some sites) or use an image that has it")
+        sys.exit(
+            f"dlscale: nsys (Nsight Systems) is not on the PATH of this task ({sys.executable}): load the "
+            f"site's module (module load nsight-systems on some sites) or use an image that has it"
+        )
     os.execvp(line[0], line)
 
 

@@ -33,8 +33,16 @@ class StepProfiler:
     which nsys needs for itself.
     """
 
-    def __init__(self, run_dir: str | Path, start: int, stop: int, device: torch.device, trace: bool = True,
-                 first_step: int = 0, environ: dict[str, str] | None = None):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        start: int,
+        stop: int,
+        device: torch.device,
+        trace: bool = True,
+        first_step: int = 0,
+        environ: dict[str, str] | None = None,
+    ):
         self.run_dir, self.first_step = Path(run_dir), first_step
         self.start, self.stop = max(start, first_step), stop
         self.active = self.start < self.stop  # (nothing to do once the window is past)
@@ -51,8 +59,9 @@ class StepProfiler:
         warmup = 1 if skip > 0 else 0  # the profiler warms up on the step before the window where there is one
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
-            schedule = torch.profiler.schedule(skip_first=skip - warmup, wait=0, warmup=warmup,
-                                               active=self.stop - self.start, repeat=1)
+            schedule = torch.profiler.schedule(
+                skip_first=skip - warmup, wait=0, warmup=warmup, active=self.stop - self.start, repeat=1
+            )
         self._profiler = torch.profiler.profile(activities=activities, on_trace_ready=self._write, schedule=schedule)
 
     def __enter__(self) -> "StepProfiler":
@@ -80,8 +89,9 @@ class StepProfiler:
     def _write(self, profiler: torch.profiler.profile) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         profiler.export_chrome_trace(str(self.run_dir / "trace.json"))
-        self.summary = summarize(profiler, self.stop - self.start,
-                                 by_device=torch.profiler.ProfilerActivity.CUDA in self.activities)
+        self.summary = summarize(
+            profiler, self.stop - self.start, by_device=torch.profiler.ProfilerActivity.CUDA in self.activities
+        )
         (self.run_dir / "profile_summary.json").write_text(json.dumps(self.summary, indent=1) + "\n")
 
 
@@ -122,8 +132,9 @@ def _on_host(event: Any) -> bool:
     return str(getattr(event, "device_type", "CPU")).endswith("CPU")
 
 
-def summarize_events(events: Any, steps: int, top: int = 12, by_device: bool = False,
-                     windows: dict[str, float] | None = None) -> dict[str, Any]:
+def summarize_events(
+    events: Any, steps: int, top: int = 12, by_device: bool = False, windows: dict[str, float] | None = None
+) -> dict[str, Any]:
     """:func:`summarize` of ``key_averages()``'s rows (and, from ``windows``, each range's device time in
     microseconds over the profiled steps, as :func:`device_time_by_window` counts it).
 
@@ -135,17 +146,21 @@ def summarize_events(events: Any, steps: int, top: int = 12, by_device: bool = F
     """
     events = list(events)
     new_names = events and hasattr(events[0], "device_time_total")  # (torch renamed cuda_* to device_*)
-    device_attr, self_device_attr = (("device_time_total", "self_device_time_total") if new_names
-                                     else ("cuda_time_total", "self_cuda_time_total"))
+    device_attr, self_device_attr = (
+        ("device_time_total", "self_device_time_total") if new_names else ("cuda_time_total", "self_cuda_time_total")
+    )
     collectives = _collective_us(events, self_device_attr, by_device) / 1000 / steps
     events = [e for e in events if _on_host(e)]
 
     def row(event) -> dict[str, Any]:
-        return {"name": event.key, "calls": event.count,
-                "cpu_ms_per_step": event.cpu_time_total / 1000 / steps,
-                "self_cpu_ms_per_step": event.self_cpu_time_total / 1000 / steps,
-                "device_ms_per_step": getattr(event, device_attr, 0) / 1000 / steps,
-                "self_device_ms_per_step": getattr(event, self_device_attr, 0) / 1000 / steps}
+        return {
+            "name": event.key,
+            "calls": event.count,
+            "cpu_ms_per_step": event.cpu_time_total / 1000 / steps,
+            "self_cpu_ms_per_step": event.self_cpu_time_total / 1000 / steps,
+            "device_ms_per_step": getattr(event, device_attr, 0) / 1000 / steps,
+            "self_device_ms_per_step": getattr(event, self_device_attr, 0) / 1000 / steps,
+        }
 
     ranges = [row(e) for e in events if e.key in RANGES]
     ranges.sort(key=lambda r: RANGES.index(r["name"]))
@@ -161,8 +176,9 @@ def _collective_us(events: list, self_device_attr: str, by_device: bool) -> floa
     """Microseconds spent in the collectives: on a GPU their NCCL kernels' device time (``ncclDevKernel_*``),
     on a CPU the host time of gloo's own ranges (``gloo:all_gather``, ...), in which gloo blocks the caller."""
     if by_device:
-        return sum(getattr(e, self_device_attr, 0) for e in events
-                   if not _on_host(e) and e.key.lower().startswith("nccl"))
+        return sum(
+            getattr(e, self_device_attr, 0) for e in events if not _on_host(e) and e.key.lower().startswith("nccl")
+        )
     return sum(e.cpu_time_total for e in events if _on_host(e) and e.key.startswith(("gloo:", "nccl:")))
 
 

@@ -55,7 +55,9 @@ def loss_curves(run_dir: str | Path, title: str | None = None) -> NotebookFigure
         for key in (k for k in val[0] if k.startswith("r2_")):
             r2_ax.plot([r["epoch"] for r in val], [r[key] for r in val], ".--", alpha=0.7, label=key[3:])
     loss_ax.set(xlabel="optimizer step", ylabel="MSE (normalised targets)", yscale="log", title="loss")
-    r2_ax.set(xlabel="epoch", ylabel="R²", title="validation R²", ylim=(min(0.0, *(r["r2"] for r in val)) if val else 0, 1))
+    r2_ax.set(
+        xlabel="epoch", ylabel="R²", title="validation R²", ylim=(min(0.0, *(r["r2"] for r in val)) if val else 0, 1)
+    )
     for ax in (loss_ax, r2_ax):
         ax.grid(alpha=0.3)
         if ax.has_data():
@@ -101,15 +103,18 @@ def bar_chart(labels: list, values: list[float], ylabel: str, title: str = "", x
     return fig
 
 
-def spread_chart(spreads: dict, ylabel: str, title: str = "", xlabel: str = "",
-                 log: bool | None = None) -> NotebookFigure:
+def spread_chart(
+    spreads: dict, ylabel: str, title: str = "", xlabel: str = "", log: bool | None = None
+) -> NotebookFigure:
     """Bars at the median of each measurement with a line from its lowest to its highest round.
 
     ``log=None`` picks a log scale when the medians differ by more than 20×.
     """
     medians = [s.median for s in spreads.values()]
-    errors = [[m - s.low for m, s in zip(medians, spreads.values())],
-              [s.high - m for m, s in zip(medians, spreads.values())]]
+    errors = [
+        [m - s.low for m, s in zip(medians, spreads.values())],
+        [s.high - m for m, s in zip(medians, spreads.values())],
+    ]
     fig, ax, bars = _bars(list(spreads), medians, yerr=errors, capsize=4, ecolor="black")
     ax.bar_label(bars, labels=_value_labels(medians), padding=2, label_type="center", color="white", fontsize=8)
     if log if log is not None else max(medians) > 20 * max(min(medians), 1e-12):
@@ -135,11 +140,16 @@ def trace_timeline(trace_path: str | Path, title: str = "timeline of the profile
     data = json.loads(Path(trace_path).read_text())
     events = [e for e in (data["traceEvents"] if isinstance(data, dict) else data) if e.get("ph") == "X"]
     # the loop's own ranges: the engine's phases, or those a stage marked; not torch's (Class.method#..., ProfilerStep)
-    phases = [e for e in events if e.get("cat") == "user_annotation" and "#" not in e["name"]
-              and not e["name"].startswith("ProfilerStep")]
+    phases = [
+        e
+        for e in events
+        if e.get("cat") == "user_annotation" and "#" not in e["name"] and not e["name"].startswith("ProfilerStep")
+    ]
     names = list(dict.fromkeys(e["name"] for e in phases))
-    palette = {**{n: c for n, c in zip(names, ("tab:blue", "tab:green", "tab:red", "tab:orange", "tab:purple",
-                                               "tab:brown"))}, **{n: PHASE_COLOURS[n] for n in names if n in PHASE_COLOURS}}
+    palette = {
+        **{n: c for n, c in zip(names, ("tab:blue", "tab:green", "tab:red", "tab:orange", "tab:purple", "tab:brown"))},
+        **{n: PHASE_COLOURS[n] for n in names if n in PHASE_COLOURS},
+    }
     kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     start = min(e["ts"] for e in phases + kernels)
     rows = [("CPU: the loop's phases", phases)] + ([("GPU: kernels and copies", kernels)] if kernels else [])
@@ -147,8 +157,7 @@ def trace_timeline(trace_path: str | Path, title: str = "timeline of the profile
     ax = fig.subplots()
     for y, (_, items) in enumerate(rows):
         colours = [palette.get(e["name"], "tab:grey") for e in items]
-        ax.broken_barh([((e["ts"] - start) / 1000, e["dur"] / 1000) for e in items], (y - 0.4, 0.8),
-                       facecolors=colours)
+        ax.broken_barh([((e["ts"] - start) / 1000, e["dur"] / 1000) for e in items], (y - 0.4, 0.8), facecolors=colours)
     ax.set_yticks(range(len(rows)), [name for name, _ in rows])
     ax.invert_yaxis()
     ax.set(xlabel="ms since the first profiled step", title=title)
@@ -211,8 +220,11 @@ def scaling_curves(rows: list[dict]) -> NotebookFigure:
     rate_ax, eff_ax = fig.subplots(1, 2)
     # One line per mode, and per engine when the rows compare several (K-Means: torch and daal4py).
     for engine, mode in dict.fromkeys((r.get("engine", ""), r["mode"]) for r in rows):
-        points = sorted((r["processes"], r["samples_per_s"], r["efficiency"]) for r in rows
-                        if r["mode"] == mode and r.get("engine", "") == engine)
+        points = sorted(
+            (r["processes"], r["samples_per_s"], r["efficiency"])
+            for r in rows
+            if r["mode"] == mode and r.get("engine", "") == engine
+        )
         procs = [p[0] for p in points]
         label = f"{engine}, {mode} scaling" if engine else f"{mode} scaling"
         rate_ax.plot(procs, [p[1] for p in points], "o-", label=label)
@@ -234,10 +246,19 @@ def allreduce_bandwidth(*row_sets: list[dict]) -> NotebookFigure:
     fig = NotebookFigure(figsize=(7, 4), layout="constrained")
     ax = fig.subplots()
     for rows in row_sets:
-        ax.plot([r["bytes"] for r in rows], [r["busbw_gbs"] for r in rows], "o-",
-                label=f"{rows[0]['backend']}, {rows[0]['world_size']} ranks")
-    ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="bus bandwidth (GB/s)",
-           title="all-reduce bus bandwidth")
+        ax.plot(
+            [r["bytes"] for r in rows],
+            [r["busbw_gbs"] for r in rows],
+            "o-",
+            label=f"{rows[0]['backend']}, {rows[0]['world_size']} ranks",
+        )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="message size (bytes)",
+        ylabel="bus bandwidth (GB/s)",
+        title="all-reduce bus bandwidth",
+    )
     ax.grid(alpha=0.3, which="both")
     ax.legend()
     return fig
@@ -264,14 +285,26 @@ def kmeans_ratios(rows: list[dict]) -> NotebookFigure:
     ax = fig.subplots()
     height = 0.8 / max(1, len(series))
     for index, (engine, phase) in enumerate(series):
-        values = [next((r["time_ratio_to_sklearn"] for r in ours if (r["data"], r["engine"], r["phase"]) ==
-                        (label, engine, phase)), 0.0) for label in data]
+        values = [
+            next(
+                (
+                    r["time_ratio_to_sklearn"]
+                    for r in ours
+                    if (r["data"], r["engine"], r["phase"]) == (label, engine, phase)
+                ),
+                0.0,
+            )
+            for label in data
+        ]
         bars = ax.barh(np.arange(len(data)) + index * height, values, height, label=f"{engine}, {phase}")
         ax.bar_label(bars, labels=[f"{v:.2f}×" for v in values], padding=2, fontsize="small")
     ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
-    ax.set(yticks=np.arange(len(data)) + height * (len(series) - 1) / 2, yticklabels=data,
-           xlabel="whole fit, time over scikit-learn's (the same data, the same initial centres)",
-           title="K-Means: dlscale against scikit-learn")
+    ax.set(
+        yticks=np.arange(len(data)) + height * (len(series) - 1) / 2,
+        yticklabels=data,
+        xlabel="whole fit, time over scikit-learn's (the same data, the same initial centres)",
+        title="K-Means: dlscale against scikit-learn",
+    )
     ax.invert_yaxis()
     ax.legend(fontsize="small", loc="lower right")
     return fig
@@ -283,9 +316,14 @@ def memory_chart(rows: list[dict], title: str = "what each rank holds") -> Noteb
     fig, ax, _ = _bars(labels, [0.0] * len(rows))
     bottom = [0.0] * len(rows)
     for key, colour in (("parameters", "tab:blue"), ("gradients", "tab:orange"), ("optimizer_state", "tab:green")):
-        values = [r[key] / 2 ** 20 for r in rows]
-        ax.bar([textwrap.fill(str(label), 16) for label in labels], values, bottom=bottom, color=colour,
-               label=key.replace("_", " "))
+        values = [r[key] / 2**20 for r in rows]
+        ax.bar(
+            [textwrap.fill(str(label), 16) for label in labels],
+            values,
+            bottom=bottom,
+            color=colour,
+            label=key.replace("_", " "),
+        )
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.bar_label(ax.containers[-1], labels=[f"{b:.2f}" for b in bottom], padding=2)
     ax.set(ylabel="MiB per rank", title=title)
@@ -306,21 +344,28 @@ def breakdown_bars(result: dict) -> NotebookFigure:
     fig = NotebookFigure(figsize=(7, 4), layout="constrained")
     ax = fig.subplots()
     rows = result["rows"]
-    labels = [f"{r['size']} node{'s' if r['size'] > 1 else ''}\n({r['ranks']} ranks)" if result["unit"] == "nodes"
-              else f"{r['ranks']} rank{'s' if r['ranks'] > 1 else ''}" for r in rows]
+    labels = [
+        f"{r['size']} node{'s' if r['size'] > 1 else ''}\n({r['ranks']} ranks)"
+        if result["unit"] == "nodes"
+        else f"{r['ranks']} rank{'s' if r['ranks'] > 1 else ''}"
+        for r in rows
+    ]
     x = np.arange(len(rows))
     ax.bar(x, [100 * r["efficiency"] for r in rows], color="tab:green", label="efficiency")
     up = np.array([100 * r["efficiency"] for r in rows])
     down = np.zeros(len(rows))
     for part in ("io", "communication", "rest"):
         values = np.array([100 * r[part] for r in rows])
-        ax.bar(x, values, bottom=np.where(values >= 0, up, down), color=_PART_COLOURS[part],
-               label=_PART_LABELS[part])
+        ax.bar(x, values, bottom=np.where(values >= 0, up, down), color=_PART_COLOURS[part], label=_PART_LABELS[part])
         up = up + np.clip(values, 0, None)
         down = down + np.clip(values, None, 0)
     ax.axhline(100, color="black", linestyle="--", linewidth=1)
-    ax.set(xticks=x, xticklabels=labels, ylabel="% of the step time", title=f"where the efficiency goes "
-           f"({result['layout']}, per-rank batch {result['per_rank_batch']})")
+    ax.set(
+        xticks=x,
+        xticklabels=labels,
+        ylabel="% of the step time",
+        title=f"where the efficiency goes ({result['layout']}, per-rank batch {result['per_rank_batch']})",
+    )
     ax.grid(alpha=0.3, axis="y")
     ax.legend(loc="lower left", fontsize="small")
     return fig
@@ -331,15 +376,25 @@ def efficiency_projection(curves: dict[str, list[dict]], assumptions: str = "") 
     fig = NotebookFigure(figsize=(10, 4), layout="constrained")
     ax, text_ax = fig.subplots(1, 2, width_ratios=(3, 2))
     for label, points in curves.items():
-        ax.plot([p["nodes"] for p in points], [100 * p["efficiency"] for p in points], "o-", markersize=3,
-                label=label)
-    ax.set(xscale="log", xlabel="nodes", ylabel="predicted efficiency (%)", ylim=(0, 105),
-           title="predicted weak-scaling efficiency")
+        ax.plot([p["nodes"] for p in points], [100 * p["efficiency"] for p in points], "o-", markersize=3, label=label)
+    ax.set(
+        xscale="log",
+        xlabel="nodes",
+        ylabel="predicted efficiency (%)",
+        ylim=(0, 105),
+        title="predicted weak-scaling efficiency",
+    )
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="small")
     text_ax.axis("off")
-    text_ax.text(0, 1, "\n".join(textwrap.fill(line, 48) for line in assumptions.splitlines()), va="top",
-                 fontsize="small", family="monospace")
+    text_ax.text(
+        0,
+        1,
+        "\n".join(textwrap.fill(line, 48) for line in assumptions.splitlines()),
+        va="top",
+        fontsize="small",
+        family="monospace",
+    )
     return fig
 
 
@@ -349,17 +404,30 @@ def cost_to_solution(rows: list[dict], chosen: str | None = None) -> NotebookFig
     ax = fig.subplots()
     reached = [r for r in rows if r.get("hours_to_target") is not None]
     # (minutes for a real sweep; seconds for the few-second runs of a laptop)
-    scale, unit = (60, "minutes") if max((r["hours_to_target"] for r in reached), default=1) > 1 / 30 else \
-        (3600, "seconds")
+    scale, unit = (
+        (60, "minutes") if max((r["hours_to_target"] for r in reached), default=1) > 1 / 30 else (3600, "seconds")
+    )
     for row in reached:
         marker = "*" if row["run"] == chosen else "o"
-        ax.plot(row["hours_to_target"] * scale, row["node_hours"], marker, markersize=14 if marker == "*" else 7,
-                color="tab:red" if marker == "*" else "tab:blue")
-        ax.annotate(f"{row['run']} ({row['nodes']} node{'s' if row['nodes'] > 1 else ''})",
-                    (row["hours_to_target"] * scale, row["node_hours"]), textcoords="offset points", xytext=(6, 4),
-                    fontsize="small")
-    ax.set(xlabel=f"wall time to the target ({unit})", ylabel="node-hours to the target",
-           title="fastest against cheapest" + (f" (★ {chosen})" if chosen else ""))
+        ax.plot(
+            row["hours_to_target"] * scale,
+            row["node_hours"],
+            marker,
+            markersize=14 if marker == "*" else 7,
+            color="tab:red" if marker == "*" else "tab:blue",
+        )
+        ax.annotate(
+            f"{row['run']} ({row['nodes']} node{'s' if row['nodes'] > 1 else ''})",
+            (row["hours_to_target"] * scale, row["node_hours"]),
+            textcoords="offset points",
+            xytext=(6, 4),
+            fontsize="small",
+        )
+    ax.set(
+        xlabel=f"wall time to the target ({unit})",
+        ylabel="node-hours to the target",
+        title="fastest against cheapest" + (f" (★ {chosen})" if chosen else ""),
+    )
     ax.grid(alpha=0.3)
     return fig
 
@@ -379,15 +447,19 @@ def allreduce_fit(measured: list[dict], predicted: list[dict], fitted_sizes: set
             ax.plot(row["bytes"], row["ms"], "o", color=colour, markerfacecolor=colour if fitted else "white")
     ax.plot([], [], "ko", label="measured, fitted on")
     ax.plot([], [], "o", color="black", markerfacecolor="white", label="measured, held out")
-    ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="all-reduce time (ms)",
-           title="the α–β model against the measurement")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="message size (bytes)",
+        ylabel="all-reduce time (ms)",
+        title="the α–β model against the measurement",
+    )
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="small")
     return fig
 
 
-def search_progress(ways: dict[str, list], baseline: float | None = None,
-                    metric: str = "R²") -> NotebookFigure:
+def search_progress(ways: dict[str, list], baseline: float | None = None, metric: str = "R²") -> NotebookFigure:
     """Best value so far against node-hours spent, one colour per way of searching (a grid, random, TPE...) and, where
     a way was repeated over seeds (a list of studies' points), one line per seed."""
     fig = NotebookFigure(figsize=(7, 4), layout="constrained")
@@ -396,12 +468,21 @@ def search_progress(ways: dict[str, list], baseline: float | None = None,
         studies = points if points and isinstance(points[0], list) else [points]
         for seed, study in enumerate(studies):
             shown = [(x * 3600, y) for x, y in study if math.isfinite(y)]  # (node-seconds: the trials are short)
-            ax.step([x for x, _ in shown], [y for _, y in shown], where="post", marker="o", markersize=3,
-                    color=f"C{colour}", alpha=0.8 if len(studies) == 1 else 0.55,
-                    label=name if seed == 0 else None)
+            ax.step(
+                [x for x, _ in shown],
+                [y for _, y in shown],
+                where="post",
+                marker="o",
+                markersize=3,
+                color=f"C{colour}",
+                alpha=0.8 if len(studies) == 1 else 0.55,
+                label=name if seed == 0 else None,
+            )
     if baseline is not None:
         ax.axhline(baseline, color="grey", linestyle="--", label="the config's defaults")
-    ax.set(xlabel="node-seconds spent", ylabel=f"best validation {metric} so far", title="what each search found per cost")
+    ax.set(
+        xlabel="node-seconds spent", ylabel=f"best validation {metric} so far", title="what each search found per cost"
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return fig

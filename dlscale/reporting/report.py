@@ -38,8 +38,10 @@ def find_runs(paths: list[str | Path]) -> list[Path]:
         else:
             raise ReportError(f"{path} is not a folder")
     if not runs:
-        raise ReportError(f"no run directories (with a summary.json) under {', '.join(map(str, paths))}: "
-                          f"let the jobs finish, or point at the folder the sweep wrote")
+        raise ReportError(
+            f"no run directories (with a summary.json) under {', '.join(map(str, paths))}: "
+            f"let the jobs finish, or point at the folder the sweep wrote"
+        )
     return sorted(runs)
 
 
@@ -49,8 +51,9 @@ def _group(name: str) -> str:
 
 def time_to_target(run: Path, target_r2: float) -> float | None:
     """Training seconds until the validation R² first reached ``target_r2`` (None if it never did)."""
-    reached = next((row["step"] for row in read_rows(run / VAL_FILE) if row.get("r2", float("-inf")) >= target_r2),
-                   None)
+    reached = next(
+        (row["step"] for row in read_rows(run / VAL_FILE) if row.get("r2", float("-inf")) >= target_r2), None
+    )
     if reached is None:
         return None
     summary = read_summary(run)
@@ -92,11 +95,21 @@ def collect(paths: list[str | Path], target_r2: float = 0.9) -> list[dict]:
     for run in find_runs(paths):
         summary = read_summary(run)
         ranks = int(summary.get("world_size", 1))
-        rows.append({"run": run.name, "group": _group(run.name), "path": str(run),
-                     "nodes": int(summary.get("nodes", 1)), "ranks": ranks,
-                     "device": summary.get("device", ""), "global_batch_size": summary.get("global_batch_size"),
-                     "samples_per_s": float(summary["samples_per_s"]), "r2": summary.get("r2"),
-                     "seconds": summary.get("seconds"), "time_to_target_s": time_to_target(run, target_r2)})
+        rows.append(
+            {
+                "run": run.name,
+                "group": _group(run.name),
+                "path": str(run),
+                "nodes": int(summary.get("nodes", 1)),
+                "ranks": ranks,
+                "device": summary.get("device", ""),
+                "global_batch_size": summary.get("global_batch_size"),
+                "samples_per_s": float(summary["samples_per_s"]),
+                "r2": summary.get("r2"),
+                "seconds": summary.get("seconds"),
+                "time_to_target_s": time_to_target(run, target_r2),
+            }
+        )
     for row in rows:
         first = min((r for r in rows if r["group"] == row["group"]), key=lambda r: (r["ranks"], r["run"]))
         per_rank, first_per_rank = row["samples_per_s"] / row["ranks"], first["samples_per_s"] / first["ranks"]
@@ -107,10 +120,20 @@ def collect(paths: list[str | Path], target_r2: float = 0.9) -> list[dict]:
 def format_report(rows: list[dict], target_r2: float = 0.9) -> str:
     return markdown_table(
         ["run", "nodes", "ranks", "global batch", "samples/s", "efficiency", "R²", f"time to R² {target_r2:g}"],
-        [(r["run"], r["nodes"], r["ranks"], r["global_batch_size"], f"{r['samples_per_s']:,.0f}",
-          f"{r['efficiency']:.0%}" if r["efficiency"] is not None else "",
-          f"{r['r2']:.3f}" if r["r2"] is not None else "",
-          f"{r['time_to_target_s']:.1f} s" if r["time_to_target_s"] is not None else "not reached") for r in rows])
+        [
+            (
+                r["run"],
+                r["nodes"],
+                r["ranks"],
+                r["global_batch_size"],
+                f"{r['samples_per_s']:,.0f}",
+                f"{r['efficiency']:.0%}" if r["efficiency"] is not None else "",
+                f"{r['r2']:.3f}" if r["r2"] is not None else "",
+                f"{r['time_to_target_s']:.1f} s" if r["time_to_target_s"] is not None else "not reached",
+            )
+            for r in rows
+        ],
+    )
 
 
 def write_report(rows: list[dict], out_dir: str | Path) -> Path:
@@ -123,7 +146,14 @@ def write_report(rows: list[dict], out_dir: str | Path) -> Path:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    curves = [{"mode": r["group"], "processes": r["ranks"], "samples_per_s": r["samples_per_s"],
-               "efficiency": r["efficiency"] or 0.0} for r in rows]
+    curves = [
+        {
+            "mode": r["group"],
+            "processes": r["ranks"],
+            "samples_per_s": r["samples_per_s"],
+            "efficiency": r["efficiency"] or 0.0,
+        }
+        for r in rows
+    ]
     scaling_curves(curves).savefig(out_dir / "report.png", dpi=120)
     return out_dir

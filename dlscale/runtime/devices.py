@@ -31,12 +31,16 @@ def resolve_device(spec: str | torch.device | None, error: type[DlscaleError] = 
 def _why_no_gpu() -> str:
     """Why this torch sees no GPU, and the fix: a CPU-only build, or a node without one."""
     if torch.version.cuda is None and torch.version.hip is None:
-        return (f"this torch ({torch.__version__}) is a CPU-only build. Install a GPU build into the environment: "
-                f"on NVIDIA GPUs PyPI's torch for Linux (make setup), on AMD GPUs (Frontier) a ROCm build from "
-                f"PyTorch's ROCm wheel index (make setup TORCH_INDEX=https://download.pytorch.org/whl/rocmX.Y, "
-                f"see the README); or train on the CPU with device=cpu")
-    return (f"this torch ({torch.__version__}) sees no GPU on this node: run on a GPU node (ask for GPUs with "
-            f"--gpus-per-node), check CUDA_VISIBLE_DEVICES, or train on the CPU with device=cpu")
+        return (
+            f"this torch ({torch.__version__}) is a CPU-only build. Install a GPU build into the environment: "
+            f"on NVIDIA GPUs PyPI's torch for Linux (make setup), on AMD GPUs (Frontier) a ROCm build from "
+            f"PyTorch's ROCm wheel index (make setup TORCH_INDEX=https://download.pytorch.org/whl/rocmX.Y, "
+            f"see the README); or train on the CPU with device=cpu"
+        )
+    return (
+        f"this torch ({torch.__version__}) sees no GPU on this node: run on a GPU node (ask for GPUs with "
+        f"--gpus-per-node), check CUDA_VISIBLE_DEVICES, or train on the CPU with device=cpu"
+    )
 
 
 #: The GPU each local rank uses, in local-rank order, where a site's GPU numbering runs against its
@@ -59,8 +63,9 @@ def gpu_index(local_rank: int, visible: int, order: str | None = None) -> int:
         try:
             indices = [int(i) for i in order.split(",")]
         except ValueError:
-            raise DeviceError(f"{GPU_ORDER_VARIABLE}={order!r} is not a comma-separated list of GPU numbers, "
-                              f"e.g. 3,2,1,0") from None
+            raise DeviceError(
+                f"{GPU_ORDER_VARIABLE}={order!r} is not a comma-separated list of GPU numbers, e.g. 3,2,1,0"
+            ) from None
         if sorted(indices) != list(range(len(indices))):
             raise DeviceError(f"{GPU_ORDER_VARIABLE}={order!r} must name each of the GPUs 0..{len(indices) - 1} once")
         if len(indices) == visible:
@@ -68,8 +73,13 @@ def gpu_index(local_rank: int, visible: int, order: str | None = None) -> int:
     return local_rank % visible
 
 
-def to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device, channels_last: bool = False,
-              dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+def to_device(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    device: torch.device,
+    channels_last: bool = False,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch on ``device`` in ``dtype`` (float64 for ``precision=fp64``), the maps in NHWC if asked."""
     x = x.to(device, dtype, non_blocking=True)
     if channels_last:

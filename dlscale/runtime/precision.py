@@ -100,12 +100,15 @@ class Precision:
             if request == "auto":
                 request = "bf16" if bf16 else "fp16" if major >= 7 else "fp32"
             if request == "bf16" and not bf16:
-                raise PrecisionError(f"precision=bf16 needs a GPU with bfloat16 (Ampere or newer, compute 8.0+); "
-                                     f"{name} has compute {major}.{minor}: use precision=fp16 (with loss scaling) "
-                                     f"or fp32")
+                raise PrecisionError(
+                    f"precision=bf16 needs a GPU with bfloat16 (Ampere or newer, compute 8.0+); "
+                    f"{name} has compute {major}.{minor}: use precision=fp16 (with loss scaling) "
+                    f"or fp32"
+                )
             if request == "fp16" and major < 6:
-                raise PrecisionError(f"precision=fp16 needs compute 6.0 or newer; {name} has {major}.{minor}: "
-                                     f"use precision=fp32")
+                raise PrecisionError(
+                    f"precision=fp16 needs compute 6.0 or newer; {name} has {major}.{minor}: use precision=fp32"
+                )
             return cls(request, "cuda")
         if device.type == "cpu":
             return cls("fp32" if request == "auto" else request, "cpu")
@@ -121,7 +124,7 @@ class Precision:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
 
-    def grad_scaler(self, init_scale: float = 2.0 ** 16) -> torch.amp.GradScaler:
+    def grad_scaler(self, init_scale: float = 2.0**16) -> torch.amp.GradScaler:
         """A GradScaler that scales only for fp16; with anything else its calls pass straight through."""
         return torch.amp.GradScaler(self.device_type, init_scale=init_scale, enabled=self.name == "fp16")
 
@@ -139,9 +142,13 @@ class Underflow:
     elements: int
 
 
-def gradient_underflow(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                       loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.mse_loss,
-                       scale: float = 2.0 ** 16) -> Underflow:
+def gradient_underflow(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.mse_loss,
+    scale: float = 2.0**16,
+) -> Underflow:
     """Fractions of gradient elements lost to fp16 underflow, without and with loss scaling.
 
     The gradients of a half-precision copy of ``model`` are compared with the fp32 ones:
@@ -160,8 +167,9 @@ def gradient_underflow(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     return Underflow(unscaled=fractions[0], scaled=fractions[1], scale=scale, elements=total)
 
 
-def _grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable, factor: float,
-           dtype: torch.dtype) -> list[nn.Parameter]:
+def _grads(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable, factor: float, dtype: torch.dtype
+) -> list[nn.Parameter]:
     import copy
 
     twin = copy.deepcopy(model).to(dtype)

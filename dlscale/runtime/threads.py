@@ -65,8 +65,7 @@ def _positive_int(value: str | None) -> int | None:
     return number if number > 0 else None
 
 
-def choose_threads(environ: dict[str, str] | None = None, cpus: int | None = None,
-                   requested: int = 0) -> ThreadChoice:
+def choose_threads(environ: dict[str, str] | None = None, cpus: int | None = None, requested: int = 0) -> ThreadChoice:
     """The thread count for a process with this environment and ``cpus`` CPUs in its mask; a ``requested``
     count (the config's ``threads``) wins over everything."""
     environ = os.environ if environ is None else environ

@@ -65,7 +65,8 @@ def ring_reduce_scatter(n_bytes: float, ranks: int, link: Link) -> float:
 
 
 def ring_allgather(n_bytes: float, ranks: int, link: Link) -> float:
-    """Seconds for a ring all-gather into ``n_bytes`` (each rank brings ``n/p``): the same cost as the reduce-scatter."""
+    """Seconds for a ring all-gather into ``n_bytes`` (each rank brings ``n/p``): the same cost as the
+    reduce-scatter."""
     return ring_reduce_scatter(n_bytes, ranks, link)
 
 
@@ -112,24 +113,29 @@ def buckets(n_bytes: float, bucket_bytes: float | None) -> list[tuple[float, int
     return [(bucket_bytes, full)] + ([(rest, 1)] if rest > 0 else [])
 
 
-def hierarchical_allreduce(n_bytes: float, gpus_per_node: int, nodes: int, inside: Link, between: Link,
-                           algorithm: str = "ring") -> float:
+def hierarchical_allreduce(
+    n_bytes: float, gpus_per_node: int, nodes: int, inside: Link, between: Link, algorithm: str = "ring"
+) -> float:
     """Seconds for an all-reduce over ``nodes`` × ``gpus_per_node`` ranks on two levels.
 
     Reduce-scatter inside the node, all-reduce of each GPU's ``n/g`` share between the nodes (each
     GPU over its share of the NICs: ``between`` is per GPU), all-gather inside the node.
     """
     g = gpus_per_node
-    return (ring_reduce_scatter(n_bytes, g, inside) + allreduce(n_bytes / g, nodes, between, algorithm)
-            + ring_allgather(n_bytes, g, inside))
+    return (
+        ring_reduce_scatter(n_bytes, g, inside)
+        + allreduce(n_bytes / g, nodes, between, algorithm)
+        + ring_allgather(n_bytes, g, inside)
+    )
 
 
 def two_level_reduce_scatter(n_bytes: float, gpus_per_node: int, nodes: int, inside: Link, between: Link) -> float:
     """Seconds for a reduce-scatter over every GPU of ``nodes`` nodes, on two levels: inside the node each GPU keeps
     ``n/g``, then between the nodes each GPU reduce-scatters its ``n/g`` with its peers (the same local rank on
     every node), so the network carries ``(N-1)/N·n/g`` per GPU instead of a flat ring's ``(p-1)/p·n``."""
-    return ring_reduce_scatter(n_bytes, gpus_per_node, inside) + ring_reduce_scatter(n_bytes / gpus_per_node, nodes,
-                                                                                     between)
+    return ring_reduce_scatter(n_bytes, gpus_per_node, inside) + ring_reduce_scatter(
+        n_bytes / gpus_per_node, nodes, between
+    )
 
 
 def two_level_allgather(n_bytes: float, gpus_per_node: int, nodes: int, inside: Link, between: Link) -> float:
@@ -146,8 +152,16 @@ class Communication:
     messages: int
 
 
-def layout_communication(layout: str, gradient_bytes: float, gpus_per_node: int, nodes: int, inside: Link,
-                         between: Link, algorithm: str = "auto", bucket_bytes: float | None = None) -> Communication:
+def layout_communication(
+    layout: str,
+    gradient_bytes: float,
+    gpus_per_node: int,
+    nodes: int,
+    inside: Link,
+    between: Link,
+    algorithm: str = "auto",
+    bucket_bytes: float | None = None,
+) -> Communication:
     """The communication per step of a data-parallel layout whose gradients are ``gradient_bytes``.
 
     ``ddp``: a two-level all-reduce of each bucket. ``fsdp`` (ZeRO-3): two all-gathers of the
@@ -162,8 +176,14 @@ def layout_communication(layout: str, gradient_bytes: float, gpus_per_node: int,
     count = sum(n for _, n in messages)
     g = gpus_per_node
     if layout == "fsdp":
-        seconds = sum(n * (2 * two_level_allgather(m, g, nodes, inside, between)
-                           + two_level_reduce_scatter(m, g, nodes, inside, between)) for m, n in messages)
+        seconds = sum(
+            n
+            * (
+                2 * two_level_allgather(m, g, nodes, inside, between)
+                + two_level_reduce_scatter(m, g, nodes, inside, between)
+            )
+            for m, n in messages
+        )
         return Communication(seconds, "ring", count)
     # (auto: each bucket's own choice, as NCCL chooses per call; the largest bucket's is reported)
     seconds = sum(n * hierarchical_allreduce(m, g, nodes, inside, between, algorithm) for m, n in messages)
@@ -171,11 +191,20 @@ def layout_communication(layout: str, gradient_bytes: float, gpus_per_node: int,
     return Communication(seconds, chosen if nodes > 1 else "ring", count)
 
 
-def layout_seconds(layout: str, gradient_bytes: float, gpus_per_node: int, nodes: int, inside: Link,
-                   between: Link, algorithm: str = "ring", bucket_bytes: float | None = None) -> float:
+def layout_seconds(
+    layout: str,
+    gradient_bytes: float,
+    gpus_per_node: int,
+    nodes: int,
+    inside: Link,
+    between: Link,
+    algorithm: str = "ring",
+    bucket_bytes: float | None = None,
+) -> float:
     """Seconds of :func:`layout_communication` (one message and rings unless told otherwise)."""
-    return layout_communication(layout, gradient_bytes, gpus_per_node, nodes, inside, between, algorithm,
-                                bucket_bytes).seconds
+    return layout_communication(
+        layout, gradient_bytes, gpus_per_node, nodes, inside, between, algorithm, bucket_bytes
+    ).seconds
 
 
 #: A link whose cost in seconds is the bytes one rank sends (α = 0, β = 1 s per byte): the wire's volume, not its time.
@@ -187,12 +216,15 @@ def data_parallel_bytes(parameters: int, ranks: int, bytes_per_value: int = 4) -
     DDP's ring all-reduce sends ``2(N-1)/N`` of the gradients, FSDP's two all-gathers and one reduce-scatter
     ``3(N-1)/N``, 1.5 times DDP's."""
     n = parameters * bytes_per_value
-    return {"DDP": ring_allreduce(n, ranks, BYTES_ONLY),
-            "FSDP": layout_seconds("fsdp", n, ranks, 1, BYTES_ONLY, BYTES_ONLY)}
+    return {
+        "DDP": ring_allreduce(n, ranks, BYTES_ONLY),
+        "FSDP": layout_seconds("fsdp", n, ranks, 1, BYTES_ONLY, BYTES_ONLY),
+    }
 
 
-def tensor_parallel_bytes(batch: int, tokens: int, width: int, blocks: int, ranks: int,
-                          bytes_per_value: int = 4) -> float:
+def tensor_parallel_bytes(
+    batch: int, tokens: int, width: int, blocks: int, ranks: int, bytes_per_value: int = 4
+) -> float:
     """Bytes one rank sends per step when each of ``blocks`` transformer blocks is split over ``ranks``: four
     all-reduces of the activations per block (the attention's and the MLP's outputs forward, their input gradients
     backward), each of ``batch × tokens × width`` values."""

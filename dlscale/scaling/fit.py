@@ -40,18 +40,35 @@ def read_allreduce(path: str | Path) -> list[dict]:
     try:
         rows = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise LinkFitError(f"{path} cannot be read ({getattr(err, 'strerror', None) or err}): give the allreduce.json "
-                           f"that `dlscale bench allreduce` wrote") from None
+        raise LinkFitError(
+            f"{path} cannot be read ({getattr(err, 'strerror', None) or err}): give the allreduce.json "
+            f"that `dlscale bench allreduce` wrote"
+        ) from None
+
     def good(row: object) -> bool:
-        return (isinstance(row, dict) and all(isinstance(row.get(k), (int, float)) and not isinstance(row.get(k), bool)
-                                              and math.isfinite(row[k]) and row[k] > 0 for k in ("bytes", "ms"))
-                and isinstance(row.get("world_size"), int) and row["world_size"] >= 1)
+        return (
+            isinstance(row, dict)
+            and all(
+                isinstance(row.get(k), (int, float))
+                and not isinstance(row.get(k), bool)
+                and math.isfinite(row[k])
+                and row[k] > 0
+                for k in ("bytes", "ms")
+            )
+            and isinstance(row.get("world_size"), int)
+            and row["world_size"] >= 1
+        )
+
     if not isinstance(rows, list) or not all(good(row) for row in rows):
-        raise LinkFitError(f"{path} is not an all-reduce result: every row needs bytes and ms above 0 and a whole "
-                           f"world_size (rerun `dlscale bench allreduce`)")
+        raise LinkFitError(
+            f"{path} is not an all-reduce result: every row needs bytes and ms above 0 and a whole "
+            f"world_size (rerun `dlscale bench allreduce`)"
+        )
     if len({r["bytes"] for r in rows if r["world_size"] > 1}) < 2:
-        raise LinkFitError(f"{path} has fewer than two message sizes timed on two or more ranks: fitting α and β "
-                           f"needs at least two (rerun `dlscale bench allreduce` with its default sizes)")
+        raise LinkFitError(
+            f"{path} has fewer than two message sizes timed on two or more ranks: fitting α and β "
+            f"needs at least two (rerun `dlscale bench allreduce` with its default sizes)"
+        )
     return rows
 
 
@@ -77,8 +94,15 @@ def predictions(link: Link, rows: Iterable[dict], algorithm: str = "ring") -> li
     out = []
     for r in rows:
         predicted = 1000 * allreduce(r["bytes"], r["world_size"], link, algorithm)
-        out.append({"bytes": r["bytes"], "ranks": r["world_size"], "measured_ms": r["ms"],
-                    "predicted_ms": predicted, "ratio": predicted / r["ms"]})
+        out.append(
+            {
+                "bytes": r["bytes"],
+                "ranks": r["world_size"],
+                "measured_ms": r["ms"],
+                "predicted_ms": predicted,
+                "ratio": predicted / r["ms"],
+            }
+        )
     return out
 
 

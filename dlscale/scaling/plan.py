@@ -56,8 +56,7 @@ def cost_rows(paths: list[str | Path], target_r2: float) -> list[dict]:
     return rows
 
 
-def recommend(rows: list[dict], deadline_hours: float | None = None,
-              budget_node_hours: float | None = None) -> dict:
+def recommend(rows: list[dict], deadline_hours: float | None = None, budget_node_hours: float | None = None) -> dict:
     """The cheapest run (fewest node-hours) that reached the target within the deadline and the budget.
 
     Returns ``{"run": name or None, "why": one sentence}``; ties in node-hours go to the faster run.
@@ -69,23 +68,40 @@ def recommend(rows: list[dict], deadline_hours: float | None = None,
     affordable = [r for r in on_time if budget_node_hours is None or r["node_hours"] <= budget_node_hours]
     if not on_time:
         fastest = min(reached, key=lambda r: r["hours_to_target"])
-        return {"run": None, "why": f"no run meets the deadline of {deadline_hours:g} h: the fastest, {fastest['run']}, "
-                                    f"took {fastest['hours_to_target']:.3g} h; ask for more nodes or a later deadline"}
+        return {
+            "run": None,
+            "why": f"no run meets the deadline of {deadline_hours:g} h: the fastest, {fastest['run']}, "
+            f"took {fastest['hours_to_target']:.3g} h; ask for more nodes or a later deadline",
+        }
     if not affordable:
         cheapest = min(on_time, key=lambda r: r["node_hours"])
-        return {"run": None, "why": f"no run within the deadline fits {budget_node_hours:g} node-hours: the cheapest, "
-                                    f"{cheapest['run']}, used {cheapest['node_hours']:.3g}; ask for a larger budget"}
+        return {
+            "run": None,
+            "why": f"no run within the deadline fits {budget_node_hours:g} node-hours: the cheapest, "
+            f"{cheapest['run']}, used {cheapest['node_hours']:.3g}; ask for a larger budget",
+        }
     best = min(affordable, key=lambda r: (r["node_hours"], r["hours_to_target"]))
     fastest = min(reached, key=lambda r: r["hours_to_target"])
-    also = "" if best is fastest else (f"; the fastest, {fastest['run']}, would cost "
-                                       f"{fastest['node_hours'] / best['node_hours']:.2g}× the node-hours")
-    return {"run": best["run"], "why": f"{best['run']} ({best['nodes']} node(s), global batch "
-                                       f"{best['global_batch_size']}) is the cheapest that meets "
-                                       f"{'the deadline' if deadline_hours else 'the target'}: "
-                                       f"{best['hours_to_target']:.3g} h, {best['node_hours']:.3g} node-hours{also}"}
+    also = (
+        ""
+        if best is fastest
+        else (
+            f"; the fastest, {fastest['run']}, would cost "
+            f"{fastest['node_hours'] / best['node_hours']:.2g}× the node-hours"
+        )
+    )
+    return {
+        "run": best["run"],
+        "why": f"{best['run']} ({best['nodes']} node(s), global batch "
+        f"{best['global_batch_size']}) is the cheapest that meets "
+        f"{'the deadline' if deadline_hours else 'the target'}: "
+        f"{best['hours_to_target']:.3g} h, {best['node_hours']:.3g} node-hours{also}",
+    }
 
 
-def links_for(rows: list[dict], allreduce: str | Path | None = None, site: str | None = None) -> tuple[Site | None, float]:
+def links_for(
+    rows: list[dict], allreduce: str | Path | None = None, site: str | None = None
+) -> tuple[Site | None, float]:
     """The links a prediction uses, and how far their model missed: α and β fitted to a ``dlscale bench allreduce``
     result (``allreduce.json``; the miss measured on every other size, held out of a first fit), or a site's
     published links (miss 1: unknown until measured), or None."""
@@ -107,21 +123,30 @@ def save_plan(rows: list[dict], recommendation: dict, prediction: dict | None, o
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "plan.json").write_text(json.dumps({"runs": rows, "recommendation": recommendation,
-                                                   "prediction": prediction}, indent=1, default=str) + "\n")
+    (out_dir / "plan.json").write_text(
+        json.dumps({"runs": rows, "recommendation": recommendation, "prediction": prediction}, indent=1, default=str)
+        + "\n"
+    )
     cost_to_solution(rows, recommendation["run"]).savefig(out_dir / "plan.png", dpi=120)
     return out_dir
 
 
 def samples_factor(batch: float, next_batch: float, noise_scale: float | None) -> float:
-    """How many times the samples to a target grow from ``batch`` to ``next_batch``: (1 + B'/B_noise)/(1 + B/B_noise)."""
+    """How many times the samples to a target grow from ``batch`` to ``next_batch``: (1 + B'/B_noise)/(1 +
+    B/B_noise)."""
     if not noise_scale:
         return 1.0
     return (1 + next_batch / noise_scale) / (1 + batch / noise_scale)
 
 
-def predict_next(rows: list[dict], site: Site, overlap: float = 0.0, noise_scale: float | None = None,
-                 model_error: float = 1.0, group: str | None = None) -> dict:
+def predict_next(
+    rows: list[dict],
+    site: Site,
+    overlap: float = 0.0,
+    noise_scale: float | None = None,
+    model_error: float = 1.0,
+    group: str | None = None,
+) -> dict:
     """The next size up of a sweep's series (``group``, default the weak one): twice the nodes of its largest run.
 
     ``site`` gives the α–β links inside and between nodes (:func:`~dlscale.scaling.sites.here` for a
@@ -133,12 +158,16 @@ def predict_next(rows: list[dict], site: Site, overlap: float = 0.0, noise_scale
     check_range("overlap (the share of communication hidden)", overlap, 0, 1)
     series = [r for r in rows if r["group"] == (group or _weak_group(rows)) and r["hours_to_target"] is not None]
     if not series:
-        raise PlanError("no run of the series reached the target R²: there is nothing to predict from. Lower "
-                        "--target-r2 (dlscale report shows each run's R²) or train the runs longer")
+        raise PlanError(
+            "no run of the series reached the target R²: there is nothing to predict from. Lower "
+            "--target-r2 (dlscale report shows each run's R²) or train the runs longer"
+        )
     last = max(series, key=lambda r: (r["nodes"], r["ranks"]))
     if not last["samples_per_s"] > 0:
-        raise PlanError(f"{last['run']} trained no step (0 samples/s): a finished run resumed in its own folder trains "
-                        f"nothing. Train it again in a fresh folder (remove {last['path']}), then plan")
+        raise PlanError(
+            f"{last['run']} trained no step (0 samples/s): a finished run resumed in its own folder trains "
+            f"nothing. Train it again in a fresh folder (remove {last['path']}), then plan"
+        )
     per_node = last["ranks"] // last["nodes"]
     weak = len({r["global_batch_size"] / r["ranks"] for r in series}) == 1
     nodes, ranks = 2 * last["nodes"], 2 * last["ranks"]
@@ -151,9 +180,9 @@ def predict_next(rows: list[dict], site: Site, overlap: float = 0.0, noise_scale
         step /= 2  # (strong scaling: each rank's share of the batch halves, and its compute with it)
     gradient = last["gradient_bytes"] or 0
     # (as dlscale project prices it: DDP's 25 MiB buckets, each with the cheapest algorithm between nodes)
-    grow = (layout_seconds("ddp", gradient, per_node, nodes, site.inside, site.between, "auto", DDP_BUCKET_BYTES)
-            - layout_seconds("ddp", gradient, per_node, last["nodes"], site.inside, site.between, "auto",
-                             DDP_BUCKET_BYTES))
+    grow = layout_seconds(
+        "ddp", gradient, per_node, nodes, site.inside, site.between, "auto", DDP_BUCKET_BYTES
+    ) - layout_seconds("ddp", gradient, per_node, last["nodes"], site.inside, site.between, "auto", DDP_BUCKET_BYTES)
     exposed = (1 - overlap) * grow
 
     def time_to_target(step_growth: float, factor: float) -> float:
@@ -165,20 +194,31 @@ def predict_next(rows: list[dict], site: Site, overlap: float = 0.0, noise_scale
     high_factor = samples_factor(last["global_batch_size"], batch, noise_scale / 2 if noise_scale else None)
     hours = time_to_target(exposed, central)
     low, high = time_to_target(exposed / model_error, low_factor), time_to_target(exposed * model_error, high_factor)
-    return {"nodes": nodes, "ranks": ranks, "global_batch_size": batch, "from_run": last["run"],
-            "samples_per_s": batch / (step + exposed), "hours_to_target": hours, "node_hours": nodes * hours,
-            "range_hours": (low, high), "range_node_hours": (nodes * low, nodes * high),
-            "assumptions": [
-                f"from {last['run']}: {last['nodes']} node(s), {last['ranks']} ranks, {step * 1e3:.3g} ms per step, "
-                f"{last['samples_to_target']:,.0f} samples to the target; "
-                f"{'weak scaling: each rank keeps its batch' if weak else 'strong scaling: the step halves'}",
-                f"all-reduce of {(last['gradient_bytes'] or 0) / 2**20:.3g} MiB grows by {grow * 1e3:.3g} ms per step "
-                f"(between nodes {site.between.describe()}); {overlap:.0%} of it hidden",
-                (f"B_noise {noise_scale:,.0f}: the samples to the target grow {central:.2f}× (range: B_noise "
-                 f"halved or doubled)" if noise_scale else
-                 "no gradient noise scale measured: the samples to the target are taken as unchanged (optimistic)"),
-                f"the link fit's worst miss, {model_error:.2f}×, widens the range",
-            ]}
+    return {
+        "nodes": nodes,
+        "ranks": ranks,
+        "global_batch_size": batch,
+        "from_run": last["run"],
+        "samples_per_s": batch / (step + exposed),
+        "hours_to_target": hours,
+        "node_hours": nodes * hours,
+        "range_hours": (low, high),
+        "range_node_hours": (nodes * low, nodes * high),
+        "assumptions": [
+            f"from {last['run']}: {last['nodes']} node(s), {last['ranks']} ranks, {step * 1e3:.3g} ms per step, "
+            f"{last['samples_to_target']:,.0f} samples to the target; "
+            f"{'weak scaling: each rank keeps its batch' if weak else 'strong scaling: the step halves'}",
+            f"all-reduce of {(last['gradient_bytes'] or 0) / 2**20:.3g} MiB grows by {grow * 1e3:.3g} ms per step "
+            f"(between nodes {site.between.describe()}); {overlap:.0%} of it hidden",
+            (
+                f"B_noise {noise_scale:,.0f}: the samples to the target grow {central:.2f}× (range: B_noise "
+                f"halved or doubled)"
+                if noise_scale
+                else "no gradient noise scale measured: the samples to the target are taken as unchanged (optimistic)"
+            ),
+            f"the link fit's worst miss, {model_error:.2f}×, widens the range",
+        ],
+    }
 
 
 def _weak_group(rows: list[dict]) -> str:
@@ -190,39 +230,61 @@ def compare(prediction: dict, measured: dict) -> str:
     """One sentence: the measured run of the predicted size against the prediction and its range."""
     hours = measured["hours_to_target"]
     if not measured.get("samples_per_s", 1) > 0:
-        return (f"{measured['run']} trained no step (0 samples/s): it resumed a finished run of the same folder, so "
-                f"there is nothing to compare. Run it in a fresh folder.")
+        return (
+            f"{measured['run']} trained no step (0 samples/s): it resumed a finished run of the same folder, so "
+            f"there is nothing to compare. Run it in a fresh folder."
+        )
     if hours is None:
         return f"{measured['run']} did not reach the target, which the prediction did not expect."
     low, high = prediction["range_hours"]
     where = "inside" if low <= hours <= high else "below" if hours < low else "above"
-    why = {"inside": "", "above": " Something grew that the model has no term for: the breakdown's 'rest' (ranks "
-                                  "sharing cores or memory bandwidth, stragglers) is the usual suspect, then a target "
-                                  "reached an epoch later than the noise scale said.",
-           "below": " The step hid more of the all-reduce than the overlap said, or the target came an epoch early."}
-    return (f"{measured['run']}: {hours * 3600:.3g} s to the target against {prediction['hours_to_target'] * 3600:.3g} s "
-            f"predicted ({hours / prediction['hours_to_target']:.2f}×), {where} the predicted range "
-            f"{low * 3600:.3g}-{high * 3600:.3g} s.{why[where]}")
+    why = {
+        "inside": "",
+        "above": " Something grew that the model has no term for: the breakdown's 'rest' (ranks "
+        "sharing cores or memory bandwidth, stragglers) is the usual suspect, then a target "
+        "reached an epoch later than the noise scale said.",
+        "below": " The step hid more of the all-reduce than the overlap said, or the target came an epoch early.",
+    }
+    return (
+        f"{measured['run']}: {hours * 3600:.3g} s to the target against {prediction['hours_to_target'] * 3600:.3g} s "
+        f"predicted ({hours / prediction['hours_to_target']:.2f}×), {where} the predicted range "
+        f"{low * 3600:.3g}-{high * 3600:.3g} s.{why[where]}"
+    )
 
 
 def format_plan(rows: list[dict], recommendation: dict | None = None, prediction: dict | None = None) -> str:
     """The cost table, the recommendation and the prediction, as Markdown."""
+
     def hours(value: float | None, scale: float = 1.0, unit: str = "") -> str:
         return "not reached" if value is None else f"{value * scale:.3g}{unit}"
 
     table = markdown_table(
         ["run", "nodes", "ranks", "global batch", "samples/s", "time to target", "node-hours", "GPU-hours"],
-        [(r["run"], r["nodes"], r["ranks"], r["global_batch_size"], f"{r['samples_per_s']:,.0f}",
-          hours(r["hours_to_target"], 3600, " s"), hours(r["node_hours"]), hours(r["gpu_hours"])) for r in rows])
+        [
+            (
+                r["run"],
+                r["nodes"],
+                r["ranks"],
+                r["global_batch_size"],
+                f"{r['samples_per_s']:,.0f}",
+                hours(r["hours_to_target"], 3600, " s"),
+                hours(r["node_hours"]),
+                hours(r["gpu_hours"]),
+            )
+            for r in rows
+        ],
+    )
     parts = [table]
     if recommendation:
         parts.append(f"**Recommendation:** {recommendation['why']}.")
     if prediction:
         low, high = prediction["range_hours"]
-        parts.append(f"**Next size up, predicted:** {prediction['nodes']} nodes ({prediction['ranks']} ranks, global "
-                     f"batch {prediction['global_batch_size']}): {prediction['hours_to_target'] * 3600:.3g} s to the "
-                     f"target (range {low * 3600:.3g}-{high * 3600:.3g} s), {prediction['node_hours']:.3g} node-hours. "
-                     f"Assumptions: " + "; ".join(prediction["assumptions"]) + ".")
+        parts.append(
+            f"**Next size up, predicted:** {prediction['nodes']} nodes ({prediction['ranks']} ranks, global "
+            f"batch {prediction['global_batch_size']}): {prediction['hours_to_target'] * 3600:.3g} s to the "
+            f"target (range {low * 3600:.3g}-{high * 3600:.3g} s), {prediction['node_hours']:.3g} node-hours. "
+            f"Assumptions: " + "; ".join(prediction["assumptions"]) + "."
+        )
     return "\n\n".join(parts)
 
 
@@ -233,14 +295,19 @@ def allocation_request(row: dict, config: dict, margin: float = 1.5) -> str:
     target times ``margin`` (for startup, validation, checkpoints and a slower day), in whole minutes.
     """
     minutes = max(1, round(row["hours_to_target"] * 60 * margin + 0.5))
-    warmup = (f"{config.get('warmup_epochs')} epochs" if config.get("warmup_epochs") else
-              f"{config.get('warmup_steps', 0)} steps")
-    return "\n".join([
-        f"- nodes: {row['nodes']} ({row['ranks'] // row['nodes']} rank(s) per node, {row['ranks']} in all)",
-        f"- global batch: {row['global_batch_size']} ({row['global_batch_size'] // row['ranks']} per rank)",
-        f"- LR recipe: {config.get('optimizer')} at lr {config.get('lr')} for batch {config.get('base_batch')}, "
-        f"{config.get('lr_scaling')} scaling, warmup {warmup}, {config.get('decay')} decay",
-        f"- wall time: {minutes // 60:02d}:{minutes % 60:02d}:00 (the {row['hours_to_target'] * 60:.3g} min to the "
-        f"target × {margin:g})",
-        f"- node-hours: {row['nodes'] * minutes / 60:.3g} asked for, {row['node_hours']:.3g} used to the target",
-    ])
+    warmup = (
+        f"{config.get('warmup_epochs')} epochs"
+        if config.get("warmup_epochs")
+        else f"{config.get('warmup_steps', 0)} steps"
+    )
+    return "\n".join(
+        [
+            f"- nodes: {row['nodes']} ({row['ranks'] // row['nodes']} rank(s) per node, {row['ranks']} in all)",
+            f"- global batch: {row['global_batch_size']} ({row['global_batch_size'] // row['ranks']} per rank)",
+            f"- LR recipe: {config.get('optimizer')} at lr {config.get('lr')} for batch {config.get('base_batch')}, "
+            f"{config.get('lr_scaling')} scaling, warmup {warmup}, {config.get('decay')} decay",
+            f"- wall time: {minutes // 60:02d}:{minutes % 60:02d}:00 (the {row['hours_to_target'] * 60:.3g} min to the "
+            f"target × {margin:g})",
+            f"- node-hours: {row['nodes'] * minutes / 60:.3g} asked for, {row['node_hours']:.3g} used to the target",
+        ]
+    )

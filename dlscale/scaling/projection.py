@@ -1,4 +1,5 @@
-"""A model's step time and efficiency from 1 to 1,024 nodes: compute from a measurement, communication from the α–β model.
+"""A model's step time and efficiency from 1 to 1,024 nodes: compute from a measurement, communication from the α–β
+model.
 
 Weak scaling, every GPU keeping its batch: a step is the compute of one GPU's batch plus the part
 of the communication that the compute does not hide,
@@ -30,7 +31,7 @@ from dlscale.scaling.collectives import ALGORITHMS, Link, allreduce, layout_comm
 from dlscale.scaling.sites import Site
 
 #: Node counts of a projection: 1, 2, 4, ..., 1,024.
-NODES = tuple(2 ** i for i in range(11))
+NODES = tuple(2**i for i in range(11))
 #: What an efficiency is measured against.
 BASELINES = ("gpu", "node")
 
@@ -48,15 +49,15 @@ class Workload:
 
     name: str
     parameters: int
-    seconds_per_sample: float       # one GPU's compute per sample (forward, backward, optimizer)
+    seconds_per_sample: float  # one GPU's compute per sample (forward, backward, optimizer)
     per_gpu_batch: int
-    bytes_per_value: int = 4        # of each gradient value sent (2 with bf16 gradients)
-    layout: str = "ddp"             # or "fsdp"
-    overlap: float = 0.0            # share of the communication hidden behind the backward pass (0 = none)
+    bytes_per_value: int = 4  # of each gradient value sent (2 with bf16 gradients)
+    layout: str = "ddp"  # or "fsdp"
+    overlap: float = 0.0  # share of the communication hidden behind the backward pass (0 = none)
     compute_source: str = "entered"  # where seconds_per_sample comes from
-    backward_share: float = 2 / 3   # of the compute: the most that any overlap can hide behind
+    backward_share: float = 2 / 3  # of the compute: the most that any overlap can hide behind
     bucket_mb: float | None = 25.0  # DDP's bucket_cap_mb: one message, and one latency, per bucket (None: one)
-    algorithm: str = "auto"         # between nodes: ring, tree, double_tree, or auto (the cheapest)
+    algorithm: str = "auto"  # between nodes: ring, tree, double_tree, or auto (the cheapest)
 
     def __post_init__(self) -> None:
         check_range("parameters", self.parameters, 1)
@@ -94,16 +95,31 @@ def project(workload: Workload, site: Site, nodes: tuple[int, ...] = NODES, base
         raise RangeError(f"baseline must be gpu or node, not {baseline!r}")
 
     def step_at(n: int) -> dict:
-        comm = layout_communication(workload.layout, workload.gradient_bytes, site.gpus_per_node, n, site.inside,
-                                    site.between, workload.algorithm,
-                                    workload.bucket_mb * 2**20 if workload.bucket_mb else None)
+        comm = layout_communication(
+            workload.layout,
+            workload.gradient_bytes,
+            site.gpus_per_node,
+            n,
+            site.inside,
+            site.between,
+            workload.algorithm,
+            workload.bucket_mb * 2**20 if workload.bucket_mb else None,
+        )
         hidden = min(workload.overlap * comm.seconds, workload.backward_seconds)
         step = workload.compute_seconds + comm.seconds - hidden
-        return {"nodes": n, "gpus": n * site.gpus_per_node, "compute_s": workload.compute_seconds,
-                "communication_s": comm.seconds, "hidden_s": hidden, "exposed_s": step - workload.compute_seconds,
-                "overlap_bounded": workload.overlap * comm.seconds > workload.backward_seconds,
-                "step_s": step, "samples_per_s": n * site.gpus_per_node * workload.per_gpu_batch / step,
-                "algorithm": comm.algorithm, "messages": comm.messages}
+        return {
+            "nodes": n,
+            "gpus": n * site.gpus_per_node,
+            "compute_s": workload.compute_seconds,
+            "communication_s": comm.seconds,
+            "hidden_s": hidden,
+            "exposed_s": step - workload.compute_seconds,
+            "overlap_bounded": workload.overlap * comm.seconds > workload.backward_seconds,
+            "step_s": step,
+            "samples_per_s": n * site.gpus_per_node * workload.per_gpu_batch / step,
+            "algorithm": comm.algorithm,
+            "messages": comm.messages,
+        }
 
     rows = [step_at(n) for n in nodes]
     reference = workload.compute_seconds if baseline == "gpu" else step_at(1)["step_s"]
@@ -144,47 +160,73 @@ def overlap_from_breakdown_file(path: str | Path, site: Site) -> tuple[float, st
         exposed = next(iter(row["exposed_communication_ms"].values())) / 1000  # (the default buckets come first)
         nodes, ranks, gradient = int(row.get("nodes", 1)), int(row["ranks"]), float(row["gradient_bytes"])
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
-        raise RangeError(f"{path} gives no overlap ({getattr(err, 'strerror', None) or type(err).__name__}): give "
-                         f"the breakdown.json of a `dlscale bench breakdown` run of DDP on two or more ranks") from None
+        raise RangeError(
+            f"{path} gives no overlap ({getattr(err, 'strerror', None) or type(err).__name__}): give "
+            f"the breakdown.json of a `dlscale bench breakdown` run of DDP on two or more ranks"
+        ) from None
     whole = layout_communication("ddp", gradient, max(1, ranks // nodes), nodes, site.inside, site.between).seconds
     overlap = _hidden_share(exposed, whole)
-    return overlap, (f"{overlap:.0%}, from {path}: {exposed * 1e3:.3g} ms exposed of the {whole * 1e3:.3g} ms the "
-                     f"model gives {ranks} ranks on {nodes} node(s) of {site.name}")
+    return overlap, (
+        f"{overlap:.0%}, from {path}: {exposed * 1e3:.3g} ms exposed of the {whole * 1e3:.3g} ms the "
+        f"model gives {ranks} ranks on {nodes} node(s) of {site.name}"
+    )
 
 
 def assumptions(workload: Workload, site: Site, baseline: str = "gpu") -> str:
     """The lines a projection rests on, to print beside its curve."""
     buckets = f"buckets of {workload.bucket_mb:g} MiB" if workload.bucket_mb else "one message per step"
-    return "\n".join([
-        f"model: {workload.name}, {workload.parameters / 1e6:.3g} M parameters, gradients of "
-        f"{workload.gradient_bytes / 2**20:.3g} MiB ({workload.bytes_per_value} bytes per value), {buckets}",
-        f"compute: {workload.seconds_per_sample * 1e3:.3g} ms per sample per GPU ({workload.compute_source}), "
-        f"batch {workload.per_gpu_batch} per GPU (weak scaling)",
-        f"layout: {workload.layout}; overlap: {workload.overlap:.0%} of the communication hidden, at most the "
-        f"backward pass ({workload.backward_share:.0%} of the compute)",
-        f"algorithm between nodes: {workload.algorithm}" + (" (the cheapest of ring, tree and double binary tree "
-                                                            "for each bucket, as NCCL chooses)"
-                                                            if workload.algorithm == "auto" else ""),
-        f"site: {site.name}, {site.gpus_per_node} GPUs per node; efficiency against one {baseline}",
-        f"inside a node: {site.inside.describe()}",
-        f"between nodes, per GPU: {site.between.describe()}",
-        f"source: {site.source}",
-        "not modelled: congestion between jobs, stragglers, the network's topology, I/O",
-    ])
+    return "\n".join(
+        [
+            f"model: {workload.name}, {workload.parameters / 1e6:.3g} M parameters, gradients of "
+            f"{workload.gradient_bytes / 2**20:.3g} MiB ({workload.bytes_per_value} bytes per value), {buckets}",
+            f"compute: {workload.seconds_per_sample * 1e3:.3g} ms per sample per GPU ({workload.compute_source}), "
+            f"batch {workload.per_gpu_batch} per GPU (weak scaling)",
+            f"layout: {workload.layout}; overlap: {workload.overlap:.0%} of the communication hidden, at most the "
+            f"backward pass ({workload.backward_share:.0%} of the compute)",
+            f"algorithm between nodes: {workload.algorithm}"
+            + (
+                " (the cheapest of ring, tree and double binary tree for each bucket, as NCCL chooses)"
+                if workload.algorithm == "auto"
+                else ""
+            ),
+            f"site: {site.name}, {site.gpus_per_node} GPUs per node; efficiency against one {baseline}",
+            f"inside a node: {site.inside.describe()}",
+            f"between nodes, per GPU: {site.between.describe()}",
+            f"source: {site.source}",
+            "not modelled: congestion between jobs, stragglers, the network's topology, I/O",
+        ]
+    )
 
 
 def format_projection(rows: list[dict]) -> str:
     """A projection as a Markdown table: per node count, compute, communication, its exposed part, the algorithm
     between nodes, efficiency."""
-    return markdown_table(["nodes", "GPUs", "compute (ms)", "communication (ms)", "exposed (ms)", "algorithm",
-                           "efficiency"],
-                          [(r["nodes"], r["gpus"], f"{r['compute_s'] * 1e3:.3g}", f"{r['communication_s'] * 1e3:.3g}",
-                            f"{r['exposed_s'] * 1e3:.3g}" + (" (overlap bounded)" if r["overlap_bounded"] else ""),
-                            r["algorithm"] if r["nodes"] > 1 else "-", f"{r['efficiency']:.0%}") for r in rows])
+    return markdown_table(
+        ["nodes", "GPUs", "compute (ms)", "communication (ms)", "exposed (ms)", "algorithm", "efficiency"],
+        [
+            (
+                r["nodes"],
+                r["gpus"],
+                f"{r['compute_s'] * 1e3:.3g}",
+                f"{r['communication_s'] * 1e3:.3g}",
+                f"{r['exposed_s'] * 1e3:.3g}" + (" (overlap bounded)" if r["overlap_bounded"] else ""),
+                r["algorithm"] if r["nodes"] > 1 else "-",
+                f"{r['efficiency']:.0%}",
+            )
+            for r in rows
+        ],
+    )
 
 
-def workload_for(cfg, per_gpu_batch: int, seconds_per_sample: float, compute_source: str, overlap: float = 0.0,
-                 bytes_per_value: int = 4, name: str | None = None) -> Workload:
+def workload_for(
+    cfg,
+    per_gpu_batch: int,
+    seconds_per_sample: float,
+    compute_source: str,
+    overlap: float = 0.0,
+    bytes_per_value: int = 4,
+    name: str | None = None,
+) -> Workload:
     """The :class:`Workload` of the kit's model that ``cfg`` describes, its parameters counted on the meta device (no
     memory, no kernel), its compute per sample measured (``compute_source`` says where: a step timed on this
     machine, a published throughput)."""
@@ -194,5 +236,13 @@ def workload_for(cfg, per_gpu_batch: int, seconds_per_sample: float, compute_sou
 
     with torch.device("meta"):
         model = build_model(cfg)
-    return Workload(name or f"{cfg.name} ({cfg.model})", count_parameters(model), seconds_per_sample, per_gpu_batch,
-                    bytes_per_value, "ddp", overlap, compute_source)
+    return Workload(
+        name or f"{cfg.name} ({cfg.model})",
+        count_parameters(model),
+        seconds_per_sample,
+        per_gpu_batch,
+        bytes_per_value,
+        "ddp",
+        overlap,
+        compute_source,
+    )

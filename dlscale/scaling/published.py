@@ -34,20 +34,26 @@ class PublishedCase:
     gpus: int
     gpus_per_node: int
     per_gpu_batch: int
-    images_per_s: float            # one GPU's training throughput (the compute the model starts from)
-    bytes_per_value: int           # of each gradient value sent
-    inside_gbs: float              # between GPUs of a node, GB/s per direction
-    between_gbs: float             # each GPU's share of the node's network, GB/s per direction
-    baseline: str                  # what the reported efficiency is against: "gpu" or "node"
+    images_per_s: float  # one GPU's training throughput (the compute the model starts from)
+    bytes_per_value: int  # of each gradient value sent
+    inside_gbs: float  # between GPUs of a node, GB/s per direction
+    between_gbs: float  # each GPU's share of the node's network, GB/s per direction
+    baseline: str  # what the reported efficiency is against: "gpu" or "node"
     published_efficiency: float
-    inputs: str                    # where each input comes from
+    inputs: str  # where each input comes from
     assumed: tuple[str, ...] = field(default_factory=tuple)  # inputs the sources do not give
 
     def predict(self, compute_factor: float = 1.0) -> dict:
         """The model's row at this case's GPU count (``compute_factor`` scales one GPU's compute time)."""
         site = machine(self.name, self.gpus_per_node, self.inside_gbs, self.between_gbs, source=self.source)
-        workload = Workload(self.name, RESNET50_PARAMETERS, compute_factor / self.images_per_s, self.per_gpu_batch,
-                            self.bytes_per_value, compute_source="published throughput")
+        workload = Workload(
+            self.name,
+            RESNET50_PARAMETERS,
+            compute_factor / self.images_per_s,
+            self.per_gpu_batch,
+            self.bytes_per_value,
+            compute_source="published throughput",
+        )
         return project(workload, site, nodes=(self.gpus // self.gpus_per_node,), baseline=self.baseline)[0]
 
 
@@ -57,34 +63,81 @@ P100_IMAGES_PER_S = 90 * IMAGENET_TRAIN_IMAGES / (29 * 3600) / 8
 
 CASES = (
     PublishedCase(
-        "Goyal et al. 2017", "arXiv:1706.02677", gpus=256, gpus_per_node=8, per_gpu_batch=32,
-        images_per_s=P100_IMAGES_PER_S, bytes_per_value=4, inside_gbs=20, between_gbs=50 / 8 / 8, baseline="node",
+        "Goyal et al. 2017",
+        "arXiv:1706.02677",
+        gpus=256,
+        gpus_per_node=8,
+        per_gpu_batch=32,
+        images_per_s=P100_IMAGES_PER_S,
+        bytes_per_value=4,
+        inside_gbs=20,
+        between_gbs=50 / 8 / 8,
+        baseline="node",
         published_efficiency=0.90,
         inputs="32 Big Basin servers of 8 P100 joined by NVLink, 50 Gbit/s Ethernet per server (6.25 GB/s, 0.78 per "
-               "GPU), batch 8,192 = 32 per GPU, fp32 gradients; compute: 138 images/s per P100 (29 h for 90 epochs "
-               "on 8 P100); efficiency from 8 to 256 GPUs (one node is the baseline)",
-        assumed=("NVLink 1 ring at one link's 20 GB/s per direction",)),
+        "GPU), batch 8,192 = 32 per GPU, fp32 gradients; compute: 138 images/s per P100 (29 h for 90 epochs "
+        "on 8 P100); efficiency from 8 to 256 GPUs (one node is the baseline)",
+        assumed=("NVLink 1 ring at one link's 20 GB/s per direction",),
+    ),
     PublishedCase(
-        "Akiba et al. 2017", "arXiv:1711.04325", gpus=1024, gpus_per_node=8, per_gpu_batch=32,
-        images_per_s=P100_IMAGES_PER_S, bytes_per_value=2, inside_gbs=12, between_gbs=56 / 8 / 8, baseline="gpu",
+        "Akiba et al. 2017",
+        "arXiv:1711.04325",
+        gpus=1024,
+        gpus_per_node=8,
+        per_gpu_batch=32,
+        images_per_s=P100_IMAGES_PER_S,
+        bytes_per_value=2,
+        inside_gbs=12,
+        between_gbs=56 / 8 / 8,
+        baseline="gpu",
         published_efficiency=0.80,
-        inputs="128 nodes of 8 P100, InfiniBand FDR (56 Gbit/s, 0.875 GB/s per GPU), batch 32,768 = 32 per GPU; compute: 138 images/s per P100, the same GPU and batch as Goyal et al.",
-        assumed=("one FDR port per node", "fp16 gradients sent", "PCIe 3 between the GPUs of a node, 12 GB/s",
-                 "one GPU's throughput taken from Goyal et al.'s baseline (the paper gives none)")),
+        inputs=(
+            "128 nodes of 8 P100, InfiniBand FDR (56 Gbit/s, 0.875 GB/s per GPU), batch 32,768 = 32 per GPU; "
+            "compute: 138 images/s per P100, the same GPU and batch as Goyal et al."
+        ),
+        assumed=(
+            "one FDR port per node",
+            "fp16 gradients sent",
+            "PCIe 3 between the GPUs of a node, 12 GB/s",
+            "one GPU's throughput taken from Goyal et al.'s baseline (the paper gives none)",
+        ),
+    ),
     PublishedCase(
-        "Mikami et al. 2018", "arXiv:1811.05233", gpus=1088, gpus_per_node=4, per_gpu_batch=32,
-        images_per_s=1000, bytes_per_value=2, inside_gbs=50, between_gbs=2 * 100 / 8 / 4, baseline="gpu",
+        "Mikami et al. 2018",
+        "arXiv:1811.05233",
+        gpus=1088,
+        gpus_per_node=4,
+        per_gpu_batch=32,
+        images_per_s=1000,
+        bytes_per_value=2,
+        inside_gbs=50,
+        between_gbs=2 * 100 / 8 / 4,
+        baseline="gpu",
         published_efficiency=0.9162,
         inputs="272 ABCI nodes of 4 V100 joined by NVLink 2, two InfiniBand EDR ports per node (25 GB/s, 6.25 per "
-               "GPU), batch about 34K = 32 per GPU, mixed precision",
-        assumed=("fp16 gradients sent", "1,000 images/s per V100 with mixed precision at batch 32", "NVLink 2 at 50 GB/s per pair")),
+        "GPU), batch about 34K = 32 per GPU, mixed precision",
+        assumed=(
+            "fp16 gradients sent",
+            "1,000 images/s per V100 with mixed precision at batch 32",
+            "NVLink 2 at 50 GB/s per pair",
+        ),
+    ),
     PublishedCase(
-        "Jia et al. 2018", "arXiv:1807.11205", gpus=2048, gpus_per_node=8, per_gpu_batch=32,
-        images_per_s=160, bytes_per_value=2, inside_gbs=12, between_gbs=100 / 8 / 8, baseline="gpu",
+        "Jia et al. 2018",
+        "arXiv:1807.11205",
+        gpus=2048,
+        gpus_per_node=8,
+        per_gpu_batch=32,
+        images_per_s=160,
+        bytes_per_value=2,
+        inside_gbs=12,
+        between_gbs=100 / 8 / 8,
+        baseline="gpu",
         published_efficiency=0.879,
         inputs="256 nodes of 8 P40, 100 Gbit/s Ethernet per node (12.5 GB/s, 1.56 per GPU), batch 65,536 = 32 per "
-               "GPU, mixed precision; 2,048 GPUs, just above this validation's 2,000",
-        assumed=("160 images/s per P40", "fp16 gradients sent", "PCIe 3 between the GPUs of a node, 12 GB/s")),
+        "GPU, mixed precision; 2,048 GPUs, just above this validation's 2,000",
+        assumed=("160 images/s per P40", "fp16 gradients sent", "PCIe 3 between the GPUs of a node, 12 GB/s"),
+    ),
 )
 
 
@@ -94,11 +147,20 @@ def validate(cases: tuple[PublishedCase, ...] = CASES) -> list[dict]:
     rows = []
     for case in cases:
         row = case.predict()
-        rows.append({"case": case.name, "source": case.source, "gpus": case.gpus,
-                     "published": case.published_efficiency, "predicted": row["efficiency"],
-                     "points_off": 100 * (row["efficiency"] - case.published_efficiency),
-                     "compute_range": (case.predict(0.75)["efficiency"], case.predict(1.25)["efficiency"]),
-                     "algorithm": row["algorithm"], "assumed": case.assumed, "inputs": case.inputs})
+        rows.append(
+            {
+                "case": case.name,
+                "source": case.source,
+                "gpus": case.gpus,
+                "published": case.published_efficiency,
+                "predicted": row["efficiency"],
+                "points_off": 100 * (row["efficiency"] - case.published_efficiency),
+                "compute_range": (case.predict(0.75)["efficiency"], case.predict(1.25)["efficiency"]),
+                "algorithm": row["algorithm"],
+                "assumed": case.assumed,
+                "inputs": case.inputs,
+            }
+        )
     return rows
 
 
@@ -106,6 +168,16 @@ def format_validation(rows: list[dict]) -> str:
     """The validation as a Markdown table."""
     return markdown_table(
         ["case", "GPUs", "published", "predicted", "points off", "compute ±25%", "algorithm"],
-        [(f"{r['case']} ({r['source']})", r["gpus"], f"{r['published']:.1%}", f"{r['predicted']:.1%}",
-          f"{r['points_off']:+.1f}", f"{r['compute_range'][0]:.0%}-{r['compute_range'][1]:.0%}", r["algorithm"])
-         for r in rows])
+        [
+            (
+                f"{r['case']} ({r['source']})",
+                r["gpus"],
+                f"{r['published']:.1%}",
+                f"{r['predicted']:.1%}",
+                f"{r['points_off']:+.1f}",
+                f"{r['compute_range'][0]:.0%}-{r['compute_range'][1]:.0%}",
+                r["algorithm"],
+            )
+            for r in rows
+        ],
+    )

@@ -50,51 +50,71 @@ class Site:
     source: str
 
     def describe(self) -> str:
-        return (f"{self.name}: {self.gpus_per_node} GPUs per node; inside a node {self.inside.describe()}; "
-                f"between nodes, per GPU, {self.between.describe()} (α assumed; source: {self.source})")
+        return (
+            f"{self.name}: {self.gpus_per_node} GPUs per node; inside a node {self.inside.describe()}; "
+            f"between nodes, per GPU, {self.between.describe()} (α assumed; source: {self.source})"
+        )
 
 
 PERLMUTTER = Site(
-    "Perlmutter", 4,
+    "Perlmutter",
+    4,
     inside=Link(ASSUMED_ALPHA_INSIDE, 1 / 100e9, "NVLink 3, 4 links × 25 GB/s per pair"),
     between=Link(ASSUMED_ALPHA_BETWEEN, 1 / 25e9, "Slingshot 11, one 25 GB/s NIC per GPU"),
-    source="https://docs.nersc.gov/systems/perlmutter/architecture/")
+    source="https://docs.nersc.gov/systems/perlmutter/architecture/",
+)
 
 FRONTIER = Site(
-    "Frontier", 8,
+    "Frontier",
+    8,
     inside=Link(ASSUMED_ALPHA_INSIDE, 1 / 50e9, "Infinity Fabric, 50 GB/s on the slowest pair a ring crosses"),
     between=Link(ASSUMED_ALPHA_BETWEEN, 1 / 12.5e9, "Slingshot, one 25 GB/s NIC per 2 GCDs"),
-    source="https://docs.olcf.ornl.gov/systems/frontier_user_guide.html")
+    source="https://docs.olcf.ornl.gov/systems/frontier_user_guide.html",
+)
 
 SITES = {"perlmutter": PERLMUTTER, "frontier": FRONTIER}
 
 
 def here(link: Link, ranks_per_node: int = 1) -> Site:
     """This machine as a site: one fitted link for both levels (the local cluster's nodes share one loopback)."""
-    return Site("this machine", ranks_per_node, inside=link, between=link,
-                source="fitted here from dlscale bench allreduce")
+    return Site(
+        "this machine", ranks_per_node, inside=link, between=link, source="fitted here from dlscale bench allreduce"
+    )
 
 
 class MachineError(DlscaleError, ValueError):
     """A machine description that cannot be used; the message names the file and key and what to write."""
 
 
-def machine(name: str, gpus_per_node: int, inside_gbs: float, between_gbs: float,
-            inside_latency_us: float = ASSUMED_ALPHA_INSIDE * 1e6,
-            between_latency_us: float = ASSUMED_ALPHA_BETWEEN * 1e6, source: str = "entered") -> Site:
+def machine(
+    name: str,
+    gpus_per_node: int,
+    inside_gbs: float,
+    between_gbs: float,
+    inside_latency_us: float = ASSUMED_ALPHA_INSIDE * 1e6,
+    between_latency_us: float = ASSUMED_ALPHA_BETWEEN * 1e6,
+    source: str = "entered",
+) -> Site:
     """A cluster of one's own: GPUs per node, the bandwidth (GB/s per direction) and latency (µs) inside a node, and
     each GPU's share of the network between nodes. Every figure is range-checked."""
     check_range("GPUs per node", gpus_per_node, 1)
-    for label, value in (("bandwidth inside a node (GB/s)", inside_gbs), ("bandwidth between nodes (GB/s)",
-                                                                          between_gbs)):
+    for label, value in (
+        ("bandwidth inside a node (GB/s)", inside_gbs),
+        ("bandwidth between nodes (GB/s)", between_gbs),
+    ):
         check_range(label, value, 0, above=True)
-    for label, value in (("latency inside a node (µs)", inside_latency_us),
-                         ("latency between nodes (µs)", between_latency_us)):
+    for label, value in (
+        ("latency inside a node (µs)", inside_latency_us),
+        ("latency between nodes (µs)", between_latency_us),
+    ):
         check_range(label, value, 0)
-    return Site(name, int(gpus_per_node),
-                inside=Link(inside_latency_us * 1e-6, 1 / (inside_gbs * 1e9), f"{inside_gbs:g} GB/s"),
-                between=Link(between_latency_us * 1e-6, 1 / (between_gbs * 1e9), f"{between_gbs:g} GB/s per GPU"),
-                source=source)
+    return Site(
+        name,
+        int(gpus_per_node),
+        inside=Link(inside_latency_us * 1e-6, 1 / (inside_gbs * 1e9), f"{inside_gbs:g} GB/s"),
+        between=Link(between_latency_us * 1e-6, 1 / (between_gbs * 1e9), f"{between_gbs:g} GB/s per GPU"),
+        source=source,
+    )
 
 
 def load_machine(path: str | Path) -> Site:
@@ -105,20 +125,25 @@ def load_machine(path: str | Path) -> Site:
     try:
         spec = yaml.safe_load(path.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-        raise MachineError(f"{path} cannot be read ({getattr(err, 'strerror', None) or type(err).__name__}): give a "
-                           f"YAML file with gpus_per_node, inside and between") from None
+        raise MachineError(
+            f"{path} cannot be read ({getattr(err, 'strerror', None) or type(err).__name__}): give a "
+            f"YAML file with gpus_per_node, inside and between"
+        ) from None
     if not isinstance(spec, dict):
         raise MachineError(f"{path} is not a mapping: write gpus_per_node, inside and between as keys")
     unknown = set(spec) - {"name", "gpus_per_node", "inside", "between", "source"}
     if unknown:
-        raise MachineError(f"{path}: unknown key {sorted(unknown)[0]!r}; the keys are name, gpus_per_node, inside, "
-                           f"between and source")
+        raise MachineError(
+            f"{path}: unknown key {sorted(unknown)[0]!r}; the keys are name, gpus_per_node, inside, between and source"
+        )
 
     def link(key: str) -> tuple[float, float | None]:
         value = spec.get(key)
         if not isinstance(value, dict) or not isinstance(value.get("bandwidth_gbs"), (int, float)):
-            raise MachineError(f"{path}: {key} needs bandwidth_gbs (GB/s per direction), and may have latency_us, "
-                               f"e.g. {key}: {{bandwidth_gbs: 25, latency_us: 10}}")
+            raise MachineError(
+                f"{path}: {key} needs bandwidth_gbs (GB/s per direction), and may have latency_us, "
+                f"e.g. {key}: {{bandwidth_gbs: 25, latency_us: 10}}"
+            )
         extra = set(value) - {"bandwidth_gbs", "latency_us"}
         if extra:
             raise MachineError(f"{path}: unknown key {key}.{sorted(extra)[0]}; a link has bandwidth_gbs and latency_us")
@@ -129,9 +154,14 @@ def load_machine(path: str | Path) -> Site:
     if not isinstance(gpus, int) or isinstance(gpus, bool):
         raise MachineError(f"{path}: gpus_per_node must be a whole number, not {gpus!r}")
     try:
-        return machine(str(spec.get("name") or path.stem), gpus, inside_gbs, between_gbs,
-                       ASSUMED_ALPHA_INSIDE * 1e6 if inside_us is None else inside_us,
-                       ASSUMED_ALPHA_BETWEEN * 1e6 if between_us is None else between_us,
-                       str(spec.get("source") or path))
+        return machine(
+            str(spec.get("name") or path.stem),
+            gpus,
+            inside_gbs,
+            between_gbs,
+            ASSUMED_ALPHA_INSIDE * 1e6 if inside_us is None else inside_us,
+            ASSUMED_ALPHA_BETWEEN * 1e6 if between_us is None else between_us,
+            str(spec.get("source") or path),
+        )
     except RangeError as err:
         raise MachineError(f"{path}: {err}") from None

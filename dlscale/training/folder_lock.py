@@ -41,14 +41,19 @@ def _take(run_dir: Path) -> tuple[int | None, str | None]:
     except OSError as err:
         if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             os.close(fd)
-            print(f"dlscale: {run_dir} cannot be locked on this file system ({err.strerror}); make sure no other run "
-                  f"trains in it", flush=True)
+            print(
+                f"dlscale: {run_dir} cannot be locked on this file system ({err.strerror}); make sure no other run "
+                f"trains in it",
+                flush=True,
+            )
             return None, None
         holder = os.pread(fd, 200, 0).decode(errors="replace").split()
         os.close(fd)
         who = f"process {holder[1]} on {holder[0]}" if len(holder) == 2 else "another process"
-        return None, (f"{run_dir} is in use by another run ({who}); wait for it to end, or give this run its own "
-                      f"folder (run_dir=runs/<new name>)")
+        return None, (
+            f"{run_dir} is in use by another run ({who}); wait for it to end, or give this run its own "
+            f"folder (run_dir=runs/<new name>)"
+        )
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{socket.gethostname()} {os.getpid()}\n".encode(), 0)
     return fd, None

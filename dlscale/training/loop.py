@@ -56,8 +56,9 @@ from dlscale.training.step import train_step
 EpochCallback = Callable[[int, dict[str, float]], bool]
 
 
-def train(cfg: TrainConfig | str | None = None, /, *, on_epoch: EpochCallback | None = None,
-          **overrides: Any) -> Result:
+def train(
+    cfg: TrainConfig | str | None = None, /, *, on_epoch: EpochCallback | None = None, **overrides: Any
+) -> Result:
     """Train the model a config describes and return its :class:`Result`.
 
     ``cfg`` is a :class:`TrainConfig`, a config name or YAML path, or None (defaults);
@@ -68,9 +69,12 @@ def train(cfg: TrainConfig | str | None = None, /, *, on_epoch: EpochCallback | 
     started = time.perf_counter()
     requested = resolve_device(cfg.device)  # a clear error if the device is not there
     owns_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
-    env = distributed.init("auto" if cfg.device == "auto" else str(requested),
-                           None if cfg.dist_backend == "auto" else cfg.dist_backend, cfg.dist_timeout_s,
-                           data_parallel=cfg.data_parallel)
+    env = distributed.init(
+        "auto" if cfg.device == "auto" else str(requested),
+        None if cfg.dist_backend == "auto" else cfg.dist_backend,
+        cfg.dist_timeout_s,
+        data_parallel=cfg.data_parallel,
+    )
     # Horovod stays up for the life of the process (it cannot always start again after a shutdown).
     owns_group = owns_group and env.backend != "horovod"
     finished = False
@@ -86,9 +90,11 @@ def train(cfg: TrainConfig | str | None = None, /, *, on_epoch: EpochCallback | 
     except RuntimeError as err:
         if not env.distributed or isinstance(err, DlscaleError) or not is_peer_failure(err):
             raise  # this rank's own error, with its traceback
-        raise PeerFailedError(f"rank {env.rank} of {env.world_size} stopped: a collective operation failed "
-                               f"({str(err).splitlines()[0][:200]}). Another rank probably died or was killed; "
-                               f"resume with resume=true from the last checkpoint") from err
+        raise PeerFailedError(
+            f"rank {env.rank} of {env.world_size} stopped: a collective operation failed "
+            f"({str(err).splitlines()[0][:200]}). Another rank probably died or was killed; "
+            f"resume with resume=true from the last checkpoint"
+        ) from err
     finally:
         if owns_group:
             distributed.shutdown(drain=finished)  # after a failure a peer may be gone: no barrier
@@ -100,11 +106,13 @@ class OutOfMemoryError(DlscaleError):
 
 def _out_of_memory_message(cfg: TrainConfig, env: distributed.DistEnv, err: BaseException) -> str:
     micro = cfg.global_batch_size // max(1, env.world_size) // cfg.grad_accumulation
-    return (f"rank {env.rank} of {env.world_size} ran out of memory on {env.device} with micro-batches of {micro} "
-            f"samples (global_batch_size={cfg.global_batch_size} over {env.world_size} rank(s), grad_accumulation="
-            f"{cfg.grad_accumulation}, model={cfg.model} width={cfg.width}). Lower global_batch_size, or keep it and "
-            f"raise grad_accumulation; precision=bf16, activation_checkpointing=true (vit) or data_parallel=fsdp "
-            f"save memory too. ({str(err).splitlines()[0][:200]})")
+    return (
+        f"rank {env.rank} of {env.world_size} ran out of memory on {env.device} with micro-batches of {micro} "
+        f"samples (global_batch_size={cfg.global_batch_size} over {env.world_size} rank(s), grad_accumulation="
+        f"{cfg.grad_accumulation}, model={cfg.model} width={cfg.width}). Lower global_batch_size, or keep it and "
+        f"raise grad_accumulation; precision=bf16, activation_checkpointing=true (vit) or data_parallel=fsdp "
+        f"save memory too. ({str(err).splitlines()[0][:200]})"
+    )
 
 
 def _loop(run: Run, on_epoch: EpochCallback | None = None) -> tuple[tuple[str, str], ThroughputMeter]:
@@ -114,12 +122,20 @@ def _loop(run: Run, on_epoch: EpochCallback | None = None) -> tuple[tuple[str, s
     sync = (lambda: torch.cuda.synchronize(run.device)) if run.device.type == "cuda" else None
     meter, preempted = ThroughputMeter(sync=sync), False
     run.step_log.time_with(meter, run.plan.data_ranks)  # each logged row: its block's samples/s, all ranks together
-    bar = tqdm(total=run.total_steps, initial=run.step, desc=cfg.name, unit="step", dynamic_ncols=True,
-               disable=not (env.is_main and cfg.progress), file=sys.stderr)
+    bar = tqdm(
+        total=run.total_steps,
+        initial=run.step,
+        desc=cfg.name,
+        unit="step",
+        dynamic_ncols=True,
+        disable=not (env.is_main and cfg.progress),
+        file=sys.stderr,
+    )
     say = bar.write if env.is_main else (lambda *args, **kwargs: None)
     # Every rank opens the nsys capture range; the main rank also writes the torch trace.
-    profiler = StepProfiler(run.run_dir, *(cfg.profile_steps or (0, 0)), run.device, trace=env.is_main,
-                            first_step=run.step)
+    profiler = StepProfiler(
+        run.run_dir, *(cfg.profile_steps or (0, 0)), run.device, trace=env.is_main, first_step=run.step
+    )
     run.model.train()
     # (rank 0 also reads the stop file slurm/launch.sh writes when only the batch shell gets the signal)
     with StopFlag(run.run_dir / STOP_FILE if env.is_main else None) as stop, profiler:
@@ -145,13 +161,16 @@ def _loop(run: Run, on_epoch: EpochCallback | None = None) -> tuple[tuple[str, s
                 if end_of_epoch:
                     meter.pause()  # (first: the device finishes the steps, then validation runs untimed)
                     metrics = _validate(run, epoch, say)
-                    if on_epoch is not None and env.is_main and run.step < run.total_steps \
-                            and on_epoch(epoch + 1, metrics):
+                    if (
+                        on_epoch is not None
+                        and env.is_main
+                        and run.step < run.total_steps
+                        and on_epoch(epoch + 1, metrics)
+                    ):
                         stop.request(f"stopped after epoch {epoch + 1} by {_name(on_epoch)}")
                 stop.poll()
                 if ranks_agree_to_stop(run, stop):
-                    say(f"dlscale: {stop.reason}; checkpointing at step "
-                        f"{run.step} and stopping")
+                    say(f"dlscale: {stop.reason}; checkpointing at step {run.step} and stopping")
                     preempted = True
                 every = cfg.checkpoint_every
                 if preempted or run.step == run.total_steps or (every and run.step % every == 0):
@@ -194,9 +213,11 @@ def _validate(run: Run, epoch: int, say: Any) -> dict[str, float]:
     # data (one validation map, or a target that is constant: no variance to explain).
     broken = [key for key, value in metrics.items() if not key.startswith("r2") and not math.isfinite(value)]
     if broken:  # (the weights are finite, checked with each logged loss: the validation data are not)
-        raise DataError(f"validation after epoch {epoch + 1} gave {', '.join(f'{k} {metrics[k]}' for k in broken)}: "
-                        f"the validation split {run.data_root / 'val'} holds NaN or infinite values (maps or targets); "
-                        f"find them with `dlscale data check {run.data_root}`, then clean or regenerate the data")
+        raise DataError(
+            f"validation after epoch {epoch + 1} gave {', '.join(f'{k} {metrics[k]}' for k in broken)}: "
+            f"the validation split {run.data_root / 'val'} holds NaN or infinite values (maps or targets); "
+            f"find them with `dlscale data check {run.data_root}`, then clean or regenerate the data"
+        )
     run.logger.log_validation({"epoch": epoch + 1, "step": run.step, **metrics})
     say(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     return metrics
@@ -217,13 +238,25 @@ def _checkpoint(run: Run, lr: float) -> None:
         finite = not all_reduce_max_flag(not finite, run.device)
     if not finite:
         # a finite loss can still come before an exploding update
-        raise DivergedError(f"the weights became non-finite by step {run.step} (lr {lr:.3g}); the checkpoint of "
-                            f"this step was not written and the last good one is kept. Try a lower lr, a "
-                            f"longer warmup, grad_clip=1.0 or precision=fp32, then resume=true", step=run.step)
-    extras = training_extras(run.step, run.steps_per_epoch, run.cfg, run.scheduler, run.scaler, run.noise_scale,
-                             run.data_identity)
-    save_training_checkpoint(run.run_dir, run.step, run.model, run.optimizer, extras, sharded=run.plan.sharded,
-                             is_main=run.env.is_main, keep=run.cfg.keep_checkpoints)
+        raise DivergedError(
+            f"the weights became non-finite by step {run.step} (lr {lr:.3g}); the checkpoint of "
+            f"this step was not written and the last good one is kept. Try a lower lr, a "
+            f"longer warmup, grad_clip=1.0 or precision=fp32, then resume=true",
+            step=run.step,
+        )
+    extras = training_extras(
+        run.step, run.steps_per_epoch, run.cfg, run.scheduler, run.scaler, run.noise_scale, run.data_identity
+    )
+    save_training_checkpoint(
+        run.run_dir,
+        run.step,
+        run.model,
+        run.optimizer,
+        extras,
+        sharded=run.plan.sharded,
+        is_main=run.env.is_main,
+        keep=run.cfg.keep_checkpoints,
+    )
 
 
 def _as_config(cfg: TrainConfig | str | None, overrides: Mapping[str, Any]) -> TrainConfig:
@@ -236,57 +269,99 @@ def _as_config(cfg: TrainConfig | str | None, overrides: Mapping[str, Any]) -> T
 
 # -- the end -------------------------------------------------------------------------------------------
 
+
 def _finish(run: Run, meter: ThroughputMeter, stopped: tuple[str, str], started: float) -> Result:
     """Read back what was applied, hand rank 0's rows to every rank, write summary.json and the plot."""
     cfg, env, device, run_dir = run.cfg, run.env, run.device, run.run_dir
     applied = run.applied
     # Inductor skips CUDA graphs it cannot capture safely (batch norm mutates its running
     # statistics, for one), so whether they were applied is read back, not assumed.
-    applied["cuda_graphs"] = (cfg.compile and cfg.cuda_graphs and device.type == "cuda"
-                              and run.step > run.first_step and cuda_graph_skips() == run.graph_skips)
+    applied["cuda_graphs"] = (
+        cfg.compile
+        and cfg.cuda_graphs
+        and device.type == "cuda"
+        and run.step > run.first_step
+        and cuda_graph_skips() == run.graph_skips
+    )
     # What each rank holds (its shards under FSDP/TP) and its peak, for the memory table (dlscale bench memory).
     memory = distributed.all_gather_object(memory_row(run.model, run.optimizer, device))
     # Every rank's own samples/s: a straggler shows as the slowest, which the breakdown takes (dlscale.bench.breakdown).
     each_rank = distributed.all_gather_object(meter.samples_per_s)
     # Rank 0 wrote the files; it hands their rows to the others (which may not share its file system).
     history, step_rows, kept = distributed.broadcast_object(
-        (read_rows(run_dir / VAL_FILE), read_rows(run_dir / TRAIN_FILE), _kept_summary(run)) if env.is_main else None)
+        (read_rows(run_dir / VAL_FILE), read_rows(run_dir / TRAIN_FILE), _kept_summary(run)) if env.is_main else None
+    )
     final = {k: v for k, v in history[-1].items() if k not in ("epoch", "step")} if history else {}
     # float32 convolutions on an Ampere or newer GPU run on TF32 tensor cores (cuDNN's default), float32
     # matmuls do not (cuBLAS's): MFU is against the peak of the kernels that do most of the FLOPs.
     peak_name = peak_precision(device, run.policy.name, convolutions=run.flops.convolution_share >= 0.5)
     peak = peak_flops(device, peak_name)
     utilisation = mfu(meter.samples_per_s, run.flops.per_sample, peak, run.plan.tensor_parallel)  # per device
-    result = Result(config=cfg, run_dir=run_dir, device=str(device), final=final, history=history,
-                    steps=step_rows, samples_per_s=kept.get("samples_per_s", 0.0) if kept else meter.aggregate(
-                        run.plan.data_ranks), steps_done=run.step, total_steps=run.total_steps,
-                    seconds=kept.get("seconds", 0.0) if kept else time.perf_counter() - started, stop_reason=stopped[0],
-                    stop_detail=stopped[1],
-                    model=run.model, peak_lr=run.peak_lr, noise_scale=run.noise_scale.b_simple, applied=applied,
-                    mfu=utilisation)
+    result = Result(
+        config=cfg,
+        run_dir=run_dir,
+        device=str(device),
+        final=final,
+        history=history,
+        steps=step_rows,
+        samples_per_s=kept.get("samples_per_s", 0.0) if kept else meter.aggregate(run.plan.data_ranks),
+        steps_done=run.step,
+        total_steps=run.total_steps,
+        seconds=kept.get("seconds", 0.0) if kept else time.perf_counter() - started,
+        stop_reason=stopped[0],
+        stop_detail=stopped[1],
+        model=run.model,
+        peak_lr=run.peak_lr,
+        noise_scale=run.noise_scale.b_simple,
+        applied=applied,
+        mfu=utilisation,
+    )
     if env.is_main and kept is not None:  # (a resume that trained no step: the run's figures stay as they were)
         done = "is complete" if run.step >= run.total_steps else f"trained no step (at step {run.step})"
         print(f"dlscale: {run_dir} {done}: nothing to train, and its summary.json is kept as it was", flush=True)
     elif env.is_main:
-        summary = {"samples_per_s": result.samples_per_s, "samples_per_s_per_rank": meter.samples_per_s,
-                   "samples_per_s_each_rank": each_rank,
-                   "world_size": env.world_size, "nodes": max(1, env.world_size // max(1, env.local_world_size)),
-                   "global_batch_size": cfg.global_batch_size, "steps_done": run.step, "total_steps": run.total_steps,
-                   "seconds": result.seconds, "device": str(device), "preempted": result.preempted,
-                   "stop_reason": result.stop_reason, "stop_detail": result.stop_detail, "peak_lr": run.peak_lr,
-                   "flops_per_sample": run.flops.per_sample, "mfu": utilisation,
-                   **({"recomputed_flops_per_sample": run.flops.recomputed,  # (activation checkpointing's)
-                       "hardware_utilisation": mfu(meter.samples_per_s, run.flops.per_sample + run.flops.recomputed,
-                                                   peak, run.plan.tensor_parallel)} if run.flops.recomputed else {}),
-                   "mfu_peak": {"precision": peak_name, "flops_per_s": peak}, "applied": applied,
-                   "threads": run.threads.to_dict(), "memory_per_rank": memory,
-                   **({"noise_scale": run.noise_scale.b_simple} if cfg.noise_scale_every else {}), **final}
+        summary = {
+            "samples_per_s": result.samples_per_s,
+            "samples_per_s_per_rank": meter.samples_per_s,
+            "samples_per_s_each_rank": each_rank,
+            "world_size": env.world_size,
+            "nodes": max(1, env.world_size // max(1, env.local_world_size)),
+            "global_batch_size": cfg.global_batch_size,
+            "steps_done": run.step,
+            "total_steps": run.total_steps,
+            "seconds": result.seconds,
+            "device": str(device),
+            "preempted": result.preempted,
+            "stop_reason": result.stop_reason,
+            "stop_detail": result.stop_detail,
+            "peak_lr": run.peak_lr,
+            "flops_per_sample": run.flops.per_sample,
+            "mfu": utilisation,
+            **(
+                {
+                    "recomputed_flops_per_sample": run.flops.recomputed,  # (activation checkpointing's)
+                    "hardware_utilisation": mfu(
+                        meter.samples_per_s, run.flops.per_sample + run.flops.recomputed, peak, run.plan.tensor_parallel
+                    ),
+                }
+                if run.flops.recomputed
+                else {}
+            ),
+            "mfu_peak": {"precision": peak_name, "flops_per_s": peak},
+            "applied": applied,
+            "threads": run.threads.to_dict(),
+            "memory_per_rank": memory,
+            **({"noise_scale": run.noise_scale.b_simple} if cfg.noise_scale_every else {}),
+            **final,
+        }
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         run.logger.summary(summary)
         if cfg.plot and result.stop_reason == "completed":
             from dlscale.reporting.plots import loss_curves
+
             loss_curves(run_dir, title=f"{cfg.name}: global batch {cfg.global_batch_size} on {device}").savefig(
-                run_dir / "loss_curve.png", dpi=120)
+                run_dir / "loss_curve.png", dpi=120
+            )
         print(result.summary(), flush=True)
     run.logger.close()
     return result
@@ -304,8 +379,9 @@ def _kept_summary(run: Run) -> dict[str, Any] | None:
     return kept if isinstance(kept, dict) else None
 
 
-def train_quietly(cfg: TrainConfig | str | None = None, /, *, on_epoch: EpochCallback | None = None,
-                  **overrides: Any) -> Result:
+def train_quietly(
+    cfg: TrainConfig | str | None = None, /, *, on_epoch: EpochCallback | None = None, **overrides: Any
+) -> Result:
     """:func:`train` with its console lines kept in ``output.log`` in the run directory, not printed.
 
     For sweeps and repeated runs, in a notebook or a benchmark: the progress bar (if on) still

@@ -29,8 +29,8 @@ class Result:
     steps_done: int
     total_steps: int
     seconds: float
-    stop_reason: str = "completed"   # one of STOP_REASONS
-    stop_detail: str = "finished"    # in words: which signal, or which callback and after which epoch
+    stop_reason: str = "completed"  # one of STOP_REASONS
+    stop_detail: str = "finished"  # in words: which signal, or which callback and after which epoch
     peak_lr: float = 0.0
     noise_scale: float = float("nan")
     applied: dict[str, Any] = field(default_factory=dict)
@@ -44,11 +44,15 @@ class Result:
 
     def summary(self) -> str:
         """One paragraph for a terminal or a notebook."""
-        status = {"completed": "finished",
-                  "signal": f"stopped on a signal, {self.stop_detail} (resume with resume=true)",
-                  "callback": f"{self.stop_detail} (its checkpoint is kept: resume=true trains on)",
-                  "peer": f"stopped: {self.stop_detail} (resume with resume=true)"}[self.stop_reason]
+        status = {
+            "completed": "finished",
+            "signal": f"stopped on a signal, {self.stop_detail} (resume with resume=true)",
+            "callback": f"{self.stop_detail} (its checkpoint is kept: resume=true trains on)",
+            "peer": f"stopped: {self.stop_detail} (resume with resume=true)",
+        }[self.stop_reason]
         metrics = ", ".join(f"{k} {v:.4f}" for k, v in self.final.items())
-        return (f"run {self.config.name} {status}: step {self.steps_done}/{self.total_steps} on {self.device} "
-                f"in {self.seconds:.1f} s, {self.samples_per_s:,.0f} samples/s\n"
-                f"validation: {metrics or 'not yet run'}\nrun directory: {self.run_dir}")
+        return (
+            f"run {self.config.name} {status}: step {self.steps_done}/{self.total_steps} on {self.device} "
+            f"in {self.seconds:.1f} s, {self.samples_per_s:,.0f} samples/s\n"
+            f"validation: {metrics or 'not yet run'}\nrun directory: {self.run_dir}"
+        )

@@ -65,33 +65,33 @@ class Run:
 
     cfg: TrainConfig
     env: DistEnv
-    plan: ParallelPlan             # how the ranks share the work (DDP, Horovod, FSDP, tensor parallel)
+    plan: ParallelPlan  # how the ranks share the work (DDP, Horovod, FSDP, tensor parallel)
     device: torch.device
-    model: nn.Module               # for checkpoints and evaluation: plain, or itself sharded under FSDP/TP
-    step_model: nn.Module          # what the step calls: compiled and/or DDP-wrapped; the model under FSDP/TP
+    model: nn.Module  # for checkpoints and evaluation: plain, or itself sharded under FSDP/TP
+    step_model: nn.Module  # what the step calls: compiled and/or DDP-wrapped; the model under FSDP/TP
     loss_fn: nn.Module
     optimizer: torch.optim.Optimizer
-    grad_sync: GradientSync        # what the step asks to keep micro-batches local, synchronize, clip and step
+    grad_sync: GradientSync  # what the step asks to keep micro-batches local, synchronize, clip and step
     scheduler: Any
     scaler: torch.amp.GradScaler
     policy: Precision
     train_loader: Any
     val_loader: Any
     data_root: Path
-    data_identity: str | None      # the shards' digest (dlscale.data.data_identity), checked on a resume
+    data_identity: str | None  # the shards' digest (dlscale.data.data_identity), checked on a resume
     names: list[str]
     steps_per_epoch: int
     total_steps: int
     peak_lr: float
-    flops: FlopCount               # per sample, and how much of it is convolutions (which peak MFU compares with)
+    flops: FlopCount  # per sample, and how much of it is convolutions (which peak MFU compares with)
     noise_scale: NoiseScaleEstimator  # the gradient-noise estimate (lesson 07), saved in checkpoints
     logger: MetricsLogger
     step_log: StepLog
-    threads: ThreadChoice          # torch's CPU threads in this process, and why
+    threads: ThreadChoice  # torch's CPU threads in this process, and why
     step: int = 0
-    first_step: int = 0            # where this process started (the resumed step, or 0)
+    first_step: int = 0  # where this process started (the resumed step, or 0)
     resumed_from: Path | None = None
-    graph_skips: int = 0           # inductor's CUDA-graph skips before the first step
+    graph_skips: int = 0  # inductor's CUDA-graph skips before the first step
     noise_probe: NoiseScaleProbe | None = None
     applied: dict[str, Any] = field(default_factory=dict)
 
@@ -114,9 +114,12 @@ def model_flops(spec: ModelSpec, model: ModelSection, input_shape: tuple[int, ..
     Counted on a twin on the meta device: no memory, no kernel on the GPU, nothing collective. The model's own FLOPs
     leave out what activation checkpointing recomputes (counted apart: it is hardware work, not the model's).
     """
+
     def counted(checkpointing: bool) -> FlopCount:
         with torch.device("meta"):
-            twin = spec.build(dataclasses.replace(model, activation_checkpointing=checkpointing), input_shape, targets, 0)
+            twin = spec.build(
+                dataclasses.replace(model, activation_checkpointing=checkpointing), input_shape, targets, 0
+            )
             return count_flops(twin, input_shape, nn.MSELoss(), targets)
 
     flops = counted(False)
@@ -129,16 +132,20 @@ def check_fits(cfg: TrainConfig, device: torch.device, plan: ParallelPlan) -> No
     """The checks that need the job: a :class:`ConfigError` that says what to change, before anything is built."""
     if plan.sharded and cfg.val_samples % plan.data_ranks:
         # (every rank must run as many forward passes: FSDP gathers each block from all of them)
-        raise ConfigError(f"val_samples={cfg.val_samples} must split evenly over the {plan.data_ranks} "
-                          f"data-parallel ranks with FSDP or tensor parallelism; choose a multiple of "
-                          f"{plan.data_ranks}")
+        raise ConfigError(
+            f"val_samples={cfg.val_samples} must split evenly over the {plan.data_ranks} "
+            f"data-parallel ranks with FSDP or tensor parallelism; choose a multiple of "
+            f"{plan.data_ranks}"
+        )
     if cfg.sync_batchnorm and device.type != "cuda":
         raise ConfigError("sync_batchnorm=true needs GPUs (torch's SyncBatchNorm is CUDA-only); on CPUs use norm=group")
     if cfg.noise_scale_every and cfg.micro_batch(plan.data_ranks) < 2:
         raise ConfigError("noise_scale_every needs a per-rank batch of at least 2 samples")
     if cfg.noise_scale_every and plan.data_parallel == "horovod":
-        raise ConfigError("noise_scale_every works with DDP only: under Horovod its extra backward pass would set "
-                          "off an all-reduce; launch with torchrun/srun/mpirun, or set noise_scale_every=0")
+        raise ConfigError(
+            "noise_scale_every works with DDP only: under Horovod its extra backward pass would set "
+            "off an all-reduce; launch with torchrun/srun/mpirun, or set noise_scale_every=0"
+        )
 
 
 def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
@@ -169,8 +176,9 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
         policy = dataclasses.replace(policy, fsdp_casts=True)
     model = model.to(policy.param_dtype) if on_meta else model.to(device, policy.param_dtype)
     if cfg.data_in_memory:  # (the breakdown's run without a loader: the batches already on the device)
-        train_loader = InMemoryBatches(train_loader, lambda x, y: to_device(x, y, device, cfg.channels_last,
-                                                                           policy.param_dtype))
+        train_loader = InMemoryBatches(
+            train_loader, lambda x, y: to_device(x, y, device, cfg.channels_last, policy.param_dtype)
+        )
     loss_fn = nn.MSELoss()
     flops = model_flops(model_spec(cfg.model), cfg.sections.model, tuple(dataset.input_shape), dataset.num_targets)
     # (before the optimizer: FSDP and TP make DTensors of the parameters)
@@ -180,8 +188,14 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
         model.init_weights(cfg.seed)
     reset_peak(device)  # the memory table's peak is the sharded layout's, not the whole model's before it
     peak_lr = scale_lr(cfg.lr, cfg.base_batch, cfg.global_batch_size, cfg.lr_scaling)
-    optimizer, grad_sync = gradient_sync(plan.data_parallel, step_model, build_optimizer(cfg.sections.optim, model, lr=peak_lr),
-                                         model, cfg.horovod_fp16_compression, cfg.grad_accumulation)
+    optimizer, grad_sync = gradient_sync(
+        plan.data_parallel,
+        step_model,
+        build_optimizer(cfg.sections.optim, model, lr=peak_lr),
+        model,
+        cfg.horovod_fp16_compression,
+        cfg.grad_accumulation,
+    )
     steps_per_epoch = len(train_loader) // cfg.grad_accumulation
     total_steps = min(cfg.epochs * steps_per_epoch, cfg.max_steps or cfg.epochs * steps_per_epoch)
     warmup = round(cfg.warmup_epochs * steps_per_epoch) if cfg.warmup_epochs else cfg.warmup_steps
@@ -190,38 +204,83 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
     scaler = policy.grad_scaler()  # enabled only for fp16; otherwise its calls pass straight through
     noise_scale = NoiseScaleEstimator(decay=0.9)
 
-    step, resumed_from = _resume_or_start_afresh(cfg, env, plan, model, optimizer, scheduler, scaler,
-                                                 noise_scale, identity)
+    step, resumed_from = _resume_or_start_afresh(
+        cfg, env, plan, model, optimizer, scheduler, scaler, noise_scale, identity
+    )
     if plan.data_parallel == "horovod":  # Horovod's idiom: every rank starts from rank 0's state
         horovod_backend.broadcast_initial_state(model, optimizer, resumed=resumed_from is not None)
     if env.is_main:
         cfg.save(cfg.resolved_run_dir / "config.yaml")
     names = target_names(data_root, dataset.num_targets)
-    logger = MetricsLogger(cfg.sections.logging, cfg.resolved_run_dir, cfg.name, cfg.to_dict(),
-                           resume_step=step if resumed_from else None, is_main=env.is_main,
-                           val_columns=["mse", "r2", *(f"r2_{n}" for n in names)])
+    logger = MetricsLogger(
+        cfg.sections.logging,
+        cfg.resolved_run_dir,
+        cfg.name,
+        cfg.to_dict(),
+        resume_step=step if resumed_from else None,
+        is_main=env.is_main,
+        val_columns=["mse", "r2", *(f"r2_{n}" for n in names)],
+    )
     layer_names = {p: n for n, p in model.named_parameters()}
-    step_log = StepLog(logger, [layer_names[p] for g in optimizer.param_groups for p in g["params"]]
-                       if hasattr(optimizer, "trust_ratios") else [])
-    run = Run(cfg=cfg, env=env, plan=plan, device=device, model=model, step_model=step_model, loss_fn=loss_fn,
-              optimizer=optimizer, grad_sync=grad_sync, scheduler=scheduler, scaler=scaler, policy=policy,
-              train_loader=train_loader, val_loader=val_loader, data_root=data_root, data_identity=identity,
-              names=names,
-              steps_per_epoch=steps_per_epoch, total_steps=total_steps, peak_lr=peak_lr, flops=flops,
-              noise_scale=noise_scale, logger=logger, step_log=step_log, threads=threads, step=step, first_step=step,
-              resumed_from=resumed_from, graph_skips=cuda_graph_skips() if cfg.cuda_graphs else 0,
-              noise_probe=(NoiseScaleProbe(cfg.noise_scale_every, noise_scale, logger.log_noise_scale)
-                           if cfg.noise_scale_every else None))
+    step_log = StepLog(
+        logger,
+        [layer_names[p] for g in optimizer.param_groups for p in g["params"]]
+        if hasattr(optimizer, "trust_ratios")
+        else [],
+    )
+    run = Run(
+        cfg=cfg,
+        env=env,
+        plan=plan,
+        device=device,
+        model=model,
+        step_model=step_model,
+        loss_fn=loss_fn,
+        optimizer=optimizer,
+        grad_sync=grad_sync,
+        scheduler=scheduler,
+        scaler=scaler,
+        policy=policy,
+        train_loader=train_loader,
+        val_loader=val_loader,
+        data_root=data_root,
+        data_identity=identity,
+        names=names,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+        peak_lr=peak_lr,
+        flops=flops,
+        noise_scale=noise_scale,
+        logger=logger,
+        step_log=step_log,
+        threads=threads,
+        step=step,
+        first_step=step,
+        resumed_from=resumed_from,
+        graph_skips=cuda_graph_skips() if cfg.cuda_graphs else 0,
+        noise_probe=(
+            NoiseScaleProbe(cfg.noise_scale_every, noise_scale, logger.log_noise_scale)
+            if cfg.noise_scale_every
+            else None
+        ),
+    )
     run.applied = applied_settings(run)
     if env.is_main:
         print(_start_line(run), flush=True)
     return run
 
 
-def _resume_or_start_afresh(cfg: TrainConfig, env: DistEnv, plan: ParallelPlan,
-                            model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                            scaler: torch.amp.GradScaler, noise_scale: NoiseScaleEstimator,
-                            identity: str | None = None) -> tuple[int, Path | None]:
+def _resume_or_start_afresh(
+    cfg: TrainConfig,
+    env: DistEnv,
+    plan: ParallelPlan,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: torch.amp.GradScaler,
+    noise_scale: NoiseScaleEstimator,
+    identity: str | None = None,
+) -> tuple[int, Path | None]:
     """Load the newest checkpoint (``resume=true``) or clear an earlier run's; every rank waits for both.
 
     Returns (the step to continue from, the checkpoint's path or None). A resume never removes
@@ -232,16 +291,22 @@ def _resume_or_start_afresh(cfg: TrainConfig, env: DistEnv, plan: ParallelPlan,
     step, resumed_from = 0, None
     if cfg.resume:
         changes: list[str] = []
-        found = load_latest_checkpoint(cfg.resolved_run_dir, model, optimizer,
-                                       check=lambda saved, path: changes.extend(check_resume(saved, cfg, path, identity)))
+        found = load_latest_checkpoint(
+            cfg.resolved_run_dir,
+            model,
+            optimizer,
+            check=lambda saved, path: changes.extend(check_resume(saved, cfg, path, identity)),
+        )
         if changes and env.is_main:
             print(f"dlscale: resuming with changed settings: {'; '.join(changes)}", flush=True)
         if found:
             resumed_from, ckpt = found
             if plan.sharded and "model" in ckpt:
-                raise CheckpointError(f"{resumed_from} was written by a run whose ranks each held the whole "
-                                      f"model; resume it without FSDP/tensor parallelism, or start afresh with "
-                                      f"resume=false")
+                raise CheckpointError(
+                    f"{resumed_from} was written by a run whose ranks each held the whole "
+                    f"model; resume it without FSDP/tensor parallelism, or start afresh with "
+                    f"resume=false"
+                )
             step = restore_training(ckpt, model, optimizer, scheduler, scaler, noise_scale)
             del ckpt
     elif env.is_main:
@@ -259,8 +324,11 @@ def _clear_earlier_run(run_dir: Path) -> None:
     earlier = list_checkpoints(run_dir)
     removed = clear_checkpoints(run_dir)
     if earlier:
-        print(f"dlscale: starting afresh in {run_dir}: removed the earlier run's {len(earlier)} checkpoint(s), "
-              f"the newest of step {step_of(earlier[-1])} (to continue a run, pass resume=true)", flush=True)
+        print(
+            f"dlscale: starting afresh in {run_dir}: removed the earlier run's {len(earlier)} checkpoint(s), "
+            f"the newest of step {step_of(earlier[-1])} (to continue a run, pass resume=true)",
+            flush=True,
+        )
     elif removed:
         print(f"dlscale: starting afresh in {run_dir}: removed {removed} half-written checkpoint(s)", flush=True)
 
@@ -270,19 +338,31 @@ def applied_settings(run: Run) -> dict[str, Any]:
     optimizer, loader, plan = run.optimizer, run.train_loader, run.plan
     horovod = plan.data_parallel == "horovod"
     return {
-        "device": str(run.device), "precision": run.policy.name, "grad_scaler": run.scaler.is_enabled(),
+        "device": str(run.device),
+        "precision": run.policy.name,
+        "grad_scaler": run.scaler.is_enabled(),
         "channels_last": is_channels_last(run.model),
         "cudnn_benchmark": run.device.type == "cuda" and torch.backends.cudnn.benchmark,
-        "compiled": run.cfg.compile, "cuda_graphs": False,  # known after the first steps (the loop's finish)
-        "world_size": run.env.world_size, "launcher": run.env.launcher, "backend": run.env.backend,
-        "ddp": isinstance(uncompiled(run.step_model), nn.parallel.DistributedDataParallel), "horovod": horovod,
-        "fsdp": plan.data_parallel == "fsdp", "tensor_parallel": plan.tensor_parallel,
-        "data_parallel_ranks": plan.data_ranks, "model": run.cfg.model,
+        "compiled": run.cfg.compile,
+        "cuda_graphs": False,  # known after the first steps (the loop's finish)
+        "world_size": run.env.world_size,
+        "launcher": run.env.launcher,
+        "backend": run.env.backend,
+        "ddp": isinstance(uncompiled(run.step_model), nn.parallel.DistributedDataParallel),
+        "horovod": horovod,
+        "fsdp": plan.data_parallel == "fsdp",
+        "tensor_parallel": plan.tensor_parallel,
+        "data_parallel_ranks": plan.data_ranks,
+        "model": run.cfg.model,
         "activation_checkpointing": run.cfg.activation_checkpointing and run.cfg.model == "vit",
         "horovod_fp16_compression": horovod and run.cfg.horovod_fp16_compression,
-        "optimizer": type(optimizer).__name__, "optimizer_foreach": bool(optimizer.defaults.get("foreach")),
-        "optimizer_fused": bool(optimizer.defaults.get("fused")), "num_workers": loader.num_workers,
-        "pin_memory": loader.pin_memory, "data_dir": str(run.data_root), "nvtx": nvtx_backend(),
+        "optimizer": type(optimizer).__name__,
+        "optimizer_foreach": bool(optimizer.defaults.get("foreach")),
+        "optimizer_fused": bool(optimizer.defaults.get("fused")),
+        "num_workers": loader.num_workers,
+        "pin_memory": loader.pin_memory,
+        "data_dir": str(run.data_root),
+        "nvtx": nvtx_backend(),
     }
 
 
@@ -290,7 +370,9 @@ def _start_line(run: Run) -> str:
     cfg, plan, dataset = run.cfg, run.plan, run.train_loader.dataset
     where = f"resuming from {run.resumed_from.name} at step {run.step}" if run.resumed_from else "starting afresh"
     split = f" ({plan.describe()})" if plan.sharded else ""
-    return (f"dlscale: {cfg.name} on {run.env.describe()}{split}, {count_parameters(run.model):,} parameters, "
-            f"{len(dataset):,} maps {tuple(dataset.input_shape)} from {run.data_root}, {run.total_steps} steps of "
-            f"batch {cfg.global_batch_size}, {cfg.optimizer} at peak lr {run.peak_lr:.3g}, {run.policy.name}"
-            f"{', compiled' if cfg.compile else ''}; {where}; writing to {run.run_dir}")
+    return (
+        f"dlscale: {cfg.name} on {run.env.describe()}{split}, {count_parameters(run.model):,} parameters, "
+        f"{len(dataset):,} maps {tuple(dataset.input_shape)} from {run.data_root}, {run.total_steps} steps of "
+        f"batch {cfg.global_batch_size}, {cfg.optimizer} at peak lr {run.peak_lr:.3g}, {run.policy.name}"
+        f"{', compiled' if cfg.compile else ''}; {where}; writing to {run.run_dir}"
+    )

@@ -36,8 +36,12 @@ BROWSER_LESSONS = {
     "01_single_device_baseline.ipynb": (r"def train_step\(run: Run, batches: Iterator\)", False, True),
     "03_mixed_precision.ipynb": (None, False, False),  # (ends with our stage, to compare: it defines main)
     # (the last cell runs a rank that skips a collective: plainly both time out, with the debug level both name it)
-    "05_data_parallel.ipynb": (r"with TORCH_DISTRIBUTED_DEBUG=DETAIL:\nrank 0 after [\d.]+ s: Detected mismatch between "
-                               r"collectives on ranks", False, True),
+    "05_data_parallel.ipynb": (
+        r"with TORCH_DISTRIBUTED_DEBUG=DETAIL:\nrank 0 after [\d.]+ s: Detected mismatch between "
+        r"collectives on ranks",
+        False,
+        True,
+    ),
     "10_sharded_and_model_parallel.ipynb": (r"4 ranks, [\d,]+ parameters: each rank sends per step DDP", False, True),
     "11_how_many_nodes.ipynb": (r"nodes: \d+ \(\d+ rank\(s\) per node|nothing to request", False, True),
     "12_search_not_just_scale.ipynb": (r"re-run of trial \d+: R² (-?[\d.]+) \(the study's: \1\)", False, True),
@@ -49,16 +53,22 @@ def kernel_dir(tmp_path_factory):
     """`make kernel` into a fresh Jupyter data folder, as an attendee on a JupyterHub runs it."""
     data = tmp_path_factory.mktemp("jupyter-data")
     env = {**os.environ, "JUPYTER_DATA_DIR": str(data)}
-    done = subprocess.run(["make", "-C", str(ROOT), "kernel", f"VENV={sys.prefix}"], capture_output=True, text=True,
-                          env=env, timeout=600)
+    done = subprocess.run(
+        ["make", "-C", str(ROOT), "kernel", f"VENV={sys.prefix}"], capture_output=True, text=True, env=env, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return data
 
 
 def test_make_kernel_installs_the_kernel_the_readme_names(kernel_dir):
     env = {**os.environ, "JUPYTER_DATA_DIR": str(kernel_dir)}
-    listed = subprocess.run([sys.executable, "-m", "jupyter", "kernelspec", "list", "--json"], capture_output=True,
-                            text=True, env=env, timeout=120)
+    listed = subprocess.run(
+        [sys.executable, "-m", "jupyter", "kernelspec", "list", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert listed.returncode == 0, listed.stderr[-2000:]
     spec = json.loads(listed.stdout)["kernelspecs"][KERNEL]
     assert Path(spec["resource_dir"]).parent.parent == kernel_dir  # installed where Jupyter looks for the user
@@ -79,8 +89,15 @@ def lab(kernel_dir, tmp_path_factory):
     lab.close()
 
 
-def _prepare(lab: Lab, name: str, parameters: dict, extra_cells: tuple[str, ...] = (), as_name: str | None = None,
-             mark: str | None = None, notebook: nbformat.NotebookNode | None = None) -> str:
+def _prepare(
+    lab: Lab,
+    name: str,
+    parameters: dict,
+    extra_cells: tuple[str, ...] = (),
+    as_name: str | None = None,
+    mark: str | None = None,
+    notebook: nbformat.NotebookNode | None = None,
+) -> str:
     """The lesson with its parameters injected (its stage marked, with ``mark``), in the lab's folder; it keeps the
     kernel it was committed with."""
     if notebook is None:
@@ -101,8 +118,9 @@ def test_the_lessons_run_here_are_the_ones_the_headless_tests_leave_to_the_brows
 def test_a_lesson_runs_all_in_the_browser(lab, name, tmp_path):
     last_output, figure_last, bar_expected = BROWSER_LESSONS[name]
     marked = name in MEASURED_ON_THE_STAGE
-    page = lab.run_all(_prepare(lab, name, LESSONS[name], mark=STAGE_MARK if marked else None), KERNEL,
-                       tmp_path / f"{name}.png")
+    page = lab.run_all(
+        _prepare(lab, name, LESSONS[name], mark=STAGE_MARK if marked else None), KERNEL, tmp_path / f"{name}.png"
+    )
     assert page.kernel_label.startswith("dlscale (")  # the kernel the README names, shown to the attendee
     assert problems(page, last_output, figure_last, bar_expected) == []
     if marked:
@@ -123,12 +141,21 @@ def _assert_lesson_12_searched(folder: Path, parameters: dict) -> None:
     from dlscale.hpo import open_study
 
     finished = (TrialState.COMPLETE, TrialState.PRUNED)
-    for way, sampler, pruner in (("grid", "grid", "none"), ("random", "random", "none"), ("tpe", "tpe", "none"),
-                                 ("tpe-hyperband", "tpe", "hyperband")):
+    for way, sampler, pruner in (
+        ("grid", "grid", "none"),
+        ("random", "random", "none"),
+        ("tpe", "tpe", "none"),
+        ("tpe-hyperband", "tpe", "hyperband"),
+    ):
         for seed in parameters["seeds"]:
             study, settings = open_study(folder / f"{way}-seed{seed}")
             assert sum(t.state in finished for t in study.trials) >= parameters["trials"], (way, seed)
-            assert (settings.sampler, settings.pruner, settings.seed, settings.grid_points) == (sampler, pruner, seed, 3)
+            assert (settings.sampler, settings.pruner, settings.seed, settings.grid_points) == (
+                sampler,
+                pruner,
+                seed,
+                3,
+            )
     study, _ = open_study(folder / "tpe-hyperband-seed0")
     [dead] = [t for t in study.trials if t.state == TrialState.FAIL]
     [retry] = [t for t in study.trials if t.system_attrs.get("failed_trial") == dead.number]
@@ -174,13 +201,19 @@ def test_lesson_05_with_its_stage_left_empty_runs_to_the_end_on_ours(lab, tmp_pa
     runs to its end, and every measurement says it ran our stage."""
     name = "05_data_parallel.ipynb"
     notebook = with_parameters(ROOT / "notebooks" / name, LESSONS[name])
-    stage = next(i for i, cell in enumerate(notebook.cells) if "recipe" in cell.metadata and "attendee" in
-                 cell.metadata.get("tags", []))
+    stage = next(
+        i
+        for i, cell in enumerate(notebook.cells)
+        if "recipe" in cell.metadata and "attendee" in cell.metadata.get("tags", [])
+    )
     notebook.cells[stage].source = stage_source_with_gaps(notebook.cells[stage])
-    assert "raise NotImplementedError(\"TODO 05." in notebook.cells[stage].source
-    notebook.cells.insert(stage + 1, nbformat.v4.new_code_cell('from dlscale.lab import use_ours\n\nmy_stage = use_ours("05")'))
-    page = lab.run_all(_prepare(lab, name, {}, as_name="05_ours.ipynb", notebook=notebook), KERNEL,
-                       tmp_path / "05_ours.png")
+    assert 'raise NotImplementedError("TODO 05.' in notebook.cells[stage].source
+    notebook.cells.insert(
+        stage + 1, nbformat.v4.new_code_cell('from dlscale.lab import use_ours\n\nmy_stage = use_ours("05")')
+    )
+    page = lab.run_all(
+        _prepare(lab, name, {}, as_name="05_ours.ipynb", notebook=notebook), KERNEL, tmp_path / "05_ours.png"
+    )
     last_output, figure_last, bar_expected = BROWSER_LESSONS[name]
     assert problems(page, last_output, figure_last, bar_expected) == []
     text = "\n".join(o.get("text", "") for cell in page.notebook.cells for o in cell.get("outputs", []))
@@ -189,8 +222,11 @@ def test_lesson_05_with_its_stage_left_empty_runs_to_the_end_on_ours(lab, tmp_pa
 
 
 def test_a_broken_lesson_fails_the_check(lab, tmp_path):
-    page = lab.run_all(_prepare(lab, "00_environment.ipynb", LESSONS["00_environment.ipynb"], BROKEN_CELLS,
-                                as_name="00_broken.ipynb"), KERNEL, tmp_path / "broken.png")
+    page = lab.run_all(
+        _prepare(lab, "00_environment.ipynb", LESSONS["00_environment.ipynb"], BROKEN_CELLS, as_name="00_broken.ipynb"),
+        KERNEL,
+        tmp_path / "broken.png",
+    )
     found = problems(page, "never reached", figure_last=False, bar_expected=False)
     assert any("RuntimeError: deliberately broken" in problem for problem in found), found
     assert any("'Error displaying widget'" in problem for problem in found), found
@@ -209,6 +245,7 @@ def test_a_lessons_deck_opens_on_its_first_slide(lab, tmp_path):
     from selenium.webdriver.common.by import By
 
     from dlscale.lessons.slides import write_slides
+
     decks = write_slides(ROOT / "notebooks", tmp_path)
     assert len(decks) == len(list((ROOT / "notebooks").glob("*.ipynb")))
     lab.driver.get((tmp_path / "05_data_parallel.slides.html").as_uri())

@@ -20,19 +20,42 @@ from ..conftest import SAME_STEPS_FP64
 # -- real processes over gloo ----------------------------------------------------------------------
 
 # float64, so that two ways of computing the same steps agree to rounding on any CPU (conftest).
-SETTINGS = ["tiny", "norm=group", "progress=false", "plot=false", "epochs=2", "checkpoint_every=16",
-            "keep_checkpoints=10", "precision=fp64"]
+SETTINGS = [
+    "tiny",
+    "norm=group",
+    "progress=false",
+    "plot=false",
+    "epochs=2",
+    "checkpoint_every=16",
+    "keep_checkpoints=10",
+    "precision=fp64",
+]
 
 
 def _single(cwd, *extra):
-    return subprocess.run([sys.executable, "-m", "dlscale.train", *SETTINGS, *extra], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "dlscale.train", *SETTINGS, *extra], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 def _torchrun(cwd, *extra, ranks=2):
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
-                           f"--master-port={free_port()}", "-m", "dlscale.train", *SETTINGS, *extra],
-                          cwd=cwd, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={ranks}",
+            f"--master-port={free_port()}",
+            "-m",
+            "dlscale.train",
+            *SETTINGS,
+            *extra,
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _weights(run_dir):
@@ -65,14 +88,29 @@ def test_two_ranks_under_torchrun_equal_one_process_and_only_rank0_writes(in_tmp
 
 
 def _torchrun_popen(cwd, *extra):
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                             f"--master-port={free_port()}", "-m", "dlscale.train", *SETTINGS, *extra],
-                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            f"--master-port={free_port()}",
+            "-m",
+            "dlscale.train",
+            *SETTINGS,
+            *extra,
+        ],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _kill_job(proc):
     """SIGKILL torchrun and its ranks at once, as a node failure would (the ranks run in sessions of their own)."""
     import psutil
+
     tree = [proc.pid, *(child.pid for child in psutil.Process(proc.pid).children(recursive=True))]
     for pid in tree:
         with contextlib.suppress(ProcessLookupError):
@@ -83,6 +121,7 @@ def _kill_job(proc):
 
 def _process_or_none(pid):
     import psutil
+
     try:
         return psutil.Process(pid)
     except psutil.NoSuchProcess:
@@ -123,11 +162,33 @@ def test_a_dead_rank_stops_the_other_with_a_clear_message(in_tmp):
     port = free_port()
     procs = []
     for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, "-m", "dlscale.train", *SETTINGS, "epochs=50",
-                                       "dist_timeout_s=30", "run_dir=runs/dead"], cwd=in_tmp, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "dlscale.train",
+                    *SETTINGS,
+                    "epochs=50",
+                    "dist_timeout_s=30",
+                    "run_dir=runs/dead",
+                ],
+                cwd=in_tmp,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     deadline = time.time() + 120
     while time.time() < deadline and len(read_rows(in_tmp / "runs/dead/metrics.csv")) < 20:
         assert all(p.poll() is None for p in procs), procs[0].stderr.read()
@@ -161,9 +222,21 @@ def test_a_normal_shutdown_waits_for_every_rank_and_a_failed_one_does_not(in_tmp
     # exits (otherwise an occasional SIGABRT at exit); after a failure it must not wait.
     # The test compares the order of two events on one clock, not durations, so load cannot sway it.
     (in_tmp / "leave.py").write_text(LEAVING)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                           f"--master-port={free_port()}", "leave.py", mode], cwd=in_tmp, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            f"--master-port={free_port()}",
+            "leave.py",
+            mode,
+        ],
+        cwd=in_tmp,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     left = float(done.stdout.split("rank 0 left at ")[1].split()[0])
     woke = float(done.stdout.split("rank 1 woke at ")[1].split()[0])
@@ -210,28 +283,44 @@ def test_ranks_wait_for_rank_0s_data_as_long_as_setup_timeout_s_not_dist_timeout
     that took longer to write ended the job. The setup's own wait outlasts it, and names a rank that never came."""
     script = tmp_path / "setup_wait.py"
     script.write_text(SETUP_WAIT)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                           f"--master-port={free_port()}", str(script), mode], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            f"--master-port={free_port()}",
+            str(script),
+            mode,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = sorted(path.read_text() for path in tmp_path.glob("rank*.txt"))
     if mode == "setup":
         assert lines == ["rank 0 passed", "rank 1 passed"], done.stdout + done.stderr[-2000:]
     elif mode == "plain":  # what the data's wait did before: rank 1 gives up after the group's 1 s
         assert any(line.startswith("rank 1 failed") for line in lines), done.stdout + done.stderr[-2000:]
     else:
-        assert lines[0].startswith("rank 0 failed: DistributedError: rank 0: not every rank finished the data set's "
-                                   "generation (rank 0) within setup_timeout_s=2 s"), lines
+        assert lines[0].startswith(
+            "rank 0 failed: DistributedError: rank 0: not every rank finished the data set's "
+            "generation (rank 0) within setup_timeout_s=2 s"
+        ), lines
         assert "1" in lines[0].split("(", 2)[2]  # gloo's monitored barrier names the rank that did not come
 
 
 def test_bench_allreduce_runs_on_two_local_ranks(in_tmp):
     from ..conftest import run_cli
+
     done = run_cli("bench", "allreduce", "--nproc", "2", "--max-mib", "0.25", "--out", "ar", cwd=in_tmp)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "all-reduce, 2 ranks, gloo" in done.stdout
     for size in ("4 KiB", "16 KiB", "64 KiB", "256 KiB"):
         assert f"| {size} |" in done.stdout
     import json
+
     rows = json.loads((in_tmp / "ar/allreduce.json").read_text())
     assert [r["bytes"] for r in rows] == [4096, 16384, 65536, 262144]
     assert all(r["busbw_gbs"] == pytest.approx(r["algbw_gbs"]) for r in rows)  # two ranks: bus = algorithm bw
@@ -242,15 +331,21 @@ def test_bench_allreduce_runs_on_two_local_ranks(in_tmp):
 @pytest.mark.slow
 def test_weak_and_strong_scaling_runs_report_efficiency(tiny, in_tmp):
     from dlscale.bench.scaling import bench_scaling, format_scaling
+
     rows = bench_scaling(tiny(), procs=(1, 2), steps=12, out_dir="scaling", progress=False)
     assert [(r["mode"], r["processes"], r["global_batch"]) for r in rows] == [
-        ("strong", 1, 32), ("strong", 2, 32), ("weak", 1, 32), ("weak", 2, 64)]
+        ("strong", 1, 32),
+        ("strong", 2, 32),
+        ("weak", 1, 32),
+        ("weak", 2, 64),
+    ]
     for row in rows:
         assert row["samples_per_s"] > 0
         assert row["efficiency"] == pytest.approx(row["speedup"] / row["processes"])
     # An efficiency above 100% cannot come from the single process having had other threads than
     # each rank: every run's own summary reports the same per-process threads, those of the largest run.
     from dlscale.runtime.threads import fair_threads
+
     assert {row["threads_per_process"] for row in rows} == {fair_threads(2)}
     assert (in_tmp / "scaling/scaling.png").is_file()
     assert f"| weak | 2 | {fair_threads(2)} | 64 |" in format_scaling(rows)
@@ -278,6 +373,7 @@ def _as_if_in_a_notebook(source: str, name: str):
 
 def _cmdline(process) -> str:
     import psutil
+
     try:
         return " ".join(process.cmdline())
     except psutil.Error:  # it ended meanwhile
@@ -287,6 +383,7 @@ def _cmdline(process) -> str:
 def engines_alive():
     """This process's engines: its children (other tests, or other suites, may run engines beside)."""
     import psutil
+
     return [p for p in psutil.Process().children(recursive=True) if "ipyparallel.engine" in _cmdline(p)]
 
 
@@ -298,8 +395,9 @@ def test_ipyparallel_engines_run_one_job_and_return_every_rank(in_tmp, monkeypat
 
     probe = _as_if_in_a_notebook(PROBE, "probe")
     stop_engines()  # none kept from an earlier test: this one starts its own
-    results = run_on_engines(train, 2, "tiny", norm="group", epochs=1, progress=False, plot=False,
-                             run_dir=str(in_tmp / "runs/engines"))
+    results = run_on_engines(
+        train, 2, "tiny", norm="group", epochs=1, progress=False, plot=False, run_dir=str(in_tmp / "runs/engines")
+    )
     assert len(results) == 2
     assert [r.applied["launcher"] for r in results] == ["ipyparallel", "ipyparallel"]
     assert all(r.applied["world_size"] == 2 and r.applied["ddp"] for r in results)
@@ -370,10 +468,14 @@ def test_engines_stop_when_their_kernel_is_killed_instead_of_exiting(tmp_path):
     """A kernel killed (a shutdown that outlasts the kernel manager's wait, a restart, a hub culling it) used to
     leave its controller and engines running, orphaned, each in a process session of its own."""
     from dlscale.jobs.engine_watchdog import _running
-    kernel_code = ("import os, sys\nfrom dlscale.jobs.notebook_engines import run_on_engines\n"
-                   "print(*run_on_engines(os.getpid, 2), flush=True)\nsys.stdin.read()\n")
-    kernel = subprocess.Popen([sys.executable, "-c", kernel_code], cwd=tmp_path, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+
+    kernel_code = (
+        "import os, sys\nfrom dlscale.jobs.notebook_engines import run_on_engines\n"
+        "print(*run_on_engines(os.getpid, 2), flush=True)\nsys.stdin.read()\n"
+    )
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", kernel_code], cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     engines = [int(pid) for pid in kernel.stdout.readline().split()]
     assert len(engines) == 2 and all(_running(pid) for pid in engines)
     kernel.kill()
@@ -391,8 +493,23 @@ def test_two_ranks_under_intel_mpi_equal_one_process(in_tmp):
     env.update(PATH=f"{bin_dir}:{env.get('PATH', '')}", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
     one = _single(in_tmp, "run_dir=runs/one")
     assert one.returncode == 0, one.stderr
-    two = subprocess.run([os.path.join(bin_dir, "mpirun"), "-n", "2", sys.executable, "-m", "dlscale.train", *SETTINGS,
-                          "run_dir=runs/mpi"], cwd=in_tmp, env=env, capture_output=True, text=True, timeout=300)
+    two = subprocess.run(
+        [
+            os.path.join(bin_dir, "mpirun"),
+            "-n",
+            "2",
+            sys.executable,
+            "-m",
+            "dlscale.train",
+            *SETTINGS,
+            "run_dir=runs/mpi",
+        ],
+        cwd=in_tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert two.returncode == 0, (two.stdout[-2000:], two.stderr[-2000:])
     assert "via mpi, gloo" in two.stdout
     _assert_same_weights(in_tmp / "runs/one", in_tmp / "runs/mpi")
@@ -409,4 +526,5 @@ def test_gradient_accumulation_takes_the_same_steps(in_tmp):
         _assert_same_weights(in_tmp / "runs/one", in_tmp / "runs" / run)
     assert [r["step"] for r in read_rows(in_tmp / "runs/acc/metrics.csv")] == list(range(1, 41))
     assert read_rows(in_tmp / "runs/acc/metrics.csv")[0]["loss"] == pytest.approx(
-        read_rows(in_tmp / "runs/one/metrics.csv")[0]["loss"], rel=1e-6)  # the logged loss is the whole batch's
+        read_rows(in_tmp / "runs/one/metrics.csv")[0]["loss"], rel=1e-6
+    )  # the logged loss is the whole batch's

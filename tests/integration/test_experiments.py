@@ -46,12 +46,14 @@ def test_bench_optim_prints_ratios_side_by_side(in_tmp):
     assert done.returncode == 0, done.stderr
     for name in ("AdamW (foreach)", "SGD (foreach)", "LAMB (dlscale)", "LARS (dlscale)", "LAMB (timm)", "LARS (timm)"):
         assert f"| {name} |" in done.stdout, name
-    assert re.search(r"lesson: LAMB \(dlscale\) = [\d.]+x AdamW \(foreach\), [\d.]+x (faster|slower) than LAMB \(timm\)",
-                     done.stdout)  # (which of the two is a measurement, not something a test can promise)
+    assert re.search(
+        r"lesson: LAMB \(dlscale\) = [\d.]+x AdamW \(foreach\), [\d.]+x (faster|slower) than LAMB \(timm\)", done.stdout
+    )  # (which of the two is a measurement, not something a test can promise)
 
 
 def test_a_recipe_that_diverges_is_a_row_of_the_table_not_a_failed_sweep(in_tmp):
     from dlscale.bench.large_batch import SweepSize
+
     size = SweepSize(base_config="tiny", base_batch=32, multiples=(2,), epochs=1, sgd_lr=1e9)
     rows = large_batch_sweep("sweep", size=size, recipes=["linear"], progress=False)
     diverged = next(r for r in rows if r["recipe"] == "linear")
@@ -61,7 +63,9 @@ def test_a_recipe_that_diverges_is_a_row_of_the_table_not_a_failed_sweep(in_tmp)
 
 
 def test_bench_parity_times_a_stage_against_its_engine_twin_on_the_same_steps(in_tmp):
-    done = run_cli("bench", "parity", "--stages", "01", "--rounds", "1", "--epochs", "1", "--config", "tiny", cwd=in_tmp)
+    done = run_cli(
+        "bench", "parity", "--stages", "01", "--rounds", "1", "--epochs", "1", "--config", "tiny", cwd=in_tmp
+    )
     assert done.returncode == 0, done.stderr
     row = re.search(r"\| 01_baseline \| ([\d.]+) .*\| ([\d.]+) .*\| ([\d.]+)× .*\| (\S+) \|", done.stdout)
     assert row and float(row[4]) == 0.0, done.stdout  # the same losses, step for step

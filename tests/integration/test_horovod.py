@@ -25,16 +25,34 @@ SETTINGS = ["tiny", "norm=group", "progress=false", "plot=false", "precision=fp6
 
 
 def _single(cwd, *extra):
-    return subprocess.run([sys.executable, "-m", "dlscale.train", *SETTINGS, *extra], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "dlscale.train", *SETTINGS, *extra], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 def _horovodrun(cwd, *extra, ranks=2):
     bin_dir = os.path.dirname(sys.executable)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([os.path.join(bin_dir, "horovodrun"), "-np", str(ranks), "--gloo", "-H", f"localhost:{ranks}",
-                           sys.executable, "-m", "dlscale.train", *SETTINGS, *extra],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [
+            os.path.join(bin_dir, "horovodrun"),
+            "-np",
+            str(ranks),
+            "--gloo",
+            "-H",
+            f"localhost:{ranks}",
+            sys.executable,
+            "-m",
+            "dlscale.train",
+            *SETTINGS,
+            *extra,
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _why(proc):
@@ -55,35 +73,51 @@ def _max_difference(a, b):
     return max(float((one[k] - two[k]).abs().max()) for k in one)
 
 
-@pytest.mark.parametrize("cuda, nvcc, expected", [
-    ("12.4", True, "gloo and NCCL (HOROVOD_GPU_OPERATIONS=NCCL)"),  # a GPU node with the CUDA toolkit
-    ("12.4", False, "gloo, CPU tensors only"),                      # PyPI's CUDA torch on a laptop without nvcc
-    ("none", True, "gloo, CPU tensors only"),                       # a CPU-only torch
-])
+@pytest.mark.parametrize(
+    "cuda, nvcc, expected",
+    [
+        ("12.4", True, "gloo and NCCL (HOROVOD_GPU_OPERATIONS=NCCL)"),  # a GPU node with the CUDA toolkit
+        ("12.4", False, "gloo, CPU tensors only"),  # PyPI's CUDA torch on a laptop without nvcc
+        ("none", True, "gloo, CPU tensors only"),  # a CPU-only torch
+    ],
+)
 def test_horovod_is_built_with_nccl_where_torch_and_the_toolkit_have_cuda(cuda, nvcc, expected, tmp_path):
     """Built gloo-only, Horovod crashed at a GPU tensor's first all-reduce (horovod/horovod#2478)."""
     fake = tmp_path / "bin"
     fake.mkdir()
     python = fake / "python"  # answers the script's questions about torch and its NCCL, as a CUDA or CPU build would
-    python.write_text(f'#!/bin/sh\ncase "$*" in *nvidia.nccl*) echo /wheels/nvidia/nccl ;;\n'
-                      f'*) echo "2.13.0+{"cu124" if cuda != "none" else "cpu"} {cuda}" ;; esac\n')
+    python.write_text(
+        f'#!/bin/sh\ncase "$*" in *nvidia.nccl*) echo /wheels/nvidia/nccl ;;\n'
+        f'*) echo "2.13.0+{"cu124" if cuda != "none" else "cpu"} {cuda}" ;; esac\n'
+    )
     tools = [python] + ([fake / "nvcc"] if nvcc else [])
     for tool in tools:
         tool.write_text(tool.read_text() if tool.exists() else "#!/bin/sh\n")
         tool.chmod(0o755)
-    done = subprocess.run(["bash", "scripts/build_horovod.sh", str(python)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "BUILD_HOROVOD_PLAN": "1",
-                                                      "PATH": f"{fake}:/usr/bin:/bin"})
+    done = subprocess.run(
+        ["bash", "scripts/build_horovod.sh", str(python)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "BUILD_HOROVOD_PLAN": "1", "PATH": f"{fake}:/usr/bin:/bin"},
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith(expected), done.stdout
     # PyPI's torch brings NCCL in the nvidia-nccl wheel: linked from there, shared, for A100 and H100 (issue 59)
     assert ("NCCL from /wheels/nvidia/nccl (linked shared), CUDA architectures 80,90" in done.stdout) == (
-        "NCCL" in expected)
+        "NCCL" in expected
+    )
 
 
 def test_horovodrun_variables_are_detected_and_pick_horovod():
-    environ = {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2",
-               "HOROVOD_GLOO_RENDEZVOUS_ADDR": "nid000007"}
+    environ = {
+        "HOROVOD_RANK": "1",
+        "HOROVOD_SIZE": "4",
+        "HOROVOD_LOCAL_RANK": "1",
+        "HOROVOD_LOCAL_SIZE": "2",
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": "nid000007",
+    }
     assert detect(environ) == DistEnv(1, 1, 4, 2, "horovodrun", "nid000007", 29500)
     assert resolve_data_parallel("auto", "horovodrun") == "horovod"
     assert resolve_data_parallel("auto", "torchrun") == "ddp"
@@ -158,6 +192,7 @@ def test_a_two_rank_horovod_run_resumes_exactly(in_tmp):
 
 def test_noise_scale_is_refused_under_horovod():
     from dlscale.config import ConfigError, load_config
+
     with pytest.raises(ConfigError, match="Horovod"):
         load_config("tiny", {"noise_scale_every": 5, "data_parallel": "horovod"})
 
@@ -165,8 +200,20 @@ def test_noise_scale_is_refused_under_horovod():
 @needs_horovod
 def test_bench_allreduce_times_horovod_on_two_local_ranks(in_tmp):
     from ..conftest import run_cli
-    done = run_cli("bench", "allreduce", "--nproc", "2", "--horovod", "--max-mib", "0.0625", "--out", "ar",
-                   cwd=in_tmp, env={"PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"})
+
+    done = run_cli(
+        "bench",
+        "allreduce",
+        "--nproc",
+        "2",
+        "--horovod",
+        "--max-mib",
+        "0.0625",
+        "--out",
+        "ar",
+        cwd=in_tmp,
+        env={"PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"},
+    )
     assert done.returncode == 0, _why(done)
     assert "all-reduce, 2 ranks, horovod (gloo)" in done.stdout
     rows = json.loads((in_tmp / "ar/allreduce.json").read_text())
@@ -183,13 +230,15 @@ def test_the_horovod_exercise_check_rejects_a_loop_without_broadcast_or_sharding
         import torch
 
         from dlscale.lessons.checks import regression_problem
+
         hvd.init()
         x, y = regression_problem()
-        x, y = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
+        x, y = x[hvd.rank() :: hvd.size()], y[hvd.rank() :: hvd.size()]
         torch.manual_seed(hvd.rank())
         model = torch.nn.Linear(8, 1)
-        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
-                                             named_parameters=model.named_parameters())
+        optimizer = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), named_parameters=model.named_parameters()
+        )
         for _ in range(steps):
             optimizer.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()
@@ -200,6 +249,7 @@ def test_the_horovod_exercise_check_rejects_a_loop_without_broadcast_or_sharding
         import horovod.torch as hvd
 
         from dlscale.lessons.checks import _one_process_loop, regression_problem
+
         hvd.init()
         return {"samples": len(regression_problem()[0]), "weight": _one_process_loop(steps, lr).weight.detach()}
 
@@ -231,12 +281,21 @@ def test_the_horovod_stage_started_by_srun_stops_with_one_line_instead_of_traini
     environ = {**os.environ, "SLURM_NTASKS": "2", "SLURM_PROCID": "0", "PYTHONPATH": str(ROOT / "recipes")}
     for name in ("HOROVOD_SIZE", "HOROVOD_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
         environ.pop(name, None)
-    tasks = [subprocess.Popen([sys.executable, str(ROOT / "recipes/06_horovod.py"), "--epochs", "1", "--device",
-                               "cpu", "--workers", "0"], cwd=tmp_path, env={**environ, "SLURM_PROCID": str(task)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for task in range(2)]
+    tasks = [
+        subprocess.Popen(
+            [sys.executable, str(ROOT / "recipes/06_horovod.py"), "--epochs", "1", "--device", "cpu", "--workers", "0"],
+            cwd=tmp_path,
+            env={**environ, "SLURM_PROCID": str(task)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for task in range(2)
+    ]
     for task in tasks:
         _, err = task.communicate(timeout=120)
         assert task.returncode == 1 and err.strip().splitlines()[-1] == (
             "Horovod sees 1 rank(s), but the launcher started 2 tasks: this Horovod cannot join tasks it did not "
-            "start. Start the job with horovodrun -np 2"), err
+            "start. Start the job with horovodrun -np 2"
+        ), err
     assert not list(tmp_path.glob("*.pt"))  # refused before any training: no checkpoint written

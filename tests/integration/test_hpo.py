@@ -16,6 +16,7 @@ optuna = pytest.importorskip("optuna")
 def _heartbeats(study_dir, count):
     """(trial number, worker pid) of ``count`` running trials, once their workers have said they run them."""
     from dlscale.hpo.heartbeat import wait_for_running
+
     return [(number, pid) for number, (_, pid) in sorted(wait_for_running(study_dir, count).items())][:count]
 
 
@@ -66,10 +67,26 @@ def test_a_worker_of_two_ranks_trains_each_trial_data_parallel(in_tmp):
     create_study(_space(), "study", trials=1, pruner="none", ranks_per_node=2)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("DLSCALE_LAUNCHER", None)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}",
-                           "-m", "dlscale",
-                           "hpo", "worker", "--dir", "study", "epochs=1"], env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            f"--master-port={free_port()}",
+            "-m",
+            "dlscale",
+            "hpo",
+            "worker",
+            "--dir",
+            "study",
+            "epochs=1",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     [trial] = open_study("study")[0].trials
     assert trial.state == optuna.trial.TrialState.COMPLETE and trial.user_attrs["ranks"] == 2

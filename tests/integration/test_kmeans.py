@@ -16,6 +16,7 @@ from ..conftest import run_cli
 
 # -- several processes, through the CLI ---------------------------------------------------------
 
+
 def _launcher_env():
     bin_dir = os.path.dirname(sys.executable)
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
@@ -30,20 +31,43 @@ def _prepare(tmp_path, n=6000, k=6):
 
 def _kmeans_args(tmp_path, out, backend, k=6):
     # tol=0: run to strict convergence, because oneDAL's SPMD mode does not stop on its accuracy threshold
-    return ["dlscale", "kmeans", "--input", str(tmp_path / "data.npy"), "--k", str(k), "--init",
-            str(tmp_path / "init.npy"), "--backend", backend, "--device", "cpu", "--out", str(tmp_path / out),
-            "--tol", "0", "--max-iter", "100"]
+    return [
+        "dlscale",
+        "kmeans",
+        "--input",
+        str(tmp_path / "data.npy"),
+        "--k",
+        str(k),
+        "--init",
+        str(tmp_path / "init.npy"),
+        "--backend",
+        backend,
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / out),
+        "--tol",
+        "0",
+        "--max-iter",
+        "100",
+    ]
 
 
 def test_two_gloo_ranks_on_a_split_data_set_equal_one_process(in_tmp):
     from dlscale.jobs.local_ranks import torchrun_command
 
     x = _prepare(in_tmp)
-    single = subprocess.run([sys.executable, "-m", *_kmeans_args(in_tmp, "one", "torch")], capture_output=True,
-                            text=True, timeout=300)
+    single = subprocess.run(
+        [sys.executable, "-m", *_kmeans_args(in_tmp, "one", "torch")], capture_output=True, text=True, timeout=300
+    )
     assert single.returncode == 0, single.stderr[-2000:]
-    two = subprocess.run(torchrun_command(2, _kmeans_args(in_tmp, "two", "torch")), capture_output=True, text=True,
-                         timeout=300, env=_launcher_env())
+    two = subprocess.run(
+        torchrun_command(2, _kmeans_args(in_tmp, "two", "torch")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_launcher_env(),
+    )
     assert two.returncode == 0, two.stderr[-2000:]
     one_summary = json.loads((in_tmp / "one/summary.json").read_text())
     two_summary = json.loads((in_tmp / "two/summary.json").read_text())
@@ -71,26 +95,36 @@ def test_two_ranks_with_kmeans_parallel_init_agree_on_the_centres(in_tmp):
 def test_daal4py_under_mpirun_equals_one_process_and_the_torch_backend(in_tmp):
     bin_dir = os.path.dirname(sys.executable)
     _prepare(in_tmp)
-    one = subprocess.run([sys.executable, "-m", *_kmeans_args(in_tmp, "one", "daal4py")], capture_output=True,
-                         text=True, timeout=300)
+    one = subprocess.run(
+        [sys.executable, "-m", *_kmeans_args(in_tmp, "one", "daal4py")], capture_output=True, text=True, timeout=300
+    )
     assert one.returncode == 0, one.stderr[-2000:]
-    two = subprocess.run([os.path.join(bin_dir, "mpirun"), "-n", "2", sys.executable, "-m",
-                          *_kmeans_args(in_tmp, "mpi", "auto")], capture_output=True, text=True, timeout=300,
-                         env=_launcher_env())
+    two = subprocess.run(
+        [os.path.join(bin_dir, "mpirun"), "-n", "2", sys.executable, "-m", *_kmeans_args(in_tmp, "mpi", "auto")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_launcher_env(),
+    )
     assert two.returncode == 0, (two.stdout[-2000:], two.stderr[-2000:])
     summary = json.loads((in_tmp / "mpi/summary.json").read_text())
     assert summary["backend"] == "daal4py" and summary["ranks"] == 2  # auto picks daal4py under MPI
     np.testing.assert_allclose(np.load(in_tmp / "mpi/centers.npy"), np.load(in_tmp / "one/centers.npy"), rtol=1e-9)
-    torch_run = subprocess.run([sys.executable, "-m", *_kmeans_args(in_tmp, "torch", "torch")], capture_output=True,
-                               text=True, timeout=300)
+    torch_run = subprocess.run(
+        [sys.executable, "-m", *_kmeans_args(in_tmp, "torch", "torch")], capture_output=True, text=True, timeout=300
+    )
     assert torch_run.returncode == 0
-    np.testing.assert_allclose(np.sort(np.load(in_tmp / "mpi/centers.npy"), axis=0),
-                               np.sort(np.load(in_tmp / "torch/centers.npy"), axis=0), rtol=1e-5)
+    np.testing.assert_allclose(
+        np.sort(np.load(in_tmp / "mpi/centers.npy"), axis=0),
+        np.sort(np.load(in_tmp / "torch/centers.npy"), axis=0),
+        rtol=1e-5,
+    )
 
 
 def test_cli_quantizes_the_sample_image(in_tmp):
-    done = run_cli("kmeans", "--image", "sample", "--k", "8", "--backend", "torch", "--device", "cpu",
-                   "--out", "quant", cwd=in_tmp)
+    done = run_cli(
+        "kmeans", "--image", "sample", "--k", "8", "--backend", "torch", "--device", "cpu", "--out", "quant", cwd=in_tmp
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     from matplotlib import image as mpimg
 
@@ -105,8 +139,20 @@ def test_cli_quantizes_the_sample_image(in_tmp):
 def test_cli_reads_one_npy_file_per_rank_and_reports_missing_files(in_tmp):
     x = _prepare(in_tmp)
     np.save(in_tmp / "part_0.npy", x)
-    done = run_cli("kmeans", "--input", "part_{rank}.npy", "--k", "6", "--backend", "torch", "--device", "cpu",
-                   "--out", "parts", cwd=in_tmp)
+    done = run_cli(
+        "kmeans",
+        "--input",
+        "part_{rank}.npy",
+        "--k",
+        "6",
+        "--backend",
+        "torch",
+        "--device",
+        "cpu",
+        "--out",
+        "parts",
+        cwd=in_tmp,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert np.load(in_tmp / "parts/labels.npy").shape == (len(x),)
     missing = run_cli("kmeans", "--input", "nothing_{rank}.npy", "--k", "3", cwd=in_tmp)
@@ -120,13 +166,19 @@ def test_the_centre_update_check_rejects_a_mean_of_means_and_two_all_reduces():
 
     def mean_of_means(x_local, labels_local, previous):
         import torch.distributed as dist
-        means = torch.stack([x_local[labels_local == c].mean(0) if (labels_local == c).any() else previous[c]
-                             for c in range(previous.shape[0])]).double()
+
+        means = torch.stack(
+            [
+                x_local[labels_local == c].mean(0) if (labels_local == c).any() else previous[c]
+                for c in range(previous.shape[0])
+            ]
+        ).double()
         dist.all_reduce(means)
         return means / dist.get_world_size()
 
     def two_messages(x_local, labels_local, previous):
         import torch.distributed as dist
+
         k = previous.shape[0]
         sums = torch.zeros(k, x_local.shape[1], dtype=torch.float64).index_add_(0, labels_local, x_local.double())
         counts = torch.bincount(labels_local, minlength=k).double()

@@ -1,4 +1,5 @@
-"""KMeans as a scikit-learn estimator: the tests that launch ranks, engines or runs beside them (tests/unit/test_kmeans_estimator.py
+"""KMeans as a scikit-learn estimator: the tests that launch ranks, engines or runs beside them
+(tests/unit/test_kmeans_estimator.py
 has the rest)."""
 
 import json
@@ -29,8 +30,13 @@ print(json.dumps([{"check": r["check_name"], "status": r["status"], "error": rep
 
 def test_check_estimator_passes_every_check_but_the_declared_ones():
     # A fresh process: SCIPY_ARRAY_API must be set before scipy is imported, or the array-API check is skipped.
-    done = subprocess.run([sys.executable, "-c", CHECKS], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "SCIPY_ARRAY_API": "1"})
+    done = subprocess.run(
+        [sys.executable, "-c", CHECKS],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "SCIPY_ARRAY_API": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
     from dlscale.kmeans.estimator import EXPECTED_FAILED_CHECKS
@@ -44,15 +50,17 @@ def test_check_estimator_passes_every_check_but_the_declared_ones():
 
 
 def test_without_numba_the_cpu_rescores_every_row_and_asking_for_bounds_names_the_extra():
-    code = ("import sys; sys.modules['numba'] = None\n"
-            "import torch\n"
-            "from dlscale.kmeans.lloyd import lloyd\n"
-            "from dlscale.kmeans.errors import KMeansError\n"
-            "x = torch.randn(3000, 4, generator=torch.Generator().manual_seed(0))\n"
-            "fit = lloyd(x, None, x[:5].clone(), 50, 0.0, 512)\n"
-            "print(fit.rows_scored == len(x) * (fit.n_iter + 1) or fit.rows_scored == len(x) * fit.n_iter)\n"
-            "try:\n    lloyd(x, None, x[:5].clone(), 50, 0.0, 512, skip_rows=True)\n"
-            "except KMeansError as err:\n    print(err)\n")
+    code = (
+        "import sys; sys.modules['numba'] = None\n"
+        "import torch\n"
+        "from dlscale.kmeans.lloyd import lloyd\n"
+        "from dlscale.kmeans.errors import KMeansError\n"
+        "x = torch.randn(3000, 4, generator=torch.Generator().manual_seed(0))\n"
+        "fit = lloyd(x, None, x[:5].clone(), 50, 0.0, 512)\n"
+        "print(fit.rows_scored == len(x) * (fit.n_iter + 1) or fit.rows_scored == len(x) * fit.n_iter)\n"
+        "try:\n    lloyd(x, None, x[:5].clone(), 50, 0.0, 512, skip_rows=True)\n"
+        "except KMeansError as err:\n    print(err)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     every_row, message = done.stdout.splitlines()
@@ -68,24 +76,48 @@ def test_two_gloo_ranks_with_weights_equal_one_process(in_tmp):
     np.save(in_tmp / "data.npy", x)
     np.save(in_tmp / "weights.npy", weights)
     np.save(in_tmp / "init.npy", x[:6])
-    args = ["kmeans", "--input", "data.npy", "--sample-weight", "weights.npy", "--k", "6", "--init", "init.npy",
-            "--backend", "torch", "--device", "cpu", "--tol", "0"]
+    args = [
+        "kmeans",
+        "--input",
+        "data.npy",
+        "--sample-weight",
+        "weights.npy",
+        "--k",
+        "6",
+        "--init",
+        "init.npy",
+        "--backend",
+        "torch",
+        "--device",
+        "cpu",
+        "--tol",
+        "0",
+    ]
     one = run_cli(*args, "--out", "one", cwd=in_tmp)
     assert one.returncode == 0, one.stderr[-2000:]
-    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}",
-           "OMP_NUM_THREADS": "1"}
-    two = subprocess.run(torchrun_command(2, ["dlscale", *args, "--out", "two"]), capture_output=True, text=True,
-                         timeout=300, env=env, cwd=in_tmp)
+    env = {
+        **os.environ,
+        "PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}",
+        "OMP_NUM_THREADS": "1",
+    }
+    two = subprocess.run(
+        torchrun_command(2, ["dlscale", *args, "--out", "two"]),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=in_tmp,
+    )
     assert two.returncode == 0, two.stderr[-2000:]
     reference = SklearnKMeans(6, init=x[:6], n_init=1, tol=0).fit(x, sample_weight=weights)
-    np.testing.assert_allclose(np.load(in_tmp / "two/centers.npy"), reference.cluster_centers_, rtol=1e-9,
-                               atol=1e-9)
+    np.testing.assert_allclose(np.load(in_tmp / "two/centers.npy"), reference.cluster_centers_, rtol=1e-9, atol=1e-9)
     labels = np.concatenate([np.load(in_tmp / f"two/labels_rank{r}.npy") for r in range(2)])
     assert np.array_equal(labels, reference.labels_)
     summary = json.loads((in_tmp / "two/summary.json").read_text())
     assert summary["inertia"] == pytest.approx(reference.inertia_, rel=1e-9)
-    wrong = run_cli("kmeans", "--input", "data.npy", "--sample-weight", "init.npy", "--k", "6", "--out", "bad",
-                    cwd=in_tmp)
+    wrong = run_cli(
+        "kmeans", "--input", "data.npy", "--sample-weight", "init.npy", "--k", "6", "--out", "bad", cwd=in_tmp
+    )
     assert wrong.returncode == 2 and "one weight per sample" in wrong.stderr and "Traceback" not in wrong.stderr
 
 
@@ -108,8 +140,9 @@ def test_after_compile_ahead_a_fit_of_any_kind_compiles_nothing():
     """`make setup-dev` compiles the loops once (python -m dlscale.kmeans.compile_ahead): every later process loads
     them from numba's cache, whatever its data (a photo's colours, 128 features weighted, sparse), instead of
     spending ~20 s compiling."""
-    ahead = subprocess.run([sys.executable, "-m", "dlscale.kmeans.compile_ahead"], capture_output=True, text=True,
-                           timeout=600)
+    ahead = subprocess.run(
+        [sys.executable, "-m", "dlscale.kmeans.compile_ahead"], capture_output=True, text=True, timeout=600
+    )
     assert ahead.returncode == 0 and "in numba's cache" in ahead.stdout, ahead.stderr[-2000:]
     done = subprocess.run([sys.executable, "-c", UNLIKE_COMPILE_AHEAD], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -23,44 +23,73 @@ def _needs(name: str) -> None:
     if "horovod" in name and not horovod_backend.available():
         pytest.skip("Horovod is not built (make horovod)")
 
+
 LESSONS = {
     "00_environment.ipynb": {"gallery_size": 3},
-    "01_single_device_baseline.ipynb": {"config": "tiny", "batch_sizes": [16, 64],
-                                        "rounds": 2},
-    "02_data_loading.ipynb": {"config": "tiny", "worker_counts": [0, 1], "loader_batches": 10, "train_steps": 20,
-                              "rounds": 2},
+    "01_single_device_baseline.ipynb": {"config": "tiny", "batch_sizes": [16, 64], "rounds": 2},
+    "02_data_loading.ipynb": {
+        "config": "tiny",
+        "worker_counts": [0, 1],
+        "loader_batches": 10,
+        "train_steps": 20,
+        "rounds": 2,
+    },
     "03_mixed_precision.ipynb": {"epochs": 1},
     "04_profiling.ipynb": {"config": "tiny", "profile_window": [3, 6], "ladder_steps": 8, "ladder_rounds": 2},
     "05_data_parallel.ipynb": {"allreduce_max_kib": 256, "scaling_rounds": 1},
     "06_horovod.ipynb": {"steps": 20, "allreduce_max_kib": 256},
     "08_distributed_kmeans.ipynb": {"colours": [4, 8], "bench_copies": 1, "bench_iters": 3, "bench_rounds": 1},
-    "09_scaling_out.ipynb": {"sizes": [1, 2], "steps": 20, "target_r2": 0.0, "preempt_epochs": 4,
-                             "node_sweep": False},  # (tests/integration/test_slurm.py sweeps the two nodes)
-    "10_sharded_and_model_parallel.ipynb": {"steps": 12, "memory_width": 32, "memory_steps": 7,
-                                            "memory_ranks": 2},
-    "07_large_batch.ipynb": {"sweep_size": "smoke", "sweep_recipes": ["no scaling", "LARS + warmup"],
-                             "sweep_multiples": [8, 32]},
-    "11_how_many_nodes.ipynb": {"steps": 80, "rounds": 2, "allreduce_max_kib": 1024, "sweep_epochs": 1,
-                                "node_breakdown": False, "target_r2": -1.0},
+    "09_scaling_out.ipynb": {
+        "sizes": [1, 2],
+        "steps": 20,
+        "target_r2": 0.0,
+        "preempt_epochs": 4,
+        "node_sweep": False,
+    },  # (tests/integration/test_slurm.py sweeps the two nodes)
+    "10_sharded_and_model_parallel.ipynb": {"steps": 12, "memory_width": 32, "memory_steps": 7, "memory_ranks": 2},
+    "07_large_batch.ipynb": {
+        "sweep_size": "smoke",
+        "sweep_recipes": ["no scaling", "LARS + warmup"],
+        "sweep_multiples": [8, 32],
+    },
+    "11_how_many_nodes.ipynb": {
+        "steps": 80,
+        "rounds": 2,
+        "allreduce_max_kib": 1024,
+        "sweep_epochs": 1,
+        "node_breakdown": False,
+        "target_r2": -1.0,
+    },
     "12_search_not_just_scale.ipynb": {"trials": 4, "epochs": 3, "extra_trials": 2, "seeds": [0, 1]},  # (two: a range)
 }
-SOLUTION_PARAMETERS = {"01_single_device_baseline.ipynb": {"config": "tiny"}, "02_data_loading.ipynb": {},
-                       "03_mixed_precision.ipynb": {}, "04_profiling.ipynb": {}, "05_data_parallel.ipynb": {},
-                       "06_horovod.ipynb": {}, "07_large_batch.ipynb": {},
-                       "08_distributed_kmeans.ipynb": {}, "09_scaling_out.ipynb": {"batches": [32, 128], "epochs": 2},
-                       "10_sharded_and_model_parallel.ipynb": {}, "11_how_many_nodes.ipynb": {},
-                       "12_search_not_just_scale.ipynb": {"budget": 6}}
-EXERCISES = {"01_single_device_baseline.ipynb": {"Exercise 01.1", "Exercise 01.2", "Exercise 01.3"},
-             "02_data_loading.ipynb": {"Exercise 02.1", "Exercise 02.2"},
-             "03_mixed_precision.ipynb": {"Exercise 03.1", "Exercise 03.2"},
-             "04_profiling.ipynb": {"Exercise 04.1", "Exercise 04.2"},
-             "05_data_parallel.ipynb": {"Exercise 05.1", "Exercise 05.2", "Exercise 05.3"},
-             "06_horovod.ipynb": {"Exercise 06.1", "Exercise 06.2"},
-             "07_large_batch.ipynb": {"Exercise 07.1", "Exercise 07.2", "Exercise 07.3"},
-             "08_distributed_kmeans.ipynb": {"Exercise 08.1"}, "09_scaling_out.ipynb": {"Exercise 09.1"},
-             "10_sharded_and_model_parallel.ipynb": {"Exercise 10.1", "Exercise 10.2", "Exercise 10.3"},
-             "11_how_many_nodes.ipynb": {"Exercise 11.1", "Exercise 11.2", "Exercise 11.3"},
-             "12_search_not_just_scale.ipynb": {"Exercise 12.1"}}
+SOLUTION_PARAMETERS = {
+    "01_single_device_baseline.ipynb": {"config": "tiny"},
+    "02_data_loading.ipynb": {},
+    "03_mixed_precision.ipynb": {},
+    "04_profiling.ipynb": {},
+    "05_data_parallel.ipynb": {},
+    "06_horovod.ipynb": {},
+    "07_large_batch.ipynb": {},
+    "08_distributed_kmeans.ipynb": {},
+    "09_scaling_out.ipynb": {"batches": [32, 128], "epochs": 2},
+    "10_sharded_and_model_parallel.ipynb": {},
+    "11_how_many_nodes.ipynb": {},
+    "12_search_not_just_scale.ipynb": {"budget": 6},
+}
+EXERCISES = {
+    "01_single_device_baseline.ipynb": {"Exercise 01.1", "Exercise 01.2", "Exercise 01.3"},
+    "02_data_loading.ipynb": {"Exercise 02.1", "Exercise 02.2"},
+    "03_mixed_precision.ipynb": {"Exercise 03.1", "Exercise 03.2"},
+    "04_profiling.ipynb": {"Exercise 04.1", "Exercise 04.2"},
+    "05_data_parallel.ipynb": {"Exercise 05.1", "Exercise 05.2", "Exercise 05.3"},
+    "06_horovod.ipynb": {"Exercise 06.1", "Exercise 06.2"},
+    "07_large_batch.ipynb": {"Exercise 07.1", "Exercise 07.2", "Exercise 07.3"},
+    "08_distributed_kmeans.ipynb": {"Exercise 08.1"},
+    "09_scaling_out.ipynb": {"Exercise 09.1"},
+    "10_sharded_and_model_parallel.ipynb": {"Exercise 10.1", "Exercise 10.2", "Exercise 10.3"},
+    "11_how_many_nodes.ipynb": {"Exercise 11.1", "Exercise 11.2", "Exercise 11.3"},
+    "12_search_not_just_scale.ipynb": {"Exercise 12.1"},
+}
 
 
 def test_every_lesson_is_covered_and_committed_without_outputs():
@@ -79,16 +108,28 @@ def test_every_lesson_is_covered_and_committed_without_outputs():
 #: the headless run would (no error, every figure drawn, widgets, the lesson's end state), so where the
 #: browser tests can run these are not executed headless a second time (in CI a skipped browser test fails
 #: the run). Where they cannot (no Chromium, e.g. make test without root), they run headless here instead.
-IN_THE_BROWSER = {"00_environment.ipynb", "01_single_device_baseline.ipynb", "03_mixed_precision.ipynb",
-                  "05_data_parallel.ipynb", "10_sharded_and_model_parallel.ipynb", "11_how_many_nodes.ipynb",
-                  "12_search_not_just_scale.ipynb"}
+IN_THE_BROWSER = {
+    "00_environment.ipynb",
+    "01_single_device_baseline.ipynb",
+    "03_mixed_precision.ipynb",
+    "05_data_parallel.ipynb",
+    "10_sharded_and_model_parallel.ipynb",
+    "11_how_many_nodes.ipynb",
+    "12_search_not_just_scale.ipynb",
+}
 HEADLESS = sorted(set(LESSONS) - (set() if browser_missing() else IN_THE_BROWSER))
 
 #: Lessons whose headline measurement runs the attendee's stage: run with a marked stage (here and in the browser),
 #: the mark must be in every run the lesson measured.
-MEASURED_ON_THE_STAGE = {"01_single_device_baseline.ipynb", "02_data_loading.ipynb", "03_mixed_precision.ipynb",
-                         "04_profiling.ipynb", "05_data_parallel.ipynb", "07_large_batch.ipynb",
-                         "10_sharded_and_model_parallel.ipynb"}
+MEASURED_ON_THE_STAGE = {
+    "01_single_device_baseline.ipynb",
+    "02_data_loading.ipynb",
+    "03_mixed_precision.ipynb",
+    "04_profiling.ipynb",
+    "05_data_parallel.ipynb",
+    "07_large_batch.ipynb",
+    "10_sharded_and_model_parallel.ipynb",
+}
 
 
 # A hang guard, not a speed target: lesson 07 takes ~4 min on 2 quiet cores and past 10 on a busy machine.
@@ -137,8 +178,11 @@ def _assert_two_nodes_ran(notebook):
     """Lesson 09's two-node section ran (where the machine allows it): 4 ranks on 2 hosts, 1 and 2 nodes reported."""
     from dlscale.jobs.local_slurm import missing_programs, multi_node_unavailable
 
-    text = "\n".join(o.get("text", "") + o.get("data", {}).get("text/markdown", "")
-                     for cell in notebook.cells for o in cell.get("outputs", []))
+    text = "\n".join(
+        o.get("text", "") + o.get("data", {}).get("text/markdown", "")
+        for cell in notebook.cells
+        for o in cell.get("outputs", [])
+    )
     if missing_programs() or multi_node_unavailable():
         assert "skipped:" in text
         return
@@ -151,77 +195,103 @@ def _assert_two_nodes_ran(notebook):
     # the two-node sweep's report, where the parameters ask for it: nodes and ranks of each size (1 node of 2
     # tasks, 2 nodes of 2); test_slurm.py's two-node sweep covers it otherwise
     if LESSONS["09_scaling_out.ipynb"].get("node_sweep", True):
-        assert re.search(r"\| weak-n1 \| 1 \| 2 \|", text) and re.search(r"\| weak-n2 \| 2 \| 4 \|", text), \
+        assert re.search(r"\| weak-n1 \| 1 \| 2 \|", text) and re.search(r"\| weak-n2 \| 2 \| 4 \|", text), (
             "the report lacks the 1- or the 2-node run"
+        )
 
 
 # -- the exercise contract ----------------------------------------------------------------------
 
 #: Lessons with a cell the attendee completes (tagged attendee), and the exercise whose stub it is.
-ATTENDEE_CELLS = {"01_single_device_baseline.ipynb": "01.1", "02_data_loading.ipynb": "02.1",
-                  "03_mixed_precision.ipynb": "03.2", "04_profiling.ipynb": "04.1", "05_data_parallel.ipynb": "05.3",
-                  "06_horovod.ipynb": "06.1", "07_large_batch.ipynb": "07.3",
-                  "10_sharded_and_model_parallel.ipynb": "10.3"}
+ATTENDEE_CELLS = {
+    "01_single_device_baseline.ipynb": "01.1",
+    "02_data_loading.ipynb": "02.1",
+    "03_mixed_precision.ipynb": "03.2",
+    "04_profiling.ipynb": "04.1",
+    "05_data_parallel.ipynb": "05.3",
+    "06_horovod.ipynb": "06.1",
+    "07_large_batch.ipynb": "07.3",
+    "10_sharded_and_model_parallel.ipynb": "10.3",
+}
 
 #: Lessons in which the attendee writes the stage of the recipe (a cell tagged attendee, its file in the metadata).
-STAGE_CELLS = {"01_single_device_baseline.ipynb": "01_baseline.py", "02_data_loading.ipynb": "02_data_loading.py",
-               "03_mixed_precision.ipynb": "03_mixed_precision.py", "04_profiling.ipynb": "04_compile.py",
-               "05_data_parallel.ipynb": "05_ddp.py", "06_horovod.ipynb": "06_horovod.py",
-               "07_large_batch.ipynb": "07_large_batch.py", "10_sharded_and_model_parallel.ipynb": "10_fsdp_tp.py"}
+STAGE_CELLS = {
+    "01_single_device_baseline.ipynb": "01_baseline.py",
+    "02_data_loading.ipynb": "02_data_loading.py",
+    "03_mixed_precision.ipynb": "03_mixed_precision.py",
+    "04_profiling.ipynb": "04_compile.py",
+    "05_data_parallel.ipynb": "05_ddp.py",
+    "06_horovod.ipynb": "06_horovod.py",
+    "07_large_batch.ipynb": "07_large_batch.py",
+    "10_sharded_and_model_parallel.ipynb": "10_fsdp_tp.py",
+}
 
 
 def test_each_attendee_cell_is_the_stub_of_its_exercise_and_the_tests_fill_it_with_the_answer():
     lessons = {path.name: json.loads(path.read_text()) for path in (ROOT / "notebooks").glob("*.ipynb")}
-    found = {name: cell["metadata"]["exercise"] for name, lesson in lessons.items() for cell in lesson["cells"]
-             if "attendee" in cell["metadata"].get("tags", []) and "exercise" in cell["metadata"]}
+    found = {
+        name: cell["metadata"]["exercise"]
+        for name, lesson in lessons.items()
+        for cell in lesson["cells"]
+        if "attendee" in cell["metadata"].get("tags", []) and "exercise" in cell["metadata"]
+    }
     assert found == ATTENDEE_CELLS
-    stages = {name: cell["metadata"]["recipe"] for name, lesson in lessons.items() for cell in lesson["cells"]
-              if "attendee" in cell["metadata"].get("tags", []) and "recipe" in cell["metadata"]}
+    stages = {
+        name: cell["metadata"]["recipe"]
+        for name, lesson in lessons.items()
+        for cell in lesson["cells"]
+        if "attendee" in cell["metadata"].get("tags", []) and "recipe" in cell["metadata"]
+    }
     assert stages == STAGE_CELLS
     for name, exercise in ATTENDEE_CELLS.items():
         shipped = with_parameters(ROOT / "notebooks" / name, answers=False)
         filled = with_parameters(ROOT / "notebooks" / name)
         [stub, stage] = [c.source for c in shipped.cells if "attendee" in c.metadata.get("tags", [])]
         [answer, whole] = [c.source for c in filled.cells if "attendee" in c.metadata.get("tags", [])]
-        assert f"raise NotImplementedError(\"Exercise {exercise}" in stub and "NotImplementedError" not in answer
+        assert f'raise NotImplementedError("Exercise {exercise}' in stub and "NotImplementedError" not in answer
         # the stage: with its gaps as shipped, whole (the recipe file, less its command line) with the answers
         recipe = (ROOT / "recipes" / STAGE_CELLS[name]).read_text()
-        assert f"raise NotImplementedError(\"TODO {name[:2]}.a: " in stage
+        assert f'raise NotImplementedError("TODO {name[:2]}.a: ' in stage
         assert "NotImplementedError" not in whole and whole.split("fill in each TODO\n", 1)[1] in recipe
 
 
 @pytest.mark.parametrize("name", sorted(ATTENDEE_CELLS))
 def test_a_lesson_as_shipped_stops_at_its_check_naming_the_missing_part(name, tmp_path):
     _needs(name)
-    notebook = execute(ROOT / "notebooks" / name, tmp_path, LESSONS[name], allow_errors=True, answers=False,
-                       to_first_check=True)
+    notebook = execute(
+        ROOT / "notebooks" / name, tmp_path, LESSONS[name], allow_errors=True, answers=False, to_first_check=True
+    )
     [(index, _, message)] = errors(notebook)
     assert "check" in notebook.cells[index].metadata["tags"] and f"Exercise {ATTENDEE_CELLS[name]}:" in message
 
+
 def test_committed_exercises_are_what_the_generator_writes():
-    assert generate(ROOT / "solutions", ROOT / "exercises", check=True, lessons=ROOT / "notebooks") == [], \
+    assert generate(ROOT / "solutions", ROOT / "exercises", check=True, lessons=ROOT / "notebooks") == [], (
         "exercises/ or a lesson's attendee cell is out of date: run `dlscale exercises`"
+    )
 
 
 def test_generator_replaces_fences_keeping_indentation_and_hint():
-    source = ("x = 1\n"
-              "def f():\n"
-              "    # BEGIN SOLUTION Exercise 09.1: return two\n"
-              "    return 2\n"
-              "    # END SOLUTION\n"
-              "y = f()\n")
-    assert strip_solutions(source) == ("x = 1\n"
-                                       "def f():\n"
-                                       "    # TODO Exercise 09.1: return two\n"
-                                       "    raise NotImplementedError(\"Exercise 09.1: return two\")\n"
-                                       "y = f()\n")
+    source = (
+        "x = 1\ndef f():\n    # BEGIN SOLUTION Exercise 09.1: return two\n    return 2\n    # END SOLUTION\ny = f()\n"
+    )
+    assert strip_solutions(source) == (
+        "x = 1\n"
+        "def f():\n"
+        "    # TODO Exercise 09.1: return two\n"
+        '    raise NotImplementedError("Exercise 09.1: return two")\n'
+        "y = f()\n"
+    )
 
 
-@pytest.mark.parametrize("source, pattern", [
-    ("# BEGIN SOLUTION\nx = 1\n", "never closed"),
-    ("x = 1\n# END SOLUTION\n", "END SOLUTION without BEGIN"),
-    ("# BEGIN SOLUTION\n# BEGIN SOLUTION\n# END SOLUTION\n", "inside another fence"),
-])
+@pytest.mark.parametrize(
+    "source, pattern",
+    [
+        ("# BEGIN SOLUTION\nx = 1\n", "never closed"),
+        ("x = 1\n# END SOLUTION\n", "END SOLUTION without BEGIN"),
+        ("# BEGIN SOLUTION\n# BEGIN SOLUTION\n# END SOLUTION\n", "inside another fence"),
+    ],
+)
 def test_generator_rejects_broken_fences(source, pattern):
     with pytest.raises(ExerciseError, match=pattern):
         strip_solutions(source)
@@ -258,25 +328,31 @@ def test_exercise_fails_every_check_until_filled_in(name, tmp_path):
     _needs(name)
 
     def needed(cell) -> bool:
-        return "NotImplementedError" in cell.source or bool({"check", "parameters", "injected-parameters"}
-                                                                & set(cell.metadata.get("tags", [])))
+        return "NotImplementedError" in cell.source or bool(
+            {"check", "parameters", "injected-parameters"} & set(cell.metadata.get("tags", []))
+        )
 
     notebook = execute(ROOT / "exercises" / name, tmp_path, SOLUTION_PARAMETERS[name], allow_errors=True, keep=needed)
     failed = {index for index, _, _ in errors(notebook)}
     checks_at = [i for i, c in enumerate(notebook.cells) if "check" in c.metadata.get("tags", [])]
     assert checks_at and set(checks_at) <= failed
     # a name a check lacks must be one the stub took the place of, never one a left-out cell would have set
-    left_out = "\n".join(c.source for c in nbformat.read(ROOT / "exercises" / name, as_version=4).cells
-                         if c.cell_type == "code" and not needed(c))
+    left_out = "\n".join(
+        c.source
+        for c in nbformat.read(ROOT / "exercises" / name, as_version=4).cells
+        if c.cell_type == "code" and not needed(c)
+    )
     for _, _, message in (e for e in errors(notebook) if e[1] == "NameError"):
         missing = message.split("'")[1]
-        assert not re.search(rf"^\s*(?:{missing}\s*=|def {missing}\b|from .* import .*\b{missing}\b)", left_out,
-                             re.M), f"{name}: a left-out cell sets {missing}"
+        assert not re.search(
+            rf"^\s*(?:{missing}\s*=|def {missing}\b|from .* import .*\b{missing}\b)", left_out, re.M
+        ), f"{name}: a left-out cell sets {missing}"
     stubs = [e for e in errors(notebook) if e[1] == "NotImplementedError"]
     assert {message.split(":")[0] for _, _, message in stubs} == EXERCISES[name]
 
 
 # -- each check rejects a deliberately wrong answer ---------------------------------------------
+
 
 def test_epochs_check_trains_the_answer_and_the_run_one_epoch_shorter(in_tmp):
     # tiny: whole runs of 1, 2 and 3 epochs end near R² 0.28, 0.51 and 0.55 on this data
@@ -288,7 +364,7 @@ def test_epochs_check_trains_the_answer_and_the_run_one_epoch_shorter(in_tmp):
 
 def test_r2_check_rejects_common_slips():
     with pytest.raises(AssertionError, match="expected"):  # forgot to centre the targets
-        checks.check_r2_per_target(lambda p, t: 1 - ((t - p) ** 2).sum(0) / (t ** 2).sum(0))
+        checks.check_r2_per_target(lambda p, t: 1 - ((t - p) ** 2).sum(0) / (t**2).sum(0))
     with pytest.raises(AssertionError, match="one R² per target"):  # averaged over targets
         checks.check_r2_per_target(lambda p, t: (1 - ((t - p) ** 2).sum(0) / ((t - t.mean(0)) ** 2).sum(0)).mean())
 
@@ -381,8 +457,10 @@ def test_time_to_solution_check_rejects_throughput_and_the_final_r2():
         reached = [run for run in runs if run["history"][-1]["r2"] >= target]
         if not reached:
             return None
-        return min(reached, key=lambda run: next(r["epoch"] for r in run["history"] if r["r2"] >= target)
-                   * run["seconds_per_epoch"])["label"]
+        return min(
+            reached,
+            key=lambda run: next(r["epoch"] for r in run["history"] if r["r2"] >= target) * run["seconds_per_epoch"],
+        )["label"]
 
     with pytest.raises(AssertionError, match="throughput is not time to solution"):
         checks.check_time_to_solution(by_throughput)
@@ -396,6 +474,7 @@ def test_data_parallel_checks_reject_overlap_and_the_mean_of_means():
 
     def mean_of_means(local_sum, local_count):
         import torch.distributed as dist
+
         mean = (local_sum / local_count).clone()
         dist.all_reduce(mean)
         return float(mean / dist.get_world_size())
@@ -407,19 +486,26 @@ def test_data_parallel_checks_reject_overlap_and_the_mean_of_means():
 def test_tensor_parallel_checks_reject_wrong_placements_and_a_missing_or_doubled_collective():
     def rows_not_columns(w1, b1, w2, b2, mesh):  # w1 split by its inputs: a sum would be needed before the GELU
         from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-        return (distribute_tensor(w1, mesh, [Shard(1)]), distribute_tensor(b1, mesh, [Replicate()]),
-                distribute_tensor(w2, mesh, [Shard(1)]), distribute_tensor(b2, mesh, [Replicate()]))
+
+        return (
+            distribute_tensor(w1, mesh, [Shard(1)]),
+            distribute_tensor(b1, mesh, [Replicate()]),
+            distribute_tensor(w2, mesh, [Shard(1)]),
+            distribute_tensor(b2, mesh, [Replicate()]),
+        )
 
     with pytest.raises(AssertionError, match="column-wise w1 keeps whole rows"):
         checks.check_shard_mlp(rows_not_columns)
 
     def no_collective(x, w1, b1, w2, b2):
         import torch
+
         return torch.nn.functional.gelu(x @ w1.T + b1) @ w2.T + b2
 
     def bias_on_every_rank(x, w1, b1, w2, b2):
         import torch
         import torch.distributed as dist
+
         out = torch.nn.functional.gelu(x @ w1.T + b1) @ w2.T + b2
         dist.all_reduce(out)
         return out
@@ -436,12 +522,15 @@ def test_lesson_06_without_horovod_says_how_to_get_it_and_still_shows_the_recipe
 
     hidden = tmp_path / "no-horovod" / "horovod"
     hidden.mkdir(parents=True)
-    (hidden / "__init__.py").write_text('raise ImportError("No module named \'horovod\' (hidden by the test)")\n')
+    (hidden / "__init__.py").write_text("raise ImportError(\"No module named 'horovod' (hidden by the test)\")\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hidden.parent), os.environ.get("PYTHONPATH", "")]))
     notebook = execute(ROOT / "notebooks" / "06_horovod.ipynb", tmp_path, LESSONS["06_horovod.ipynb"])
     assert errors(notebook) == []
-    text = "\n".join(o.get("text", "") + o.get("data", {}).get("text/markdown", "") + o.get("data", {}).get("text/html", "")
-                     for cell in notebook.cells for o in cell.get("outputs", []))
+    text = "\n".join(
+        o.get("text", "") + o.get("data", {}).get("text/markdown", "") + o.get("data", {}).get("text/html", "")
+        for cell in notebook.cells
+        for o in cell.get("outputs", [])
+    )
     assert "Horovod is not installed here. `make horovod` builds it" in text
     # the exercise's check; the stage's run, check and numbers; the engine's ranks and one process; fp16; all-reduce
     assert text.count("skipped: needs Horovod (make horovod)") == 8
@@ -453,14 +542,19 @@ def test_lesson_11_checks_name_the_usual_slips():
 
     def io_not_against_one_rank(t, ref):
         full = t["full"]
-        return {"io": (full - t["data in memory"]) / full, "communication": (t["data in memory"] -
-                t["no communication"]) / full, "rest": (t["no communication"] - ref["data in memory"]) / full}
+        return {
+            "io": (full - t["data in memory"]) / full,
+            "communication": (t["data in memory"] - t["no communication"]) / full,
+            "rest": (t["no communication"] - ref["data in memory"]) / full,
+        }
 
     def over_the_reference(t, ref):
         full = ref["full"]
-        return {"io": ((t["full"] - t["data in memory"]) - (ref["full"] - ref["data in memory"])) / full,
-                "communication": (t["data in memory"] - t["no communication"]) / full,
-                "rest": (t["no communication"] - ref["data in memory"]) / full}
+        return {
+            "io": ((t["full"] - t["data in memory"]) - (ref["full"] - ref["data in memory"])) / full,
+            "communication": (t["data in memory"] - t["no communication"]) / full,
+            "rest": (t["no communication"] - ref["data in memory"]) / full,
+        }
 
     with pytest.raises(AssertionError, match="one rank already waited"):
         plan_checks.check_breakdown(io_not_against_one_rank)
@@ -496,11 +590,27 @@ def test_a_stub_left_in_an_answer_is_named_before_any_engine_starts():
     from dlscale.lessons.checks import _require_filled_in
 
     namespace = {}
-    exec(compile('def shard(model, mesh):\n    # TODO Exercise 10.3: shard it\n'
-                 '    raise NotImplementedError("Exercise 10.3: shard it")\n', "<cell>", "exec"), namespace)
+    exec(
+        compile(
+            "def shard(model, mesh):\n    # TODO Exercise 10.3: shard it\n"
+            '    raise NotImplementedError("Exercise 10.3: shard it")\n',
+            "<cell>",
+            "exec",
+        ),
+        namespace,
+    )
     import linecache
-    linecache.cache["<cell>"] = (0, None, ['def shard(model, mesh):\n', '    # TODO Exercise 10.3: shard it\n',
-                                           '    raise NotImplementedError("Exercise 10.3: shard it")\n'], "<cell>")
+
+    linecache.cache["<cell>"] = (
+        0,
+        None,
+        [
+            "def shard(model, mesh):\n",
+            "    # TODO Exercise 10.3: shard it\n",
+            '    raise NotImplementedError("Exercise 10.3: shard it")\n',
+        ],
+        "<cell>",
+    )
     with pytest.raises(NotImplementedError, match=r"^Exercise 10.3: shard it$"):
         _require_filled_in(namespace["shard"])
     _require_filled_in(print, lambda: None)  # no source, or no stub: nothing to say

@@ -15,8 +15,9 @@ pytestmark = pytest.mark.gpu
 
 
 def _losses(tmp_path, device: str, **overrides) -> list[float]:
-    result = train_quietly("tiny", device=device, epochs=1, run_dir=str(tmp_path / device), progress=False,
-                           plot=False, **overrides)
+    result = train_quietly(
+        "tiny", device=device, epochs=1, run_dir=str(tmp_path / device), progress=False, plot=False, **overrides
+    )
     return [row["loss"] for row in result.steps]
 
 
@@ -46,8 +47,9 @@ def test_kmeans_on_the_gpu_ends_where_the_cpu_ends(dtype):
 
     x = make_blobs(200_000, 16, 24, seed=3).astype(dtype)
     init = x[np.random.default_rng(4).choice(len(x), 24, replace=False)]
-    cpu, gpu = (KMeans(24, init=init, max_iter=50, tol=0.0, device=device, backend="torch").fit(x)
-                for device in ("cpu", "cuda"))
+    cpu, gpu = (
+        KMeans(24, init=init, max_iter=50, tol=0.0, device=device, backend="torch").fit(x) for device in ("cpu", "cuda")
+    )
     assert gpu.pass_ == "gemm" and gpu.n_iter_ == cpu.n_iter_
     assert (gpu.labels_ == cpu.labels_).mean() >= 0.9999
     assert np.allclose(gpu.cluster_centers_, cpu.cluster_centers_, rtol=0, atol=1e-4)

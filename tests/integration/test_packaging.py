@@ -41,6 +41,7 @@ def test_environment_yml_names_the_same_dependencies_as_pyproject():
 
 def test_extras_cover_every_optional_import():
     from dlscale.jobs.environment import OPTIONAL
+
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     for module, extra in OPTIONAL.items():  # (an extra, or the command that installs it: make horovod)
         assert extra in extras or extra.startswith("make "), f"{module} points at a missing extra {extra}"
@@ -69,7 +70,7 @@ def test_shipped_configs_travel_with_the_package():
 #: torch APIs the package may use, with the first release that has them. A new use of a newer API
 #: must raise the floor in pyproject.toml (and environment.yml, which the test above keeps equal).
 TORCH_APIS = {
-    "torch.amp.GradScaler": (2, 3),          # before: torch.cuda.amp.GradScaler, CUDA only
+    "torch.amp.GradScaler": (2, 3),  # before: torch.cuda.amp.GradScaler, CUDA only
     "torch.utils.flop_counter": (2, 1),
     "torch.compile": (2, 0),
     "torch.distributed.fsdp.fully_shard": (2, 6),
@@ -93,20 +94,32 @@ def test_the_torch_floor_covers_every_api_the_code_uses():
 def test_the_readme_layout_lists_exactly_what_is_in_the_package():
     readme = (ROOT / "README.md").read_text()
     block = readme.split("## Layout", 1)[1].split("```", 2)[1]
-    listed = {line.split()[0].rstrip("/") for line in block.splitlines()
-              if line.startswith("  ") and not line.startswith("   ")  # (deeper lines continue an entry)
-              and not line.lstrip().startswith("#")}  # (a tier's heading)
+    listed = {
+        line.split()[0].rstrip("/")
+        for line in block.splitlines()
+        if line.startswith("  ")
+        and not line.startswith("   ")  # (deeper lines continue an entry)
+        and not line.lstrip().startswith("#")
+    }  # (a tier's heading)
     present = {path.name for path in (ROOT / "dlscale").iterdir() if path.name not in ("__pycache__", "__init__.py")}
-    assert listed == present, f"README lists {sorted(listed - present)} that are not there, misses {sorted(present - listed)}"
+    assert listed == present, (
+        f"README lists {sorted(listed - present)} that are not there, misses {sorted(present - listed)}"
+    )
 
 
 def test_under_a_sites_pytorch_module_setup_keeps_the_modules_torch(tmp_path):
     """NERSC's `module load pytorch`: make setup used to pip a second torch over the module's (issue 45)."""
     import subprocess
+
     lines = {}
     for modules in ("", "craype-x86-milan:gpu:pytorch/2.6.0"):
-        done = subprocess.run(["make", "-n", "-C", str(ROOT), "setup", f"VENV={tmp_path / 'venv'}"],
-                              env={**os.environ, "LOADEDMODULES": modules}, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            ["make", "-n", "-C", str(ROOT), "setup", f"VENV={tmp_path / 'venv'}"],
+            env={**os.environ, "LOADEDMODULES": modules},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         lines[modules] = done.stdout
     assert '"torch==' in lines[""] and "--system-site-packages" not in lines[""]

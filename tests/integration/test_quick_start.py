@@ -24,8 +24,13 @@ QUICK = "tests/unit/test_train.py::test_a_gpu_index_past_those_visible_names_the
 
 def _without_python_310(home: Path, ci: bool = False) -> tuple[dict, list[str]]:
     """An environment with no Python 3.10 on the PATH or in pyenv, and the make overrides to go with it."""
-    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8",
-           "PYTHONDONTWRITEBYTECODE": "1", **({"CI": "true"} if ci else {})}
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        **({"CI": "true"} if ci else {}),
+    }
     overrides = []
     if any(Path(p).exists() for p in ("/usr/bin/python3.10", "/usr/local/bin/python3.10")):
         overrides.append("OLDEST_PYTHON=")  # the system has one where the Makefile looks: hide it by hand
@@ -41,9 +46,26 @@ def _without_root() -> list[str]:
 def test_make_test_without_python_310_or_root_passes_and_names_what_it_left_out(tmp_path):
     env, overrides = _without_python_310(tmp_path)
     args = f"{QUICK} {NEEDS_ROOT} -p no:cacheprovider --basetemp={tmp_path / 'pytest'}"
-    done = subprocess.run([*_without_root(), "make", "-s", "-C", str(ROOT), "-o", "test-deps", "test",
-                           f"VENV={sys.prefix}", "TEST_WORKERS=0", f"PYTEST_ARGS={args}", *overrides],
-                          capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(
+        [
+            *_without_root(),
+            "make",
+            "-s",
+            "-C",
+            str(ROOT),
+            "-o",
+            "test-deps",
+            "test",
+            f"VENV={sys.prefix}",
+            "TEST_WORKERS=0",
+            f"PYTEST_ARGS={args}",
+            *overrides,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
     assert "1 passed, 1 skipped" in out
@@ -52,27 +74,48 @@ def test_make_test_without_python_310_or_root_passes_and_names_what_it_left_out(
     assert len(oldest) == 2, out[-3000:]  # said before the suite starts and again at its end
     assert lines[-1] == oldest[0] and "OLDEST_PYTHON=" in oldest[0]
     left_out = [line for line in lines if line.startswith("left out here: ")]
-    assert left_out == ["left out here: 1 test: needs root and tc (iproute2) for a network namespace of its own "
-                        "with a shaped link"], out[-3000:]
+    assert left_out == [
+        "left out here: 1 test: needs root and tc (iproute2) for a network namespace of its own with a shaped link"
+    ], out[-3000:]
 
 
 def test_ci_without_python_310_fails_at_once_naming_it(tmp_path):
     env, overrides = _without_python_310(tmp_path, ci=True)
-    done = subprocess.run(["make", "-s", "-C", str(ROOT), "oldest-check", *overrides], capture_output=True,
-                          text=True, env=env, timeout=60)
+    done = subprocess.run(
+        ["make", "-s", "-C", str(ROOT), "oldest-check", *overrides], capture_output=True, text=True, env=env, timeout=60
+    )
     assert done.returncode != 0
-    assert done.stderr.strip().splitlines()[0] == ("make test: CI must run the oldest-Python tests, and no Python "
-                                                   "3.10 is here (OLDEST_PYTHON)")
+    assert done.stderr.strip().splitlines()[0] == (
+        "make test: CI must run the oldest-Python tests, and no Python 3.10 is here (OLDEST_PYTHON)"
+    )
 
 
 def test_without_chromium_the_browser_lessons_run_headless_instead(tmp_path):
     """Where the browser tests skip, every lesson is still executed: headless."""
     env = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # no chromium, no chromedriver
-    done = subprocess.run([sys.executable, "-m", "pytest", "tests/integration/test_notebooks.py", "--collect-only", "-q",
-                           "-p", "no:cacheprovider", "-k", "top_to_bottom"], cwd=ROOT, capture_output=True,
-                          text=True, env=env, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/integration/test_notebooks.py",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "top_to_bottom",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:]
-    collected = {line.split("[")[1].rstrip("]") for line in done.stdout.splitlines() if "top_to_bottom" in line and "[" in line}
+    collected = {
+        line.split("[")[1].rstrip("]") for line in done.stdout.splitlines() if "top_to_bottom" in line and "[" in line
+    }
     assert collected == {p.name for p in (ROOT / "notebooks").glob("*.ipynb")}
 
 

@@ -16,8 +16,9 @@ from ..conftest import ROOT
 SITE_COMMANDS = ("srun", "mpiexec", "module", "conda", "podman-hpc")
 
 
-def _render(tmp_path, script: str, *args: str, env: dict | None = None, nodes: int = 2,
-            hosts: tuple[str, ...] = ()) -> tuple[str, str]:
+def _render(
+    tmp_path, script: str, *args: str, env: dict | None = None, nodes: int = 2, hosts: tuple[str, ...] = ()
+) -> tuple[str, str]:
     """Run a job script as its scheduler would start it, with the site's commands recorded instead of run.
     Returns (the launcher's line, every recorded call)."""
     fake, log = tmp_path / "bin", tmp_path / "calls.log"
@@ -26,17 +27,36 @@ def _render(tmp_path, script: str, *args: str, env: dict | None = None, nodes: i
     (tmp_path / "nodes").write_text(hosts)
     (fake / "scontrol").write_text(f"#!/bin/sh\ncat {tmp_path / 'nodes'}\n")
     for tool in SITE_COMMANDS:  # each records its arguments and the environment the ranks would see
-        (fake / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> "{log}"\n'
-                                 f'[ "{tool}" = module ] || env | grep -E "^((NCCL|FI|MASTER|OMP|MIOPEN)_|LD_LIBRARY_PATH=|CUDA_VISIBLE_DEVICES=)" | '
-                                 f'sed "s/^/  /" >> "{log}"\n')
+        (fake / tool).write_text(
+            f'#!/bin/sh\necho "{tool} $*" >> "{log}"\n'
+            f'[ "{tool}" = module ] || env | grep -E '
+            '"^((NCCL|FI|MASTER|OMP|MIOPEN)_|LD_LIBRARY_PATH=|CUDA_VISIBLE_DEVICES=)" | '
+            f'sed "s/^/  /" >> "{log}"\n'
+        )
     for tool in fake.iterdir():
         tool.chmod(0o755)
-    environ = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path), "USER": "someone",
-               "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "nid[000-001]", "SLURM_JOB_NUM_NODES": str(nodes),
-               "SLURM_CPUS_PER_TASK": "32", "SLURM_SUBMIT_DIR": str(ROOT), "PBS_NODEFILE": str(tmp_path / "nodes"),
-               "PBS_JOBID": "4242.polaris-pbs-01", "PBS_O_WORKDIR": str(ROOT), **(env or {})}
-    done = subprocess.run(["bash", str(ROOT / "recipes" / script), *args], cwd=tmp_path, env=environ,
-                          capture_output=True, text=True, timeout=60)
+    environ = {
+        "PATH": f"{fake}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "USER": "someone",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NODELIST": "nid[000-001]",
+        "SLURM_JOB_NUM_NODES": str(nodes),
+        "SLURM_CPUS_PER_TASK": "32",
+        "SLURM_SUBMIT_DIR": str(ROOT),
+        "PBS_NODEFILE": str(tmp_path / "nodes"),
+        "PBS_JOBID": "4242.polaris-pbs-01",
+        "PBS_O_WORKDIR": str(ROOT),
+        **(env or {}),
+    }
+    done = subprocess.run(
+        ["bash", str(ROOT / "recipes" / script), *args],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     calls = log.read_text()
     launcher = next(line for line in calls.splitlines() if line.startswith(("srun -", "mpiexec")) and "05_ddp" in line)
@@ -51,14 +71,19 @@ def test_perlmutter_runs_a_task_per_gpu_with_32_cores_the_module_and_the_gpu_ord
     assert "CUDA_VISIBLE_DEVICES=3,2,1,0 exec python" in launcher
     assert launcher.endswith(f"{ROOT}/recipes/05_ddp.py --device cuda --epochs 2")
     assert "#SBATCH --cpus-per-task=32" in (ROOT / "recipes/jobs/perlmutter.sbatch").read_text()
-    for setting in ("NCCL_NET=AWS Libfabric", "FI_MR_CACHE_MONITOR=userfaultfd", "NCCL_SOCKET_IFNAME=hsn",
-                    "MASTER_ADDR=nid000", "MASTER_PORT=14242", "OMP_NUM_THREADS=32"):
+    for setting in (
+        "NCCL_NET=AWS Libfabric",
+        "FI_MR_CACHE_MONITOR=userfaultfd",
+        "NCCL_SOCKET_IFNAME=hsn",
+        "MASTER_ADDR=nid000",
+        "MASTER_PORT=14242",
+        "OMP_NUM_THREADS=32",
+    ):
         assert f"  {setting}\n" in calls, setting
 
 
 def test_perlmutter_on_one_node_does_not_ask_for_the_network_plugin_and_runs_an_image_with_podman_hpc(tmp_path):
-    launcher, calls = _render(tmp_path, "jobs/perlmutter.sbatch", env={"PM_IMAGE": "nersc/pytorch:24.08.01"},
-                              nodes=1)
+    launcher, calls = _render(tmp_path, "jobs/perlmutter.sbatch", env={"PM_IMAGE": "nersc/pytorch:24.08.01"}, nodes=1)
     assert "module load" not in calls and "NCCL_NET=" not in calls
     assert "podman-hpc run --rm --mpi --gpu --nccl" in launcher and "nersc/pytorch:24.08.01 bash -c" in launcher
     # the image holds torch, not the kit: the clone mounted and on the path; the site's settings passed in
@@ -71,15 +96,21 @@ def test_frontier_binds_each_of_8_tasks_to_its_closest_gcd_with_rccls_plugin_and
     launcher, calls = _render(tmp_path, "jobs/frontier.sbatch", "--epochs", "2")
     # OLCF's module names, ROCm before the plugin built against it (rocm/6.4.1 and aws-ofi-rccl ended the job)
     assert calls.index("module load PrgEnv-gnu craype-accel-amd-gfx90a rocm") < calls.index(
-        "module load rccl-net-plugin")
+        "module load rccl-net-plugin"
+    )
     for flag in ("--ntasks-per-node=8", "-c7", "--gpus-per-node=8", "--gpu-bind=closest", "--kill-on-bad-exit=1"):
         assert f" {flag} " in launcher, flag
     assert launcher.endswith("recipes/05_ddp.py --device cuda --epochs 2")
     # on the allocation, with alt_read, for RCCL at scale (OLCF); two nodes: the plugin required, not TCP
     assert "#SBATCH --network=disable_rdzv_get" in (ROOT / "recipes/jobs/frontier.sbatch").read_text()
-    for setting in ("NCCL_SOCKET_IFNAME=hsn0", "MIOPEN_USER_DB_PATH=/tmp/someone-miopen-cache-4242",
-                    "MIOPEN_CUSTOM_CACHE_DIR=/tmp/someone-miopen-cache-4242", "OMP_NUM_THREADS=7",
-                    "FI_CXI_RDZV_PROTO=alt_read", "NCCL_NET=AWS Libfabric"):
+    for setting in (
+        "NCCL_SOCKET_IFNAME=hsn0",
+        "MIOPEN_USER_DB_PATH=/tmp/someone-miopen-cache-4242",
+        "MIOPEN_CUSTOM_CACHE_DIR=/tmp/someone-miopen-cache-4242",
+        "OMP_NUM_THREADS=7",
+        "FI_CXI_RDZV_PROTO=alt_read",
+        "NCCL_NET=AWS Libfabric",
+    ):
         assert f"  {setting}\n" in calls, setting
     assert "srun --ntasks-per-node=1 mkdir -p /tmp/someone-miopen-cache-4242" in calls  # MIOpen does not make it
 
@@ -89,8 +120,14 @@ def test_polaris_starts_4_ranks_per_node_with_mpiexec_bound_by_depth_and_alcfs_n
     assert "module load conda" in calls and "conda activate base" in calls
     assert launcher.startswith("mpiexec -n 8 --ppn 4 --depth 8 --cpu-bind depth --env OMP_NUM_THREADS=8 python")
     assert launcher.endswith("recipes/05_ddp.py --device cuda --epochs 2 --config demo")
-    for setting in ("NCCL_NET=AWS Libfabric", "NCCL_NET_GDR_LEVEL=PHB", "NCCL_CROSS_NIC=1", "MASTER_ADDR=nid000",
-                    "MASTER_PORT=14242", "CUDA_VISIBLE_DEVICES=3,2,1,0"):  # (ALCF's GPUs in reverse order)
+    for setting in (
+        "NCCL_NET=AWS Libfabric",
+        "NCCL_NET_GDR_LEVEL=PHB",
+        "NCCL_CROSS_NIC=1",
+        "MASTER_ADDR=nid000",
+        "MASTER_PORT=14242",
+        "CUDA_VISIBLE_DEVICES=3,2,1,0",
+    ):  # (ALCF's GPUs in reverse order)
         assert f"  {setting}\n" in calls, setting
     # the forced plugin found: ALCF's aws-ofi-nccl and hwloc folders on the library path
     assert "  LD_LIBRARY_PATH=/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:/soft/libraries/hwloc/lib" in calls
@@ -119,8 +156,9 @@ def test_the_recipe_reads_its_rank_from_each_launcher(monkeypatch):
     assert from_launcher("RANK", "SLURM_PROCID", "PMI_RANK") == 3
 
 
-@pytest.mark.parametrize("script", ["jobs/perlmutter.sbatch", "jobs/frontier.sbatch", "jobs/polaris.pbs",
-                                    "09_job.sbatch"])
+@pytest.mark.parametrize(
+    "script", ["jobs/perlmutter.sbatch", "jobs/frontier.sbatch", "jobs/polaris.pbs", "09_job.sbatch"]
+)
 def test_every_job_script_cites_the_guide_it_follows_and_ends_the_job_when_a_rank_dies(script):
     text = (ROOT / "recipes" / script).read_text()
     assert script == "09_job.sbatch" or "docs." in text  # the site's documentation, by address

@@ -41,24 +41,30 @@ def _assert_equal_runs(recipe: dict, engine: dict) -> None:
     assert recipe["r2"] == pytest.approx(engine["r2"], abs=TOLERANCE)
 
 
-@pytest.mark.parametrize("stage, arguments", [
-    ("01_baseline.py", {}),
-    ("02_data_loading.py", {"workers": 1}),
-    ("03_mixed_precision.py", {"precision": "fp16", "workers": 0}),  # the scaler, and clipping after unscaling
-    ("04_compile.py", {"precision": "fp32", "workers": 0}),          # channels-last and torch.compile
-])
+@pytest.mark.parametrize(
+    "stage, arguments",
+    [
+        ("01_baseline.py", {}),
+        ("02_data_loading.py", {"workers": 1}),
+        ("03_mixed_precision.py", {"precision": "fp16", "workers": 0}),  # the scaler, and clipping after unscaling
+        ("04_compile.py", {"precision": "fp32", "workers": 0}),  # channels-last and torch.compile
+    ],
+)
 def test_single_process_stage_trains_as_the_engine(stage, arguments, in_tmp):
     arguments = {"epochs": 1, "device": "cpu", **arguments}
     recipe = runpy.run_path(str(RECIPES / stage), run_name="recipe")["main"](**arguments)
     _assert_equal_runs(recipe, engine_twin(stage, **arguments))
 
 
-@pytest.mark.parametrize("stage, arguments", [
-    ("05_ddp.py", {"precision": "fp32"}),
-    ("07_large_batch.py", {"batch_size": 64, "scaling": "sqrt", "optimizer_name": "lamb"}),  # bf16 autocast too
-    ("10_fsdp_tp.py", {"precision": "bf16"}),  # FSDP2 with its mixed-precision policy
-    ("10_fsdp_tp.py", {"precision": "fp32", "tp": 2}),  # tensor parallel on a (1 x 2) mesh
-])
+@pytest.mark.parametrize(
+    "stage, arguments",
+    [
+        ("05_ddp.py", {"precision": "fp32"}),
+        ("07_large_batch.py", {"batch_size": 64, "scaling": "sqrt", "optimizer_name": "lamb"}),  # bf16 autocast too
+        ("10_fsdp_tp.py", {"precision": "bf16"}),  # FSDP2 with its mixed-precision policy
+        ("10_fsdp_tp.py", {"precision": "fp32", "tp": 2}),  # tensor parallel on a (1 x 2) mesh
+    ],
+)
 def test_distributed_stage_on_two_ranks_trains_as_the_engine(stage, arguments, ranks_folder):
     arguments = {"epochs": 1, "device": "cpu", "workers": 0, **arguments}
     if stage != "10_fsdp_tp.py":
@@ -80,8 +86,17 @@ def test_a_tensor_parallel_split_taken_out_is_named_on_two_ranks(ranks_folder):
         (ranks_folder / "mutant_10_b.py").write_text(_mutant("10.b"))
     finally:
         del MUTANTS["10.b"]
-    ranks = run_on_engines(run_stage, 2, str(ranks_folder / "mutant_10_b.py"), epochs=1, device="cpu", workers=0,
-                           precision="fp32", tp=2, checkpoint="mutant-10b")
+    ranks = run_on_engines(
+        run_stage,
+        2,
+        str(ranks_folder / "mutant_10_b.py"),
+        epochs=1,
+        device="cpu",
+        workers=0,
+        precision="fp32",
+        tp=2,
+        checkpoint="mutant-10b",
+    )
     with pytest.raises(AssertionError, match=r"^TODO 10\.b .*tp=2, but no block was split"):
         check_gaps("10_fsdp_tp.py", ranks[0])
 
@@ -93,7 +108,7 @@ def test_sharded_stage_resumes_from_its_dcp_checkpoint_exactly(ranks_folder):
     straight = run_on_engines(run_file, 2, recipe, epochs=2, checkpoint="straight", **common)[0]
     run_on_engines(run_file, 2, recipe, epochs=1, checkpoint="interrupted", **common)
     resumed = run_on_engines(run_file, 2, recipe, epochs=2, resume=True, checkpoint="interrupted", **common)[0]
-    second_epoch = straight["losses"][len(straight["losses"]) // 2:]
+    second_epoch = straight["losses"][len(straight["losses"]) // 2 :]
     assert resumed["losses"] == second_epoch and resumed["r2"] == straight["r2"][1:]
 
 
@@ -110,11 +125,18 @@ def test_horovod_stage_trains_as_the_engine(in_tmp):
 
 DATA_PARALLEL_MISTAKES = {
     "no set_epoch": (("        sampler.set_epoch(epoch)\n", "        pass\n"), "call sampler.set_epoch"),
-    "loss not all-reduced": (("            dist.all_reduce(logged)\n            losses.append(logged.item() / world_size)",
-                              "            losses.append(logged.item())"), "the metrics are not all-reduced"),
+    "loss not all-reduced": (
+        (
+            "            dist.all_reduce(logged)\n            losses.append(logged.item() / world_size)",
+            "            losses.append(logged.item())",
+        ),
+        "the metrics are not all-reduced",
+    ),
     "padded shares": (("seed=0, drop_last=True)", "seed=0, drop_last=False)"), "share size is wrong"),
-    "every rank writes": (("        if rank == 0:\n            torch.save(", "        if True:\n            torch.save("),
-                          r"written by rank\(s\) \[0, 1\]"),
+    "every rank writes": (
+        ("        if rank == 0:\n            torch.save(", "        if True:\n            torch.save("),
+        r"written by rank\(s\) \[0, 1\]",
+    ),
 }
 
 
@@ -135,8 +157,10 @@ def test_data_parallel_check_names_the_mistake(mistake, checks_folder):
 
 FSDP_MISTAKES = {
     "blocks only": (("    fully_shard(model, mesh=mesh)\n", "    pass\n"), "the root is not sharded"),
-    "root only": (("    for block in model.blocks:\n        fully_shard(block, mesh=mesh)\n", ""),
-                  "the blocks are not FSDP units"),
+    "root only": (
+        ("    for block in model.blocks:\n        fully_shard(block, mesh=mesh)\n", ""),
+        "the blocks are not FSDP units",
+    ),
 }
 
 
@@ -157,7 +181,7 @@ def test_a_resumed_data_parallel_stage_equals_an_uninterrupted_one(ranks_folder)
     straight = run_on_engines(run_file, 2, recipe, epochs=2, checkpoint="straight05.pt", **common)[0]
     run_on_engines(run_file, 2, recipe, epochs=1, checkpoint="cut05.pt", **common)
     resumed = run_on_engines(run_file, 2, recipe, epochs=2, resume=True, checkpoint="cut05.pt", **common)[0]
-    assert resumed["losses"] == straight["losses"][len(straight["losses"]) // 2:]
+    assert resumed["losses"] == straight["losses"][len(straight["losses"]) // 2 :]
     assert resumed["r2"] == straight["r2"][1:]
 
 
@@ -168,7 +192,7 @@ def test_accumulated_micro_batches_train_as_the_engine_does(ranks_folder):
     _assert_equal_runs(recipe[0], engine[0])
 
 
-UNEVEN_VALIDATION = '''
+UNEVEN_VALIDATION = """
 import datetime, os, runpy
 import torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
@@ -195,7 +219,7 @@ def main(recipe):
     reference = float((1 - error / ((y.double() - y.double().mean(0)) ** 2).sum(0)).mean())
     dist.destroy_process_group()
     return sharded, reference
-'''
+"""
 
 
 def test_sharded_validation_over_uneven_shares_ends_and_counts_every_map_once(ranks_folder, tmp_path):
@@ -217,11 +241,27 @@ def test_a_rank_killed_under_torchrun_ends_the_job_within_seconds(in_tmp):
 
     import psutil
 
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               str(RECIPES / "05_ddp.py"), "--device", "cpu", "--workers", "0", "--no-compile", "--precision", "fp32",
-               "--epochs", "200", "--log-every", "4"]
-    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(RECIPES / "05_ddp.py"),
+        "--device",
+        "cpu",
+        "--workers",
+        "0",
+        "--no-compile",
+        "--precision",
+        "fp32",
+        "--epochs",
+        "200",
+        "--log-every",
+        "4",
+    ]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         for line in job.stdout:  # both ranks are in the training loop once a block is logged
             if "samples/s" in line:

@@ -1,4 +1,5 @@
-"""Where the efficiency goes and how many nodes to ask for: the tests that launch ranks, engines or runs beside them (tests/unit/test_scaling.py
+"""Where the efficiency goes and how many nodes to ask for: the tests that launch ranks, engines or runs beside them
+(tests/unit/test_scaling.py
 has the rest)."""
 
 import json
@@ -20,8 +21,9 @@ def test_an_fsdp_breakdown_takes_the_communication_from_the_profiler_and_adds_up
 
     monkeypatch.chdir(tmp_path)
     cfg = load_config("vit-tiny", ["data_parallel=fsdp", "global_batch_size=16", "val_samples=256"])
-    result = bench_breakdown(cfg, [1, 2], engine_runner(cfg), steps=30, rounds=1, out_dir=tmp_path / "bd",
-                             progress=False)
+    result = bench_breakdown(
+        cfg, [1, 2], engine_runner(cfg), steps=30, rounds=1, out_dir=tmp_path / "bd", progress=False
+    )
     assert result["layout"] == "FSDP/TP" and "profiler" in result["no_communication_from"]
     one, two = result["rows"]
     assert set(two["ms"]) == {FULL, MEMORY, ALONE}  # (no run with data_parallel=none, nor with buckets)
@@ -38,17 +40,32 @@ def test_data_in_memory_and_every_rank_alone_change_what_the_run_does(tmp_path, 
     from dlscale.jobs.notebook_engines import run_on_engines, train_rank
 
     monkeypatch.chdir(tmp_path)
-    done = run_on_engines(train_rank, 2, "tiny", data_parallel="none", data_in_memory=True, max_steps=6, epochs=99,
-                          norm="group", progress=False, plot=False, checkpoint_every=0, threads=1,
-                          run_dir=str(tmp_path / "alone"))
+    done = run_on_engines(
+        train_rank,
+        2,
+        "tiny",
+        data_parallel="none",
+        data_in_memory=True,
+        max_steps=6,
+        epochs=99,
+        norm="group",
+        progress=False,
+        plot=False,
+        checkpoint_every=0,
+        threads=1,
+        run_dir=str(tmp_path / "alone"),
+    )
     applied = done[0]["applied"]
     assert applied["ddp"] is False and applied["data_parallel_ranks"] == 2 and applied["world_size"] == 2
     from dlscale.config import ConfigError, load_config
     from dlscale.distributed.launch_variables import DistEnv
     from dlscale.distributed.parallelize import plan_parallelism
+
     with pytest.raises(ConfigError, match="tensor_parallel"):
-        plan_parallelism(load_config("vit-tiny", ["data_parallel=none", "tensor_parallel=2"]).sections.parallel,
-                         DistEnv(rank=0, world_size=2))
+        plan_parallelism(
+            load_config("vit-tiny", ["data_parallel=none", "tensor_parallel=2"]).sections.parallel,
+            DistEnv(rank=0, world_size=2),
+        )
 
 
 #: How far the model fitted here may miss on message sizes it did not see (measured: within 1.3x; docs/benchmarks.md).
@@ -62,8 +79,10 @@ SHAPED_LINK = "tbf rate 200mbit burst 256kb latency 1s"
 
 
 def _allreduce_on_a_shaped_link(out) -> list[dict]:
-    script = (f"ip link set lo up && tc qdisc add dev lo root {SHAPED_LINK} && exec {sys.executable} -m dlscale bench "
-              f"allreduce --nproc 2 --max-mib 1 --out {out}")
+    script = (
+        f"ip link set lo up && tc qdisc add dev lo root {SHAPED_LINK} && exec {sys.executable} -m dlscale bench "
+        f"allreduce --nproc 2 --max-mib 1 --out {out}"
+    )
     done = subprocess.run(["unshare", "--net", "sh", "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads((out / "allreduce.json").read_text())

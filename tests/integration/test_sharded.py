@@ -26,14 +26,29 @@ FP64 = ["precision=fp64"]
 
 
 def _single(cwd, *extra):
-    return subprocess.run([sys.executable, "-m", "dlscale.train", *SETTINGS, *extra], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "dlscale.train", *SETTINGS, *extra], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 def _torchrun(cwd, *extra, ranks=2):
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
-                           f"--master-port={free_port()}", "-m", "dlscale.train", *SETTINGS, *extra],
-                          cwd=cwd, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={ranks}",
+            f"--master-port={free_port()}",
+            "-m",
+            "dlscale.train",
+            *SETTINGS,
+            *extra,
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return done
 
@@ -82,8 +97,16 @@ def test_tensor_parallel_on_two_ranks_equals_one_process(one_process):
 
 def test_fsdp_times_tensor_parallel_with_lamb_and_clipping_equals_one_process(one_process):
     """DP 2 × TP 2: LAMB's trust ratios and the clipping norm need the norms of whole tensors, not of shards."""
-    done = _torchrun(one_process, "run_dir=runs/2d", "tensor_parallel=2", "optimizer=lamb", "lr=0.01",
-                     "grad_clip=0.5", *FP64, ranks=4)
+    done = _torchrun(
+        one_process,
+        "run_dir=runs/2d",
+        "tensor_parallel=2",
+        "optimizer=lamb",
+        "lr=0.01",
+        "grad_clip=0.5",
+        *FP64,
+        ranks=4,
+    )
     assert "fsdp over 2 × tensor parallel over 2" in done.stdout
     assert _difference(one_process / "runs/one-lamb", one_process / "runs/2d") < SAME_STEPS_FP64
     val_one = read_rows(one_process / "runs/one-lamb/validation.csv")[-1]
@@ -101,8 +124,9 @@ def test_layerwise_optimizers_on_tensor_parallel_shards_equal_one_process(in_tmp
 
 
 def test_fsdp_with_lamb_equals_one_process(one_process):
-    _torchrun(one_process, "run_dir=runs/fsdp-lamb", "data_parallel=fsdp", "optimizer=lamb", "lr=0.01",
-              "grad_clip=0.5", *FP64)
+    _torchrun(
+        one_process, "run_dir=runs/fsdp-lamb", "data_parallel=fsdp", "optimizer=lamb", "lr=0.01", "grad_clip=0.5", *FP64
+    )
     assert _difference(one_process / "runs/one-lamb", one_process / "runs/fsdp-lamb") < SAME_STEPS_FP64
 
 
@@ -124,9 +148,20 @@ if os.environ["RANK"] == "0":  # one rank prints, so two ranks' lines cannot int
 def test_fsdp_with_accumulation_reduce_scatters_only_on_the_last_micro_batch(in_tmp):
     """Four micro-batches per step, yet one reduce-scatter per FSDP unit per step: the inner ones stay local."""
     (in_tmp / "count.py").write_text(COUNT_REDUCE_SCATTERS)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                           f"--master-port={free_port()}", "count.py"], cwd=in_tmp, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            f"--master-port={free_port()}",
+            "count.py",
+        ],
+        cwd=in_tmp,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     counted = json.loads(re.search(r"^COUNTED (\{.*?\})$", done.stdout, re.MULTILINE).group(1))
     assert counted["reduce_scatters"] == 2 * counted["units"]  # (without the skip: 4 times as many)
@@ -171,8 +206,13 @@ def test_a_sharded_run_resumes_exactly_and_reshards_from_four_ranks_to_two(in_tm
 
 def test_export_writes_the_whole_model_of_a_sharded_run(in_tmp):
     _torchrun(in_tmp, "run_dir=runs/tp", "tensor_parallel=2", "max_steps=6")
-    done = subprocess.run([sys.executable, "-m", "dlscale", "export", "runs/tp", "model.pt"], cwd=in_tmp,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "dlscale", "export", "runs/tp", "model.pt"],
+        cwd=in_tmp,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     exported = torch.load(in_tmp / "model.pt", weights_only=True)
     model = load_model(in_tmp / "runs/tp")

@@ -25,9 +25,17 @@ from dlscale.metrics.tracking import read_rows
 
 from ..conftest import ROOT, run_cli
 
-SCRIPTS = sorted([*ROOT.glob("slurm/*.sh"), *ROOT.glob("slurm/*/*.sbatch"), ROOT / "slurm/summit/train.lsf",
-                  *ROOT.glob("slurm/sites/*.env"), *ROOT.glob("recipes/*.sbatch"),
-                  *ROOT.glob("recipes/jobs/*"), *ROOT.glob("scripts/*.sh")])
+SCRIPTS = sorted(
+    [
+        *ROOT.glob("slurm/*.sh"),
+        *ROOT.glob("slurm/*/*.sbatch"),
+        ROOT / "slurm/summit/train.lsf",
+        *ROOT.glob("slurm/sites/*.env"),
+        *ROOT.glob("recipes/*.sbatch"),
+        *ROOT.glob("recipes/jobs/*"),
+        *ROOT.glob("scripts/*.sh"),
+    ]
+)
 TRAIN = ["tiny", "norm=group", "progress=false", "plot=false"]
 
 
@@ -66,6 +74,7 @@ def test_a_cluster_in_temporary_folders_of_its_own_removes_them_when_it_stops():
 
 def _env(cluster):
     from dlscale.jobs.queue import job_environ
+
     return cluster.environ(job_environ(ROOT))
 
 
@@ -84,6 +93,7 @@ def _sbatch(cluster, cwd, script, *args, wait=True, flags=()):
 def _wait_for_job(cluster, done):
     """Wait for the job ``done`` (sbatch's CompletedProcess) submitted; a job that failed sets its returncode."""
     from dlscale.jobs.slurm_jobs import JobFailedError, wait_for_jobs
+
     try:
         wait_for_jobs([done.stdout.strip()], _env(cluster), timeout=600, poll=0.5)
     except JobFailedError as err:
@@ -92,6 +102,7 @@ def _wait_for_job(cluster, done):
 
 def _job_state(cluster, job):
     from dlscale.jobs.slurm_jobs import job_info
+
     fields = job_info(job, _env(cluster))
     return fields.get("JobState"), int(fields.get("Restarts") or 0)
 
@@ -145,9 +156,21 @@ def test_a_two_task_training_job_runs_through_srun_and_only_rank0_writes(cluster
 def test_the_recipe_job_runs_the_ddp_stage_under_srun_on_two_ranks(cluster, tmp_path):
     """recipes/09_job.sbatch: srun's variables make the plain-PyTorch recipe two ranks of one job."""
     bin_dir = os.path.dirname(sys.executable)
-    command = ["sbatch", "--parsable", f"--chdir={tmp_path}", "--ntasks=2", "--cpus-per-task=1",
-               str(ROOT / "recipes/09_job.sbatch"),
-               "--epochs", "1", "--workers", "0", "--precision", "fp32", "--no-compile"]
+    command = [
+        "sbatch",
+        "--parsable",
+        f"--chdir={tmp_path}",
+        "--ntasks=2",
+        "--cpus-per-task=1",
+        str(ROOT / "recipes/09_job.sbatch"),
+        "--epochs",
+        "1",
+        "--workers",
+        "0",
+        "--precision",
+        "fp32",
+        "--no-compile",
+    ]
     env = cluster.environ({**os.environ, "RECIPES": str(ROOT / "recipes"), "PATH": f"{bin_dir}:{os.environ['PATH']}"})
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
@@ -162,9 +185,22 @@ def test_the_plain_optuna_recipe_runs_two_array_workers_to_the_studys_count(clus
     """recipes/jobs/12_search.sbatch: two array tasks share one journal and stop once 4 trials have finished."""
     optuna = pytest.importorskip("optuna")
     bin_dir = os.path.dirname(sys.executable)
-    command = ["sbatch", "--parsable", f"--chdir={tmp_path}", "--array=0-1", "--cpus-per-task=1",
-               str(ROOT / "recipes/jobs/12_search.sbatch"), "--trials", "4", "--epochs", "2", "--precision", "fp32",
-               "--workers", "0"]
+    command = [
+        "sbatch",
+        "--parsable",
+        f"--chdir={tmp_path}",
+        "--array=0-1",
+        "--cpus-per-task=1",
+        str(ROOT / "recipes/jobs/12_search.sbatch"),
+        "--trials",
+        "4",
+        "--epochs",
+        "2",
+        "--precision",
+        "fp32",
+        "--workers",
+        "0",
+    ]
     env = cluster.environ({**os.environ, "RECIPES": str(ROOT / "recipes"), "PATH": f"{bin_dir}:{os.environ['PATH']}"})
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
@@ -173,8 +209,10 @@ def test_the_plain_optuna_recipe_runs_two_array_workers_to_the_studys_count(clus
         _wait_for_state(cluster, f"{job}_{task}", "COMPLETED")
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
-    study = optuna.load_study(study_name="recipe-search",
-                              storage=JournalStorage(JournalFileBackend(str(tmp_path / "search.journal"))))
+
+    study = optuna.load_study(
+        study_name="recipe-search", storage=JournalStorage(JournalFileBackend(str(tmp_path / "search.journal")))
+    )
     finished = [t for t in study.trials if t.state.is_finished()]
     assert 4 <= len(finished) <= 5  # (a trial the other worker had begun may end after the fourth)
     outputs = [(tmp_path / f"search-{job}_{task}.out").read_text() for task in (0, 1)]
@@ -190,6 +228,7 @@ def _final_weights(run_dir):
     import torch
 
     from dlscale.checkpoint import list_checkpoints
+
     return torch.load(list_checkpoints(run_dir)[-1], weights_only=True)["model"]
 
 
@@ -202,8 +241,12 @@ def test_a_preempted_two_node_job_has_four_ranks_on_two_hosts_and_equals_one_pro
     # 12 epochs (384 steps) and the signal after 25 of them: it lands long before the end, however fast the machine
     settings = [*FP64, "epochs=12"]
     stage = two_nodes.node_local / "stage"
-    job = _preempt_and_finish(two_nodes, tmp_path, [*settings, "run_dir=runs/preempted", f"stage_dir={stage}"],
-                              ("--nodes=2", "--ntasks-per-node=2"))
+    job = _preempt_and_finish(
+        two_nodes,
+        tmp_path,
+        [*settings, "run_dir=runs/preempted", f"stage_dir={stage}"],
+        ("--nodes=2", "--ntasks-per-node=2"),
+    )
     output = (tmp_path / f"slurm-dlscale-train-{job}.out").read_text()
     assert output.count("on 2 node(s), 4 task(s), master node1:") == 2  # the first node of the job, by its name
     assert "rank 0/4 (local 0/2) via slurm" in output
@@ -218,8 +261,13 @@ def test_a_preempted_two_node_job_has_four_ranks_on_two_hosts_and_equals_one_pro
     assert not list(two_nodes.node_local.iterdir())
     assert summary["applied"]["data_dir"].startswith(str(stage))  # and rank 0 read its node's copy
 
-    alone = subprocess.run([sys.executable, "-m", "dlscale.train", *settings, "run_dir=runs/one"], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=300)
+    alone = subprocess.run(
+        [sys.executable, "-m", "dlscale.train", *settings, "run_dir=runs/one"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert alone.returncode == 0, alone.stderr
     resumed, one = read_rows(tmp_path / "runs/preempted/metrics.csv"), read_rows(tmp_path / "runs/one/metrics.csv")
     assert [row["step"] for row in resumed] == [row["step"] for row in one] == list(range(1, 385))  # each step once
@@ -237,8 +285,24 @@ def test_kmeans_across_two_nodes_equals_one_process(two_nodes, tmp_path):
     x, _ = make_blobs(4000, n_features=3, centers=4, random_state=7)
     np.save(tmp_path / "data.npy", x)
     np.save(tmp_path / "init.npy", x[:4])
-    done = _sbatch(two_nodes, tmp_path, "local/kmeans.sbatch", "--input", "data.npy", "--k", "4", "--init", "init.npy",
-                   "--backend", "torch", "--device", "cpu", "--out", "km", flags=("--nodes=2", "--ntasks-per-node=1"))
+    done = _sbatch(
+        two_nodes,
+        tmp_path,
+        "local/kmeans.sbatch",
+        "--input",
+        "data.npy",
+        "--k",
+        "4",
+        "--init",
+        "init.npy",
+        "--backend",
+        "torch",
+        "--device",
+        "cpu",
+        "--out",
+        "km",
+        flags=("--nodes=2", "--ntasks-per-node=1"),
+    )
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "km/summary.json").read_text())
     assert summary["ranks"] == 2 and summary["launcher"] == "slurm"
@@ -252,8 +316,27 @@ def test_a_breakdown_over_nodes_and_a_plan_from_a_two_node_sweep(two_nodes, tmp_
     dlscale plan reads a weak/strong sweep of the same cluster, recommends a run and predicts 4 nodes."""
     env = _env(two_nodes)
     script = str(ROOT / "slurm/local/train.sbatch")
-    done = run_cli("bench", "breakdown", *TRAIN, "--slurm", script, "--tasks-per-node", "1", "--sizes", "1,2",
-                   "--steps", "30", "--rounds", "1", "--buckets", "", "--out", "runs/bd", cwd=tmp_path, env=env)
+    done = run_cli(
+        "bench",
+        "breakdown",
+        *TRAIN,
+        "--slurm",
+        script,
+        "--tasks-per-node",
+        "1",
+        "--sizes",
+        "1,2",
+        "--steps",
+        "30",
+        "--rounds",
+        "1",
+        "--buckets",
+        "",
+        "--out",
+        "runs/bd",
+        cwd=tmp_path,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "runs/bd/breakdown.json").read_text())
     one, two = result["rows"]
@@ -262,24 +345,40 @@ def test_a_breakdown_over_nodes_and_a_plan_from_a_two_node_sweep(two_nodes, tmp_
     assert abs(two["io"] + two["communication"] + two["rest"] - two["loss"]) <= result["adds_up_within"]
     assert "| 2 | 2 | 1 |" in done.stdout  # nodes, ranks, threads each
 
-    sweep = subprocess.run(["bash", str(ROOT / "slurm/sweep.sh"), "local", "1 2", "8", *TRAIN, "epochs=2"],
-                           cwd=tmp_path, env={**env, "DLSCALE_SWEEP_DIR": "runs/sweep"}, capture_output=True,
-                           text=True, timeout=120)
+    sweep = subprocess.run(
+        ["bash", str(ROOT / "slurm/sweep.sh"), "local", "1 2", "8", *TRAIN, "epochs=2"],
+        cwd=tmp_path,
+        env={**env, "DLSCALE_SWEEP_DIR": "runs/sweep"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert sweep.returncode == 0, sweep.stderr
     for job in re.findall(r"job (\d+)", sweep.stdout):
         _wait_for_state(two_nodes, job, "COMPLETED")
     ring = run_cli("bench", "allreduce", "--nproc", "2", "--max-mib", "1", "--out", "ar", cwd=tmp_path)
     assert ring.returncode == 0, ring.stderr[-2000:]
-    plan = run_cli("plan", "runs/sweep", "--target-r2", "-10", "--deadline-hours", "1", "--allreduce",
-                   "ar/allreduce.json", cwd=tmp_path)
+    plan = run_cli(
+        "plan",
+        "runs/sweep",
+        "--target-r2",
+        "-10",
+        "--deadline-hours",
+        "1",
+        "--allreduce",
+        "ar/allreduce.json",
+        cwd=tmp_path,
+    )
     assert plan.returncode == 0, plan.stderr[-2000:]
     saved = json.loads((tmp_path / "runs/sweep/plan.json").read_text())
     runs = {r["run"]: r for r in saved["runs"]}
     assert set(runs) == {"weak-n1", "weak-n2", "strong-n1", "strong-n2"}
     assert (runs["weak-n2"]["nodes"], runs["weak-n2"]["ranks"]) == (2, 4)  # two tasks per node, as the script asks
     assert runs["weak-n2"]["node_hours"] == pytest.approx(2 * runs["weak-n2"]["hours_to_target"])
-    assert saved["recommendation"]["run"] == min(runs.values(), key=lambda r: (r["node_hours"],
-                                                                               r["hours_to_target"]))["run"]
+    assert (
+        saved["recommendation"]["run"]
+        == min(runs.values(), key=lambda r: (r["node_hours"], r["hours_to_target"]))["run"]
+    )
     predicted = saved["prediction"]
     assert (predicted["nodes"], predicted["ranks"], predicted["global_batch_size"]) == (4, 8, 64)
     low, high = predicted["range_hours"]
@@ -293,14 +392,37 @@ def test_a_study_runs_as_a_job_array_over_two_nodes_and_survives_a_killed_task(t
     node failure would), and the other fails its silent trial, retries it and finishes the study."""
     optuna = pytest.importorskip("optuna")
     small = ["epochs=2", "train_samples=256", "val_samples=128", "shard_size=128", "norm=group"]
-    created = run_cli("hpo", "start", "tiny", *small, "--dir", "study", "--trials", "4", "--workers", "0",
-                      "--grace-s", "6", "--pruner", "hyperband", cwd=tmp_path)
+    created = run_cli(
+        "hpo",
+        "start",
+        "tiny",
+        *small,
+        "--dir",
+        "study",
+        "--trials",
+        "4",
+        "--workers",
+        "0",
+        "--grace-s",
+        "6",
+        "--pruner",
+        "hyperband",
+        cwd=tmp_path,
+    )
     assert created.returncode == 0, created.stderr[-2000:]
-    submitted = _sbatch(two_nodes, tmp_path, "local/hpo.sbatch", "--dir", "study", wait=False,
-                        flags=("--array=0-1", "--cpus-per-task=2"))  # each node has 2 CPUs: one task on each
+    submitted = _sbatch(
+        two_nodes,
+        tmp_path,
+        "local/hpo.sbatch",
+        "--dir",
+        "study",
+        wait=False,
+        flags=("--array=0-1", "--cpus-per-task=2"),
+    )  # each node has 2 CPUs: one task on each
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip()
     from dlscale.hpo.heartbeat import running_trials
+
     beats, deadline = {}, time.time() + 180
     while len({host for host, _ in beats.values()}) < 2 and time.time() < deadline:
         beats = running_trials(tmp_path / "study")
@@ -310,6 +432,7 @@ def test_a_study_runs_as_a_job_array_over_two_nodes_and_survives_a_killed_task(t
     subprocess.run(["scancel", "--signal=KILL", f"{job}_1"], env=_env(two_nodes), check=True)
     _wait_for_state(two_nodes, f"{job}_0", "COMPLETED")
     from dlscale.hpo import open_study
+
     study, _ = open_study(tmp_path / "study")
     states = {t.number: t.state for t in study.trials}
     done = [n for n, s in states.items() if s in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)]
@@ -334,8 +457,9 @@ def test_a_dead_node_ends_the_job_with_clear_messages_and_an_intact_checkpoint(t
     with cluster:
         run = tmp_path / "runs/dead"  # a path no other test's processes name (pgrep below)
         settings = [*TRAIN, "epochs=50", "dist_timeout_s=30", "checkpoint_every=10", f"run_dir={run}"]
-        submitted = _sbatch(cluster, tmp_path, "local/train.sbatch", *settings, wait=False,
-                            flags=("--nodes=2", "--ntasks-per-node=2"))
+        submitted = _sbatch(
+            cluster, tmp_path, "local/train.sbatch", *settings, wait=False, flags=("--nodes=2", "--ntasks-per-node=2")
+        )
         assert submitted.returncode == 0, submitted.stderr
         job = submitted.stdout.strip()
         _wait_for_rows(run / "metrics.csv", 20)
@@ -348,6 +472,7 @@ def test_a_dead_node_ends_the_job_with_clear_messages_and_an_intact_checkpoint(t
         output = (tmp_path / f"slurm-dlscale-train-{job}.out").read_text()
         assert output.count("Another rank probably died or was killed; resume with resume=true") == 2
         assert "Node failure on node2" in output and "Traceback" not in output
+
         def ranks_left():  # the ranks themselves (the batch step's bash and srun take a moment to be reaped)
             listing = subprocess.run(["pgrep", "-af", f"run_dir={run}"], capture_output=True, text=True).stdout
             return [line for line in listing.splitlines() if "-m dlscale.train" in line and " srun " not in line]
@@ -364,16 +489,29 @@ def test_a_rank_that_dies_ends_the_job_step_at_once(cluster, tmp_path):
 
     assert f"$run_dir/{STOPPED_MARKER}" in (ROOT / "slurm/launch.sh").read_text()  # the marker a stop leaves
     wrapper = tmp_path / "python-rank1-dies"  # rank 1 fails before it joins; rank 0 waits for it in the rendezvous
-    wrapper.write_text(f'#!/bin/sh\n[ "$SLURM_PROCID" = 1 ] && {{ echo "rank 1: exiting with 3"; exit 3; }}\n'
-                       f'exec {sys.executable} "$@"\n')
+    wrapper.write_text(
+        f'#!/bin/sh\n[ "$SLURM_PROCID" = 1 ] && {{ echo "rank 1: exiting with 3"; exit 3; }}\n'
+        f'exec {sys.executable} "$@"\n'
+    )
     wrapper.chmod(0o755)
     settings = tmp_path / "mine.env"
     settings.write_text(f"DLSCALE_PYTHON={wrapper}\n")
     started = time.time()
-    done = subprocess.run(["sbatch", "--parsable", f"--chdir={tmp_path}", str(ROOT / "slurm/local/train.sbatch"),
-                           *TRAIN, "dist_timeout_s=300", "run_dir=runs/dies"],
-                          env={**_env(cluster), "DLSCALE_SITE_ENV": str(settings)}, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            f"--chdir={tmp_path}",
+            str(ROOT / "slurm/local/train.sbatch"),
+            *TRAIN,
+            "dist_timeout_s=300",
+            "run_dir=runs/dies",
+        ],
+        env={**_env(cluster), "DLSCALE_SITE_ENV": str(settings)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     _wait_for_job(cluster, done)
     assert done.returncode == 1 and time.time() - started < 120  # not the 300 s of dist_timeout_s
@@ -384,9 +522,21 @@ def test_a_rank_that_dies_ends_the_job_step_at_once(cluster, tmp_path):
 
 def test_each_task_of_a_job_gets_the_cpus_per_task_it_asked_for(cluster, tmp_path):
     """launch.sh's probe job prints what each task was given; the cluster binds tasks (task/affinity)."""
-    done = subprocess.run(["sbatch", "--parsable", f"--chdir={tmp_path}", "--ntasks=2", "--cpus-per-task=1",
-                           "--output=probe-%j.out", f"--wrap=bash {ROOT}/slurm/launch.sh local probe"],
-                          env=_env(cluster), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            f"--chdir={tmp_path}",
+            "--ntasks=2",
+            "--cpus-per-task=1",
+            "--output=probe-%j.out",
+            f"--wrap=bash {ROOT}/slurm/launch.sh local probe",
+        ],
+        env=_env(cluster),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     _wait_for_job(cluster, done)
     assert done.returncode == 0, done.stderr
     output = (tmp_path / f"probe-{done.stdout.strip()}.out").read_text()
@@ -398,8 +548,14 @@ def test_each_task_of_a_job_gets_the_cpus_per_task_it_asked_for(cluster, tmp_pat
 
 def test_a_sweep_submits_weak_and_strong_series_and_the_report_reads_them(cluster, tmp_path):
     env = {**_env(cluster), "DLSCALE_SWEEP_DIR": "runs/sweep"}
-    done = subprocess.run(["bash", str(ROOT / "slurm/sweep.sh"), "local", "1 2", "16", *TRAIN, "max_steps=20"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        ["bash", str(ROOT / "slurm/sweep.sh"), "local", "1 2", "16", *TRAIN, "max_steps=20"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     jobs = re.findall(r"job (\d+)", done.stdout)
     assert len(jobs) == 3  # at size 1 the weak and the strong series are one run (strong-n1 links to weak-n1)
@@ -411,8 +567,12 @@ def test_a_sweep_submits_weak_and_strong_series_and_the_report_reads_them(cluste
     with open(tmp_path / "runs/sweep/report.csv", newline="") as handle:
         rows = {row["run"]: row for row in csv.DictReader(handle)}
     assert set(rows) == {"weak-n1", "weak-n2", "strong-n1", "strong-n2"}
-    assert [rows[r]["global_batch_size"] for r in ("weak-n1", "weak-n2", "strong-n1", "strong-n2")] == \
-        ["16", "32", "16", "16"]
+    assert [rows[r]["global_batch_size"] for r in ("weak-n1", "weak-n2", "strong-n1", "strong-n2")] == [
+        "16",
+        "32",
+        "16",
+        "16",
+    ]
     assert [rows[r]["ranks"] for r in ("weak-n1", "weak-n2")] == ["1", "2"]
     assert float(rows["weak-n1"]["efficiency"]) == pytest.approx(1.0)
     # (a ratio of two short runs' rates: finite and positive; its size depends on what else the machine runs)
@@ -426,9 +586,14 @@ def test_a_sweep_submits_weak_and_strong_series_and_the_report_reads_them(cluste
 def test_waiting_for_jobs_fails_with_the_failed_jobs_own_output(cluster, tmp_path):
     """What lesson 09's cells do: a job that dies (here: a bad config key) fails the wait, and says why."""
     from dlscale.jobs.slurm_jobs import JobFailedError, submit, wait_for_jobs
+
     env = _env(cluster)
-    good = submit(ROOT / "slurm/local/train.sbatch", ["tiny", "max_steps=2", "progress=false", "plot=false",
-                                                        f"run_dir={tmp_path}/good"], [f"--chdir={tmp_path}"], env)
+    good = submit(
+        ROOT / "slurm/local/train.sbatch",
+        ["tiny", "max_steps=2", "progress=false", "plot=false", f"run_dir={tmp_path}/good"],
+        [f"--chdir={tmp_path}"],
+        env,
+    )
     bad = submit(ROOT / "slurm/local/train.sbatch", ["tiny", "no_such_key=1"], [f"--chdir={tmp_path}"], env)
     seen = []
     with pytest.raises(JobFailedError, match=rf"(?s)job {bad} .* ended FAILED.*no_such_key"):
@@ -442,6 +607,7 @@ def test_report_says_where_it_looked_when_there_are_no_runs(tmp_path):
 
 
 # -- every script, without a cluster ----------------------------------------------------------------
+
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed (sudo make slurm-packages)")
 def test_every_script_is_shellcheck_clean():
@@ -462,20 +628,31 @@ def _render(tmp_path, script, *args, env=None, hosts=("nid001000", "nid001001"),
     fake.mkdir(exist_ok=True)
     (tmp_path / "hosts.txt").write_text("\n".join(hosts) + "\n")
     (fake / "scontrol").write_text(f"#!/bin/sh\ncat {tmp_path / 'hosts.txt'}\n")
-    (fake / "module").write_text("#!/bin/sh\necho \"module $*\" >> \"$FAKE_LOG\"\n")
+    (fake / "module").write_text('#!/bin/sh\necho "module $*" >> "$FAKE_LOG"\n')
     for tool in fake.iterdir():
         tool.chmod(0o755)
     headers = _headers(ROOT / "slurm" / script)
     nodes = len(hosts)
     tasks = int(headers.get("ntasks-per-node", 1))
-    environ = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "FAKE_LOG": str(tmp_path / "calls.log"),
-               "DLSCALE_DRY_RUN": "1", "DLSCALE_ROOT": str(ROOT), "SLURM_JOB_ID": job_id, "SLURM_JOB_NAME": "t",
-               "SLURM_JOB_NODELIST": "nid[001000-001001]", "SLURM_JOB_NUM_NODES": str(nodes),
-               "SLURM_NTASKS": str(nodes * tasks), "SLURM_CPUS_PER_TASK": headers["cpus-per-task"], **(env or {})}
+    environ = {
+        **os.environ,
+        "PATH": f"{fake}:{os.environ['PATH']}",
+        "FAKE_LOG": str(tmp_path / "calls.log"),
+        "DLSCALE_DRY_RUN": "1",
+        "DLSCALE_ROOT": str(ROOT),
+        "SLURM_JOB_ID": job_id,
+        "SLURM_JOB_NAME": "t",
+        "SLURM_JOB_NODELIST": "nid[001000-001001]",
+        "SLURM_JOB_NUM_NODES": str(nodes),
+        "SLURM_NTASKS": str(nodes * tasks),
+        "SLURM_CPUS_PER_TASK": headers["cpus-per-task"],
+        **(env or {}),
+    }
     for name in ("MASTER_PORT", "MASTER_ADDR", "SRUN_CPUS_PER_TASK"):
         environ.pop(name, None) if name not in (env or {}) else None
-    done = subprocess.run(["bash", str(ROOT / "slurm" / script), *args], cwd=tmp_path, env=environ,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["bash", str(ROOT / "slurm" / script), *args], cwd=tmp_path, env=environ, capture_output=True, text=True
+    )
     lines = done.stdout.strip().splitlines()
     settings = dict(line[5:].split("=", 1) for line in lines if line.startswith("env: "))
     calls = (tmp_path / "calls.log").read_text() if (tmp_path / "calls.log").exists() else ""
@@ -486,8 +663,14 @@ def _render(tmp_path, script, *args, env=None, hosts=("nid001000", "nid001001"),
 def test_a_dry_run_outside_an_allocation_renders_the_job_from_its_own_headers(tmp_path):
     """The README's DLSCALE_DRY_RUN on a laptop: no SLURM_* variables, no module, no scontrol, another folder."""
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DLSCALE_DRY_RUN": "1", "DLSCALE_DRY_RUN_NODES": "2"}
-    done = subprocess.run(["bash", str(ROOT / "slurm/perlmutter/train.sbatch"), "gpu", "epochs=1"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["bash", str(ROOT / "slurm/perlmutter/train.sbatch"), "gpu", "epochs=1"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     command = shlex.join(shlex.split(done.stdout.strip().splitlines()[-1]))
     assert command.startswith("srun --kill-on-bad-exit=1 --cpus-per-task=32 ")  # the script's own -c 32
@@ -508,8 +691,9 @@ def test_each_site_renders_one_task_per_gpu_and_a_world_the_config_splits_over(s
     if gpus_per_node:
         assert tasks == gpus_per_node  # one rank per GPU
     (tmp_path / "node-local").mkdir()
-    done, command, settings, calls = _render(tmp_path, f"{site}/train.sbatch", "gpu", "epochs=1",
-                                             env={"TMPDIR": str(tmp_path / "node-local")})
+    done, command, settings, calls = _render(
+        tmp_path, f"{site}/train.sbatch", "gpu", "epochs=1", env={"TMPDIR": str(tmp_path / "node-local")}
+    )
     assert done.returncode == 0, done.stderr
     assert "master nid001000:10042" in done.stdout  # the first node; a port from the job id
     assert command.startswith("srun --kill-on-bad-exit=1") and "-m dlscale.train gpu epochs=1" in command
@@ -547,8 +731,9 @@ def test_perlmutter_search_workers_take_one_gpu_each_or_the_whole_node(width, tm
     """hpo.sbatch: four workers per node, each seeing only its GPU and training alone, the GPU on its cores' NUMA
     node (--gpus-per-task=1 gave the first cores GPU 0, across the chip); or with DLSCALE_TRIAL_RANKS=all one
     worker whose four ranks train each trial together."""
-    done, command, settings, _ = _render(tmp_path, "perlmutter/hpo.sbatch", "--dir", "hpo", hosts=("nid001000",),
-                                         env={"DLSCALE_TRIAL_RANKS": width})
+    done, command, settings, _ = _render(
+        tmp_path, "perlmutter/hpo.sbatch", "--dir", "hpo", hosts=("nid001000",), env={"DLSCALE_TRIAL_RANKS": width}
+    )
     assert done.returncode == 0, done.stderr
     assert "-m dlscale hpo worker --dir hpo device=cuda" in command
     assert ("--gpu-bind=map_gpu:3,2,1,0" in command) == (width == "1") and "--gpus-per-task" not in command
@@ -562,8 +747,9 @@ def test_perlmutter_search_workers_take_one_gpu_each_or_the_whole_node(width, tm
 def test_a_search_worker_is_one_trial_per_gpu_in_every_software_mode(mode, tmp_path):
     """In container mode podman-hpc forwarded no DLSCALE_LAUNCHER: each task took itself for one of four ranks."""
     env = {"DLSCALE_ENV": mode, "DLSCALE_IMAGE": "registry/dlscale:1", "BASH_FUNC_conda%%": "() { :; }"}
-    done, command, settings, _ = _render(tmp_path, "perlmutter/hpo.sbatch", "--dir", "hpo", hosts=("nid001000",),
-                                         env=env)
+    done, command, settings, _ = _render(
+        tmp_path, "perlmutter/hpo.sbatch", "--dir", "hpo", hosts=("nid001000",), env=env
+    )
     assert done.returncode == 0, done.stderr
     assert settings["DLSCALE_LAUNCHER"] == "single"  # in the environment srun starts the tasks with
     if mode == "container":  # and through the container's wall
@@ -575,8 +761,12 @@ def test_one_node_needs_no_network_plugin_and_conda_mode_loads_it(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "NCCL_NET" not in settings  # NVLink inside a node needs no plugin: no failure for lack of one
     (tmp_path / "conda").mkdir()
-    done, _, settings, calls = _render(tmp_path / "conda", "perlmutter/train.sbatch", "gpu",
-                                       env={"DLSCALE_ENV": "conda", "BASH_FUNC_conda%%": "() { :; }"})
+    done, _, settings, calls = _render(
+        tmp_path / "conda",
+        "perlmutter/train.sbatch",
+        "gpu",
+        env={"DLSCALE_ENV": "conda", "BASH_FUNC_conda%%": "() { :; }"},
+    )
     assert done.returncode == 0, done.stderr
     assert "module load nccl" in calls and settings["NCCL_NET"] == "AWS Libfabric"
 
@@ -620,8 +810,13 @@ def _site_env(tmp_path, text):
 
 
 def test_the_profile_job_makes_its_report_folder_and_leaves_cupti_to_nsys(tmp_path):
-    done, command, settings, _ = _render(tmp_path, "perlmutter/profile.sbatch", "gpu", "profile_steps=20,30",
-                                         env=_site_env(tmp_path, f"DLSCALE_PYTHON={sys.executable}\n"))
+    done, command, settings, _ = _render(
+        tmp_path,
+        "perlmutter/profile.sbatch",
+        "gpu",
+        "profile_steps=20,30",
+        env=_site_env(tmp_path, f"DLSCALE_PYTHON={sys.executable}\n"),
+    )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "runs/t-42/nsys").is_dir()  # nsys does not create the folder of its --output
     assert "--output=runs/t-42/nsys/rank_%q{SLURM_PROCID}" in command  # one report per rank
@@ -632,14 +827,28 @@ def test_the_profile_job_makes_its_report_folder_and_leaves_cupti_to_nsys(tmp_pa
 def test_the_profile_jobs_nsys_line_is_built_by_the_python_that_trains(mode, tmp_path):
     """The nsys line was built on the batch node with the host's Python and named it: a path the container has
     not. Each task's own Python now builds it (inside the container too); the batch shell runs none."""
-    done, command, _, _ = _render(tmp_path, "perlmutter/profile.sbatch", "gpu", "profile_steps=20,30",
-                                  env={"DLSCALE_ENV": mode, "DLSCALE_IMAGE": "registry/dlscale:1",
-                                       **_site_env(tmp_path, "DLSCALE_PYTHON=python\n")})
+    done, command, _, _ = _render(
+        tmp_path,
+        "perlmutter/profile.sbatch",
+        "gpu",
+        "profile_steps=20,30",
+        env={
+            "DLSCALE_ENV": mode,
+            "DLSCALE_IMAGE": "registry/dlscale:1",
+            **_site_env(tmp_path, "DLSCALE_PYTHON=python\n"),
+        },
+    )
     assert done.returncode == 0, done.stderr
     words = shlex.split(command)
     start = words.index("dlscale.profiling.profile_job") - 2
-    assert words[start:start + 6] == ["python", "-m", "dlscale.profiling.profile_job",
-                                      "--output=runs/t-42/nsys/rank_%q{SLURM_PROCID}", "gpu", "profile_steps=20,30"]
+    assert words[start : start + 6] == [
+        "python",
+        "-m",
+        "dlscale.profiling.profile_job",
+        "--output=runs/t-42/nsys/rank_%q{SLURM_PROCID}",
+        "gpu",
+        "profile_steps=20,30",
+    ]
     assert sys.executable not in command
     if mode != "module":  # the job's Python is the one inside the image
         assert any("registry/dlscale:1" in word for word in words[:start])
@@ -650,38 +859,57 @@ def test_the_profile_job_becomes_nsys_around_its_own_python(tmp_path):
     fake.mkdir()
     (fake / "nsys").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
     (fake / "nsys").chmod(0o755)
-    job = [sys.executable, "-m", "dlscale.profiling.profile_job", "--output=out/rank_%q{SLURM_PROCID}", "gpu",
-           "profile_steps=20,30", "cuda_graphs=true"]
-    done = subprocess.run(job, env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}, capture_output=True,
-                          text=True, timeout=120)
+    job = [
+        sys.executable,
+        "-m",
+        "dlscale.profiling.profile_job",
+        "--output=out/rank_%q{SLURM_PROCID}",
+        "gpu",
+        "profile_steps=20,30",
+        "cuda_graphs=true",
+    ]
+    done = subprocess.run(
+        job, env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     argv = done.stdout.splitlines()
     assert argv[0] == "profile" and "--capture-range=cudaProfilerApi" in argv and "--cuda-graph-trace=node" in argv
     assert argv[-6:] == [sys.executable, "-m", "dlscale.train", "gpu", "profile_steps=20,30", "cuda_graphs=true"]
     # without nsys on the task's PATH: one line saying what to load
-    done = subprocess.run(job, env={**os.environ, "PATH": str(Path(sys.executable).parent)}, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 1 and done.stderr.strip().count("\n") == 0 and "nsys (Nsight Systems) is not on" in done.stderr
+    done = subprocess.run(
+        job, env={**os.environ, "PATH": str(Path(sys.executable).parent)}, capture_output=True, text=True, timeout=120
+    )
+    assert (
+        done.returncode == 1
+        and done.stderr.strip().count("\n") == 0
+        and "nsys (Nsight Systems) is not on" in done.stderr
+    )
 
 
-@pytest.mark.parametrize("mode, expected", [
-    ("container", "podman-hpc run --rm --mpi --gpu --nccl"),  # --mpi: SLURM_* and the host network inside
-    ("shifter", "shifter --image=registry/dlscale:1 --module=gpu,nccl-plugin"),
-])
+@pytest.mark.parametrize(
+    "mode, expected",
+    [
+        ("container", "podman-hpc run --rm --mpi --gpu --nccl"),  # --mpi: SLURM_* and the host network inside
+        ("shifter", "shifter --image=registry/dlscale:1 --module=gpu,nccl-plugin"),
+    ],
+)
 def test_perlmutter_containers_see_their_rank(tmp_path, mode, expected):
-    done, command, _, _ = _render(tmp_path, "perlmutter/train.sbatch", "gpu",
-                                  env={"DLSCALE_ENV": mode, "DLSCALE_IMAGE": "registry/dlscale:1"})
+    done, command, _, _ = _render(
+        tmp_path, "perlmutter/train.sbatch", "gpu", env={"DLSCALE_ENV": mode, "DLSCALE_IMAGE": "registry/dlscale:1"}
+    )
     assert done.returncode == 0, done.stderr
     assert expected in command and command.index(expected.split()[0]) < command.index("-m dlscale.train")
 
 
-@pytest.mark.parametrize("site, variables", [("perlmutter", {"DLSCALE_ENV": "conda"}),
-                                             ("frontier", {"DLSCALE_CONDA_ENV": "dlscale"})])
+@pytest.mark.parametrize(
+    "site, variables", [("perlmutter", {"DLSCALE_ENV": "conda"}), ("frontier", {"DLSCALE_CONDA_ENV": "dlscale"})]
+)
 def test_conda_activation_survives_set_u(tmp_path, site, variables):
     """conda's activate scripts read unset variables; under launch.sh's `set -u` that aborted the job."""
     activate = '() { : "$CONDA_SOME_UNSET_VARIABLE"; echo "conda $*" >> "$FAKE_LOG"; }'
-    done, command, _, calls = _render(tmp_path, f"{site}/train.sbatch", "gpu",
-                                      env={**variables, "BASH_FUNC_conda%%": activate})
+    done, command, _, calls = _render(
+        tmp_path, f"{site}/train.sbatch", "gpu", env={**variables, "BASH_FUNC_conda%%": activate}
+    )
     assert done.returncode == 0, done.stderr
     assert "conda activate dlscale" in calls and "srun" in command
 

@@ -21,8 +21,8 @@ def wandb_history(run_file):
         if block - pos % block < 7:  # a block's tail too short for a header is padding
             pos += block - pos % block
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        parts += data[pos + 7:pos + 7 + length]
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        parts += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # a full record, or the last piece of one
             record = wandb_internal_pb2.Record()
@@ -30,10 +30,13 @@ def wandb_history(run_file):
             parts = b""
             kind_of = record.WhichOneof("record_type")
             # a row is a history record, or (not yet merged by W&B's service) a partial-history request
-            items = (record.history.item if kind_of == "history" else
-                     record.request.partial_history.item
-                     if kind_of == "request" and record.request.WhichOneof("request_type") == "partial_history"
-                     else None)
+            items = (
+                record.history.item
+                if kind_of == "history"
+                else record.request.partial_history.item
+                if kind_of == "request" and record.request.WhichOneof("request_type") == "partial_history"
+                else None
+            )
             if items is not None:
                 rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items})
     return rows
@@ -49,11 +52,13 @@ def test_wandb_offline_run_records_the_metrics_and_never_the_key(tiny, monkeypat
     # W&B's service process writes the file; run.finish() can return before it has written the last rows
     # (CI, busy: the last two were missing), and teardown waits for the service, as the CLI's exit does
     import wandb
+
     wandb.teardown()
     runs = list((result.run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1, "no offline run"
     # what lesson 07 lists for a later upload: this run's folder, found from the folder of all runs
     from dlscale.metrics.tracking import offline_wandb_runs, wandb_sync_command
+
     assert offline_wandb_runs(result.run_dir.parent) == [runs[0].parent]
     assert wandb_sync_command([runs[0].parent] * 3) == f"wandb sync {runs[0].parent} {runs[0].parent} ..."
     history = wandb_history(runs[0])

@@ -18,10 +18,15 @@ from tests.unit.test_train import _step_of
 
 # -- in a separate process: a hard kill, and a polite signal --------------------------------------
 
+
 def _start(cwd, *overrides):
-    return subprocess.Popen([sys.executable, "-m", "dlscale", "train", "tiny", "progress=false", "plot=false",
-                             "epochs=6", *overrides], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dlscale", "train", "tiny", "progress=false", "plot=false", "epochs=6", *overrides],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _wait_for_step(run_dir, step, proc, timeout=120):
@@ -82,8 +87,9 @@ def test_killed_run_resumes_bit_for_bit(in_tmp, reference_run):
     assert proc.returncode == 0, output
     assert f"resuming from {last_ckpt.name}" in output
     # every logged step, before and after the kill, matches the uninterrupted run exactly
-    assert [(r["step"], r["loss"]) for r in _rows(in_tmp / "runs/cut/metrics.csv")] == \
-           [(r["step"], r["loss"]) for r in ref_steps]
+    assert [(r["step"], r["loss"]) for r in _rows(in_tmp / "runs/cut/metrics.csv")] == [
+        (r["step"], r["loss"]) for r in ref_steps
+    ]
     assert _rows(in_tmp / "runs/cut/validation.csv") == ref_val
 
 

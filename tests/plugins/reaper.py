@@ -27,8 +27,9 @@ def mark_session() -> None:
     (torch.compile's cache stays where torch keeps it, in the system's temporary folder, shared by runs.)"""
     if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(SESSION_MARK):
         return
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
-                          str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"))
+    os.environ.setdefault(
+        "TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}")
+    )
     folder = tempfile.mkdtemp(prefix="dlscale-tests-")
     os.environ.update(TMPDIR=folder, **{SESSION_MARK: folder})
     tempfile.tempdir = None  # (gettempdir() caches its answer)

@@ -26,8 +26,17 @@ ONE_PROCESS = ("test_browser.py", "test_slurm.py", "test_sharded.py", "test_trai
 #: The files whose tests take longest, longest first. make test's processes take work in collection order, so
 #: these go first, the rest of the integration tier next and the unit tier last: its short tests fill the gaps
 #: at the end, where a long file or lesson started last would run alone while the other processes sit idle.
-LONGEST_FIRST = ("test_browser.py", "test_slurm.py", "test_notebooks.py", "test_experiments.py", "test_sharded.py",
-                 "test_train.py", "test_distributed.py", "test_recipes.py", "test_horovod.py")
+LONGEST_FIRST = (
+    "test_browser.py",
+    "test_slurm.py",
+    "test_notebooks.py",
+    "test_experiments.py",
+    "test_sharded.py",
+    "test_train.py",
+    "test_distributed.py",
+    "test_recipes.py",
+    "test_horovod.py",
+)
 
 
 def _longest_first(item) -> tuple[int, int]:

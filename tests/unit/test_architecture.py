@@ -25,19 +25,33 @@ def test_no_import_climbs_a_layer():
 
 
 def test_ruff_finds_nothing():
-    """Ruff's pyflakes checks (unused names, undefined ones), the import order and pycodestyle's errors, as configured
+    """Ruff's pyflakes checks (unused names, undefined ones), the import order, pycodestyle's errors, as configured
     in pyproject.toml, over the package, the tests and the scripts: `ruff check --fix` repairs most of what it finds."""
     ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
     assert ruff, "ruff is not installed: make setup-dev installs it (the dev extra)"
     done = subprocess.run([ruff, "check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    # and laid out as ruff's formatter lays it out (`ruff format dlscale tests scripts` does it)
+    done = subprocess.run(
+        [ruff, "format", "--check", "--no-cache", "dlscale", "tests", "scripts"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
 
 
 def test_no_module_imports_one_that_imports_it_back():
     """No import cycle anywhere in the package, also between modules of one layer."""
     graph = grimp.build_graph("dlscale")
-    cycles = sorted({tuple(sorted((a, b))) for a in graph.modules for b in graph.find_modules_directly_imported_by(a)
-                     if graph.chain_exists(importer=b, imported=a)})
+    cycles = sorted(
+        {
+            tuple(sorted((a, b)))
+            for a in graph.modules
+            for b in graph.find_modules_directly_imported_by(a)
+            if graph.chain_exists(importer=b, imported=a)
+        }
+    )
     assert not cycles, cycles
 
 
@@ -77,8 +91,10 @@ def test_the_documented_tiers_are_the_contract_the_docstring_and_the_folders():
             path = package / layer.rstrip("/")
             if path.is_dir():
                 present = {p.name for p in path.glob("*.py") if p.name != "__init__.py"}
-                assert set(named) == present, f"{layer}: the table names {sorted(set(named) - present)} that are " \
-                                              f"not there and misses {sorted(present - set(named))}"
+                assert set(named) == present, (
+                    f"{layer}: the table names {sorted(set(named) - present)} that are "
+                    f"not there and misses {sorted(present - set(named))}"
+                )
             else:
                 assert path.is_file() and named == [layer], layer
     top = {p.name for p in package.iterdir() if p.name not in ("__pycache__", "__init__.py")}

@@ -27,20 +27,23 @@ def test_unknown_key_names_it_and_suggests():
         load_config("tiny", ["epoch=2"])
 
 
-@pytest.mark.parametrize("override, pattern", [
-    ("epochs=three", r"'epochs' expects int, got 'three'"),
-    ("epochs=2.5", r"'epochs' expects int"),
-    ("lr=fast", r"'lr' expects float"),
-    ("resume=maybe", r"'resume' expects bool"),
-    ("optimizer=adam", r"'optimizer' must be one of adamw, sgd, lars, larc, lamb; got 'adam'"),
-    ("lr_scaling=quadratic", r"'lr_scaling' must be one of none, linear, sqrt"),
-    ("warmup_start_factor=2", r"'warmup_start_factor' must be in \[0, 1\]"),
-    ("global_batch_size=0", r"'global_batch_size' must be >= 1"),
-    ("image_size=48", r"power of two"),
-    ("depth=6", r"'depth'=6 halves"),
-    ("device=gpu", r"'device' must be one of auto, cpu, cuda"),
-    ("epochs", r"not of the form key=value"),
-])
+@pytest.mark.parametrize(
+    "override, pattern",
+    [
+        ("epochs=three", r"'epochs' expects int, got 'three'"),
+        ("epochs=2.5", r"'epochs' expects int"),
+        ("lr=fast", r"'lr' expects float"),
+        ("resume=maybe", r"'resume' expects bool"),
+        ("optimizer=adam", r"'optimizer' must be one of adamw, sgd, lars, larc, lamb; got 'adam'"),
+        ("lr_scaling=quadratic", r"'lr_scaling' must be one of none, linear, sqrt"),
+        ("warmup_start_factor=2", r"'warmup_start_factor' must be in \[0, 1\]"),
+        ("global_batch_size=0", r"'global_batch_size' must be >= 1"),
+        ("image_size=48", r"power of two"),
+        ("depth=6", r"'depth'=6 halves"),
+        ("device=gpu", r"'device' must be one of auto, cpu, cuda"),
+        ("epochs", r"not of the form key=value"),
+    ],
+)
 def test_bad_values_name_the_key(override, pattern):
     with pytest.raises(ConfigError, match=pattern):
         load_config("tiny", [override])

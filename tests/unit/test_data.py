@@ -33,15 +33,20 @@ def test_generation_is_deterministic_per_seed():
 def test_maps_have_the_requested_power_spectrum(log_amp, index, blur):
     """The measured P(k) of noiseless maps follows A·(k/k_pivot)^-n times the blur's exp(-(2π k σ / N)²):
     with the blur divided out, slope -n and value A at the pivot; with it left in, the fit fails."""
-    spec = FieldSpec(image_size=64, log_amplitude_range=(log_amp, log_amp),
-                     spectral_index_range=(index, index), blur_range=(blur, blur), noise=0.0)
+    spec = FieldSpec(
+        image_size=64,
+        log_amplitude_range=(log_amp, log_amp),
+        spectral_index_range=(index, index),
+        blur_range=(blur, blur),
+        noise=0.0,
+    )
     maps, params = generate_fields(200, spec, np.random.default_rng(0))
     assert np.all(params[:, 2] == blur)
-    power = (np.abs(np.fft.rfft2(maps[:, 0])) ** 2).mean(0) / 64 ** 2
+    power = (np.abs(np.fft.rfft2(maps[:, 0])) ** 2).mean(0) / 64**2
     k = _wavenumbers(64)
     shells = np.arange(2, 17)
     measured = np.array([power[np.round(k) == s].mean() for s in shells])
-    blurred = np.array([np.exp(-(2 * np.pi * k[np.round(k) == s] * blur / 64) ** 2).mean() for s in shells])
+    blurred = np.array([np.exp(-((2 * np.pi * k[np.round(k) == s] * blur / 64) ** 2)).mean() for s in shells])
     raw_slope, _ = np.polyfit(np.log(shells / spec.k_pivot), np.log(measured), 1)
     slope, intercept = np.polyfit(np.log(shells / spec.k_pivot), np.log(measured / blurred), 1)
     assert raw_slope < slope - 0.05  # the blur steepens the spectrum: what the model must tell apart from n
@@ -61,7 +66,11 @@ def test_dataset_round_trips_through_shards(in_tmp):
     manifest = generate_dataset("set", FieldSpec(image_size=16), 300, 70, shard_size=128, seed=3, progress=False)
     assert manifest["splits"]["train"]["shards"] == ["shard-00000-x.npy", "shard-00001-x.npy", "shard-00002-x.npy"]
     assert manifest["generation"]["samples_per_s"] > 0
-    assert json.loads((in_tmp / "set/manifest.json").read_text())["target_names"] == ["log_amplitude", "spectral_index", "blur"]
+    assert json.loads((in_tmp / "set/manifest.json").read_text())["target_names"] == [
+        "log_amplitude",
+        "spectral_index",
+        "blur",
+    ]
     train = ShardDataset("set/train")
     assert len(train) == 300 and train.input_shape == (1, 16, 16) and len(ShardDataset("set/val")) == 70
     # the first shard holds exactly what the generator draws for (seed, split 0, shard 0)
@@ -107,8 +116,9 @@ def test_corrupt_shard_is_named(shards):
 
 
 def test_mismatched_shapes_are_named(shards):
-    write_shards(shards / "train", np.zeros((10, 1, 8, 8), np.float32), np.zeros((10, 2), np.float32), 10,
-                 first_index=7)
+    write_shards(
+        shards / "train", np.zeros((10, 1, 8, 8), np.float32), np.zeros((10, 2), np.float32), 10, first_index=7
+    )
     with pytest.raises(DataError, match=r"shard-00007-x.npy holds maps of shape \(1, 8, 8\).*must match"):
         ShardDataset(shards / "train")
 
@@ -145,7 +155,7 @@ def test_sampler_resumes_mid_epoch(tiny):
     full = torch.cat([y for _, y in loader])
     loader.sampler.set_position(epoch=1, start_index=5 * loader.batch_size)
     rest = torch.cat([y for _, y in loader])
-    assert torch.equal(rest, full[5 * loader.batch_size:])
+    assert torch.equal(rest, full[5 * loader.batch_size :])
     loader.sampler.set_position(epoch=2)
     assert not torch.equal(torch.cat([y for _, y in loader]), full)  # a new order each epoch
 
@@ -166,9 +176,10 @@ def test_the_staging_benchmark_stages_every_shard_and_says_when_staging_pays(tmp
     source = tmp_path / "set"
     generate_dataset(source, FieldSpec(image_size=8), 64, 16, shard_size=32, progress=False)
     result = bench_staging(source, tmp_path / "packed/set.tar.gz", tmp_path / "local")
-    assert sorted(p.relative_to(result["staged"]) for p in result["staged"].rglob("*.npy")) == \
-        sorted(p.relative_to(source) for p in source.rglob("*.npy"))
-    assert result["packed_mib"] == (tmp_path / "packed/set.tar.gz").stat().st_size / 2 ** 20
+    assert sorted(p.relative_to(result["staged"]) for p in result["staged"].rglob("*.npy")) == sorted(
+        p.relative_to(source) for p in source.rglob("*.npy")
+    )
+    assert result["packed_mib"] == (tmp_path / "packed/set.tar.gz").stat().st_size / 2**20
     saving = result["read_packed_s"] - result["read_local_s"]
     if saving > 0:  # staging once costs stage_once_s; each epoch then saves `saving`
         epochs = result["epochs_to_pay_off"]

@@ -12,28 +12,74 @@ from dlscale.distributed import DistEnv, DistributedError, detect, detect_launch
 
 
 def test_slurm_node_lists_expand():
-    assert expand_nodelist("nid[001234-001237,001240]") == ["nid001234", "nid001235", "nid001236", "nid001237",
-                                                             "nid001240"]
+    assert expand_nodelist("nid[001234-001237,001240]") == [
+        "nid001234",
+        "nid001235",
+        "nid001236",
+        "nid001237",
+        "nid001240",
+    ]
     assert expand_nodelist("login01") == ["login01"]
     assert expand_nodelist("gpu[7-8],cpu03") == ["gpu7", "gpu8", "cpu03"]
 
 
-@pytest.mark.parametrize("environ, expected", [
-    ({}, DistEnv()),
-    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "nid001",
-      "MASTER_PORT": "29600", "TORCHELASTIC_RUN_ID": "x"},
-     DistEnv(3, 1, 8, 4, "torchrun", "nid001", 29600)),
-    ({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "16", "SLURM_NTASKS_PER_NODE": "4",
-      "SLURM_JOB_NODELIST": "nid[001234-001237]", "SLURM_JOB_ID": "42"},
-     DistEnv(5, 1, 16, 4, "slurm", "nid001234", 29500)),
-    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-      "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "node7"}, DistEnv(1, 1, 2, 2, "mpi", "node7", 29500)),
-    ({"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2", "MASTER_ADDR": "h1"},
-     DistEnv(2, 0, 4, 2, "mpi", "h1", 29500)),
-    # Polaris's mpiexec (PALS) on 2 nodes of 4 GPUs: 4 ranks per node, not 8 (which no GPU count would fit)
-    ({"PMI_RANK": "5", "PMI_SIZE": "8", "PMI_LOCAL_RANK": "1", "PMI_LOCAL_SIZE": "4", "PALS_RANKID": "5",
-      "PALS_LOCAL_RANKID": "1", "PALS_LOCAL_SIZE": "4", "MASTER_ADDR": "x3002"}, DistEnv(5, 1, 8, 4, "mpi", "x3002", 29500)),
-])
+@pytest.mark.parametrize(
+    "environ, expected",
+    [
+        ({}, DistEnv()),
+        (
+            {
+                "RANK": "3",
+                "LOCAL_RANK": "1",
+                "WORLD_SIZE": "8",
+                "LOCAL_WORLD_SIZE": "4",
+                "MASTER_ADDR": "nid001",
+                "MASTER_PORT": "29600",
+                "TORCHELASTIC_RUN_ID": "x",
+            },
+            DistEnv(3, 1, 8, 4, "torchrun", "nid001", 29600),
+        ),
+        (
+            {
+                "SLURM_PROCID": "5",
+                "SLURM_LOCALID": "1",
+                "SLURM_NTASKS": "16",
+                "SLURM_NTASKS_PER_NODE": "4",
+                "SLURM_JOB_NODELIST": "nid[001234-001237]",
+                "SLURM_JOB_ID": "42",
+            },
+            DistEnv(5, 1, 16, 4, "slurm", "nid001234", 29500),
+        ),
+        (
+            {
+                "OMPI_COMM_WORLD_RANK": "1",
+                "OMPI_COMM_WORLD_SIZE": "2",
+                "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+                "MASTER_ADDR": "node7",
+            },
+            DistEnv(1, 1, 2, 2, "mpi", "node7", 29500),
+        ),
+        (
+            {"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2", "MASTER_ADDR": "h1"},
+            DistEnv(2, 0, 4, 2, "mpi", "h1", 29500),
+        ),
+        # Polaris's mpiexec (PALS) on 2 nodes of 4 GPUs: 4 ranks per node, not 8 (which no GPU count would fit)
+        (
+            {
+                "PMI_RANK": "5",
+                "PMI_SIZE": "8",
+                "PMI_LOCAL_RANK": "1",
+                "PMI_LOCAL_SIZE": "4",
+                "PALS_RANKID": "5",
+                "PALS_LOCAL_RANKID": "1",
+                "PALS_LOCAL_SIZE": "4",
+                "MASTER_ADDR": "x3002",
+            },
+            DistEnv(5, 1, 8, 4, "mpi", "x3002", 29500),
+        ),
+    ],
+)
 def test_detect_reads_each_launchers_variables(environ, expected):
     assert detect(environ) == expected
 
@@ -65,6 +111,7 @@ def test_the_setup_group_connects_lazily_and_leaves_the_environment_as_it_was(mo
 
 def test_bus_bandwidth_is_the_nccl_tests_formula():
     from dlscale.bench.allreduce import bus_bandwidth
+
     assert bus_bandwidth(1e9, 1.0, 2) == pytest.approx(1e9)  # 2·(2−1)/2 = 1
     assert bus_bandwidth(1e9, 1.0, 8) == pytest.approx(1.75e9)  # 2·7/8
     assert bus_bandwidth(1e9, 0.5, 4) == pytest.approx(3e9)
@@ -72,6 +119,7 @@ def test_bus_bandwidth_is_the_nccl_tests_formula():
 
 def test_rank_environments_group_engines_by_host():
     from dlscale.jobs.notebook_engines import rank_environments
+
     one_host = rank_environments(["a", "a"], 4000)
     assert [e["LOCAL_RANK"] for e in one_host] == ["0", "1"] and one_host[0]["MASTER_ADDR"] == "127.0.0.1"
     two_hosts = rank_environments(["n1", "n1", "n2", "n2"], 4000)
@@ -101,6 +149,7 @@ def test_the_benchmarks_timing_reductions_run_on_its_device(monkeypatch):
     """
     from dlscale import distributed
     from dlscale.bench import allreduce
+
     seen = []
     monkeypatch.setattr(distributed, "all_reduce_max", lambda tensor: seen.append(tensor.device) or torch.tensor(0.5))
     assert allreduce.slowest_rank(0.5, torch.device("meta")) == 0.5
@@ -109,6 +158,7 @@ def test_the_benchmarks_timing_reductions_run_on_its_device(monkeypatch):
 
 def test_collectives_of_plain_numbers_use_the_groups_device(monkeypatch):
     from dlscale.distributed import process_group
+
     monkeypatch.setattr(process_group.dist, "is_initialized", lambda: True)
     monkeypatch.setattr(process_group.dist, "get_backend", lambda *a: "nccl")
     monkeypatch.setattr(process_group.torch.cuda, "current_device", lambda: 3)
@@ -122,9 +172,11 @@ def test_one_runner_starts_local_processes_and_a_failure_carries_their_own_words
     # through it: threads each, this environment's programs first, and one error with the start and end of stderr
     from dlscale.jobs.local_ranks import LaunchError, run_local, start_local
 
-    script = ("import os, sys; print(os.environ.get('OMP_NUM_THREADS'), os.environ['PATH'].split(os.pathsep)[0]); "
-              "sys.stderr.write('the rank failed: first words\\n' + 'x\\n' * 3000 + 'the launcher: last words\\n'); "
-              "sys.exit(int(sys.argv[1]))")
+    script = (
+        "import os, sys; print(os.environ.get('OMP_NUM_THREADS'), os.environ['PATH'].split(os.pathsep)[0]); "
+        "sys.stderr.write('the rank failed: first words\\n' + 'x\\n' * 3000 + 'the launcher: last words\\n'); "
+        "sys.exit(int(sys.argv[1]))"
+    )
     done = run_local([sys.executable, "-c", script, "0"], "a probe", threads=3)
     assert done.stdout.split() == ["3", str(Path(sys.executable).parent)]
     with pytest.raises(LaunchError) as err:

@@ -36,6 +36,7 @@ def test_every_path_the_docs_name_exists():
 
 def test_every_dlscale_command_the_docs_name_exists():
     from dlscale.cli import build_parser
+
     commands = next(action for action in build_parser()._actions if action.dest == "command").choices
     named = {command for _, command in _named(r"`dlscale ([a-z][\w-]*)")}
     assert sorted(named - set(commands)) == []

@@ -22,6 +22,7 @@ from ..conftest import ROOT
 
 # -- which GPU a rank uses, and the group bound to it ---------------------------------------------
 
+
 def test_each_local_rank_takes_its_gpu_from_the_site_order_when_it_sees_them_all():
     assert [gpu_index(r, 4, "3,2,1,0") for r in range(4)] == [3, 2, 1, 0]
     assert [gpu_index(r, 4, None) for r in range(4)] == [0, 1, 2, 3]
@@ -45,8 +46,15 @@ def test_init_binds_the_nccl_group_to_the_ranks_own_gpu(monkeypatch):
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "init_process_group", lambda *args, **kwargs: calls.append((args, kwargs)))
     # global rank 5 is local rank 1 of its node: the guess from the global rank would be GPU 5 % 4 = 1, the order says 2
-    environ = {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "n1",
-               "MASTER_PORT": "29500", "DLSCALE_GPU_ORDER": "3,2,1,0"}
+    environ = {
+        "RANK": "5",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "8",
+        "LOCAL_WORLD_SIZE": "4",
+        "MASTER_ADDR": "n1",
+        "MASTER_PORT": "29500",
+        "DLSCALE_GPU_ORDER": "3,2,1,0",
+    }
     env = process_group.init("auto", environ=environ)
     assert chosen == [2] and env.device == "cuda:2"
     (backend,), kwargs = calls[0]
@@ -75,10 +83,13 @@ def test_the_probe_line_shows_each_tasks_gpu_and_warns_when_it_sits_on_other_cor
     assert "gpu 3 (0000:c3:00.0) on NUMA node 0, cores on NUMA node(s) 0" in ordered and "MISMATCH" not in ordered
 
 
-@pytest.mark.parametrize("build, expected", [
-    ((None, None), "CPU-only build.*TORCH_INDEX=https://download.pytorch.org/whl/rocm"),
-    (("12.8", None), "sees no GPU on this node: run on a GPU node"),
-])
+@pytest.mark.parametrize(
+    "build, expected",
+    [
+        ((None, None), "CPU-only build.*TORCH_INDEX=https://download.pytorch.org/whl/rocm"),
+        (("12.8", None), "sees no GPU on this node: run on a GPU node"),
+    ],
+)
 def test_asking_for_a_gpu_that_is_not_there_names_the_fix(monkeypatch, build, expected):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.version, "cuda", build[0])
@@ -89,16 +100,21 @@ def test_asking_for_a_gpu_that_is_not_there_names_the_fix(monkeypatch, build, ex
 
 # -- what the summary reports -----------------------------------------------------------------------
 
+
 def test_flops_are_counted_on_the_meta_device_and_the_peak_is_reset_once_the_model_is_laid_out(tiny, monkeypatch):
     """On a GPU the whole model ran a forward and backward before FSDP sharded it: the 'sharded' peak held it."""
     from dlscale.training import setup
 
     seen = []
     count_flops, build_step_model = setup.count_flops, setup.build_step_model
-    monkeypatch.setattr(setup, "count_flops", lambda model, *a: seen.append(("flops", next(model.parameters()).device))
-                        or count_flops(model, *a))
-    monkeypatch.setattr(setup, "build_step_model", lambda *a, **k: seen.append(("step model",)) or
-                        build_step_model(*a, **k))
+    monkeypatch.setattr(
+        setup,
+        "count_flops",
+        lambda model, *a: seen.append(("flops", next(model.parameters()).device)) or count_flops(model, *a),
+    )
+    monkeypatch.setattr(
+        setup, "build_step_model", lambda *a, **k: seen.append(("step model",)) or build_step_model(*a, **k)
+    )
     monkeypatch.setattr(setup, "reset_peak", lambda device: seen.append(("reset peak", device.type)))
     setup.model_flops.cache_clear()  # (an earlier run of this config in the process has counted it already)
     result = train(tiny(max_steps=1))
@@ -118,7 +134,7 @@ def test_mfu_counts_a_tensor_parallel_ranks_share_and_the_peak_of_the_kernels_th
     assert shares["tiny"] > 0.9 and shares["vit-tiny"] < 0.1  # the ViT's FLOPs are matmuls (its patches are one conv)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "NVIDIA A100-SXM4-40GB")
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)  # PyTorch's defaults: TF32 convolutions,
-    assert torch.backends.cuda.matmul.allow_tf32 is False              # float32 matmuls
+    assert torch.backends.cuda.matmul.allow_tf32 is False  # float32 matmuls
     assert peak_flops("cuda", peak_precision("cuda", "fp32", convolutions=True)) == 156e12
     assert peak_flops("cuda", peak_precision("cuda", "fp32", convolutions=False)) == 19.5e12
     # 4 ranks in 2 tensor-parallel pairs: each rank's 1000 samples/s are its pair's, half the FLOPs on each GPU
@@ -153,13 +169,13 @@ def test_each_logged_rows_samples_per_s_is_its_blocks_with_the_device_work_in_it
     log.time_with(meter, ranks=2)
     for step in range(1, 3 * LOG_BLOCK + 1):
         device_done[0] = max(device_done[0], now[0]) + 0.010  # the kernels this step queued
-        now[0] += 0.001                                        # the host is back after 1 ms
+        now[0] += 0.001  # the host is back after 1 ms
         meter.step(8)
         log.add(step, 0, torch.tensor(1.0), 0.1)
         if step % LOG_BLOCK == 0:
             log.flush()
     rates = [row["samples_per_s"] for row in rows]
-    assert len(rates) == 3 * LOG_BLOCK and len(set(rates[LOG_BLOCK:2 * LOG_BLOCK])) == 1  # one rate per block
+    assert len(rates) == 3 * LOG_BLOCK and len(set(rates[LOG_BLOCK : 2 * LOG_BLOCK])) == 1  # one rate per block
     # 8 samples per 10 ms on each of 2 ranks: 1,600 samples/s (the first block loses its first step's start)
     assert rates[-1] == pytest.approx(1600, rel=0.01) and rates[0] == pytest.approx(1600, rel=0.1)
 
@@ -169,12 +185,20 @@ def test_the_profile_summary_has_one_row_per_range_whatever_the_device_recorded(
     from dlscale.profiling.step_profiler import summarize_events
 
     def event(key, device, count=4, cpu=4000.0, gpu=2000.0):
-        return types.SimpleNamespace(key=key, count=count, cpu_time_total=cpu, self_cpu_time_total=cpu / 2,
-                                     device_time_total=gpu, self_device_time_total=gpu, device_type=device)
+        return types.SimpleNamespace(
+            key=key,
+            count=count,
+            cpu_time_total=cpu,
+            self_cpu_time_total=cpu / 2,
+            device_time_total=gpu,
+            self_device_time_total=gpu,
+            device_type=device,
+        )
 
     cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
-    events = [event(name, cpu) for name in profiling.RANGES] + [event(name, cuda, cpu=0.0, gpu=9000.0)
-                                                                for name in profiling.RANGES]
+    events = [event(name, cpu) for name in profiling.RANGES] + [
+        event(name, cuda, cpu=0.0, gpu=9000.0) for name in profiling.RANGES
+    ]
     events.append(event("aten::mm", cpu, count=8))
     summary = summarize_events(events, steps=4)
     assert [r["name"] for r in summary["ranges"]] == list(profiling.RANGES)
@@ -201,30 +225,51 @@ def test_the_backward_phase_gets_the_kernels_autograds_thread_launched_and_lesso
     cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
 
     def raw(name, thread, start, end, own=0.0, device=cpu):  # one event of profiler.events(), in microseconds
-        return types.SimpleNamespace(name=name, thread=thread, time_range=types.SimpleNamespace(start=start, end=end),
-                                     self_device_time_total=own, device_type=device)
+        return types.SimpleNamespace(
+            name=name,
+            thread=thread,
+            time_range=types.SimpleNamespace(start=start, end=end),
+            self_device_time_total=own,
+            device_type=device,
+        )
 
     main, autograd = 1, 2  # one step, shaped as Kineto records it on a GPU
-    trace = [raw("data", main, 0, 100), raw("aten::copy_", main, 10, 90, own=200.0),
-             raw("forward", main, 100, 400), raw("aten::convolution", main, 120, 300, own=3100.0),
-             raw("backward", main, 400, 1400),  # the main thread waits here while autograd's thread launches
-             raw("autograd::engine::evaluate_function: ConvolutionBackward0", autograd, 420, 1300),
-             raw("aten::convolution_backward", autograd, 430, 1290, own=6400.0),
-             raw("optimizer", main, 1400, 1600), raw("aten::_foreach_addcdiv_", main, 1410, 1590, own=900.0),
-             raw("backward", main, 0, 9000, own=9999.0, device=cuda),  # the gpu_user_annotation: not a host range
-             raw("aten::mm", main, 2000, 2100, own=50.0)]  # after the last range: nobody's
+    trace = [
+        raw("data", main, 0, 100),
+        raw("aten::copy_", main, 10, 90, own=200.0),
+        raw("forward", main, 100, 400),
+        raw("aten::convolution", main, 120, 300, own=3100.0),
+        raw("backward", main, 400, 1400),  # the main thread waits here while autograd's thread launches
+        raw("autograd::engine::evaluate_function: ConvolutionBackward0", autograd, 420, 1300),
+        raw("aten::convolution_backward", autograd, 430, 1290, own=6400.0),
+        raw("optimizer", main, 1400, 1600),
+        raw("aten::_foreach_addcdiv_", main, 1410, 1590, own=900.0),
+        raw("backward", main, 0, 9000, own=9999.0, device=cuda),  # the gpu_user_annotation: not a host range
+        raw("aten::mm", main, 2000, 2100, own=50.0),
+    ]  # after the last range: nobody's
     windows = device_time_by_window(trace)
     assert windows == {"data": 200.0, "forward": 3100.0, "backward": 6400.0, "optimizer": 900.0}
 
     # key_averages()'s rows: the ranges' own device time, as record_function reports it (backward: nearly none)
     own = {"data": 200.0, "forward": 3100.0, "backward": 10.0, "optimizer": 900.0}
-    averages = [types.SimpleNamespace(key=name, count=1, cpu_time_total=cpu_us, self_cpu_time_total=cpu_us / 10,
-                                      device_time_total=own[name], self_device_time_total=0.0, device_type=cpu)
-                for name, cpu_us in {"data": 400.0, "forward": 1500.0, "backward": 1200.0, "optimizer": 4800.0}.items()]
+    averages = [
+        types.SimpleNamespace(
+            key=name,
+            count=1,
+            cpu_time_total=cpu_us,
+            self_cpu_time_total=cpu_us / 10,
+            device_time_total=own[name],
+            self_device_time_total=0.0,
+            device_type=cpu,
+        )
+        for name, cpu_us in {"data": 400.0, "forward": 1500.0, "backward": 1200.0, "optimizer": 4800.0}.items()
+    ]
     assert max(own, key=own.get) == "forward"  # what the table said before: the wrong slowest phase
     summary = summarize_events(averages, steps=1, by_device=True, windows=windows)
     times, clock = phase_times(summary, "cuda:0")
-    assert clock == "device" and times == pytest.approx({"data": 0.2, "forward": 3.1, "backward": 6.4, "optimizer": 0.9})
+    assert clock == "device" and times == pytest.approx(
+        {"data": 0.2, "forward": 3.1, "backward": 6.4, "optimizer": 0.9}
+    )
 
     solution = json.loads((ROOT / "solutions" / "04_profiling.ipynb").read_text())
     namespace: dict = {}
@@ -258,6 +303,7 @@ def test_ranges_reach_rocprof_on_rocm(monkeypatch):
 
 # -- no device sync in the step ---------------------------------------------------------------------
 
+
 def test_whole_tensor_norms_of_shards_copy_nothing_to_the_device_after_the_first_step(monkeypatch):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -267,8 +313,11 @@ def test_whole_tensor_norms_of_shards_copy_nothing_to_the_device_after_the_first
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         mesh = init_device_mesh("cpu", (1,))
-        tensors = [distribute_tensor(torch.randn(4, 3), mesh, [Shard(0)]), torch.randn(5),
-                   distribute_tensor(torch.randn(6), mesh, [Shard(0)])]
+        tensors = [
+            distribute_tensor(torch.randn(4, 3), mesh, [Shard(0)]),
+            torch.randn(5),
+            distribute_tensor(torch.randn(6), mesh, [Shard(0)]),
+        ]
         first = full_norms(tensors)
         made = []
         real = torch.tensor
@@ -281,6 +330,7 @@ def test_whole_tensor_norms_of_shards_copy_nothing_to_the_device_after_the_first
 
 
 # -- errors as they are ------------------------------------------------------------------------------
+
 
 def test_only_a_peers_failure_reads_as_a_dead_rank():
     gloo = RuntimeError("[third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4")
@@ -297,13 +347,17 @@ def test_out_of_memory_says_so_with_the_batch_and_what_to_lower(tiny, monkeypatc
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
     monkeypatch.setattr(loop, "train_step", no_memory)
-    with pytest.raises(loop.OutOfMemoryError, match="ran out of memory on cpu with micro-batches of 32 samples "
-                                                    r"\(global_batch_size=32 .*Lower global_batch_size") as caught:
+    with pytest.raises(
+        loop.OutOfMemoryError,
+        match="ran out of memory on cpu with micro-batches of 32 samples "
+        r"\(global_batch_size=32 .*Lower global_batch_size",
+    ) as caught:
         train(tiny(global_batch_size=32))
     assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)  # the original stays chained
 
 
 # -- K-Means on a GPU: float64 sums, blocks within the budget ---------------------------------------
+
 
 def test_the_gpu_pass_sums_in_float64_so_one_rank_equals_two():
     """The one-hot GEMM over half a million float32 rows a chunk lost digits in float32 (weights cast too)."""
@@ -339,6 +393,7 @@ def test_kmeans_parallel_keeps_every_distance_block_within_the_chunks_budget(mon
 
 # -- a resume continues the same run only ------------------------------------------------------------
 
+
 def test_a_resume_refuses_another_runs_checkpoint_and_says_what_changed(tiny, capsys):
     first = train(tiny(run_dir="runs/r", max_steps=4, checkpoint_every=2))
     with pytest.raises(ConfigError, match=r"belongs to another run: width 8 -> 16\..*run_dir=runs/<new name>"):
@@ -359,6 +414,7 @@ def _init_recorded(monkeypatch, environ, device, gpus, fail=None):
         calls.append((args, kwargs, os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING")))
         if fail:
             raise fail
+
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "init_process_group", record)
     monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
@@ -372,15 +428,25 @@ TWO_TORCHRUN_RANKS = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_
 def test_more_ranks_than_gpus_is_refused_naming_both_counts_or_trains_on_the_cpu_under_auto(monkeypatch, capsys):
     """Two ranks on a one-GPU node (a shared Jupyter node, two engines) used to land on one GPU, which NCCL refuses
     with an error the kit then blamed on MASTER_ADDR."""
-    with pytest.raises(DistributedError, match=r"2 ranks on this node but 1 GPU\(s\) visible: NCCL cannot put two "
-                                               r"ranks on one GPU"):
+    with pytest.raises(
+        DistributedError,
+        match=r"2 ranks on this node but 1 GPU\(s\) visible: NCCL cannot put two "
+        r"ranks on one GPU",
+    ):
         _init_recorded(monkeypatch, TWO_TORCHRUN_RANKS, "cuda", gpus=1)
     env, chosen, calls = _init_recorded(monkeypatch, {**TWO_TORCHRUN_RANKS, "LOCAL_RANK": "0", "RANK": "0"}, "auto", 1)
     assert env.device == "cpu" and chosen == [] and calls[0][0] == ("gloo",)
     assert "2 ranks on this node and 1 GPU(s): the ranks train on the CPU (gloo)" in capsys.readouterr().out
     # Slurm's binding: every task of 8 sees its own one GPU, which is not sharing
-    slurm = {"SLURM_PROCID": "5", "SLURM_LOCALID": "5", "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "8",
-             "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "n1"}
+    slurm = {
+        "SLURM_PROCID": "5",
+        "SLURM_LOCALID": "5",
+        "SLURM_NTASKS": "8",
+        "SLURM_NTASKS_PER_NODE": "8",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_JOB_NODELIST": "n1",
+    }
     env, chosen, calls = _init_recorded(monkeypatch, slurm, "cuda", gpus=1)
     assert env.device == "cuda:0" and calls[0][0] == ("nccl",)
 
@@ -390,8 +456,11 @@ def test_nccl_error_handling_keeps_torchs_default_and_a_failure_keeps_its_own_wo
     _, _, calls = _init_recorded(monkeypatch, TWO_TORCHRUN_RANKS, "cuda", gpus=2)
     assert calls[0][2] is None  # not set by the kit
     failure = RuntimeError("NCCL error: invalid usage (run with NCCL_DEBUG=WARN for details)")
-    with pytest.raises(DistributedError, match=r"^rank 1 of 2 could not join the nccl process group: RuntimeError: "
-                                               r"NCCL error: invalid usage"):
+    with pytest.raises(
+        DistributedError,
+        match=r"^rank 1 of 2 could not join the nccl process group: RuntimeError: "
+        r"NCCL error: invalid usage",
+    ):
         _init_recorded(monkeypatch, TWO_TORCHRUN_RANKS, "cuda", gpus=2, fail=failure)
 
 
@@ -399,9 +468,14 @@ def test_horovod_without_nccl_is_refused_on_a_gpu_in_one_line(monkeypatch):
     """The CPU build of scripts/build_horovod.sh crashed at the first all-reduce of GPU tensors (horovod#2478)."""
     from dlscale.distributed import horovod_backend
     from dlscale.distributed.horovod_backend import HorovodError
+
     inited = []
-    stub = types.SimpleNamespace(nccl_built=lambda: False, mpi_built=lambda: False, is_initialized=lambda: False,
-                                 init=lambda: inited.append(True))
+    stub = types.SimpleNamespace(
+        nccl_built=lambda: False,
+        mpi_built=lambda: False,
+        is_initialized=lambda: False,
+        init=lambda: inited.append(True),
+    )
     monkeypatch.setattr(horovod_backend, "load", lambda: stub)
     with pytest.raises(HorovodError, match=r"built without NCCL .* Use the site's Horovod .*data_parallel=ddp"):
         horovod_backend.init("horovodrun", 60, on_gpu=True)
@@ -420,8 +494,10 @@ def test_cudnns_autotuner_is_on_for_the_gpu_config_and_set_per_run_on_a_gpu(tiny
 
 # -- the recipe's profiling window under Nsight Systems (issue 59) ------------------------------------------------
 
-def test_the_recipes_profiling_window_traces_the_cpu_only_under_nsys_and_synchronizes_at_its_edges(monkeypatch,
-                                                                                                     tmp_path):
+
+def test_the_recipes_profiling_window_traces_the_cpu_only_under_nsys_and_synchronizes_at_its_edges(
+    monkeypatch, tmp_path
+):
     """Beside nsys a second CUDA tracer fails (CUPTI: multiple subscribers); a capture stopped without a synchronize
     loses the kernels still queued."""
     import importlib
@@ -454,14 +530,25 @@ def test_the_gpu_checks_run_risk_first_and_without_a_gpu_say_each_step_was_skipp
     CPU-only K-Means (which took the first 620 s of a lease); here, one line per step that it was skipped, and why."""
     import subprocess
     import sys
+
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: the script runs for real (scripts/gpu_checks.sh)")
-    done = subprocess.run(["bash", "scripts/gpu_checks.sh"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable})
+    done = subprocess.run(
+        ["bash", "scripts/gpu_checks.sh"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable},
+    )
     assert done.returncode == 0, done.stderr
-    skipped = [line.split("skipped: ", 1)[1] for line in (tmp_path / "log.txt").read_text().splitlines()
-               if "skipped: " in line]
+    skipped = [
+        line.split("skipped: ", 1)[1] for line in (tmp_path / "log.txt").read_text().splitlines() if "skipped: " in line
+    ]
     assert [entry.split(" ", 1)[0] for entry in skipped] == [
-        f"{name}.txt" for name in ("probe ddp parity fsdp compile nsys horovod gpu_tests kmeans_gpu profile kmeans2 "
-                                   "kmeans_all").split()]
+        f"{name}.txt"
+        for name in (
+            "probe ddp parity fsdp compile nsys horovod gpu_tests kmeans_gpu profile kmeans2 kmeans_all"
+        ).split()
+    ]
     assert all(entry.endswith("(no CUDA GPU: torch " + torch.__version__ + " sees none)") for entry in skipped)

@@ -15,31 +15,47 @@ from dlscale.metrics.tracking import read_rows
 optuna = pytest.importorskip("optuna")
 
 #: Trials of about a second on one core: what the tests need to see several finish.
-SMALL = {"epochs": 2, "train_samples": 256, "val_samples": 128, "shard_size": 128, "checkpoint_every": 0,
-         "keep_checkpoints": 1, "norm": "group"}
+SMALL = {
+    "epochs": 2,
+    "train_samples": 256,
+    "val_samples": 128,
+    "shard_size": 128,
+    "checkpoint_every": 0,
+    "keep_checkpoints": 1,
+    "norm": "group",
+}
 
 
 def _space(**parameters):
-    return load_space({"name": "test", "base": "tiny", "fixed": SMALL,
-                       "parameters": parameters or {"lr": {"low": 1e-3, "high": 1e-2, "log": True},
-                                                    "warmup_steps": {"low": 0, "high": 8}}})
+    return load_space(
+        {
+            "name": "test",
+            "base": "tiny",
+            "fixed": SMALL,
+            "parameters": parameters
+            or {"lr": {"low": 1e-3, "high": 1e-2, "log": True}, "warmup_steps": {"low": 0, "high": 8}},
+        }
+    )
 
 
-@pytest.mark.parametrize("parameters, message", [
-    ({"lrr": {"low": 1e-3, "high": 1e-2}}, "'lrr', which is not a config key (did you mean 'lr'?)"),
-    ({"lr": {"low": 1e-2, "high": 1e-3}}, "parameter 'lr': the range is inverted (low 0.01 > high 0.001)"),
-    ({"lr": {"low": 1e-3, "high": 1e-3}}, "parameter 'lr': the range [0.001, 0.001] is empty"),
-    ({"lr": {"low": 0.0, "high": 1e-2, "log": True}}, "parameter 'lr': a log range must stay above zero"),
-    ({"optimizer": {"choices": []}}, "parameter 'optimizer': the list of choices is empty"),
-    ({"optimizer": {"choices": ["adamw", "adam"]}}, "parameter 'optimizer': the value 'adam' is refused"),
-    ({"optimizer": {"low": 1, "high": 2}}, "optimizer is not a number"),
-    ({"warmup_steps": {"low": 0.5, "high": 8}}, "warmup_steps is an integer key"),
-    ({"run_dir": {"choices": ["a", "b"]}}, "'run_dir', which each trial sets itself"),
-    ({"lr": {"low": 1e-3, "hi": 1e-2}}, "unknown setting 'hi'"),
-    ({"lr": {"low": float("nan"), "high": 1e-2}}, "parameter 'lr': low and high must be finite numbers, got nan"),
-    ({"lr": {"low": 1e-3, "high": float("inf")}}, "parameter 'lr': low and high must be finite numbers"),
-    ({}, "'parameters' is empty"),
-])
+@pytest.mark.parametrize(
+    "parameters, message",
+    [
+        ({"lrr": {"low": 1e-3, "high": 1e-2}}, "'lrr', which is not a config key (did you mean 'lr'?)"),
+        ({"lr": {"low": 1e-2, "high": 1e-3}}, "parameter 'lr': the range is inverted (low 0.01 > high 0.001)"),
+        ({"lr": {"low": 1e-3, "high": 1e-3}}, "parameter 'lr': the range [0.001, 0.001] is empty"),
+        ({"lr": {"low": 0.0, "high": 1e-2, "log": True}}, "parameter 'lr': a log range must stay above zero"),
+        ({"optimizer": {"choices": []}}, "parameter 'optimizer': the list of choices is empty"),
+        ({"optimizer": {"choices": ["adamw", "adam"]}}, "parameter 'optimizer': the value 'adam' is refused"),
+        ({"optimizer": {"low": 1, "high": 2}}, "optimizer is not a number"),
+        ({"warmup_steps": {"low": 0.5, "high": 8}}, "warmup_steps is an integer key"),
+        ({"run_dir": {"choices": ["a", "b"]}}, "'run_dir', which each trial sets itself"),
+        ({"lr": {"low": 1e-3, "hi": 1e-2}}, "unknown setting 'hi'"),
+        ({"lr": {"low": float("nan"), "high": 1e-2}}, "parameter 'lr': low and high must be finite numbers, got nan"),
+        ({"lr": {"low": 1e-3, "high": float("inf")}}, "parameter 'lr': low and high must be finite numbers"),
+        ({}, "'parameters' is empty"),
+    ],
+)
 def test_a_bad_search_space_is_refused_naming_the_parameter(parameters, message):
     with pytest.raises(SearchSpaceError) as caught:
         load_space({"base": "tiny", "parameters": parameters})
@@ -82,6 +98,7 @@ def test_a_pruned_trial_stops_through_the_engines_stop_path_and_keeps_its_folder
         assert summary["stop_detail"] == "stopped after epoch 1 by the search's pruner"
     if storage == "journal":  # the study moves whole: its trials' folders are recorded relative to it
         from dlscale.hpo.results import trial_rows
+
         (in_tmp / "elsewhere").mkdir()
         (in_tmp / "study").rename(in_tmp / "elsewhere/study")
         monkeypatch.chdir(in_tmp / "elsewhere")
@@ -100,7 +117,7 @@ def test_a_journal_torn_mid_record_is_cut_back_and_never_joined_by_the_next_writ
     journal.write_bytes(whole[:-25])  # trial 2's result, torn by a crash (the issue's reproduction)
     live, _ = open_study("study")  # the next worker: the torn record is cut off when it opens the study
     assert "ended in a record torn mid-write (" in capsys.readouterr().out
-    assert torn.read_bytes() == whole[whole.rstrip(b"\n").rfind(b"\n") + 1:-25] + b"\n"
+    assert torn.read_bytes() == whole[whole.rstrip(b"\n").rfind(b"\n") + 1 : -25] + b"\n"
     with journal.open("ab") as dying:  # another worker dies mid-write while this one runs on
         dying.write(whole.splitlines()[-1][:-25])
     live.tell(live.ask(), 0.4)  # this worker's next write cuts the torn record first, never joins it
@@ -125,8 +142,9 @@ def test_random_search_and_tpe_of_one_seed_start_from_different_draws():
         study = optuna.create_study(sampler=make_sampler(settings, space), direction="maximize")
         first[sampler] = [space.overrides(study.ask()) for _ in range(3)]
     assert first["random"] != first["tpe"]
-    again = optuna.create_study(sampler=make_sampler(StudySettings("s", space.to_dict(), 4, sampler="tpe", seed=3),
-                                                     space))
+    again = optuna.create_study(
+        sampler=make_sampler(StudySettings("s", space.to_dict(), 4, sampler="tpe", seed=3), space)
+    )
     assert [space.overrides(again.ask()) for _ in range(3)] == first["tpe"]  # and a seed still repeats its draws
 
 
@@ -156,18 +174,23 @@ def test_the_optuna_calls_it_does_not_promise_work_without_a_warning_at_this_ver
 
 
 def test_a_setting_every_trial_shares_is_checked_before_any_trial_and_a_repeated_refusal_stops_the_worker(
-        in_tmp, capsys):
+    in_tmp, capsys
+):
     """A typo in the per-trial overrides once made thousands of failed trials in minutes, without a word."""
     from dlscale.config import ConfigError
     from dlscale.hpo.worker import FAILURES_IN_A_ROW, WorkerError, run_worker
+
     with pytest.raises(ConfigError, match="unknown config key 'lrr'"):
         create_study(_space(), "typo", trials=4, extra=["lrr=0.1"])
     assert not (in_tmp / "typo").exists()
     create_study(_space(), "study", trials=20)
     with pytest.raises(ConfigError, match="unknown config key 'lrr'"):
         run_worker("study", extra=["lrr=0.1"])  # a worker's own overrides too
-    with pytest.raises(WorkerError, match=f"{FAILURES_IN_A_ROW} trials in a row failed the same way, so this worker "
-                                          f"stopped: data_dir nowhere does not exist"):
+    with pytest.raises(
+        WorkerError,
+        match=f"{FAILURES_IN_A_ROW} trials in a row failed the same way, so this worker "
+        f"stopped: data_dir nowhere does not exist",
+    ):
         run_worker("study", extra=["data_dir=nowhere"])  # refused by the engine only when a trial starts
     study, _ = open_study("study")
     assert len(study.trials) == FAILURES_IN_A_ROW and {t.state.name for t in study.trials} == {"FAIL"}
@@ -177,6 +200,7 @@ def test_starting_an_existing_study_again_keeps_its_settings_and_says_what_chang
     """It used to raise a finished 4-trial study to 12 and ignore a new grace, seed or override without a word."""
     from dlscale.cli import main
     from dlscale.hpo import read_settings
+
     assert main(["hpo", "start", "tiny", "--dir", "s", "--trials", "4", "--workers", "0", "--grace-s", "30"]) == 0
     assert main(["hpo", "start", "tiny", "--dir", "s", "--workers", "0"]) == 0  # the same, resumed: nothing changes
     assert read_settings("s").trials == 4 and read_settings("s").grace_s == 30
@@ -185,7 +209,8 @@ def test_starting_an_existing_study_again_keeps_its_settings_and_says_what_chang
     assert capfd.readouterr().err.strip() == (
         "dlscale: error: s holds study 'tiny-search', created with other settings: seed 0 -> 3; grace_s 30.0 -> 6.0; "
         "extra [] -> ['epochs=1']. Resume it without them (`dlscale hpo start --dir s`; --trials may change), or "
-        "start the new search in a new folder")
+        "start the new search in a new folder"
+    )
     assert main(["hpo", "start", "--dir", "s", "--workers", "0", "--trials", "6"]) == 0
     assert "6 trials to finish (it had 4)" in capfd.readouterr().out and read_settings("s").trials == 6
 
@@ -193,7 +218,10 @@ def test_starting_an_existing_study_again_keeps_its_settings_and_says_what_chang
 def test_a_space_whose_choices_are_lists_is_drawn_stored_and_shown(in_tmp):
     """Optuna keeps plain values only: its plots failed on a list choice (profile_steps), so hpo show did too."""
     from dlscale.cli import main
-    space = load_space({"name": "lists", "base": "tiny", "parameters": {"profile_steps": {"choices": [[1, 2], [2, 3]]}}})
+
+    space = load_space(
+        {"name": "lists", "base": "tiny", "parameters": {"profile_steps": {"choices": [[1, 2], [2, 3]]}}}
+    )
     create_study(space, "study", trials=2)
     study, settings = open_study("study")
     drawn = []

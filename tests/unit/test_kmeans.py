@@ -18,8 +18,16 @@ from dlscale.kmeans.scoring import assign as _assign
 
 def _datasets():
     blobs, _ = make_blobs(4000, n_features=6, centers=7, random_state=0)
-    anisotropic = blobs @ np.array([[0.6, -0.6, 0, 0, 0, 0], [-0.4, 0.8, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0],
-                                    [0, 0, 0, 1, 0, 0], [0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 1]])
+    anisotropic = blobs @ np.array(
+        [
+            [0.6, -0.6, 0, 0, 0, 0],
+            [-0.4, 0.8, 0, 0, 0, 0],
+            [0, 0, 1, 0, 0, 0],
+            [0, 0, 0, 1, 0, 0],
+            [0, 0, 0, 0, 1, 0],
+            [0, 0, 0, 0, 0, 1],
+        ]
+    )
     moons, _ = make_moons(3000, noise=0.1, random_state=0)
     circles, _ = make_circles(3000, noise=0.05, factor=0.4, random_state=0)
     uniform = np.random.default_rng(0).uniform(size=(3000, 3))
@@ -52,14 +60,16 @@ def test_empty_clusters_are_reseeded_like_scikit_learn_never_nan():
     assert not np.any(np.all(ours.cluster_centers_ == 0, axis=1))  # no cluster parked at the origin
     assert len(set(ours.labels_.tolist())) == 5  # every cluster got points
     assert ours.inertia_ == pytest.approx(reference.inertia_, rel=1e-6)
-    np.testing.assert_allclose(np.sort(ours.cluster_centers_, axis=0), np.sort(reference.cluster_centers_, axis=0),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        np.sort(ours.cluster_centers_, axis=0), np.sort(reference.cluster_centers_, axis=0), atol=1e-6
+    )
 
 
 def test_results_do_not_depend_on_the_chunk_size():
     x, _ = make_blobs(5000, n_features=4, centers=6, random_state=2)
-    runs = [KMeans(6, random_state=0, backend="torch", device="cpu", chunk_size=size).fit(x)
-            for size in (7, 1000, None)]
+    runs = [
+        KMeans(6, random_state=0, backend="torch", device="cpu", chunk_size=size).fit(x) for size in (7, 1000, None)
+    ]
     for run in runs[1:]:
         assert np.array_equal(run.labels_, runs[0].labels_)
         np.testing.assert_allclose(run.cluster_centers_, runs[0].cluster_centers_, rtol=1e-10)
@@ -86,9 +96,11 @@ def test_kmeans_parallel_init_is_about_as_good_as_kmeans_plusplus():
     costs = {"++": [], "||": [], "random": []}
     for seed in range(5):
         generator = lambda: torch.Generator().manual_seed(seed)  # noqa: E731
-        for name, centers in (("++", kmeans_plusplus(x, 20, generator())),
-                              ("||", kmeans_parallel(x, 20, generator(), chunk=2048)),
-                              ("random", x[torch.randperm(len(x), generator=generator())[:20]])):
+        for name, centers in (
+            ("++", kmeans_plusplus(x, 20, generator())),
+            ("||", kmeans_parallel(x, 20, generator(), chunk=2048)),
+            ("random", x[torch.randperm(len(x), generator=generator())[:20]]),
+        ):
             costs[name].append(_assign(x, centers, 4096)[1])
     assert np.mean(costs["||"]) < 2.0 * np.mean(costs["++"])
     assert np.mean(costs["||"]) < np.mean(costs["random"])  # and it is a real seeding, not luck
@@ -125,8 +137,9 @@ def test_daal4py_in_one_process_agrees_with_the_torch_backend():
     daal = KMeans(5, init=init, backend="daal4py", tol=0.0, max_iter=50).fit(x)
     ours = KMeans(5, init=init, backend="torch", device="cpu", tol=0.0, max_iter=50).fit(x)
     assert daal.backend_ == "daal4py"
-    np.testing.assert_allclose(np.sort(daal.cluster_centers_, axis=0), np.sort(ours.cluster_centers_, axis=0),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        np.sort(daal.cluster_centers_, axis=0), np.sort(ours.cluster_centers_, axis=0), rtol=1e-6
+    )
     assert daal.inertia_ == pytest.approx(ours.inertia_, rel=1e-6)
 
 
@@ -147,12 +160,25 @@ def test_auto_picks_torch_in_one_process_and_daal4py_for_mpi_ranks(monkeypatch):
 def test_the_benchmark_fits_each_kind_of_data_in_both_phases_beside_scikit_learn(tmp_path):
     from dlscale.bench.kmeans import FLOAT64_REFERENCE, bench_kmeans, format_kmeans
 
-    rows = bench_kmeans(n=4000, d=8, k=6, iterations=3, rounds=1, kinds=("blobs", "noise", "china", "mixture"),
-                        photo_k=(4,), photo_copies=1, out_dir=tmp_path)
+    rows = bench_kmeans(
+        n=4000,
+        d=8,
+        k=6,
+        iterations=3,
+        rounds=1,
+        kinds=("blobs", "noise", "china", "mixture"),
+        photo_k=(4,),
+        photo_copies=1,
+        out_dir=tmp_path,
+    )
     by = {(r["data"], r["phase"], r["engine"]): r for r in rows}
     data = list(dict.fromkeys(r["data"] for r in rows))
-    assert data == ["blobs 4,000 × 8, k=6", "noise 1,600 × 8, k=6", "china.jpg colours 273,280 × 3, k=4",
-                    "mixture 480 × 128, k=40"]
+    assert data == [
+        "blobs 4,000 × 8, k=6",
+        "noise 1,600 × 8, k=6",
+        "china.jpg colours 273,280 × 3, k=4",
+        "mixture 480 × 128, k=40",
+    ]
     for label in data:
         for phase in ("first iterations", "to convergence"):
             ours, theirs = by[label, phase, "dlscale torch (cpu)"], by[label, phase, "scikit-learn"]
@@ -162,8 +188,11 @@ def test_the_benchmark_fits_each_kind_of_data_in_both_phases_beside_scikit_learn
             if phase == "first iterations":
                 assert ours["iterations"] == theirs["iterations"] == 3
     # a photo's many repeated colours: scikit-learn on the same data in float64, for the spread of its iterations
-    assert (data[2], "to convergence", FLOAT64_REFERENCE) in by and (data[0], "to convergence", FLOAT64_REFERENCE) \
-        not in by
+    assert (data[2], "to convergence", FLOAT64_REFERENCE) in by and (
+        data[0],
+        "to convergence",
+        FLOAT64_REFERENCE,
+    ) not in by
     table = format_kmeans(rows)
     assert "| china.jpg colours 273,280 × 3, k=4 | to convergence | dlscale torch (cpu) | compiled |" in table
     assert re.search(r"^CPU: .+, \d+ threads, SIMD \w+", table)  # the CPU and its SIMD: ratios depend on them
@@ -179,23 +208,36 @@ def test_the_scaling_runs_launch_one_process_once_for_strong_and_weak(tmp_path, 
 
     def fake_run(launcher, procs, data, init, k, iterations, out, threads):
         launched.append((launcher, out.name, len(np.load(data))))
-        return {"backend": "torch", "threads": {"count": threads}, "seconds": 1.0, "n_iter": iterations,
-                "seconds_per_iteration": 0.5 * procs if "weak" in out.name else 0.5 / procs}
+        return {
+            "backend": "torch",
+            "threads": {"count": threads},
+            "seconds": 1.0,
+            "n_iter": iterations,
+            "seconds_per_iteration": 0.5 * procs if "weak" in out.name else 0.5 / procs,
+        }
 
     monkeypatch.setattr(bench, "_scaling_run", fake_run)
     monkeypatch.setattr("dlscale.kmeans.daal.available", lambda: False)
     x = np.zeros((10, 3), dtype=np.float32)
     rows = bench._scaling(x, x[:2], [1, 2], 3, tmp_path, 0)
-    assert launched == [("torchrun", "torchrun-strong-1", 10), ("torchrun", "torchrun-strong-2", 10),
-                        ("torchrun", "torchrun-weak-2", 20)]
-    assert [(r["mode"], r["processes"], r["samples"]) for r in rows] == [("strong", 1, 10), ("strong", 2, 10),
-                                                                         ("weak", 1, 10), ("weak", 2, 20)]
+    assert launched == [
+        ("torchrun", "torchrun-strong-1", 10),
+        ("torchrun", "torchrun-strong-2", 10),
+        ("torchrun", "torchrun-weak-2", 20),
+    ]
+    assert [(r["mode"], r["processes"], r["samples"]) for r in rows] == [
+        ("strong", 1, 10),
+        ("strong", 2, 10),
+        ("weak", 1, 10),
+        ("weak", 2, 20),
+    ]
     assert [r["efficiency"] for r in rows] == [1.0, 1.0, 1.0, 0.5]
 
 
 def test_the_gpu_chunk_counts_the_float64_copy_of_its_rows():
     """The GPU pass adds each chunk's rows in float64 too: without them, 784 features overran the budget ~35 times."""
     from dlscale.kmeans.lloyd import GPU_CHUNK_BUDGET, default_chunk_size
+
     rows = default_chunk_size(16, 4, "cuda", n_features=784)
     assert rows * (16 * (4 + 8) + 784 * 8) <= GPU_CHUNK_BUDGET
     assert default_chunk_size(16, 4, "cuda") * 784 * 8 > 30 * GPU_CHUNK_BUDGET  # what the old count allowed
@@ -218,10 +260,14 @@ def test_the_gpu_path_holds_no_temporary_of_the_datas_size_but_its_centred_copy(
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            given = {t.untyped_storage().data_ptr() for t in [*args, *(kwargs or {}).values()]
-                     if isinstance(t, torch.Tensor)}
-            self.largest += [t.numel() for t in (out if isinstance(out, (tuple, list)) else [out])  # (not views)
-                             if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in given]
+            given = {
+                t.untyped_storage().data_ptr() for t in [*args, *(kwargs or {}).values()] if isinstance(t, torch.Tensor)
+            }
+            self.largest += [
+                t.numel()
+                for t in (out if isinstance(out, (tuple, list)) else [out])  # (not views)
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in given
+            ]
             return out
 
     monkeypatch.setattr(lloyd, "_use_bounds", lambda device, skip_rows: False)

@@ -42,8 +42,9 @@ def test_sample_weight_matches_scikit_learn_from_the_same_initial_centres(dtype)
     assert ours.n_iter_ == reference.n_iter_
     assert np.array_equal(ours.labels_, reference.labels_)
     tolerance = 1e-10 if dtype == np.float64 else 1e-4
-    np.testing.assert_allclose(ours.cluster_centers_, reference.cluster_centers_, rtol=tolerance,
-                               atol=tolerance * np.abs(x).max())
+    np.testing.assert_allclose(
+        ours.cluster_centers_, reference.cluster_centers_, rtol=tolerance, atol=tolerance * np.abs(x).max()
+    )
     assert ours.inertia_ == pytest.approx(reference.inertia_, rel=1e-9 if dtype == np.float64 else 1e-5)
     assert ours.score(x, sample_weight=weights) == pytest.approx(reference.score(x, sample_weight=weights), rel=1e-5)
     unweighted = KMeans(9, init=init, backend="torch", device="cpu").fit(x)
@@ -67,9 +68,11 @@ def test_weighted_seeding_never_picks_a_zero_weight_row_and_follows_the_weights(
     weights[::3] = 1.0  # only every third row may be a centre
     allowed = {tuple(row) for row in x[::3].tolist()}
     for seed in range(3):
-        for centers in (kmeans_plusplus(x, 6, torch.Generator().manual_seed(seed), weights=weights),
-                        kmeans_parallel(x, 6, torch.Generator().manual_seed(seed), 512, weights=weights),
-                        random_init(x, 6, torch.Generator().manual_seed(seed), weights)):
+        for centers in (
+            kmeans_plusplus(x, 6, torch.Generator().manual_seed(seed), weights=weights),
+            kmeans_parallel(x, 6, torch.Generator().manual_seed(seed), 512, weights=weights),
+            random_init(x, 6, torch.Generator().manual_seed(seed), weights),
+        ):
             assert {tuple(row) for row in centers.tolist()} <= allowed
             assert len({tuple(row) for row in centers.tolist()}) == 6  # distinct rows
     # all the weight on one blob: random seeding draws its 6 centres from that blob
@@ -95,9 +98,11 @@ def test_clone_pipeline_and_grid_search_accept_it():
     assert list(pipeline.get_feature_names_out()) == [f"kmeans{i}" for i in range(7)]
 
     # KMeans as a feature step: the distances to 7 centres separate the 7 blobs, 1 centre cannot
-    search = GridSearchCV(make_pipeline(StandardScaler(), KMeans(random_state=0, device="cpu"),
-                                        LogisticRegression(max_iter=500)),
-                          {"kmeans__n_clusters": [1, 7]}, cv=3).fit(x, y)
+    search = GridSearchCV(
+        make_pipeline(StandardScaler(), KMeans(random_state=0, device="cpu"), LogisticRegression(max_iter=500)),
+        {"kmeans__n_clusters": [1, 7]},
+        cv=3,
+    ).fit(x, y)
     assert search.best_params_ == {"kmeans__n_clusters": 7}
     assert search.best_score_ > 0.9 > search.cv_results_["mean_test_score"][0]
 
@@ -132,16 +137,22 @@ def test_doctest_example_runs():
 
 
 def test_package_imports_without_scikit_learn_and_the_estimator_names_the_extra():
-    code = ("import sys; sys.modules['sklearn'] = None\n"
-            "import dlscale, dlscale.kmeans\n"
-            "from dlscale.kmeans import resolve_backend\n"
-            "try:\n    dlscale.kmeans.KMeans\nexcept dlscale.kmeans.KMeansError as err:\n    print(err)\n")
+    code = (
+        "import sys; sys.modules['sklearn'] = None\n"
+        "import dlscale, dlscale.kmeans\n"
+        "from dlscale.kmeans import resolve_backend\n"
+        "try:\n    dlscale.kmeans.KMeans\nexcept dlscale.kmeans.KMeansError as err:\n    print(err)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "dlscale.kmeans.KMeans needs sklearn" in done.stdout and "pip install -e '.[kmeans]' in the dlscale folder" in done.stdout
+    assert (
+        "dlscale.kmeans.KMeans needs sklearn" in done.stdout
+        and "pip install -e '.[kmeans]' in the dlscale folder" in done.stdout
+    )
 
 
 # -- the bounds that skip rows ------------------------------------------------------------------------
+
 
 def test_skipping_rows_gives_the_labels_of_full_rescoring_and_skips_most_of_them():
     x = torch.from_numpy(make_blobs(20_000, n_features=8, centers=12, cluster_std=1.5, random_state=6)[0])
@@ -196,10 +207,10 @@ def test_the_cpu_pass_tests_the_bounds_only_while_they_skip_enough_rows():
     noise = _pass_shares(torch.rand(20_000, 16, generator=torch.Generator().manual_seed(0)), 48, 10)
     probe = HamerlyPass.PROBE_EVERY
     assert noise[1] > 1 - HamerlyPass.MIN_SKIPPED  # the second pass tested the bounds, which did not pay ...
-    assert noise[2:1 + probe] == [1.0] * (probe - 1)  # ... so the next passes score every row without testing
+    assert noise[2 : 1 + probe] == [1.0] * (probe - 1)  # ... so the next passes score every row without testing
     assert noise[1 + probe] < 1.0  # and then test them again
     blobs = _pass_shares(torch.from_numpy(make_blobs(20_000, n_features=16, centers=48, random_state=0)[0]), 48, 10)
-    assert max(blobs[1 + probe:]) < 0.5  # where they pay, they are tested every pass
+    assert max(blobs[1 + probe :]) < 0.5  # where they pay, they are tested every pass
 
 
 def _mixture(n: int, d: int, k: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
@@ -260,10 +271,12 @@ def test_the_cpu_pass_is_chosen_by_time_and_the_compiled_one_timed_again_while_s
 
     clock, ran = [0.0], []
     for kind, owner in (("blas", cpu_pass.BlasPass), ("compiled", cpu_pass.HamerlyPass)):
+
         def timed(self, *args, kind=kind, original=owner.run):
             ran.append(kind)
             clock[0] += 1.0 if kind == faster else 3.0  # (seconds of a fake clock)
             return original(self, *args)
+
         monkeypatch.setattr(owner, "run", timed)
     monkeypatch.setattr(cpu_pass.time, "perf_counter", lambda: clock[0])
     # numba compiles on the first pass only: that pass's time is not taken
@@ -281,6 +294,7 @@ def test_the_cpu_pass_is_chosen_by_time_and_the_compiled_one_timed_again_while_s
 
 
 # -- scikit-learn's own parameters ----------------------------------------------------------------------
+
 
 def test_scikit_learns_parameters_are_accepted_and_do_what_they_say(capsys):
     """algorithm (both run the same iterations), copy_x (the data are never changed), verbose (scikit-learn's
@@ -314,7 +328,7 @@ def test_scikit_learns_parameters_are_accepted_and_do_what_they_say(capsys):
     assert isinstance(seen["state"], np.random.RandomState)
     np.testing.assert_array_equal(called.labels_, lloyd.labels_)  # the same first rows, so the same fit
     with pytest.raises(KMeansError, match="initial centers .* does not match the number of clusters"):
-        KMeans(6, init=lambda data, k, random_state: data[:k - 1]).fit(x)
+        KMeans(6, init=lambda data, k, random_state: data[: k - 1]).fit(x)
 
 
 def test_a_sparse_matrix_is_clustered_as_its_dense_twin():

@@ -21,8 +21,9 @@ def _code_cells(folder: str):
         for index, cell in enumerate(json.loads(path.read_text())["cells"]):
             stage = "recipe" in cell["metadata"].get("tags", []) or "recipe" in cell["metadata"]
             if cell["cell_type"] == "code" and not stage:
-                source = "\n".join(line for line in "".join(cell["source"]).splitlines()
-                                   if not line.lstrip().startswith(("%", "!")))
+                source = "\n".join(
+                    line for line in "".join(cell["source"]).splitlines() if not line.lstrip().startswith(("%", "!"))
+                )
                 yield f"{folder}/{path.name}, cell {index}", ast.parse(source)
 
 
@@ -56,8 +57,9 @@ def test_the_attendees_prediction_is_never_overwritten_by_a_later_cell():
     reused its name (lesson 11 once stored its plan's projection in `prediction`)."""
     for where, tree in _code_cells("notebooks"):
         for node in ast.walk(tree):
-            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "prediction"
-                                                    for t in node.targets):
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "prediction" for t in node.targets
+            ):
                 assert isinstance(node.value, ast.Constant) and node.value.value is None, where
 
 
@@ -70,15 +72,26 @@ MOST_KIT_CELLS = 0.6
 
 def _kit_share(path) -> float:
     cells = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
-    trees = [ast.parse("\n".join(line for line in c.splitlines() if not line.lstrip().startswith(("%", "!"))))
-             for c in cells]
-    imported = {a.asname or a.name for t in trees for n in ast.walk(t) if isinstance(n, ast.ImportFrom)
-                and (n.module or "").startswith("dlscale") for a in n.names} - {"mini_cosmoflow"}
+    trees = [
+        ast.parse("\n".join(line for line in c.splitlines() if not line.lstrip().startswith(("%", "!")))) for c in cells
+    ]
+    imported = {
+        a.asname or a.name
+        for t in trees
+        for n in ast.walk(t)
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("dlscale")
+        for a in n.names
+    } - {"mini_cosmoflow"}
 
     def kit(tree) -> bool:
-        return any(isinstance(n, ast.ImportFrom) and (n.module or "").startswith("dlscale")
-                   and any(a.name != "mini_cosmoflow" for a in n.names) or isinstance(n, ast.Name)
-                   and n.id in imported for n in ast.walk(tree))
+        return any(
+            isinstance(n, ast.ImportFrom)
+            and (n.module or "").startswith("dlscale")
+            and any(a.name != "mini_cosmoflow" for a in n.names)
+            or isinstance(n, ast.Name)
+            and n.id in imported
+            for n in ast.walk(tree)
+        )
 
     body = [t for c, t in zip(cells, trees) if not c.lstrip().lower().startswith("# parameters")]
     return sum(map(kit, body)) / len(body)
@@ -93,6 +106,7 @@ def test_the_attendee_writes_more_of_each_hands_on_lesson_than_the_kit_runs(less
 def test_every_notebook_names_the_kernel_make_kernel_registers():
     """On a JupyterHub `python3` is the hub's Python, which cannot import the kit (#58)."""
     from dlscale.jobs.kernel import KERNEL_NAME
+
     for folder in ("notebooks", "exercises", "solutions"):
         for path in sorted((ROOT / folder).glob("*.ipynb")):
             assert json.loads(path.read_text())["metadata"]["kernelspec"]["name"] == KERNEL_NAME, path
@@ -104,6 +118,7 @@ def test_the_kernel_loads_its_modules_first_then_becomes_this_python(tmp_path):
     import sys
 
     from dlscale.jobs.kernel import HELPER, install_kernel
+
     log = tmp_path / "modules.log"
     environ = {**os.environ, "JUPYTER_DATA_DIR": str(tmp_path / "jupyter")}
     os.environ["JUPYTER_DATA_DIR"] = environ["JUPYTER_DATA_DIR"]
@@ -126,6 +141,7 @@ def test_every_name_of_the_door_is_used_by_a_lesson_or_named_to_its_readers():
     import re
 
     from dlscale import lab
+
     text = (ROOT / "README.md").read_text()
     for folder in ("notebooks", "exercises", "solutions"):
         for path in sorted((ROOT / folder).glob("*.ipynb")):

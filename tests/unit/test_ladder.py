@@ -33,12 +33,14 @@ def test_staging_copies_once_and_training_reads_the_copy(tiny, in_tmp, monkeypat
 
 def test_a_packed_data_set_is_unpacked_once_to_node_local_storage_and_trained_on(tiny, in_tmp):
     from dlscale.data import pack_data
+
     source = prepare_data(tiny())
     archive = pack_data(source, in_tmp / "shared/set.tar.gz")
     assert archive.is_file() and not list(archive.parent.glob("*.part"))
     staged = stage_data(archive, str(in_tmp / "local"))
-    assert staged == in_tmp / "local/set" and sorted(p.name for p in (staged / "train").iterdir()) == \
-        sorted(p.name for p in (source / "train").iterdir())
+    assert staged == in_tmp / "local/set" and sorted(p.name for p in (staged / "train").iterdir()) == sorted(
+        p.name for p in (source / "train").iterdir()
+    )
     marker = (staged / "train/shard-00000-x.npy").stat().st_mtime_ns
     assert stage_data(archive, str(in_tmp / "local")) == staged
     assert (staged / "train/shard-00000-x.npy").stat().st_mtime_ns == marker  # unpacked once
@@ -88,6 +90,7 @@ def test_augmentation_changes_each_epoch_and_repeats_exactly(tiny, in_tmp):
     """Per-sample augmentation: a new draw every epoch, the same draw for the same (seed, epoch, index)."""
     from dlscale.data import make_loader
     from dlscale.data.loader import ShardDataset
+
     cfg = tiny(augment=True)
     root = prepare_data(cfg)
     plain, augmented = ShardDataset(root / "train"), ShardDataset(root / "train", augment_seed=0)

@@ -14,14 +14,26 @@ from dlscale.optim.layerwise import LAMB, LARS
 def small_model(dtype=torch.float64):
     """Several parameter shapes: 4-D conv weights, 2-D linear weights, 1-D biases and norm weights."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
-                         nn.Linear(4 * 6 * 6, 5), nn.ReLU(), nn.Linear(5, 2)).to(dtype)
+    return nn.Sequential(
+        nn.Conv2d(2, 4, 3),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(4 * 6 * 6, 5),
+        nn.ReLU(),
+        nn.Linear(5, 2),
+    ).to(dtype)
 
 
 def batches(count, dtype=torch.float64):
     generator = torch.Generator().manual_seed(1)
-    return [(torch.randn(16, 2, 8, 8, generator=generator, dtype=dtype),
-             torch.randn(16, 2, generator=generator, dtype=dtype)) for _ in range(count)]
+    return [
+        (
+            torch.randn(16, 2, 8, 8, generator=generator, dtype=dtype),
+            torch.randn(16, 2, generator=generator, dtype=dtype),
+        )
+        for _ in range(count)
+    ]
 
 
 def backward(model, x, y):
@@ -30,6 +42,7 @@ def backward(model, x, y):
 
 
 # -- references: one tensor at a time, written from the equations ------------------------------
+
 
 def ref_lars(params, state, lr, momentum, wd, eta, eps, nesterov=False):
     for p in params:
@@ -48,7 +61,7 @@ def ref_lamb(params, state, t, lr, beta1, beta2, eps, wd):
         m, v = state.setdefault(p, (torch.zeros_like(p), torch.zeros_like(p)))
         m.mul_(beta1).add_((1 - beta1) * g)
         v.mul_(beta2).add_((1 - beta2) * g * g)
-        u = (m / (1 - beta1 ** t)) / ((v / (1 - beta2 ** t)).sqrt() + eps)
+        u = (m / (1 - beta1**t)) / ((v / (1 - beta2**t)).sqrt() + eps)
         if eligible:
             u = u + wd * p
         w_norm, u_norm = p.norm(), u.norm()
@@ -93,15 +106,19 @@ def run_pair(make_optimizer, reference, steps=20):
 @pytest.mark.parametrize("nesterov", [False, True])
 def test_lars_matches_the_paper(nesterov):
     model, ref = run_pair(
-        lambda m: LARS(m.parameters(), lr=2.0, momentum=0.9, weight_decay=5e-3, trust_coefficient=1e-3,
-                       nesterov=nesterov),
-        lambda ps, st, t: ref_lars(ps, st, 2.0, 0.9, 5e-3, 1e-3, 1e-8, nesterov))
+        lambda m: LARS(
+            m.parameters(), lr=2.0, momentum=0.9, weight_decay=5e-3, trust_coefficient=1e-3, nesterov=nesterov
+        ),
+        lambda ps, st, t: ref_lars(ps, st, 2.0, 0.9, 5e-3, 1e-3, 1e-8, nesterov),
+    )
     assert_same_weights(model, ref)
 
 
 def test_lamb_matches_the_paper():
-    model, ref = run_pair(lambda m: LAMB(m.parameters(), lr=0.01, weight_decay=0.01),
-                          lambda ps, st, t: ref_lamb(ps, st, t, 0.01, 0.9, 0.999, 1e-6, 0.01))
+    model, ref = run_pair(
+        lambda m: LAMB(m.parameters(), lr=0.01, weight_decay=0.01),
+        lambda ps, st, t: ref_lamb(ps, st, t, 0.01, 0.9, 0.999, 1e-6, 0.01),
+    )
     assert_same_weights(model, ref)
 
 
@@ -109,25 +126,34 @@ def test_lamb_matches_the_paper():
 def test_larc_matches_apex_around_sgd(clip):
     """apex's LARC around SGD (the reference) is LARS with trust_clip (clip mode), or LARS itself (scale mode)."""
     model, ref = run_pair(
-        lambda m: LARS(m.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3, trust_coefficient=0.02,
-                       trust_clip=clip),
-        lambda ps, st, t: ref_larc_sgd(ps, st, 0.05, 0.9, 1e-3, 0.02, 1e-8, clip))
+        lambda m: LARS(
+            m.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3, trust_coefficient=0.02, trust_clip=clip
+        ),
+        lambda ps, st, t: ref_larc_sgd(ps, st, 0.05, 0.9, 1e-3, 0.02, 1e-8, clip),
+    )
     assert_same_weights(model, ref)
 
 
 def test_param_groups_give_the_same_result_as_per_tensor_exclusion():
     """param_groups() (no decay on 1-D) and exclude_1d agree: the flags compose, nothing is decayed twice."""
-    model, ref = run_pair(lambda m: LAMB(param_groups(m, 0.01), lr=0.01),
-                          lambda ps, st, t: ref_lamb(ps, st, t, 0.01, 0.9, 0.999, 1e-6, 0.01))
+    model, ref = run_pair(
+        lambda m: LAMB(param_groups(m, 0.01), lr=0.01),
+        lambda ps, st, t: ref_lamb(ps, st, t, 0.01, 0.9, 0.999, 1e-6, 0.01),
+    )
     assert_same_weights(model, ref)
 
 
 # -- corner cases ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("make", [
-    lambda ps: LARS(ps, lr=1.0), lambda ps: LAMB(ps, lr=0.01),
-    lambda ps: LARS(ps, lr=0.1, trust_coefficient=0.02, trust_clip=True),
-])
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ps: LARS(ps, lr=1.0),
+        lambda ps: LAMB(ps, lr=0.01),
+        lambda ps: LARS(ps, lr=0.1, trust_coefficient=0.02, trust_clip=True),
+    ],
+)
 def test_zero_initialised_layer_trains_and_zero_gradient_is_harmless(make):
     layer = nn.Linear(4, 3)
     nn.init.zeros_(layer.weight)
@@ -182,6 +208,7 @@ def test_lamb_global_gradient_clipping_is_opt_in():
 
 # -- with GradScaler, and through a checkpoint ---------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["lars", "lamb", "larc"])
 def test_gradscaler_unscales_first_and_a_skipped_step_changes_nothing(name):
     def make(model):
@@ -193,7 +220,7 @@ def test_gradscaler_unscales_first_and_a_skipped_step_changes_nothing(name):
 
     plain_model, scaled_model = small_model(torch.float32), small_model(torch.float32)
     plain, scaled = make(plain_model), make(scaled_model)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
     for x, y in batches(5, torch.float32):
         backward(plain_model, x, y)
         plain.step()
@@ -248,8 +275,10 @@ def test_state_dict_round_trip_continues_identically(name):
 
 # -- the same as timm's, with equivalent settings ------------------------------------------------
 
+
 def test_lamb_matches_timm():
     from dlscale.bench.optimizers import timm_optimizers
+
     timm = timm_optimizers()
     assert timm is not None, "timm is a test dependency (make test installs it)"
     model, other = small_model(), small_model()
@@ -264,6 +293,7 @@ def test_lamb_matches_timm():
 
 def test_lars_matches_timm():
     from dlscale.bench.optimizers import timm_optimizers
+
     timm = timm_optimizers()
     assert timm is not None, "timm is a test dependency (make test installs it)"
     model, other = small_model(), small_model()

@@ -24,9 +24,16 @@ class NoiseScale:
     draws: int
 
 
-def measure_noise_scale(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                        dataset: Dataset, small_batch: int, big_batch: int, draws: int = 20,
-                        device: torch.device | str = "cpu", seed: int = 0) -> NoiseScale:
+def measure_noise_scale(
+    model: nn.Module,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    dataset: Dataset,
+    small_batch: int,
+    big_batch: int,
+    draws: int = 20,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> NoiseScale:
     """Measure ``B_simple`` of ``model`` on ``dataset`` at its current weights.
 
     Each draw takes ``big_batch`` random samples, computes the mean-loss gradient on the
@@ -79,11 +86,12 @@ def test_recovers_the_noise_scale_of_a_quadratic_problem(dim, sigma, distance):
     mu = torch.zeros(dim)
     points = mu + sigma * torch.randn(20_000, dim, generator=generator)
     w = mu + distance * torch.nn.functional.normalize(torch.ones(dim), dim=0)
-    expected = dim * sigma ** 2 / distance ** 2
-    result = measure_noise_scale(Point(w), quadratic_loss, TensorDataset(points, points), small_batch=8,
-                                 big_batch=512, draws=200)
+    expected = dim * sigma**2 / distance**2
+    result = measure_noise_scale(
+        Point(w), quadratic_loss, TensorDataset(points, points), small_batch=8, big_batch=512, draws=200
+    )
     assert result.b_simple == pytest.approx(expected, rel=0.2)
-    assert result.g2 == pytest.approx(distance ** 2, rel=0.2) and result.trace == pytest.approx(dim * sigma ** 2, rel=0.2)
+    assert result.g2 == pytest.approx(distance**2, rel=0.2) and result.trace == pytest.approx(dim * sigma**2, rel=0.2)
 
 
 def test_terms_are_exact_for_exact_expectations():

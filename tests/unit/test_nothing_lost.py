@@ -22,14 +22,17 @@ from dlscale.train import train
 
 def _shards(folder: Path, rows: int, targets: int = 3, image: int = 8) -> None:
     from dlscale.data.shards import write_shards
+
     rng = np.random.default_rng(0)
     write_shards(folder, rng.random((rows, 1, image, image)), rng.random((rows, targets)), shard_size=16)
 
 
 # --- data lost ---------------------------------------------------------------------------------------------------
 
+
 def test_staging_refuses_a_folder_it_did_not_make_and_keeps_its_files(in_tmp):
     from dlscale.data import stage_data
+
     _shards(in_tmp / "datasets/data/train", 4)
     mine = in_tmp / "stage/data"
     mine.mkdir(parents=True)
@@ -47,11 +50,12 @@ def test_staging_refuses_a_folder_it_did_not_make_and_keeps_its_files(in_tmp):
 def test_a_temporary_folder_a_killed_generation_left_is_removed_and_no_other(in_tmp):
     from dlscale.data import FieldSpec, generate_dataset
     from dlscale.data.scratch import OWNER
+
     host = socket.gethostname()
     dead, live, foreign = (in_tmp / ".set.dead0001", in_tmp / ".set.live0001", in_tmp / ".set.users001")
     for folder in (dead, live, foreign):
         folder.mkdir()
-    (dead / OWNER).write_text(f"{host} {2 ** 22 + 7}\n")  # (above the default pid_max: no process has it)
+    (dead / OWNER).write_text(f"{host} {2**22 + 7}\n")  # (above the default pid_max: no process has it)
     (live / OWNER).write_text(f"{host} {os.getpid()}\n")
     (foreign / "notes.txt").write_text("not the kit's")
     generate_dataset(in_tmp / "set", FieldSpec(image_size=8), 4, 4, 4, progress=False)
@@ -60,10 +64,14 @@ def test_a_temporary_folder_a_killed_generation_left_is_removed_and_no_other(in_
 
 def test_a_second_run_in_a_folder_is_refused_naming_the_first(tiny):
     from dlscale.training.folder_lock import FolderBusyError, own_run_folder
+
     cfg = tiny(max_steps=2)
     with own_run_folder(cfg.resolved_run_dir, is_main=True):
-        with pytest.raises(FolderBusyError, match=rf"runs/tiny is in use by another run \(process {os.getpid()} on "
-                                                  rf"{socket.gethostname()}\); wait for it to end"):
+        with pytest.raises(
+            FolderBusyError,
+            match=rf"runs/tiny is in use by another run \(process {os.getpid()} on "
+            rf"{socket.gethostname()}\); wait for it to end",
+        ):
             train(cfg)
     assert not (cfg.resolved_run_dir / "metrics.csv").exists()
     train(cfg)  # (released when the holder ends: a killed run's lock goes with its process)
@@ -77,8 +85,10 @@ def test_a_resume_of_a_finished_run_keeps_its_summary_and_a_fresh_start_says_wha
     assert "is complete: nothing to train, and its summary.json is kept" in capsys.readouterr().out
     assert (cfg.resolved_run_dir / "summary.json").read_text() == summary
     train(tiny(max_steps=10))
-    assert ("removed the earlier run's 2 checkpoint(s), the newest of step 20 (to continue a run, pass resume=true)"
-            in capsys.readouterr().out)
+    assert (
+        "removed the earlier run's 2 checkpoint(s), the newest of step 20 (to continue a run, pass resume=true)"
+        in capsys.readouterr().out
+    )
 
 
 def test_a_checkpoint_every_step_still_measures_the_steps(tiny):
@@ -88,6 +98,7 @@ def test_a_checkpoint_every_step_still_measures_the_steps(tiny):
 
 
 # --- no one in ---------------------------------------------------------------------------------------------------
+
 
 class _Planted:
     """A pickle that, when loaded by a plain unpickler, writes a file (stands in for any code)."""
@@ -117,17 +128,23 @@ def test_a_sharded_checkpoint_whose_metadata_runs_code_is_refused_and_the_newest
     assert not marker.exists() and f"resuming from {good.name}" in capsys.readouterr().out
     for caught in (export_warnings, resume_warnings):
         said = [str(w.message) for w in caught]
-        assert any("ckpt-00000030/.metadata was refused: pathlib.Path.write_text is not part of a checkpoint's "
-                   "metadata" in line for line in said), said
+        assert any(
+            "ckpt-00000030/.metadata was refused: pathlib.Path.write_text is not part of a checkpoint's "
+            "metadata" in line
+            for line in said
+        ), said
         assert any("ckpt-00000040 has no .metadata" in line for line in said), said
 
 
-@pytest.mark.parametrize("contents, message", [
-    (torch.zeros(3), "holds no model weights"),
-    ({"model": {}}, "holds no model weights"),
-    ({"model": {"fc.weight": torch.zeros(2, 2)}}, "holds no model of the kit"),
-    ("another model's", "holds the weights of another model than runs/tiny/config.yaml describes"),
-])
+@pytest.mark.parametrize(
+    "contents, message",
+    [
+        (torch.zeros(3), "holds no model weights"),
+        ({"model": {}}, "holds no model weights"),
+        ({"model": {"fc.weight": torch.zeros(2, 2)}}, "holds no model of the kit"),
+        ("another model's", "holds the weights of another model than runs/tiny/config.yaml describes"),
+    ],
+)
 def test_a_checkpoint_holding_the_wrong_thing_is_one_line(tiny, contents, message):
     cfg = tiny(max_steps=10, checkpoint_every=10)
     train(cfg)
@@ -145,6 +162,7 @@ def test_a_checkpoint_holding_the_wrong_thing_is_one_line(tiny, contents, messag
 
 def test_the_local_clusters_counter_never_follows_a_planted_link(tmp_path, monkeypatch):
     from dlscale.jobs.local_slurm import SlurmError, first_job_id
+
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
@@ -176,12 +194,14 @@ def test_the_store_of_local_ranks_listens_on_the_loopback_only():
     from dlscale.distributed import free_port
     from dlscale.distributed.launch_variables import DistEnv
     from dlscale.distributed.process_group import _loopback_store
+
     port = free_port()
     env = DistEnv(rank=0, world_size=2, master_addr="127.0.0.1", master_port=port)
     store = _loopback_store(env, datetime.timedelta(seconds=5), {})
     assert _listening_addresses(port) == {"127.0.0.1"}
-    client = _loopback_store(DistEnv(rank=1, world_size=2, master_addr="127.0.0.1", master_port=port),
-                             datetime.timedelta(seconds=5), {})
+    client = _loopback_store(
+        DistEnv(rank=1, world_size=2, master_addr="127.0.0.1", master_port=port), datetime.timedelta(seconds=5), {}
+    )
     client.set("k", "v")
     assert store.get("k") == b"v"
     assert _loopback_store(env, datetime.timedelta(seconds=5), {"TORCHELASTIC_USE_AGENT_STORE": "True"}) is None
@@ -189,14 +209,19 @@ def test_the_store_of_local_ranks_listens_on_the_loopback_only():
 
 # --- silently wrong, and tracebacks ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("val_rows, val_targets, message", [
-    (0, 3, r"val holds no samples"),
-    (8, 2, r"val holds maps \(1, 8, 8\) with 2 target\(s\), but .*train holds \(1, 8, 8\) with 3"),
-])
+
+@pytest.mark.parametrize(
+    "val_rows, val_targets, message",
+    [
+        (0, 3, r"val holds no samples"),
+        (8, 2, r"val holds maps \(1, 8, 8\) with 2 target\(s\), but .*train holds \(1, 8, 8\) with 3"),
+    ],
+)
 def test_data_check_and_training_refuse_splits_that_do_not_match(tiny, capfd, val_rows, val_targets, message):
     import re
 
     from dlscale.cli import main
+
     _shards(Path("data/train"), 32)
     Path("data/val").mkdir(parents=True)
     if val_rows:
@@ -216,13 +241,17 @@ def test_a_nan_in_a_validation_target_names_the_split(tiny):
     targets = np.load("data/val/shard-00000-y.npy")
     targets[3, 1] = np.nan
     np.save("data/val/shard-00000-y.npy", targets)
-    with pytest.raises(DataError, match=r"the validation split data/val holds NaN or infinite values .*"
-                                        r"dlscale data check data"):
+    with pytest.raises(
+        DataError,
+        match=r"the validation split data/val holds NaN or infinite values .*"
+        r"dlscale data check data",
+    ):
         train(tiny(data_dir="data", image_size=8, epochs=1, global_batch_size=8))
 
 
 def test_a_full_disk_is_named_at_a_checkpoint_and_the_last_good_one_is_kept(tiny, monkeypatch):
     from dlscale.checkpoint import store
+
     train(tiny(max_steps=10, checkpoint_every=10))
     real = store.os.fsync
 
@@ -240,17 +269,20 @@ def test_a_full_disk_is_named_at_a_checkpoint_and_the_last_good_one_is_kept(tiny
 
 def test_a_master_port_that_is_no_number_is_named():
     from dlscale.distributed.launch_variables import DistributedError, detect
+
     with pytest.raises(DistributedError, match="MASTER_PORT"):
         detect({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "abc"})
 
 
 def test_options_and_overrides_may_come_in_any_order():
     from dlscale.cli import _parse
+
     args = _parse(["hpo", "start", "tiny", "--dir", "s", "--workers", "0", "device=cpu", "lr=0.01"])
     assert args.workers == 0 and args.overrides == ["device=cpu", "lr=0.01"]
 
 
 def test_buckets_are_priced_without_a_list_per_bucket():
     from dlscale.scaling.collectives import buckets
-    assert buckets(2.0 ** 100, 2.0 ** -10) == [(2.0 ** -10, 2 ** 110)]
+
+    assert buckets(2.0**100, 2.0**-10) == [(2.0**-10, 2**110)]
     assert buckets(10.0, 4.0) == [(4.0, 2), (2.0, 1)]

@@ -21,19 +21,28 @@ EXTRAS = PROJECT["optional-dependencies"]
 
 def _requirements() -> list[Requirement]:
     return [Requirement(text) for text in PROJECT["dependencies"]] + [
-        Requirement(text) for name, extra in EXTRAS.items() for text in extra if not text.startswith("dlscale")]
+        Requirement(text) for name, extra in EXTRAS.items() for text in extra if not text.startswith("dlscale")
+    ]
 
 
 def _environment(machine: str, system: str) -> dict[str, str]:
-    return {"platform_machine": machine, "sys_platform": system, "python_version": "3.12", "os_name": "posix",
-            "python_full_version": "3.12.0", "implementation_name": "cpython", "platform_system": system.title()}
+    return {
+        "platform_machine": machine,
+        "sys_platform": system,
+        "python_version": "3.12",
+        "os_name": "posix",
+        "python_full_version": "3.12.0",
+        "implementation_name": "cpython",
+        "platform_system": system.title(),
+    }
 
 
 @pytest.mark.parametrize("machine, system", [("arm64", "darwin"), ("aarch64", "linux"), ("x86_64", "linux")])
 def test_intels_packages_are_asked_for_on_x86_64_only(machine, system):
     """impi-rt and scikit-learn-intelex have no ARM wheels: `pip install -e '.[all]'` failed on Apple silicon."""
-    asked = {req.name for req in _requirements() if req.marker is None or req.marker.evaluate(_environment(machine,
-                                                                                                           system))}
+    asked = {
+        req.name for req in _requirements() if req.marker is None or req.marker.evaluate(_environment(machine, system))
+    }
     assert ({"impi-rt", "scikit-learn-intelex"} <= asked) == (machine == "x86_64")
     assert {"torch", "scikit-learn", "numba", "mpi4py", "optuna"} <= asked  # the rest everywhere
 

@@ -17,7 +17,7 @@ from dlscale.optim.schedules import lr_factor, lr_trace, scale_lr, warmup_schedu
 
 def test_scale_lr_rules_and_errors():
     assert scale_lr(0.1, 256, 8192, "linear") == pytest.approx(3.2)
-    assert scale_lr(0.1, 256, 8192, "sqrt") == pytest.approx(0.1 * 32 ** 0.5)
+    assert scale_lr(0.1, 256, 8192, "sqrt") == pytest.approx(0.1 * 32**0.5)
     assert scale_lr(0.1, 256, 8192, "none") == 0.1
     assert scale_lr(0.1, 256, 64, "linear") == pytest.approx(0.025)  # smaller batches scale down
     with pytest.raises(ValueError, match="rule must be one of none, linear, sqrt"):
@@ -28,8 +28,9 @@ def test_scale_lr_rules_and_errors():
         scale_lr(0.1, 0, 512)
 
 
-@pytest.mark.parametrize("decay, at_end", [("cosine", 0.0), ("linear", 0.0), ("poly", 0.0), ("none", 1.0),
-                                           ("step", 0.01)])
+@pytest.mark.parametrize(
+    "decay, at_end", [("cosine", 0.0), ("linear", 0.0), ("poly", 0.0), ("none", 1.0), ("step", 0.01)]
+)
 def test_warmup_hits_start_peak_and_end(decay, at_end):
     trace = lr_trace(2.0, warmup_steps=10, total_steps=110, decay=decay, warmup_start_factor=0.1)
     assert trace[0] == pytest.approx(0.2)  # step 0: the start factor, never 0

@@ -23,12 +23,15 @@ def test_unknown_precision_is_a_clear_error():
         Precision.resolve("fp8", "cpu")
 
 
-@pytest.mark.parametrize("gpu, capability, bf16, auto", [
-    ("NVIDIA A100-SXM4-40GB", (8, 0), True, "bf16"),
-    ("NVIDIA H100 80GB HBM3", (9, 0), True, "bf16"),
-    ("Tesla V100-SXM2-16GB", (7, 0), False, "fp16"),
-    ("Tesla T4", (7, 5), False, "fp16"),
-])
+@pytest.mark.parametrize(
+    "gpu, capability, bf16, auto",
+    [
+        ("NVIDIA A100-SXM4-40GB", (8, 0), True, "bf16"),
+        ("NVIDIA H100 80GB HBM3", (9, 0), True, "bf16"),
+        ("Tesla V100-SXM2-16GB", (7, 0), False, "fp16"),
+        ("Tesla T4", (7, 5), False, "fp16"),
+    ],
+)
 def test_gpu_policy_follows_the_compute_capability(monkeypatch, gpu, capability, bf16, auto):
     """The CUDA rules from a faked device capability (no GPU here; the device tool checks the real one).
 
@@ -45,7 +48,9 @@ def test_gpu_policy_follows_the_compute_capability(monkeypatch, gpu, capability,
     if bf16:
         assert Precision.resolve("bf16", "cuda").name == "bf16"
     else:
-        with pytest.raises(PrecisionError, match=rf"bf16 needs a GPU with bfloat16 .*{gpu}.* has compute {capability[0]}"):
+        with pytest.raises(
+            PrecisionError, match=rf"bf16 needs a GPU with bfloat16 .*{gpu}.* has compute {capability[0]}"
+        ):
             Precision.resolve("bf16", "cuda")
 
 
@@ -85,7 +90,7 @@ def test_loss_scaling_rescues_underflowing_gradients():
     lost = lambda scale: float(np.mean(np.float16(y.numpy() * scale) == 0))  # noqa: E731
     assert result.elements == 8 * y.shape[1]
     assert result.unscaled == pytest.approx(lost(1.0)) and 0.4 < result.unscaled < 0.5  # those below ~3e-8
-    assert result.scaled == pytest.approx(lost(2.0 ** 16)) and result.scaled < result.unscaled / 2
+    assert result.scaled == pytest.approx(lost(2.0**16)) and result.scaled < result.unscaled / 2
     assert gradient_underflow(model, x, y, loss_fn=product, scale=1.0).scaled == pytest.approx(result.unscaled)
 
 

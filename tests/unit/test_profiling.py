@@ -28,6 +28,7 @@ def _profiled_names(function):
 @pytest.mark.parametrize("nvtx_installed", [True, False])
 def test_nvtx_range_is_a_context_manager_and_a_decorator(monkeypatch, nvtx_installed):
     import nvtx  # the profiling extra is a test dependency: the real package, no-op without a profiler
+
     if not nvtx_installed:
         monkeypatch.setattr(profiling.nvtx, "_nvtx_module", False)  # as if it were missing
     else:
@@ -52,8 +53,12 @@ def test_step_profiler_writes_a_trace_with_the_training_ranges(tiny):
     names = {event.get("name") for event in trace["traceEvents"]}
     assert {"data", "forward", "backward", "optimizer"} <= names
     summary = json.loads((result.run_dir / "profile_summary.json").read_text())
-    assert summary["steps"] == 3 and [r["name"] for r in summary["ranges"]] == ["data", "forward", "backward",
-                                                                                 "optimizer"]
+    assert summary["steps"] == 3 and [r["name"] for r in summary["ranges"]] == [
+        "data",
+        "forward",
+        "backward",
+        "optimizer",
+    ]
     assert all(r["calls"] == 3 and r["cpu_ms_per_step"] > 0 for r in summary["ranges"])
     # torch's operators are listed (which one tops the list moves with the machine's load: on a busy one the
     # DataLoader's own range can take longest)
@@ -103,8 +108,10 @@ def test_nvtx_sum_parser_reads_new_and_old_nsys_output():
     assert rows[0]["total_ns"] == 1043872011 and rows[0]["instances"] == 100 and rows[0]["time_percent"] == 52.1
     assert rows[3]["med_ns"] == 1203344.0 and rows[3]["style"] == "PushPop"
     old = parse_nvtx_sum(OLD_FORMAT)
-    assert [(r["range"], r["avg_ns"], r["instances"]) for r in old] == [("backward", 12000000.0, 50),
-                                                                        ("forward", 8000000.0, 50)]
+    assert [(r["range"], r["avg_ns"], r["instances"]) for r in old] == [
+        ("backward", 12000000.0, 50),
+        ("forward", 8000000.0, 50),
+    ]
     with pytest.raises(ValueError, match="no NVTX summary table"):
         parse_nvtx_sum("nothing to see\n")
 
@@ -137,12 +144,15 @@ class _CudaProfilerCalls:
         return self.calls
 
 
-@pytest.mark.parametrize("first_step, expected", [
-    (0, [("start", 5), ("stop", 8)]),     # a fresh run
-    (3, [("start", 5), ("stop", 8)]),     # resumed before the window: steps still count from the start
-    (6, [("start", 6), ("stop", 8)]),     # resumed inside the window: what is left of it
-    (9, []),                              # resumed after it
-])
+@pytest.mark.parametrize(
+    "first_step, expected",
+    [
+        (0, [("start", 5), ("stop", 8)]),  # a fresh run
+        (3, [("start", 5), ("stop", 8)]),  # resumed before the window: steps still count from the start
+        (6, [("start", 6), ("stop", 8)]),  # resumed inside the window: what is left of it
+        (9, []),  # resumed after it
+    ],
+)
 def test_every_rank_opens_the_nsys_capture_range_at_the_right_steps(monkeypatch, tmp_path, first_step, expected):
     """A rank that is not the main one writes no trace but must still open and close nsys's window."""
     calls = _CudaProfilerCalls(monkeypatch)
@@ -170,6 +180,7 @@ def test_a_resumed_run_profiles_what_is_left_of_its_window(tiny):
 def test_without_the_nvtx_package_ranges_go_through_torch_cuda_nvtx(monkeypatch):
     """A site's PyTorch module has CUDA but not the nvtx package: nsys must still see the ranges."""
     import sys
+
     pushed = []
     monkeypatch.setitem(sys.modules, "nvtx", None)  # import nvtx now fails
     monkeypatch.setattr(profiling.nvtx, "_nvtx_module", None)
@@ -182,15 +193,18 @@ def test_without_the_nvtx_package_ranges_go_through_torch_cuda_nvtx(monkeypatch)
     assert profiling.nvtx_backend() == "torch.cuda.nvtx"
 
 
-@pytest.mark.parametrize("gpu, tf32, precision, expected, peak", [
-    ("NVIDIA A100-SXM4-40GB", True, "fp32", "tf32", 156e12),   # cuDNN's default for convolutions
-    ("NVIDIA A100-SXM4-40GB", False, "fp32", "fp32", 19.5e12),
-    ("NVIDIA A100-SXM4-40GB", True, "bf16", "bf16", 312e12),
-    ("Tesla V100-SXM2-16GB", True, "fp32", "fp32", 15.7e12),   # no TF32 on Volta
-    ("NVIDIA H100 80GB HBM3", True, "bf16", "bf16", 989e12),    # the SXM card
-    ("NVIDIA H100 PCIe", True, "bf16", "bf16", 756e12),         # was divided by the SXM peak
-    ("NVIDIA H100 NVL", True, "fp32", "tf32", 417.5e12),
-])
+@pytest.mark.parametrize(
+    "gpu, tf32, precision, expected, peak",
+    [
+        ("NVIDIA A100-SXM4-40GB", True, "fp32", "tf32", 156e12),  # cuDNN's default for convolutions
+        ("NVIDIA A100-SXM4-40GB", False, "fp32", "fp32", 19.5e12),
+        ("NVIDIA A100-SXM4-40GB", True, "bf16", "bf16", 312e12),
+        ("Tesla V100-SXM2-16GB", True, "fp32", "fp32", 15.7e12),  # no TF32 on Volta
+        ("NVIDIA H100 80GB HBM3", True, "bf16", "bf16", 989e12),  # the SXM card
+        ("NVIDIA H100 PCIe", True, "bf16", "bf16", 756e12),  # was divided by the SXM peak
+        ("NVIDIA H100 NVL", True, "fp32", "tf32", 417.5e12),
+    ],
+)
 def test_mfu_divides_by_the_peak_the_run_really_had(monkeypatch, gpu, tf32, precision, expected, peak):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: gpu)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", tf32)
@@ -201,8 +215,18 @@ def test_mfu_divides_by_the_peak_the_run_really_had(monkeypatch, gpu, tf32, prec
 def test_activation_checkpointings_recomputation_is_counted_apart_from_the_models_flops(tiny):
     """With activation checkpointing the counted FLOPs included the recomputed forward: MFU was hardware utilisation."""
     plain = train(tiny(model="vit", width=32, depth=2, heads=2, patch_size=4, max_steps=2))
-    checkpointed = train(tiny(model="vit", width=32, depth=2, heads=2, patch_size=4, max_steps=2,
-                              activation_checkpointing=True, run_dir="runs/ac"))
+    checkpointed = train(
+        tiny(
+            model="vit",
+            width=32,
+            depth=2,
+            heads=2,
+            patch_size=4,
+            max_steps=2,
+            activation_checkpointing=True,
+            run_dir="runs/ac",
+        )
+    )
     summary = json.loads((checkpointed.run_dir / "summary.json").read_text())
     plain_summary = json.loads((plain.run_dir / "summary.json").read_text())
     assert summary["flops_per_sample"] == plain_summary["flops_per_sample"]  # the model's own

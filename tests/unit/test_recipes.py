@@ -24,9 +24,15 @@ from ..conftest import ROOT
 
 def test_recipe_files_are_the_lessons_cells(tmp_path):
     assert write_recipes(ROOT / "notebooks", RECIPES, check=True) == [], "recipes/ is out of date: run dlscale recipes"
-    assert sorted(recipe_cells(ROOT / "notebooks")) == ["01_baseline.py", "02_data_loading.py",
-                                                          "03_mixed_precision.py", "04_compile.py", "05_ddp.py",
-                                                          "07_large_batch.py", "10_fsdp_tp.py"]
+    assert sorted(recipe_cells(ROOT / "notebooks")) == [
+        "01_baseline.py",
+        "02_data_loading.py",
+        "03_mixed_precision.py",
+        "04_compile.py",
+        "05_ddp.py",
+        "07_large_batch.py",
+        "10_fsdp_tp.py",
+    ]
     # an edited cell makes its file out of date, and the generator rewrites it
     lesson = json.loads((ROOT / "notebooks" / "01_single_device_baseline.ipynb").read_text())
     cell = next(c for c in lesson["cells"] if "recipe" in c["metadata"].get("tags", []))
@@ -37,7 +43,8 @@ def test_recipe_files_are_the_lessons_cells(tmp_path):
     assert "# an attendee's change" in (tmp_path / "recipes" / "01_baseline.py").read_text()
     # the file says in its first line where it comes from, and that an edit belongs in the lesson (#60)
     assert (tmp_path / "recipes" / "01_baseline.py").read_text().splitlines()[0] == (
-        "# recipes/01_baseline.py: written from notebooks/01.ipynb by `dlscale recipes`; edit the lesson's cell")
+        "# recipes/01_baseline.py: written from notebooks/01.ipynb by `dlscale recipes`; edit the lesson's cell"
+    )
     assert write_recipes(tmp_path, tmp_path / "recipes", check=True) == []
     cell["source"][0] = "# 01_baseline.py\n"  # a recipe cell must name its file
     (tmp_path / "01.ipynb").write_text(json.dumps(lesson))
@@ -46,6 +53,7 @@ def test_recipe_files_are_the_lessons_cells(tmp_path):
 
 
 # -- the exercises that add recipe lines: each usual mistake is named -------------------------------
+
 
 def _solution(notebook: str, name: str, mistake: tuple[str, str] | None = None):
     """The function ``name`` of a solution notebook, optionally with one mistake written in (``old -> new``),
@@ -64,16 +72,20 @@ def test_mixed_precision_check_passes_the_solution_and_names_clipping_before_uns
     from dlscale.lessons.recipe_checks import check_mixed_precision_loop
 
     check_mixed_precision_loop(_solution("03_mixed_precision.ipynb", "train_fp16"))
-    swapped = ("        scaler.unscale_(optimizer)\n        nn.utils.clip_grad_norm_(model.parameters(), clip)\n",
-               "        nn.utils.clip_grad_norm_(model.parameters(), clip)\n        scaler.unscale_(optimizer)\n")
+    swapped = (
+        "        scaler.unscale_(optimizer)\n        nn.utils.clip_grad_norm_(model.parameters(), clip)\n",
+        "        nn.utils.clip_grad_norm_(model.parameters(), clip)\n        scaler.unscale_(optimizer)\n",
+    )
     with pytest.raises(AssertionError, match="clipping before scaler.unscale_"):
         check_mixed_precision_loop(_solution("03_mixed_precision.ipynb", "train_fp16", swapped))
 
 
 SCHEDULE_MISTAKES = {
     "not scaled": (("    peak = lr * batch_size / base_batch\n", "    peak = lr\n"), "it is not scaled"),
-    "square root": (("    peak = lr * batch_size / base_batch\n", "    peak = lr * (batch_size / base_batch) ** 0.5\n"),
-                    "square-root rule"),
+    "square root": (
+        ("    peak = lr * batch_size / base_batch\n", "    peak = lr * (batch_size / base_batch) ** 0.5\n"),
+        "square-root rule",
+    ),
     "warmup from 0": (("    start = lr / peak\n", "    start = 0.0\n"), "the first step's LR is 0"),
     "no warmup": (("    start = lr / peak\n", "    start = 1.0\n"), "no warmup"),
 }
@@ -92,17 +104,35 @@ def test_lr_schedule_check_passes_the_solution_and_names_each_mistake(mistake):
 
 def test_the_lessons_run_the_pytorch_an_attendee_writes():
     """Each call an attendee must write in their own script stands in a code cell of a lesson (not only in a diff)."""
-    code = "\n".join("".join(c["source"]) for path in sorted((ROOT / "notebooks").glob("*.ipynb"))
-                     for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
-    for call in ("DistributedDataParallel(", "init_process_group(", "DistributedSampler(", "set_epoch(",
-                 "torch.autocast(", "GradScaler(", "unscale_(", "torch.compile(", "fully_shard(", "parallelize_module(",
-                 "init_device_mesh(", "dcp.save(", "dcp.load(", "LambdaLR("):
+    code = "\n".join(
+        "".join(c["source"])
+        for path in sorted((ROOT / "notebooks").glob("*.ipynb"))
+        for c in json.loads(path.read_text())["cells"]
+        if c["cell_type"] == "code"
+    )
+    for call in (
+        "DistributedDataParallel(",
+        "init_process_group(",
+        "DistributedSampler(",
+        "set_epoch(",
+        "torch.autocast(",
+        "GradScaler(",
+        "unscale_(",
+        "torch.compile(",
+        "fully_shard(",
+        "parallelize_module(",
+        "init_device_mesh(",
+        "dcp.save(",
+        "dcp.load(",
+        "LambdaLR(",
+    ):
         assert call in code, f"no lesson runs {call}"
 
 
 def test_every_recipe_that_joins_a_process_group_bounds_the_wait():
     """Without timeout=, a rank whose peer never starts waits silently for torch's default (30 min on gloo)."""
     import ast
+
     calls = []
     for path in sorted((ROOT / "recipes").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -114,6 +144,7 @@ def test_every_recipe_that_joins_a_process_group_bounds_the_wait():
 
 # -- what a site run needs: resume, the device, the batch, accumulation, a profiling window ----------------
 
+
 def _stage(name: str) -> dict:
     return runpy.run_path(str(RECIPES / name), run_name="recipe")
 
@@ -124,7 +155,7 @@ def test_a_resumed_stage_equals_an_uninterrupted_one_and_refuses_another_runs_ch
     straight = main(epochs=2, checkpoint="straight.pt", **common)
     main(epochs=1, checkpoint="cut.pt", **common)
     resumed = main(epochs=2, checkpoint="cut.pt", resume=True, **common)
-    assert resumed["losses"] == straight["losses"][len(straight["losses"]) // 2:]
+    assert resumed["losses"] == straight["losses"][len(straight["losses"]) // 2 :]
     assert resumed["r2"] == straight["r2"][1:]
     assert not (in_tmp / "cut.pt.tmp").exists()  # written to a temporary file, then renamed
     with pytest.raises(SystemExit, match=r"cut.pt is another run's .*resume with its settings"):
@@ -150,10 +181,13 @@ def test_a_rank_takes_its_only_gpu_or_the_one_at_its_local_rank(monkeypatch, vis
     assert str(pick_device("cuda", local_rank)) == f"cuda:{chosen}" and cuda.chosen == [chosen]
 
 
-@pytest.mark.parametrize("visible, local_rank, message", [
-    (0, 0, r"local rank 0, and this node shows 0 GPUs"),
-    (4, 5, r"local rank 5, and this node shows 4 GPUs .* fewer ranks per node"),
-])
+@pytest.mark.parametrize(
+    "visible, local_rank, message",
+    [
+        (0, 0, r"local rank 0, and this node shows 0 GPUs"),
+        (4, 5, r"local rank 5, and this node shows 4 GPUs .* fewer ranks per node"),
+    ],
+)
 def test_a_gpu_asked_for_and_missing_stops_the_stage_naming_the_counts(monkeypatch, visible, local_rank, message):
     from training_tools import pick_device
 
@@ -163,21 +197,24 @@ def test_a_gpu_asked_for_and_missing_stops_the_stage_naming_the_counts(monkeypat
     assert str(pick_device("cpu", local_rank)) == "cpu"
 
 
-@pytest.mark.parametrize("stage, arguments, message", [
-    ("05_ddp.py", {"batch_size": 3}, r"--batch-size 3 is the global batch: it must split evenly over 2 ranks x 1"),
-    ("05_ddp.py", {"batch_size": 32, "accumulate": 3}, r"over 2 ranks x 3 micro-batches"),
-    ("10_fsdp_tp.py", {"batch_size": 1}, r"--batch-size 1 split evenly over 2 data ranks"),
-])
-def test_a_global_batch_the_ranks_cannot_share_stops_the_stage_before_it_starts(monkeypatch, stage, arguments,
-                                                                                 message):
+@pytest.mark.parametrize(
+    "stage, arguments, message",
+    [
+        ("05_ddp.py", {"batch_size": 3}, r"--batch-size 3 is the global batch: it must split evenly over 2 ranks x 1"),
+        ("05_ddp.py", {"batch_size": 32, "accumulate": 3}, r"over 2 ranks x 3 micro-batches"),
+        ("10_fsdp_tp.py", {"batch_size": 1}, r"--batch-size 1 split evenly over 2 data ranks"),
+    ],
+)
+def test_a_global_batch_the_ranks_cannot_share_stops_the_stage_before_it_starts(monkeypatch, stage, arguments, message):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(SystemExit, match=message):
         _stage(stage)["main"](device="cpu", **arguments)
 
 
 def test_the_profiling_window_names_the_forward_backward_and_step(in_tmp, capsys):
-    _stage("04_compile.py")["main"](epochs=1, device="cpu", workers=0, precision="fp32", compile=False,
-                                    profile_steps="3,5")
+    _stage("04_compile.py")["main"](
+        epochs=1, device="cpu", workers=0, precision="fp32", compile=False, profile_steps="3,5"
+    )
     trace = json.loads((in_tmp / "trace.json").read_text())
     names = {event.get("name") for event in trace["traceEvents"]}
     assert {"forward", "backward", "optimizer step"} <= names
@@ -204,6 +241,7 @@ def test_the_engine_twin_trains_the_recipes_own_model_on_every_config(stage, con
     engine = build_model(cfg)
     if stage == "10_fsdp_tp.py":
         from dlscale.models import ViTRegressor
+
         recipe = ViTRegressor(image_size=cfg.image_size, width=32, depth=2, heads=4)
     else:
         recipe = _stage(stage)["make_model"](8, 2)
@@ -231,6 +269,7 @@ def test_a_stages_change_is_shown_coloured_unwrapped_with_the_whole_file_a_click
 
 # -- the stage the attendee writes -------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("stage", sorted(GAPS))
 def test_a_stage_with_its_gaps_stops_at_the_first_todo_it_reaches_and_names_it(stage, tmp_path, monkeypatch):
     """As shipped, the lesson's stage runs up to its first gap and raises there, naming what to write; every gap
@@ -240,15 +279,19 @@ def test_a_stage_with_its_gaps_stops_at_the_first_todo_it_reaches_and_names_it(s
     if stage == "06_horovod.py":
         pytest.importorskip("horovod.torch", reason="needs Horovod (make horovod)")
     source = stage_source(stage, gaps=True)
-    assert source.count("raise NotImplementedError(\"TODO ") == len(GAPS[stage])
+    assert source.count('raise NotImplementedError("TODO ') == len(GAPS[stage])
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MASTER_PORT", str(free_port()))  # 07 and 10 join a group of one before their first gap
     namespace = {"__name__": "recipe"}
     exec(compile(source, f"{stage} with gaps", "exec"), namespace)
     try:
         with pytest.raises(NotImplementedError, match=rf"^TODO {stage[:2]}\.[a-e]: "):
-            namespace["main"](epochs=1, device="cpu", checkpoint=str(tmp_path / "checkpoint"),
-                              **({} if stage.startswith("01") else {"workers": 0}))
+            namespace["main"](
+                epochs=1,
+                device="cpu",
+                checkpoint=str(tmp_path / "checkpoint"),
+                **({} if stage.startswith("01") else {"workers": 0}),
+            )
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

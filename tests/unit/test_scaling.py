@@ -34,6 +34,7 @@ from ..conftest import ROOT
 
 # -- the breakdown's arithmetic ----------------------------------------------------------------
 
+
 def test_each_part_is_the_growth_of_its_own_cost_and_the_parts_add_up_to_the_loss():
     # one rank: 10 ms of compute and 2 ms of loader wait; two ranks: 1 ms more compute (shared cores),
     # 3 ms of exposed all-reduce, and the loader wait grown to 2.5 ms
@@ -72,6 +73,7 @@ def test_in_memory_batches_are_the_first_epochs_on_the_device_replayed():
 
 # -- the α–β model ----------------------------------------------------------------------------
 
+
 def test_ring_allreduce_is_the_textbook_cost_and_sends_what_ddp_sends():
     link = Link(alpha=2e-6, beta=1 / 10e9)
     for p in (2, 3, 8, 64):
@@ -99,8 +101,10 @@ def test_fsdp_across_nodes_sends_one_and_a_half_times_ddp_on_each_level():
         ddp = layout_seconds("ddp", n, g, nodes, inside, between)
         fsdp = layout_seconds("fsdp", n, g, nodes, inside, between)
         assert fsdp == pytest.approx(1.5 * ddp)
-    with_latency = [layout_seconds(layout, n, g, nodes, PERLMUTTER.inside, PERLMUTTER.between, "ring", 25 * 2**20)
-                    for layout in ("ddp", "fsdp")]
+    with_latency = [
+        layout_seconds(layout, n, g, nodes, PERLMUTTER.inside, PERLMUTTER.between, "ring", 25 * 2**20)
+        for layout in ("ddp", "fsdp")
+    ]
     assert 1.4 < with_latency[1] / with_latency[0] < 1.7
 
 
@@ -129,7 +133,8 @@ def test_each_bucket_pays_the_latency():
     assert four.seconds == pytest.approx(4 * one.seconds) and one.seconds == pytest.approx(2 * 7 * 1e-5)
     bytes_only = Link(0.0, 1e-9)
     assert layout_seconds("ddp", 100e6, 1, 8, bytes_only, bytes_only, "ring", 25 * 2**20) == pytest.approx(
-        layout_seconds("ddp", 100e6, 1, 8, bytes_only, bytes_only, "ring"))  # the bytes are the same
+        layout_seconds("ddp", 100e6, 1, 8, bytes_only, bytes_only, "ring")
+    )  # the bytes are the same
 
 
 def test_no_overlap_hides_more_than_the_backward_pass():
@@ -148,18 +153,23 @@ def test_no_overlap_hides_more_than_the_backward_pass():
 
 def test_a_machine_of_ones_own_from_a_file_or_figures(tmp_path):
     path = tmp_path / "mine.yaml"
-    path.write_text("name: Mine\ngpus_per_node: 8\ninside: {bandwidth_gbs: 300, latency_us: 3}\n"
-                    "between: {bandwidth_gbs: 50}\nsource: the vendor sheet\n")
+    path.write_text(
+        "name: Mine\ngpus_per_node: 8\ninside: {bandwidth_gbs: 300, latency_us: 3}\n"
+        "between: {bandwidth_gbs: 50}\nsource: the vendor sheet\n"
+    )
     mine = load_machine(path)
     assert mine == machine("Mine", 8, 300, 50, 3, 10, "the vendor sheet")
     assert mine.between.bandwidth == pytest.approx(50e9) and mine.inside.alpha == pytest.approx(3e-6)
-    for text, says in (("gpus_per_node: 8\ninside: {bandwidth_gbs: 300}\n", "between needs bandwidth_gbs"),
-                       ("gpus_per_node: 8\ninside: {bandwidth_gbs: 300}\nbetween: {bandwidth_gbs: -1}\n",
-                        "must be above 0"),
-                       ("gpus_per_node: 8\nnics: 4\n", "unknown key 'nics'"),
-                       ("gpus_per_node: 8\ninside: {bandwidth_gbs: 300, latency: 3}\nbetween: {bandwidth_gbs: 5}\n",
-                        "unknown key inside.latency"),
-                       ("[1, 2]\n", "not a mapping")):
+    for text, says in (
+        ("gpus_per_node: 8\ninside: {bandwidth_gbs: 300}\n", "between needs bandwidth_gbs"),
+        ("gpus_per_node: 8\ninside: {bandwidth_gbs: 300}\nbetween: {bandwidth_gbs: -1}\n", "must be above 0"),
+        ("gpus_per_node: 8\nnics: 4\n", "unknown key 'nics'"),
+        (
+            "gpus_per_node: 8\ninside: {bandwidth_gbs: 300, latency: 3}\nbetween: {bandwidth_gbs: 5}\n",
+            "unknown key inside.latency",
+        ),
+        ("[1, 2]\n", "not a mapping"),
+    ):
         path.write_text(text)
         with pytest.raises(MachineError, match=says) as err:
             load_machine(path)
@@ -181,13 +191,16 @@ def test_published_weak_scaling_results_are_predicted_from_their_inputs():
 
 def test_the_fit_recovers_alpha_and_beta_and_never_goes_negative():
     true = Link(alpha=50e-6, beta=1 / 2e9)
-    rows = [{"bytes": n, "world_size": p, "ms": 1000 * ring_allreduce(n, p, true)}
-            for p in (2, 4) for n in (4096, 65536, 2 ** 20, 2 ** 24)]
+    rows = [
+        {"bytes": n, "world_size": p, "ms": 1000 * ring_allreduce(n, p, true)}
+        for p in (2, 4)
+        for n in (4096, 65536, 2**20, 2**24)
+    ]
     fitted = fit_link(rows)
     assert fitted.alpha == pytest.approx(true.alpha, rel=1e-6) and fitted.beta == pytest.approx(true.beta, rel=1e-6)
     assert worst_ratio(predictions(fitted, rows)) == pytest.approx(1.0)
     # large messages alone, measured a little noisily, would give a negative latency: it is held at zero
-    noisy = [{"bytes": n, "world_size": 2, "ms": 1000 * n / 2e9 * f} for n, f in ((2 ** 24, 1.0), (2 ** 26, 1.05))]
+    noisy = [{"bytes": n, "world_size": 2, "ms": 1000 * n / 2e9 * f} for n, f in ((2**24, 1.0), (2**26, 1.05))]
     assert fit_link(noisy).alpha == 0.0 and fit_link(noisy).beta > 0
     with pytest.raises(ValueError, match="two message sizes"):
         fit_link(rows[:1])
@@ -195,10 +208,11 @@ def test_the_fit_recovers_alpha_and_beta_and_never_goes_negative():
 
 # -- projections and the plan -----------------------------------------------------------------
 
+
 def test_a_projection_loses_efficiency_as_nodes_grow_and_hides_what_the_overlap_hides():
     workload = Workload("yardstick", 25_000_000, 2e-4, 64)
     rows = project(workload, PERLMUTTER)
-    assert [r["nodes"] for r in rows] == [2 ** i for i in range(11)]
+    assert [r["nodes"] for r in rows] == [2**i for i in range(11)]
     efficiencies = [r["efficiency"] for r in rows]
     assert all(a >= b for a, b in zip(efficiencies, efficiencies[1:])) and efficiencies[-1] < efficiencies[0] < 1
     hidden = project(Workload("yardstick", 25_000_000, 2e-4, 64, overlap=0.5), PERLMUTTER)
@@ -208,9 +222,16 @@ def test_a_projection_loses_efficiency_as_nodes_grow_and_hides_what_the_overlap_
 
 
 def test_the_recommendation_is_the_cheapest_run_that_meets_the_deadline_and_the_budget():
-    rows = [{"run": f"n{n}", "nodes": n, "global_batch_size": 32 * n, "hours_to_target": h,
-             "node_hours": None if h is None else n * h} for n, h in ((1, 10.0), (2, 5.5), (4, 3.0), (8, 2.0),
-                                                                     (16, None))]
+    rows = [
+        {
+            "run": f"n{n}",
+            "nodes": n,
+            "global_batch_size": 32 * n,
+            "hours_to_target": h,
+            "node_hours": None if h is None else n * h,
+        }
+        for n, h in ((1, 10.0), (2, 5.5), (4, 3.0), (8, 2.0), (16, None))
+    ]
     assert recommend(rows, deadline_hours=6)["run"] == "n2"
     assert recommend(rows)["run"] == "n1"
     assert recommend(rows, deadline_hours=1)["run"] is None
@@ -220,9 +241,20 @@ def test_the_recommendation_is_the_cheapest_run_that_meets_the_deadline_and_the_
 
 def test_the_next_size_up_grows_by_the_allreduce_and_the_noise_scale():
     link = Link(alpha=1e-3, beta=1e-9)
-    rows = [{"run": "weak-n1", "group": "weak", "nodes": 1, "ranks": 1, "global_batch_size": 32,
-             "samples_per_s": 3200.0, "hours_to_target": 1 / 3600, "samples_to_target": 3200.0,
-             "gradient_bytes": 1e6, "noise_scale": None}]
+    rows = [
+        {
+            "run": "weak-n1",
+            "group": "weak",
+            "nodes": 1,
+            "ranks": 1,
+            "global_batch_size": 32,
+            "samples_per_s": 3200.0,
+            "hours_to_target": 1 / 3600,
+            "samples_to_target": 3200.0,
+            "gradient_bytes": 1e6,
+            "noise_scale": None,
+        }
+    ]
     step = 32 / 3200
     grow = ring_allreduce(1e6, 2, link)
     plain = predict_next(rows, here(link))
@@ -238,18 +270,55 @@ def test_the_next_size_up_grows_by_the_allreduce_and_the_noise_scale():
 
 
 def test_project_prints_the_table_and_the_assumptions_it_rests_on(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "dlscale", "project", "--site", "frontier", "--ms-per-sample", "0.3",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dlscale",
+            "project",
+            "--site",
+            "frontier",
+            "--ms-per-sample",
+            "0.3",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     assert "| 1024 | 8192 |" in done.stdout and "docs.olcf.ornl.gov" in done.stdout
     assert "Slingshot, one 25 GB/s NIC per 2 GCDs" in done.stdout and "not modelled:" in done.stdout
     assert (tmp_path / "projection.png").stat().st_size > 10_000
     # a cluster of one's own, from a published throughput, against one node
-    (tmp_path / "mine.yaml").write_text("name: Mine\ngpus_per_node: 8\ninside: {bandwidth_gbs: 300}\n"
-                                        "between: {bandwidth_gbs: 50, latency_us: 4}\nsource: the vendor sheet\n")
-    done = subprocess.run([sys.executable, "-m", "dlscale", "project", "--machine", str(tmp_path / "mine.yaml"),
-                           "--samples-per-s", "2600", "--baseline", "node", "--bucket-mb", "0", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    (tmp_path / "mine.yaml").write_text(
+        "name: Mine\ngpus_per_node: 8\ninside: {bandwidth_gbs: 300}\n"
+        "between: {bandwidth_gbs: 50, latency_us: 4}\nsource: the vendor sheet\n"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dlscale",
+            "project",
+            "--machine",
+            str(tmp_path / "mine.yaml"),
+            "--samples-per-s",
+            "2600",
+            "--baseline",
+            "node",
+            "--bucket-mb",
+            "0",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     assert "| 1 | 8 |" in done.stdout and "| 100% |" in done.stdout.splitlines()[2]
     assert "2600 samples/s measured on one GPU" in done.stdout and "efficiency against one node" in done.stdout
@@ -274,8 +343,12 @@ def test_the_overlap_of_a_measured_breakdown_is_read_against_the_sites_model(tmp
 
 def test_the_breakdown_takes_the_slowest_rank():
     # rank 1 straggles at 80 samples/s; alone, rank 0 would report its own 100 and hide the straggler's wait
-    summary = {"global_batch_size": 64, "applied": {"data_parallel_ranks": 2}, "samples_per_s_per_rank": 100.0,
-               "samples_per_s_each_rank": [100.0, 80.0]}
+    summary = {
+        "global_batch_size": 64,
+        "applied": {"data_parallel_ranks": 2},
+        "samples_per_s_per_rank": 100.0,
+        "samples_per_s_each_rank": [100.0, 80.0],
+    }
     assert step_seconds(summary) == pytest.approx(32 / 80)
     del summary["samples_per_s_each_rank"]  # a run from before the field: rank 0's, as then
     assert step_seconds(summary) == pytest.approx(32 / 100)
@@ -285,9 +358,21 @@ def test_a_run_that_trained_nothing_is_refused_not_divided_by():
     # a second pass of lesson 11 once resumed its finished runs: 0 samples/s, then a ZeroDivisionError
     from dlscale.scaling.plan import PlanError, compare
 
-    rows = [{"run": "weak-n1", "group": "weak", "nodes": 1, "ranks": 1, "global_batch_size": 32, "path": "runs/x",
-             "samples_per_s": 0.0, "hours_to_target": 1 / 3600, "samples_to_target": 0.0, "gradient_bytes": 1e6,
-             "noise_scale": None}]
+    rows = [
+        {
+            "run": "weak-n1",
+            "group": "weak",
+            "nodes": 1,
+            "ranks": 1,
+            "global_batch_size": 32,
+            "path": "runs/x",
+            "samples_per_s": 0.0,
+            "hours_to_target": 1 / 3600,
+            "samples_to_target": 0.0,
+            "gradient_bytes": 1e6,
+            "noise_scale": None,
+        }
+    ]
     with pytest.raises(PlanError, match="weak-n1 trained no step .* fresh folder"):
         predict_next(rows, here(Link(1e-3, 1e-9)))
     assert "trained no step" in compare({"hours_to_target": 1.0, "range_hours": (0.5, 2.0)}, rows[0])

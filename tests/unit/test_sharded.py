@@ -1,5 +1,5 @@
-"""Beyond data parallel: FSDP and tensor parallelism of the ViT equal one process; sharded checkpoints; bad combinations."""
-
+"""Beyond data parallel: FSDP and tensor parallelism of the ViT equal one process; sharded checkpoints; bad
+combinations."""
 
 import pytest
 import torch
@@ -27,13 +27,17 @@ def test_activation_checkpointing_computes_the_same_gradients_from_fewer_saved_b
 
 # -- what cannot run is one clear error ---------------------------------------------------------------
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"tensor_parallel": 2}, "needs model=vit"),
-    ({"model": "vit", "width": 32, "heads": 4, "tensor_parallel": 3}, "must divide heads=4"),
-    ({"model": "vit", "width": 30, "heads": 4}, "must divide width=30"),
-    ({"model": "vit", "tensor_parallel": 2, "data_parallel": "horovod"}, "needs data_parallel=fsdp or auto"),
-    ({"model": "vit", "data_parallel": "fsdp", "noise_scale_every": 5}, "noise_scale_every' is not supported"),
-])
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"tensor_parallel": 2}, "needs model=vit"),
+        ({"model": "vit", "width": 32, "heads": 4, "tensor_parallel": 3}, "must divide heads=4"),
+        ({"model": "vit", "width": 30, "heads": 4}, "must divide width=30"),
+        ({"model": "vit", "tensor_parallel": 2, "data_parallel": "horovod"}, "needs data_parallel=fsdp or auto"),
+        ({"model": "vit", "data_parallel": "fsdp", "noise_scale_every": 5}, "noise_scale_every' is not supported"),
+    ],
+)
 def test_bad_combinations_are_one_clear_config_error(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config("tiny", overrides)
@@ -50,8 +54,14 @@ def test_tensor_parallel_must_divide_the_ranks_and_fsdp_cannot_run_under_horovod
 def test_fp16_with_sharded_parameters_says_what_to_use():
     cfg = load_config("vit-tiny", {"data_parallel": "fsdp"})
     with pytest.raises(ConfigError, match="use precision=bf16 or fp32"):
-        build_step_model(torch.nn.Linear(2, 2), None, cfg.sections.parallel, cfg.sections.model,
-                         ParallelPlan("fsdp", 1, 0, 2), Precision("fp16", "cuda"))
+        build_step_model(
+            torch.nn.Linear(2, 2),
+            None,
+            cfg.sections.parallel,
+            cfg.sections.model,
+            ParallelPlan("fsdp", 1, 0, 2),
+            Precision("fp16", "cuda"),
+        )
 
 
 def test_fsdp_sends_one_and_a_half_times_ddp_and_tensor_parallel_scales_with_the_activations():

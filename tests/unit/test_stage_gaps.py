@@ -36,8 +36,9 @@ def test_no_todo_names_the_api_its_answer_uses():
     for stage, gaps in GAPS.items():
         own = (_defined(recipe_path(stage).read_text()) | tools) - {"compile", "autocast"}
         for gap_id, gap in zip(gap_ids(stage), gaps):
-            named = sorted(name for name in api_names(answer_lines(gap_id)) - own
-                           if re.search(rf"\b{re.escape(name)}\b", gap.asks))
+            named = sorted(
+                name for name in api_names(answer_lines(gap_id)) - own if re.search(rf"\b{re.escape(name)}\b", gap.asks)
+            )
             if named:
                 dictating.append((gap_id, named))
     assert dictating == []
@@ -46,6 +47,7 @@ def test_no_todo_names_the_api_its_answer_uses():
 
 def test_every_gap_has_a_probe_or_is_named_by_the_numbers():
     from dlscale.lessons.stage_check import BY_NUMBERS
+
     for stage in GAPS:
         assert set(PROBES[stage]) | set(BY_NUMBERS[stage][0]) == set(gap_ids(stage)), stage
 
@@ -62,7 +64,8 @@ def test_a_hint_names_what_to_use_then_shows_our_lines(capsys):
 
 #: How each stage runs here: one epoch of the tiny set on the CPU, in this process as a job of one rank.
 SETTINGS = {
-    "01_baseline.py": {}, "02_data_loading.py": {"workers": 1},
+    "01_baseline.py": {},
+    "02_data_loading.py": {"workers": 1},
     "03_mixed_precision.py": {"workers": 0, "precision": "fp16"},
     "04_compile.py": {"workers": 0, "precision": "fp32", "compile": False},
     "05_ddp.py": {"workers": 0, "precision": "fp32", "compile": False},
@@ -83,24 +86,24 @@ def _swap_clip_and_unscale(lines: list[str]) -> list[str]:
 MUTANTS = {
     "01.a": lambda lines: ["return 0.0"],
     "01.b": lambda lines: ["pass"],
-    "02.a": lambda lines: ["loading = dict()"],                          # the loader's defaults
-    "02.b": lambda lines: ["pass"],                                      # the batch left where it is
+    "02.a": lambda lines: ["loading = dict()"],  # the loader's defaults
+    "02.b": lambda lines: ["pass"],  # the batch left where it is
     "03.a": lambda lines: [lines[0], lines[1], "scaler = torch.amp.GradScaler(device.type, enabled=False)"],
-    "03.b": _swap_clip_and_unscale,                                      # clipped before unscaled
-    "04.a": lambda lines: ["step_model = model"],                        # compile=True, nothing compiled
+    "03.b": _swap_clip_and_unscale,  # clipped before unscaled
+    "04.a": lambda lines: ["step_model = model"],  # compile=True, nothing compiled
     "04.b": lambda lines: [line.replace('"optimizer step"', '"update"') for line in lines],
     "05.a": lambda lines: ["pass"],
     "05.b": lambda lines: ["pass"],
-    "05.c": lambda lines: [lines[0].replace(", drop_last=True", "")],    # uneven shares
+    "05.c": lambda lines: [lines[0].replace(", drop_last=True", "")],  # uneven shares
     "05.d": lambda lines: ["ddp_model = model"],
-    "05.e": lambda lines: ["pass"],                                      # one epoch: the losses cannot tell
+    "05.e": lambda lines: ["pass"],  # one epoch: the losses cannot tell
     "06.a": lambda lines: ["pass"],
     "06.b": lambda lines: ["optimizer = torch.optim.AdamW(groups, lr=lr)"],
-    "06.c": lambda lines: ["pass"],                                      # the ranks happen to start alike
-    "07.a": lambda lines: ["peak_lr = lr"],                              # not scaled
-    "07.b": lambda lines: ["return 1.0"],                                # no warmup, no decay
+    "06.c": lambda lines: ["pass"],  # the ranks happen to start alike
+    "07.a": lambda lines: ["peak_lr = lr"],  # not scaled
+    "07.b": lambda lines: ["return 1.0"],  # no warmup, no decay
     "07.c": lambda lines: ["pass"],
-    "10.a": lambda lines: [line.strip() for line in lines[1:]],                            # built with real memory
+    "10.a": lambda lines: [line.strip() for line in lines[1:]],  # built with real memory
     "10.c": lambda lines: ["pass"],
     "10.d": lambda lines: ["pass"],
     "10.e": lambda lines: ["pass"],
@@ -120,10 +123,10 @@ def _mutant(gap_id: str) -> str:
     for found, gap in zip(gap_ids(stage), GAPS[stage]):
         begin, end = gap_span(lines, gap, start)
         if found == gap_id:
-            indent = lines[begin][:len(lines[begin]) - len(lines[begin].lstrip())]
-            ours = textwrap.dedent("\n".join(lines[begin:end + 1])).splitlines()
+            indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
+            ours = textwrap.dedent("\n".join(lines[begin : end + 1])).splitlines()
             replacement = MUTANTS[gap_id](ours)
-            lines[begin:end + 1] = [indent + line if line else line for line in replacement]
+            lines[begin : end + 1] = [indent + line if line else line for line in replacement]
             return "\n".join(lines) + "\n"
         start = end + 1
     raise KeyError(gap_id)
@@ -134,10 +137,12 @@ def stage_folder(tmp_path, monkeypatch):
     """A folder for one test's runs (the micro data set is generated there in a fraction of a second), as a job
     of one rank."""
     from dlscale.distributed import free_port
+
     monkeypatch.chdir(tmp_path)
     Path("micro.yaml").write_text("inherit: tiny\ntrain_samples: 128\nval_samples: 64\n")  # (4 steps of 32)
-    for name, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                            MASTER_PORT=str(free_port())).items():
+    for name, value in dict(
+        RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
+    ).items():
         monkeypatch.setenv(name, value)
     return tmp_path
 
@@ -148,8 +153,7 @@ MUTANT_SETTINGS = {"04.a": {"compile": True}}
 
 def _run(stage: str, path: str, tag: str) -> dict:
     settings = {**SETTINGS[stage], **MUTANT_SETTINGS.get(tag, {})}
-    return run_stage(path, config="micro.yaml", epochs=1, device="cpu", checkpoint=f"runs/{tag}-checkpoint",
-                     **settings)
+    return run_stage(path, config="micro.yaml", epochs=1, device="cpu", checkpoint=f"runs/{tag}-checkpoint", **settings)
 
 
 @pytest.mark.parametrize("stage", sorted(GAPS))
@@ -171,6 +175,7 @@ def test_a_gap_taken_out_is_named_by_the_lessons_check(gap_id, stage_folder, cap
     result = _run(stage, str(path), gap_id)
     if gap_id in ("01.a",):  # (checked by its numbers: the R² against the engine's)
         from dlscale.lessons.stage_check import check_stage
+
         ours = _run(stage, str(recipe_path(stage)), "01-ours")
         with pytest.raises(AssertionError) as caught:
             check_stage(stage, result, ours)
@@ -183,6 +188,7 @@ def test_a_gap_taken_out_is_named_by_the_lessons_check(gap_id, stage_folder, cap
 
 
 # -- catch up, start over ---------------------------------------------------------------------------------------
+
 
 def test_ours_beside_theirs_is_the_difference_only():
     from dlscale.lessons.recipes import ours_beside_theirs, use_ours
@@ -198,6 +204,7 @@ def test_ours_beside_theirs_is_the_difference_only():
 
 def test_a_lesson_reset_removes_that_lessons_runs_and_nothing_else(tmp_path, capfd):
     from dlscale.cli import main
+
     runs = tmp_path / "runs"
     for folder in ("lesson05", "lesson05_engine_twin/checkpoints", "lesson050", "lesson04", "mine"):
         (runs / folder).mkdir(parents=True)
@@ -205,8 +212,9 @@ def test_a_lesson_reset_removes_that_lessons_runs_and_nothing_else(tmp_path, cap
     (runs / "lesson05/my_05_ddp.py").write_text("# the attendee's stage\n")
     assert main(["lessons", "reset", "05", "--runs", str(runs)]) == 0
     assert "lesson 05 starts over: 2 run folder(s) or file(s) removed" in capfd.readouterr().out
-    assert sorted(p.relative_to(runs).as_posix() for p in runs.rglob("*") if p.is_file()) == sorted([
-        "lesson04/kept-or-not.txt", "lesson050/kept-or-not.txt", "lesson05/my_05_ddp.py", "mine/kept-or-not.txt"])
+    assert sorted(p.relative_to(runs).as_posix() for p in runs.rglob("*") if p.is_file()) == sorted(
+        ["lesson04/kept-or-not.txt", "lesson050/kept-or-not.txt", "lesson05/my_05_ddp.py", "mine/kept-or-not.txt"]
+    )
     assert main(["lessons", "reset", "5"]) == 2
 
 

@@ -23,16 +23,22 @@ def _stage(rates: dict[int, float], calls: list):
     def main(batch_size: int = 32, epochs: int = 1, checkpoint: str = "x.pt") -> dict:
         calls.append(batch_size)
         print("a line the notebook must not show")
-        return {"losses": [1.0], "r2": [0.5], "throughput": [1.0, rates[batch_size], rates[batch_size] + 2],
-                "mark": "m"}
+        return {
+            "losses": [1.0],
+            "r2": [0.5],
+            "throughput": [1.0, rates[batch_size], rates[batch_size] + 2],
+            "mark": "m",
+        }
+
     return main
 
 
 def test_a_measurement_runs_the_stage_it_is_given_with_each_setting_and_says_whose(capsys):
     calls: list = []
     before = len(MEASURED)
-    measured = measure_stage(_stage({16: 100.0, 64: 300.0}, calls), {16: {"batch_size": 16}, 64: {"batch_size": 64}},
-                             rounds=2)
+    measured = measure_stage(
+        _stage({16: 100.0, 64: 300.0}, calls), {16: {"batch_size": 16}, 64: {"batch_size": 64}}, rounds=2
+    )
     assert calls == [16, 64, 16, 64]  # the settings take turns, round after round
     assert measured[64].values == [301.0, 301.0]  # the steady blocks' median: the warm-up block left out
     assert measured.whose == "your stage" and str(measured).startswith("your stage, 16: 101")
@@ -49,8 +55,11 @@ def test_our_stage_says_it_is_ours_and_a_failing_stage_is_one_line_naming_whose(
     def broken(epochs: int = 1) -> dict:
         raise NotImplementedError("TODO 01.b: each step starts from zero gradients")
 
-    with pytest.raises(StageFailed, match=r"^your stage stopped while being measured with \{'epochs': 1\}: "
-                                          r"NotImplementedError: TODO 01.b.*use_ours"):
+    with pytest.raises(
+        StageFailed,
+        match=r"^your stage stopped while being measured with \{'epochs': 1\}: "
+        r"NotImplementedError: TODO 01.b.*use_ours",
+    ):
         measure_stage(broken, {"one": {"epochs": 1}})
     with pytest.raises(StageFailed, match="returned no 'throughput'"):
         measure_stage(lambda: {"losses": [], "r2": []}, {"one": {}})

@@ -1,4 +1,5 @@
-"""How make test spreads the suite over its processes (tests/plugins/scheduling.py): which files one process takes whole,
+"""How make test spreads the suite over its processes (tests/plugins/scheduling.py): which files one process takes
+whole,
 and the order work is handed out in."""
 
 import re
@@ -11,8 +12,11 @@ from ..plugins.scheduling import INTEGRATION, LONGEST_FIRST, ONE_PROCESS, pytest
 
 
 def test_the_files_one_process_takes_whole_are_those_with_module_fixtures():
-    with_module_fixtures = {path.name for path in (ROOT / "tests").rglob("test_*.py")
-                            if re.search(r"scope=\"(module|package|session)\"", path.read_text())}
+    with_module_fixtures = {
+        path.name
+        for path in (ROOT / "tests").rglob("test_*.py")
+        if re.search(r"scope=\"(module|package|session)\"", path.read_text())
+    }
     assert with_module_fixtures == set(ONE_PROCESS)
     assert all((INTEGRATION / name).exists() for name in {*ONE_PROCESS, *LONGEST_FIRST})
 
@@ -27,20 +31,45 @@ def test_the_scheduler_keeps_those_files_together_and_spreads_every_other_test()
     assert [scheduler._split_scope(nodeid) for nodeid in apart] == apart
 
 
-@pytest.mark.xfail(strict=True, reason="pytest-dev/pytest-xdist#1386: --dist loadgroup groups nothing with pytest "
-                                       "9.2; the day this passes, tests/plugins/scheduling.py's scheduler can go")
+@pytest.mark.xfail(
+    strict=True,
+    reason="pytest-dev/pytest-xdist#1386: --dist loadgroup groups nothing with pytest "
+    "9.2; the day this passes, tests/plugins/scheduling.py's scheduler can go",
+)
 def test_loadgroup_groups_again(tmp_path):
     """Two files of one xdist_group run on two processes: with ``--dist loadgroup`` they should share one."""
     import subprocess
     import sys
 
-    body = "import pytest\n\n@pytest.mark.xdist_group(name='one')\n@pytest.mark.parametrize('i', range(4))\n" \
-           "def test(i):\n    pass\n"
+    body = (
+        "import pytest\n\n@pytest.mark.xdist_group(name='one')\n@pytest.mark.parametrize('i', range(4))\n"
+        "def test(i):\n    pass\n"
+    )
     for name in ("test_a.py", "test_b.py"):
         (tmp_path / name).write_text(body)
-    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p",
-                           "no:cacheprovider", "-o", "addopts=", "--rootdir", str(tmp_path), str(tmp_path)],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-n",
+            "2",
+            "--dist",
+            "loadgroup",
+            "-v",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "addopts=",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout[-2000:]
     workers = set(re.findall(r"\[(gw\d)\]", done.stdout))
     assert workers and len(workers) == 1, f"the group ran on {sorted(workers)}"

@@ -7,15 +7,18 @@ import pytest
 from dlscale.runtime.threads import choose_threads, fair_threads, per_process_env
 
 
-@pytest.mark.parametrize("environ, cpus, expected", [
-    ({}, 8, (8, "affinity mask")),
-    ({"OMP_NUM_THREADS": "3"}, 8, (3, "OMP_NUM_THREADS")),
-    ({"OMP_NUM_THREADS": "3", "SLURM_CPUS_PER_TASK": "4"}, 8, (3, "OMP_NUM_THREADS")),  # explicit wins
-    ({"SLURM_CPUS_PER_TASK": "4"}, 8, (4, "SLURM_CPUS_PER_TASK")),
-    ({"SLURM_CPUS_PER_TASK": "16"}, 8, (8, "SLURM_CPUS_PER_TASK")),  # never more than the mask holds
-    ({"OMP_NUM_THREADS": "", "SLURM_CPUS_PER_TASK": "x"}, 2, (2, "affinity mask")),  # unusable values ignored
-    ({"OMP_NUM_THREADS": "0"}, 2, (2, "affinity mask")),
-])
+@pytest.mark.parametrize(
+    "environ, cpus, expected",
+    [
+        ({}, 8, (8, "affinity mask")),
+        ({"OMP_NUM_THREADS": "3"}, 8, (3, "OMP_NUM_THREADS")),
+        ({"OMP_NUM_THREADS": "3", "SLURM_CPUS_PER_TASK": "4"}, 8, (3, "OMP_NUM_THREADS")),  # explicit wins
+        ({"SLURM_CPUS_PER_TASK": "4"}, 8, (4, "SLURM_CPUS_PER_TASK")),
+        ({"SLURM_CPUS_PER_TASK": "16"}, 8, (8, "SLURM_CPUS_PER_TASK")),  # never more than the mask holds
+        ({"OMP_NUM_THREADS": "", "SLURM_CPUS_PER_TASK": "x"}, 2, (2, "affinity mask")),  # unusable values ignored
+        ({"OMP_NUM_THREADS": "0"}, 2, (2, "affinity mask")),
+    ],
+)
 def test_thread_choice_follows_what_the_process_was_given(environ, cpus, expected):
     choice = choose_threads(environ, cpus)
     assert (choice.count, choice.source) == expected and choice.cpus == cpus

@@ -68,8 +68,17 @@ def test_warmup_starts_above_zero_and_lr_is_logged(tiny):
 
 
 def test_lr_scaling_sets_the_peak_and_warmup_starts_from_the_base_lr(tiny):
-    result = train(tiny(lr=0.001, base_batch=8, global_batch_size=32, lr_scaling="linear", warmup_epochs=0.5,
-                        epochs=1, optimizer="lamb"))
+    result = train(
+        tiny(
+            lr=0.001,
+            base_batch=8,
+            global_batch_size=32,
+            lr_scaling="linear",
+            warmup_epochs=0.5,
+            epochs=1,
+            optimizer="lamb",
+        )
+    )
     lrs = [row["lr"] for row in result.steps]
     assert result.peak_lr == pytest.approx(0.004)
     assert lrs[0] == pytest.approx(0.001)  # Goyal et al.: warmup from the small-batch LR
@@ -101,8 +110,9 @@ def test_layerwise_runs_resume_exactly_from_their_checkpoints(tiny, optimizer, l
             path.unlink()
     resumed = train(tiny(resume=True, **settings))
     assert losses(resumed) == losses(full)
-    assert read_rows(resumed.run_dir / "noise_scale.csv")[-1]["b_simple"] == pytest.approx(full.noise_scale,
-                                                                                            nan_ok=True)
+    assert read_rows(resumed.run_dir / "noise_scale.csv")[-1]["b_simple"] == pytest.approx(
+        full.noise_scale, nan_ok=True
+    )
 
 
 def test_noise_scale_is_measured_without_changing_the_run(tiny):
@@ -148,6 +158,7 @@ def test_pruning_after_a_fallback_keeps_the_good_checkpoint_and_sets_the_corrupt
 
 def test_export_of_a_run_whose_newest_checkpoint_is_corrupt_falls_back_as_a_resume_does(tiny):
     from dlscale.checkpoint import load_model
+
     train(tiny(max_steps=40, checkpoint_every=20))
     older, newest = list_checkpoints("runs/tiny")
     expected = torch.load(older, weights_only=True)["model"]
@@ -166,8 +177,10 @@ def test_a_run_folder_that_cannot_be_written_stops_before_training_in_one_line(i
         command = ["unshare", "--user", "--map-user=1000", "--map-group=1000", *command]
     done = subprocess.run(command, cwd=in_tmp, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert done.stderr.strip() == ("dlscale: error: runs/copy/checkpoints cannot be written (Permission denied): "
-                                   "choose a run_dir you can write (run_dir=runs/<name>; on a cluster, under $SCRATCH)")
+    assert done.stderr.strip() == (
+        "dlscale: error: runs/copy/checkpoints cannot be written (Permission denied): "
+        "choose a run_dir you can write (run_dir=runs/<name>; on a cluster, under $SCRATCH)"
+    )
     assert not (in_tmp / "data").exists()  # refused before the data were made
 
 
@@ -185,19 +198,33 @@ def test_a_resume_on_other_data_is_refused_and_the_same_data_moved_is_not(tiny, 
 
     from dlscale.config import ConfigError
     from dlscale.data import FieldSpec, generate_dataset, synthetic_dir
+
     cfg = tiny()
     train(tiny(max_steps=20, checkpoint_every=20))  # (makes the synthetic set, copied as "the user's data")
     shutil.copytree(synthetic_dir(cfg), "mine")
-    generate_dataset("other", FieldSpec(image_size=cfg.image_size, noise=cfg.noise), cfg.train_samples,
-                     cfg.val_samples, cfg.shard_size, seed=1, progress=False)
+    generate_dataset(
+        "other",
+        FieldSpec(image_size=cfg.image_size, noise=cfg.noise),
+        cfg.train_samples,
+        cfg.val_samples,
+        cfg.shard_size,
+        seed=1,
+        progress=False,
+    )
     # trained on the synthetic set, resumed on a folder of other data: refused too (#61)
-    with pytest.raises(ConfigError, match=r"the shards of data_dir=other are not the data it trained on \(the "
-                                          r"synthetic set;"):
+    with pytest.raises(
+        ConfigError,
+        match=r"the shards of data_dir=other are not the data it trained on \(the "
+        r"synthetic set;",
+    ):
         train(tiny(max_steps=40, resume=True, data_dir="other"))
     first = train(tiny(max_steps=40, checkpoint_every=20, data_dir="mine"))
     list_checkpoints("runs/tiny")[-1].unlink()  # (resume from step 20)
-    with pytest.raises(ConfigError, match=r"belongs to another run: the shards of data_dir=other are not the data it "
-                                          r"trained on \(data_dir=mine;"):
+    with pytest.raises(
+        ConfigError,
+        match=r"belongs to another run: the shards of data_dir=other are not the data it "
+        r"trained on \(data_dir=mine;",
+    ):
         train(tiny(max_steps=40, resume=True, data_dir="other"))
     shutil.move("mine", "moved")
     resumed = train(tiny(max_steps=40, resume=True, data_dir="moved"))
@@ -207,6 +234,7 @@ def test_a_resume_on_other_data_is_refused_and_the_same_data_moved_is_not(tiny, 
 
 def test_resume_with_another_batch_size_is_refused(tiny):
     from dlscale.config import ConfigError
+
     train(tiny(max_steps=20, checkpoint_every=20))
     with pytest.raises(ConfigError, match="belongs to another run: global_batch_size 32 -> 64"):
         train(tiny(resume=True, global_batch_size=64))
@@ -218,6 +246,7 @@ def _finite(checkpoint):
 
 def test_a_nan_map_stops_the_run_naming_the_step_and_keeps_the_last_good_checkpoint(tiny):
     from dlscale.data import prepare_data
+
     data = prepare_data(tiny())
     x_path = data / "train/shard-00002-x.npy"
     maps = np.load(x_path)
@@ -240,10 +269,21 @@ def test_an_exploding_lr_stops_the_run_without_a_non_finite_checkpoint(tiny):
 
 # The two torches a machine without a GPU has: a CPU-only build, and PyPI's CUDA build for Linux (most
 # laptops and login nodes), which sees no GPU. Each gets its own fix; neither a traceback nor a CPU run.
-@pytest.mark.parametrize("cuda, says", [(None, r"is a CPU-only build\. Install a GPU build.*or train on the CPU "
-                                               r"with device=cpu"),
-                                        ("13.0", r"sees no GPU on this node: run on a GPU node .*CUDA_VISIBLE_DEVICES"
-                                                 r".*device=cpu")])
+@pytest.mark.parametrize(
+    "cuda, says",
+    [
+        (
+            None,
+            r"is a CPU-only build\. Install a GPU build.*or train on the CPU "
+            r"with device=cpu",
+        ),
+        (
+            "13.0",
+            r"sees no GPU on this node: run on a GPU node .*CUDA_VISIBLE_DEVICES"
+            r".*device=cpu",
+        ),
+    ],
+)
 def test_unavailable_gpu_is_one_clear_error_on_either_build(cuda, says, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.version, "cuda", cuda)
@@ -280,6 +320,7 @@ def test_cuda_random_state_is_this_devices_only(monkeypatch):
     No GPU here: torch.cuda's generator calls are stood in for (the device tool checks the real ones).
     """
     from dlscale.checkpoint import rng_state, set_rng_state
+
     states = [torch.full((8,), i, dtype=torch.uint8) for i in range(4)]
     restored = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -331,6 +372,7 @@ def test_cuda_graphs_are_recorded_only_when_captured(tiny):
 
 def test_sync_batchnorm_with_compile_is_refused(tiny):
     from dlscale.config import ConfigError
+
     with pytest.raises(ConfigError, match="sync_batchnorm=true cannot be combined with compile=true"):
         tiny(sync_batchnorm=True, compile=True)
 
@@ -346,8 +388,9 @@ def test_a_model_is_added_without_touching_the_rest_of_the_kit(in_tmp):
     class PixelMLP(nn.Module):
         def __init__(self, in_channels: int, num_outputs: int, pixels: int, width: int):
             super().__init__()
-            self.layers = nn.Sequential(nn.Flatten(), nn.Linear(in_channels * pixels, width), nn.ReLU(),
-                                        nn.Linear(width, num_outputs))
+            self.layers = nn.Sequential(
+                nn.Flatten(), nn.Linear(in_channels * pixels, width), nn.ReLU(), nn.Linear(width, num_outputs)
+            )
 
         def forward(self, x):
             return self.layers(x)
@@ -363,12 +406,14 @@ def test_a_model_is_added_without_touching_the_rest_of_the_kit(in_tmp):
         assert result.applied["model"] == "pixel_mlp_for_tests" and result.final["r2"] > 0
         with pytest.raises(ConfigError, match="tensor-parallel plan.*PixelMLP has none"):  # no units, no plan
             from dlscale.distributed.parallelize import apply_tensor_parallel
+
             apply_tensor_parallel(build_model(cfg), None)
         with pytest.raises(ConfigError, match="config key 'model' must be one of cnn, vit, pixel_mlp_for_tests"):
             load_config("tiny", {"model": "pixel_mpl"})
     finally:
         MODELS.pop("pixel_mlp_for_tests")
         from dlscale.config.train_config import MODEL_NAMES
+
         MODEL_NAMES.remove("pixel_mlp_for_tests")
 
 
