@@ -22,7 +22,7 @@ whose optional extra is missing fails only when a cell uses it, with the extra's
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 #: name -> (module, attribute in it; None for the module itself)
 _WHERE: dict[str, tuple[str, str | None]] = {}
@@ -197,6 +197,150 @@ _add("dlscale.kmeans.on_ranks", "launch_kmeans")
 _WHERE["daal4py_available"] = ("dlscale.kmeans.daal", "available")
 
 __all__ = sorted(_WHERE)
+
+if TYPE_CHECKING:  # (editors and type checkers see where each name lives; nothing is imported at run time)
+    from dlscale import distributed
+    from dlscale.bench.allreduce import ALLREDUCE_SIZES, bench_allreduce
+    from dlscale.bench.breakdown import bench_breakdown, engine_runner, format_breakdown, slurm_runner
+    from dlscale.bench.concurrent_trials import concurrent_or_wide
+    from dlscale.bench.kmeans import bench_kmeans, format_kmeans
+    from dlscale.bench.ladder import bench_ladder, format_ladder, ladder_chart
+    from dlscale.bench.large_batch import format_table, large_batch_sweep, sweep_figure
+    from dlscale.bench.loader import bench_loader
+    from dlscale.bench.memory import LAYOUTS, bench_memory, format_memory
+    from dlscale.bench.repeats import measure_rounds
+    from dlscale.bench.staging import bench_staging
+    from dlscale.checkpoint import load_model
+    from dlscale.config import load_config
+    from dlscale.data import (
+        TARGET_NAMES,
+        FieldSpec,
+        ShardDataset,
+        generate_fields,
+        make_loader,
+        mini_cosmoflow,
+        prepare_data,
+        read_manifest,
+        synthetic_dir,
+    )
+    from dlscale.distributed import detect_launcher, horovod_backend
+    from dlscale.hpo import SearchSpaceError, create_study, load_space
+    from dlscale.hpo.heartbeat import wait_for_running
+    from dlscale.hpo.local_search import rerun_best, search, start_workers, wait_for_workers
+    from dlscale.hpo.results import (
+        best_by_budget,
+        best_trial,
+        curves,
+        format_trials,
+        importances,
+        save_optuna_plots,
+        trial_rows,
+    )
+    from dlscale.hpo.space import SEARCH_DIR
+    from dlscale.hpo.worker import run_worker
+    from dlscale.jobs.environment import describe, report
+    from dlscale.jobs.local_ranks import torchrun_command
+    from dlscale.jobs.local_slurm import LocalSlurm, missing_programs, multi_node_unavailable, stop_on_error
+    from dlscale.jobs.notebook_engines import run_on_engines, stop_engines, train_rank
+    from dlscale.jobs.queue import job_environ, open_queue
+    from dlscale.jobs.slurm_jobs import job_info, submit, submit_sweep, wait_for_jobs, wait_until
+    from dlscale.kmeans import KMeans
+    from dlscale.kmeans.command import load_sample_image, quantize, rank_block
+    from dlscale.kmeans.daal import available as daal4py_available
+    from dlscale.kmeans.on_ranks import launch_kmeans
+    from dlscale.lessons import checks, plan_checks, recipe_checks
+    from dlscale.lessons.conclusions import (
+        breakdown_conclusions,
+        compare_spreads,
+        convergence_conclusion,
+        efficiency_conclusion,
+        ladder_conclusions,
+        loader_conclusion,
+        memory_conclusion,
+        noise_scale_conclusions,
+        precision_conclusion,
+        search_conclusions,
+        sweep_conclusions,
+        width_conclusions,
+    )
+    from dlscale.lessons.gaps import hint
+    from dlscale.lessons.parity import engine_twin
+    from dlscale.lessons.predictions import (
+        BEST_PER_COST,
+        COMPILE,
+        CONVERGENCE,
+        FSDP_MEMORY,
+        HOROVOD_SAME,
+        LARGEST_LOSS,
+        LOADER,
+        NO_SCALING,
+        NOISE_SCALE,
+        PRECISION,
+        STRONG_SCALING,
+        repeated_searches,
+    )
+    from dlscale.lessons.readings import (
+        FASTEST_BATCH,
+        FEWEST_WORKERS,
+        FP16_KEPT,
+        LARGER_BATCH_KEPT,
+        LARGEST_RANGE,
+        SHARD_SHARE,
+        TWO_RANK_EFFICIENCY,
+    )
+    from dlscale.lessons.recipes import recipe_path, show_ours, show_recipe_change, use_ours
+    from dlscale.lessons.search_checks import baseline_value, check_space, values_over_seeds
+    from dlscale.lessons.stage_measure import checkpoint_shares, final_r2, measure_stage, profile_stage
+    from dlscale.lessons.stage_probes import run_stage
+    from dlscale.metrics.evaluation import predict
+    from dlscale.metrics.memory import checkpointing_trade
+    from dlscale.metrics.steplog import DivergedError
+    from dlscale.metrics.tracking import read_rows
+    from dlscale.metrics.weight_difference import largest_weight_difference
+    from dlscale.models import CNNRegressor, ViTRegressor, build_model
+    from dlscale.optim import LAMB, LARS
+    from dlscale.profiling import as_shell, nsys_command, nsys_stats_command, nvtx_range
+    from dlscale.reporting.plots import (
+        allreduce_bandwidth,
+        allreduce_fit,
+        bar_chart,
+        breakdown_bars,
+        cost_to_solution,
+        efficiency_projection,
+        kmeans_ratios,
+        loss_curves,
+        map_gallery,
+        memory_chart,
+        noise_scale_curve,
+        predictions_vs_truth,
+        quantized_images,
+        scaling_curves,
+        search_progress,
+        spread_chart,
+        trace_timeline,
+        trial_curves,
+        trust_ratios,
+    )
+    from dlscale.reporting.report import collect, format_report
+    from dlscale.reporting.tables import markdown_table
+    from dlscale.runtime.devices import resolve_device
+    from dlscale.runtime.precision import Precision, gradient_underflow
+    from dlscale.runtime.threads import fair_threads
+    from dlscale.scaling.fit import fit_link, predictions, worst_ratio
+    from dlscale.scaling.plan import allocation_request, compare, cost_rows, format_plan, predict_next, recommend
+    from dlscale.scaling.projection import (
+        RESNET50_A100_IMAGES_PER_S,
+        RESNET50_PARAMETERS,
+        Workload,
+        assumptions,
+        largest_efficient,
+        overlap_from_breakdown,
+        project,
+        workload_for,
+    )
+    from dlscale.scaling.sites import FRONTIER, PERLMUTTER, here
+    from dlscale.train import train, train_quietly
+    from dlscale.training.step import train_step
 
 
 def __getattr__(name: str) -> Any:

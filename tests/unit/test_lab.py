@@ -148,3 +148,15 @@ def test_every_name_of_the_door_is_used_by_a_lesson_or_named_to_its_readers():
             text += "\n".join("".join(cell["source"]) for cell in json.loads(path.read_text())["cells"])
     assert [name for name in lab.__all__ if not re.search(rf"\b{re.escape(name)}\b", text)] == []
     assert "stop_engines" in lab.__all__  # (the README tells notebook users to call it)
+
+
+def test_the_doors_type_checking_imports_are_its_table():
+    """#60: editors (and import-linter) see each name's module through the door's TYPE_CHECKING block; it names
+    exactly the table's names, each the object the door gives."""
+    from dlscale import lab
+
+    block = (ROOT / "dlscale/lab.py").read_text().split("if TYPE_CHECKING:", 1)[1].split("\n\n\n", 1)[0]
+    namespace: dict = {}
+    exec("\n".join(line.removeprefix("    ") for line in block.splitlines()[1:]), namespace)
+    assert sorted(n for n in namespace if not n.startswith("__")) == lab.__all__
+    assert all(namespace[name] is getattr(lab, name) for name in lab.__all__)
