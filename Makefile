@@ -205,7 +205,7 @@ exercises: setup
 
 # Each lesson's talk as a reveal.js deck in slides/ (dlscale/lessons/slides.py): the instructor talks from the lessons
 slides: $(if $(wildcard $(VENV)/.installed-dev),$(VENV)/.installed,$(VENV)/.installed-lessons)
-	$(BIN)/python -m dlscale.lessons.slides --notebooks notebooks --out slides
+	$(BIN)/python -m dlscale.lessons.slides --notebooks notebooks --out slides --run
 
 # make reset LESSON=05: lesson 05 starts over (its runs/lesson05* folders removed; your my_*.py kept; nothing else)
 reset: setup

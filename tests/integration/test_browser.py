@@ -10,6 +10,7 @@ says. Screenshots of each end state are kept in the test's temporary folder.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -252,3 +253,12 @@ def test_a_lessons_deck_opens_on_its_first_slide(lab, tmp_path):
     sections = lab.driver.find_elements(By.CSS_SELECTOR, ".reveal .slides section")
     assert len(sections) > 5 and "05 · Data-parallel training" in sections[0].get_attribute("textContent")
     assert "init_process_group(" not in lab.driver.page_source  # (the code stays on the attendees' screens)
+    # make slides runs each deck's talk cells first: lesson 03's fp16 underflow is a picture on its deck
+    lesson = tmp_path / "one" / "notebooks"
+    lesson.mkdir(parents=True)
+    shutil.copy(ROOT / "notebooks/03_mixed_precision.ipynb", lesson)
+    [deck] = write_slides(lesson, tmp_path / "run", run=True)
+    assert (
+        "data:image/png;base64," in deck.read_text()
+        and "data:image/png;base64," not in (tmp_path / "03_mixed_precision.slides.html").read_text()
+    )
