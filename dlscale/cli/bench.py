@@ -19,6 +19,7 @@ def add_bench(commands: Any) -> None:
         add_bench_optim,
         add_bench_ladder,
         add_bench_loader,
+        add_bench_threads,
         add_bench_allreduce,
         add_bench_scaling,
         add_bench_breakdown,
@@ -101,6 +102,29 @@ def add_bench_loader(bench_commands: Any) -> None:
     config_arguments(loader)
     loader.add_argument("--batches", type=number(int, 1), default=50)
     loader.set_defaults(handler=_bench_loader)
+
+
+def _bench_threads(args: argparse.Namespace) -> int:
+    from dlscale.bench.threads import bench_threads, format_threads
+
+    rows = bench_threads(args.config, steps=args.steps, rounds=args.rounds, busy=args.busy, out_dir=args.out)
+    print(format_threads(rows))
+    return 0
+
+
+def add_bench_threads(bench_commands: Any) -> None:
+    threads = bench_commands.add_parser(
+        "threads",
+        help="training on a shared node: the kit's thread choice against fixed counts, alone and beside busy processes",
+    )
+    threads.add_argument("config", nargs="?", default="demo", help="config name or YAML path (default demo)")
+    threads.add_argument(
+        "--steps", type=number(int, MIN_MEASURED_STEPS), default=200, help="steps per run (default 200)"
+    )
+    threads.add_argument("--rounds", type=number(int, 1), default=3, help="runs of each setting (default 3)")
+    threads.add_argument("--busy", type=number(int, 1), default=1, help="spinning neighbours (default 1)")
+    threads.add_argument("--out", default="runs/bench_threads", help="where the runs go (default runs/bench_threads)")
+    threads.set_defaults(handler=_bench_threads)
 
 
 def _bench_allreduce(args: argparse.Namespace) -> int:

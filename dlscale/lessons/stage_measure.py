@@ -96,8 +96,10 @@ def run_quietly(stage: str | Callable, arguments: Mapping[str, Any], threads: in
     import torch
 
     main, kept, printed = _main_of(stage), torch.get_num_threads(), io.StringIO()
-    if threads:
+    omp = os.environ.get("OMP_NUM_THREADS")
+    if threads:  # (and in the environment: the recipe's use_free_cpus keeps what OMP_NUM_THREADS says)
         torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
     try:
         with contextlib.redirect_stdout(printed):
             result = dict(main(**arguments))
@@ -112,6 +114,10 @@ def run_quietly(stage: str | Callable, arguments: Mapping[str, Any], threads: in
         ) from None
     finally:
         torch.set_num_threads(kept)
+        if threads and omp is None:
+            del os.environ["OMP_NUM_THREADS"]
+        elif threads:
+            os.environ["OMP_NUM_THREADS"] = omp
     for key in ("losses", "r2", "throughput"):
         if key not in result:
             raise StageFailed(

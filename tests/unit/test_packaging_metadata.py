@@ -63,7 +63,8 @@ def test_the_constraints_lie_inside_pyprojects_ranges():
             requirement = Requirement(line)
             pinned[requirement.name.lower().replace("_", "-")] = next(iter(requirement.specifier)).version
     assert len(pinned) > 50 and "torch" not in pinned  # (torch is the Makefile's TORCH)
-    # on the Python that ran it, to its patch level: a pin may need a later one (soupsieve 4.1: 3.11.5; Debian 12: 3.11.2)
+    # on the Python that ran it, to its patch level: a pin may need a later one
+    # (soupsieve 4.1: 3.11.5; Debian 12: 3.11.2)
     markers = {
         str(Requirement(line).marker)
         for line in (ROOT / "constraints.txt").read_text().splitlines()

@@ -41,3 +41,46 @@ def test_the_config_threads_win_over_the_environment(tiny):
 def test_fair_threads_fit_the_largest_run_on_the_cpus():
     assert [fair_threads(n, cpus=8) for n in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
     assert per_process_env(2, {"PATH": "/bin"}) == {"PATH": "/bin", "OMP_NUM_THREADS": "2"}
+
+
+def test_a_shared_node_gives_torch_only_the_cpus_other_work_leaves_free(monkeypatch):
+    """#63: on a hub's shared CPU node, or a laptop running the lab beside the training, a thread per masked core
+    waits for the cores another process holds: the mask less the CPUs busy at start, never fewer than one."""
+    from dlscale.runtime import threads
+
+    choice = choose_threads({}, 4, busy=1)
+    assert (choice.count, choice.source) == (3, "affinity mask, 1 of its 4 CPUs busy with other work")
+    assert choose_threads({}, 2, busy=2).count == 1  # (every CPU busy: one thread, not none)
+    assert choose_threads({"OMP_NUM_THREADS": "2"}, 2, busy=2).count == 2  # what the user chose stands
+    # the counters /proc/stat gives: cpu0 spun the whole sample (another process), cpu1 idled
+    samples = iter([{0: (100, 200), 1: (50, 200)}, {0: (110, 210), 1: (50, 210)}])
+    monkeypatch.setattr(threads, "_cpu_times", lambda: next(samples))
+    monkeypatch.setattr("time.sleep", lambda seconds: None)
+    assert threads.busy_cpus([0, 1]) == 1
+
+
+def test_bench_threads_sets_the_kits_choice_beside_fixed_counts_alone_and_beside_a_spinning_process(
+    monkeypatch, tmp_path
+):
+    """#63's benchmark: every setting runs in each condition, the busy neighbour only during the second, and each row
+    is set beside the best fixed count in the same condition."""
+    import psutil
+
+    from dlscale.bench import threads
+
+    seen = []
+
+    def rate(config, steps, count, out):
+        spinning = sum(threads.SPIN in " ".join(p.cmdline()) for p in psutil.Process().children())
+        seen.append((count, spinning))
+        return {None: 90.0, 1: 50.0, 2: 100.0}[count] / (2 if spinning and count != 1 else 1)
+
+    monkeypatch.setattr(threads, "_train_rate", rate)
+    monkeypatch.setattr("dlscale.runtime.threads.affinity_cpus", lambda: 2)
+    rows = threads.bench_threads("tiny", steps=10, rounds=2, out_dir=tmp_path)
+    assert set(seen) == {(None, 0), (None, 1), (1, 0), (1, 1), (2, 0), (2, 1)} and len(seen) == 12
+    by = {(r["condition"], r["setting"]): r for r in rows}
+    assert by[("alone", "the kit's choice")]["vs_best_fixed"] == 0.9
+    assert by[("beside 1 busy process(es)", "1 thread(s)")]["vs_best_fixed"] == 1.0  # (1 thread: 50, 2 halved: 50)
+    assert by[("beside 1 busy process(es)", "the kit's choice")]["vs_kit_alone"] == 0.5
+    assert "family" in threads.format_threads(rows).splitlines()[0]
