@@ -25,6 +25,7 @@ CORE = (
     ("dev", "pytest"),
     ("dev", "pytest-timeout"),
     ("dev", "pytest-xdist"),
+    ("dev", "psutil"),  # (tests/plugins/reaper.py reads what a session left running through it)
     ("dev", "pandas"),
     ("dev", "array-api-compat"),
 )
