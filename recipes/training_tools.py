@@ -37,11 +37,12 @@ def use_free_cpus() -> int:
         rows = [line.split() for line in open("/proc/stat") if line[:3] == "cpu" and line[3].isdigit()]
         return {int(r[0][3:]): (sum(map(int, r[1:8])) - int(r[4]) - int(r[5]), sum(map(int, r[1:8]))) for r in rows}
 
-    mine, before = os.sched_getaffinity(0), busy_and_all()
-    time.sleep(0.1)  # (this process sleeps: what runs meanwhile is other work)
-    after = busy_and_all()
-    busy = sum(after[c][0] - before[c][0] > (after[c][1] - before[c][1]) / 2 for c in mine if c in after)
-    torch.set_num_threads(max(1, len(mine) - busy))
+    mine, before, own, start = os.sched_getaffinity(0), busy_and_all(), time.process_time(), time.monotonic()
+    time.sleep(0.1)  # (this process sleeps; its own threads may still spin after earlier work: taken off below)
+    after, own, took = busy_and_all(), time.process_time() - own, time.monotonic() - start
+    shares = [(after[c][0] - before[c][0]) / max(1, after[c][1] - before[c][1]) for c in mine if c in after]
+    busy = int(sum(shares) - own / took + 0.5)  # CPUs other processes keep busy, rounded
+    torch.set_num_threads(max(1, len(mine) - max(0, busy)))
     return torch.get_num_threads()
 
 

@@ -94,23 +94,27 @@ def _cpu_times() -> dict[int, tuple[int, int]]:
 
 
 def busy_cpus(cpus: list[int] | None = None, seconds: float = SAMPLE_S) -> int:
-    """How many of ``cpus`` (this process's mask) other processes keep busy now: each CPU's share of non-idle time
-    over ``seconds``, from /proc/stat, above :data:`BUSY_SHARE` (this process sleeps meanwhile). 0 where the kernel
-    does not say (not Linux)."""
+    """How many of ``cpus`` (this process's mask) other processes keep busy now: the non-idle time of those CPUs
+    over ``seconds``, from /proc/stat, less this process's own (its OpenMP threads may still spin after the work
+    before), in CPUs, rounded (a CPU busy more than :data:`BUSY_SHARE` of the time counts). 0 where the kernel does
+    not say (not Linux)."""
     import time
 
     cpus = affinity_set() if cpus is None else cpus
-    before = _cpu_times()
+    before, own, start = _cpu_times(), time.process_time(), time.monotonic()
     if not before:
         return 0
     time.sleep(seconds)
-    after = _cpu_times()
-    busy = 0
+    after, own, seconds = _cpu_times(), time.process_time() - own, max(time.monotonic() - start, 1e-3)
+    used = []
     for cpu in cpus:
         if cpu in before and cpu in after:
-            used, total = (a - b for a, b in zip(after[cpu], before[cpu]))
-            busy += total > 0 and used / total > BUSY_SHARE
-    return busy
+            busy, total = (a - b for a, b in zip(after[cpu], before[cpu]))
+            used.append(busy / total if total > 0 else 0.0)
+    if not used:
+        return 0
+    others = sum(used) - own / seconds  # (in CPUs: each CPU's busy share, less this process's CPU time)
+    return max(0, min(len(used), int(others + (1 - BUSY_SHARE))))
 
 
 def choose_threads(
