@@ -27,7 +27,6 @@ process count under ``torchrun`` (torch) and ``mpirun`` (daal4py), on the first 
 from __future__ import annotations
 
 import json
-import platform
 import time
 import warnings
 from pathlib import Path
@@ -110,15 +109,9 @@ def _time_fit(fit) -> tuple[float, int, float, str]:
 def cpu_description() -> str:
     """The CPU's model and the widest SIMD torch's kernels use on it (AVX2, AVX512, SVE256...; DEFAULT is none of
     them, as on most Arm CPUs without SVE, where NEON is the baseline)."""
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "Model")):  # (x86's and Arm's names for it)
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {torch.get_num_threads()} threads, SIMD {torch.backends.cpu.get_cpu_capability()}"
+    from dlscale.runtime.devices import cpu_name
+
+    return f"{cpu_name()}, {torch.get_num_threads()} threads, SIMD {torch.backends.cpu.get_cpu_capability()}"
 
 
 #: The two phases: (name, max_iter or None for the fixed iterations, tol).

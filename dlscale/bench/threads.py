@@ -94,24 +94,10 @@ def bench_threads(
     return rows
 
 
-def cpu_family() -> str:
-    """The CPU as /proc/cpuinfo names it, with its family and model numbers (Zen 3 Milan is family 25 model 1)."""
-    found: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            found.setdefault(key.strip(), value.strip())
-    except OSError:
-        return "a CPU /proc/cpuinfo does not describe"
-    return (
-        f"{found.get('model name', '?')}, family {found.get('cpu family', '?')} model {found.get('model', '?')}, "
-        f"{os.cpu_count()} CPUs"
-    )
-
-
 def format_threads(rows: list[dict[str, Any]]) -> str:
     """The rows as a Markdown table, the CPU named above it."""
     from dlscale.reporting.tables import markdown_table
+    from dlscale.runtime.devices import cpu_name
 
     table = markdown_table(
         ["condition", "threads", "samples/s (rounds)", "vs the best fixed count there", "vs the kit's choice alone"],
@@ -126,4 +112,4 @@ def format_threads(rows: list[dict[str, Any]]) -> str:
             for r in rows
         ],
     )
-    return f"{cpu_family()}\n\n{table}"
+    return f"{cpu_name()}, {os.cpu_count()} CPUs\n\n{table}"

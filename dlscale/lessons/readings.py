@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from dlscale.bench.repeats import Spread
+from dlscale.bench.repeats import Spread, clearly_faster
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,8 @@ class Reading:
 
 
 def _overlapping(spreads: dict[Any, Spread], best: Any) -> list[Any]:
-    """The keys whose rounds overlap the best one's: they cannot be told apart from it."""
-    return [key for key, spread in spreads.items() if spread.high >= spreads[best].low]
+    """The keys the best one is not clearly faster than: they cannot be told apart from it."""
+    return [key for key, spread in spreads.items() if not clearly_faster(spreads[best], spread)]
 
 
 def _as_number(answer: Any) -> float | None:

@@ -81,21 +81,14 @@ class StageMeasurement:
         return "\n".join(self.lines())
 
 
-def _main_of(stage: str | Callable) -> Callable[..., dict]:
-    if callable(stage):
-        return stage
-    import dlscale.lessons.recipe_folder  # noqa: F401  (puts recipes/ on the path: a stage imports training_tools)
-    from dlscale.jobs.notebook_engines import load_file
-
-    return load_file(str(stage))["main"]
-
-
 def run_quietly(stage: str | Callable, arguments: Mapping[str, Any], threads: int | None = None) -> dict[str, Any]:
     """``stage``'s ``main(**arguments)`` with its printed lines kept out of the notebook; one
     :class:`StageFailed` line if it stops. ``threads``: torch's threads for the run (then put back)."""
     import torch
 
-    main, kept, printed = _main_of(stage), torch.get_num_threads(), io.StringIO()
+    from dlscale.lessons.stage_probes import stage_main
+
+    main, kept, printed = stage_main(stage), torch.get_num_threads(), io.StringIO()
     omp = os.environ.get("OMP_NUM_THREADS")
     if threads:  # (and in the environment: the recipe's use_free_cpus keeps what OMP_NUM_THREADS says)
         torch.set_num_threads(threads)
@@ -179,7 +172,7 @@ class StageProfile:
 def profile_stage(stage: str | Callable, folder: str | Path, window: tuple[int, int], **arguments: Any) -> StageProfile:
     """Run ``stage`` with its profiling window (``profile_steps``) in ``folder``, where its ``trace.json`` lands:
     the milliseconds per step of each range the stage marked in the window, its trace, and the table it printed."""
-    import json
+    from dlscale.reporting.plots import loop_ranges, trace_events
 
     folder = Path(folder).resolve()
     folder.mkdir(parents=True, exist_ok=True)
@@ -199,15 +192,7 @@ def profile_stage(stage: str | Callable, folder: str | Path, window: tuple[int, 
             f"{whose(stage)} wrote no trace.json for profile_steps={window[0]},{window[1]}: does its "
             f"loop call the profiling window's step() after each step (TODO 04.c)?"
         )
-    data = json.loads(trace.read_text())
-    events = [
-        e
-        for e in (data["traceEvents"] if isinstance(data, dict) else data)
-        if e.get("ph") == "X"
-        and e.get("cat") == "user_annotation"
-        and "#" not in e["name"]
-        and not e["name"].startswith("ProfilerStep")
-    ]  # (the stage's own ranges: not torch's, Class.method#...)
+    events = loop_ranges(trace_events(trace))
     steps = window[1] - window[0]
     totals: dict[str, float] = {}
     for event in events:

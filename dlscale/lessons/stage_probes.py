@@ -124,24 +124,42 @@ def watch(namespace: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
 
     ``namespace`` is the stage's globals: names it imported (``fully_shard``, ``DataLoader``) are wrapped there too.
     """
-    import torch.distributed as dist
     import torch.distributed.checkpoint  # noqa: F401  (imported before any wrapper is in place: see _WATCHING)
     import torch.distributed.fsdp  # noqa: F401
     import torch.distributed.tensor.parallel  # noqa: F401
-    from torch.nn.parallel import DistributedDataParallel
     from torch.optim.optimizer import register_optimizer_step_post_hook
-    from torch.utils.data import DataLoader, DistributedSampler
 
     import dlscale.models  # noqa: F401
 
     seen = _new_record()
-    order = seen["order"]
-
-    def step_order(name: str) -> None:
-        if len(order) < _ORDER_KEPT:
-            order.append(name)
-
     patches = _Patches(namespace if namespace is not None else {})
+    _watch_loading(patches, seen)
+    step_order = _watch_step(patches, seen)
+
+    def stepped(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        seen["optimizer_steps"] += 1
+        seen["lrs"].append(float(optimizer.param_groups[0]["lr"]))
+        step_order("optimizer step")
+
+    hook = register_optimizer_step_post_hook(stepped)
+
+    _watch_ranks(patches, seen)
+    _watch_horovod(patches, seen)
+    _watch_sharding(patches, seen)
+    _WATCHING[0] = True
+    try:
+        yield seen
+    finally:
+        _WATCHING[0] = False
+        hook.remove()
+        patches.restore()
+        seen["ranges"] = dict(seen["ranges"])
+
+
+def _watch_loading(patches: _Patches, seen: dict[str, Any]) -> None:
+    """The loaders' settings, the copies to the device, the samplers' settings and their epochs."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
     patches.wrap(
         DataLoader,
         "__init__",
@@ -164,6 +182,36 @@ def watch(namespace: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
             seen["non_blocking_copies"] += bool(kwargs.get("non_blocking") or (len(args) > 1 and args[1] is True))
 
     patches.wrap(torch.Tensor, "to", lambda f: _noting(f, copied))
+    patches.wrap(
+        DistributedSampler,
+        "__init__",
+        lambda f: _after(
+            f,
+            lambda self, *a, **k: seen["samplers"].append(
+                {
+                    "num_replicas": self.num_replicas,
+                    "rank": self.rank,
+                    "seed": self.seed,
+                    "drop_last": self.drop_last,
+                    "shuffle": self.shuffle,
+                }
+            ),
+        ),
+    )
+    patches.wrap(
+        DistributedSampler, "set_epoch", lambda f: _noting(f, lambda self, epoch: seen["set_epochs"].append(int(epoch)))
+    )
+
+
+def _watch_step(patches: _Patches, seen: dict[str, Any]) -> Callable[[str], None]:
+    """The step's calls: compiling, named ranges and the profiling window, autocast, the scaler, clipping, the
+    gradients cleared; returns the function that notes a call's place in the step's order."""
+    order = seen["order"]
+
+    def step_order(name: str) -> None:
+        if len(order) < _ORDER_KEPT:
+            order.append(name)
+
     patches.wrap(
         torch, "compile", lambda f: _noting(f, lambda *a, **k: seen.__setitem__("compiled", seen["compiled"] + 1))
     )
@@ -215,12 +263,13 @@ def watch(namespace: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
         ),
     )
 
-    def stepped(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        seen["optimizer_steps"] += 1
-        seen["lrs"].append(float(optimizer.param_groups[0]["lr"]))
-        step_order("optimizer step")
+    return step_order
 
-    hook = register_optimizer_step_post_hook(stepped)
+
+def _watch_ranks(patches: _Patches, seen: dict[str, Any]) -> None:
+    """What the ranks do together: the process group joined, the all-reduces, DDP's wrapper, the files saved."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
 
     def joined(*args: Any, **kwargs: Any) -> None:
         backend = kwargs.get("backend", args[0] if args else None)
@@ -246,40 +295,11 @@ def watch(namespace: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
         ),
     )
     patches.wrap(
-        DistributedSampler,
-        "__init__",
-        lambda f: _after(
-            f,
-            lambda self, *a, **k: seen["samplers"].append(
-                {
-                    "num_replicas": self.num_replicas,
-                    "rank": self.rank,
-                    "seed": self.seed,
-                    "drop_last": self.drop_last,
-                    "shuffle": self.shuffle,
-                }
-            ),
-        ),
-    )
-    patches.wrap(
-        DistributedSampler, "set_epoch", lambda f: _noting(f, lambda self, epoch: seen["set_epochs"].append(int(epoch)))
-    )
-    patches.wrap(
         DistributedDataParallel,
         "__init__",
         lambda f: _noting(f, lambda *a, **k: seen.__setitem__("ddp", seen["ddp"] + 1)),
     )
     patches.wrap(torch, "save", lambda f: _noting(f, lambda *a, **k: seen.__setitem__("saves", seen["saves"] + 1)))
-    _watch_horovod(patches, seen)
-    _watch_sharding(patches, seen)
-    _WATCHING[0] = True
-    try:
-        yield seen
-    finally:
-        _WATCHING[0] = False
-        hook.remove()
-        patches.restore()
-        seen["ranges"] = dict(seen["ranges"])
 
 
 def _watch_horovod(patches: _Patches, seen: dict[str, Any]) -> None:
@@ -383,6 +403,17 @@ def _stage_frames(err: BaseException, filename: str) -> list[dict[str, Any]]:
     return frames
 
 
+def stage_main(stage: str | Callable[..., dict]) -> Callable[..., dict]:
+    """A stage's ``main``: the function a lesson's cell defined, or the one in the file a lesson wrote (loaded as
+    :func:`~dlscale.jobs.notebook_engines.run_file` loads it, with ``recipes/`` importable for ``training_tools``)."""
+    if callable(stage):
+        return stage
+    import dlscale.lessons.recipe_folder  # noqa: F401  (puts recipes/ on the path: a stage imports training_tools)
+    from dlscale.jobs.notebook_engines import load_file
+
+    return load_file(str(stage))["main"]
+
+
 def run_stage(stage: str | Callable[..., dict], **arguments: Any) -> dict[str, Any]:
     """Run a stage's ``main(**arguments)`` and watch it: the stage's own result (losses, R², throughput) plus
     ``seen`` (what it called, :func:`watch`), ``arguments`` (as the call gave them, defaults included) and
@@ -391,10 +422,7 @@ def run_stage(stage: str | Callable[..., dict], **arguments: Any) -> dict[str, A
     ``stage`` is the ``main`` a lesson's cell defined, or the path of the file a lesson wrote (run on each rank,
     as :func:`~dlscale.jobs.notebook_engines.run_file` does: ``recipes/`` importable, so ``training_tools`` is found).
     """
-    import dlscale.lessons.recipe_folder  # noqa: F401  (puts recipes/ on the path: a stage imports training_tools)
-    from dlscale.jobs.notebook_engines import load_file
-
-    main = stage if callable(stage) else load_file(stage)["main"]
+    main = stage_main(stage)
     filename = main.__code__.co_filename
     result: dict[str, Any] = {"losses": [], "r2": [], "throughput": []}
     error = None

@@ -128,6 +128,24 @@ def spread_chart(
 PHASE_COLOURS = {"data": "tab:orange", "forward": "tab:blue", "backward": "tab:green", "optimizer": "tab:red"}
 
 
+def trace_events(trace_path: str | Path) -> list[dict]:
+    """The complete events (a start and a duration) of a ``trace.json`` that torch.profiler wrote."""
+    import json
+
+    data = json.loads(Path(trace_path).read_text())
+    return [e for e in (data["traceEvents"] if isinstance(data, dict) else data) if e.get("ph") == "X"]
+
+
+def loop_ranges(events: list[dict]) -> list[dict]:
+    """The loop's own named ranges among ``events``: the engine's phases, or those a stage marked; not torch's own
+    (``Class.method#...``, ``ProfilerStep#N``)."""
+    return [
+        e
+        for e in events
+        if e.get("cat") == "user_annotation" and "#" not in e["name"] and not e["name"].startswith("ProfilerStep")
+    ]
+
+
 def trace_timeline(trace_path: str | Path, title: str = "timeline of the profiled steps") -> NotebookFigure:
     """The profiled steps as a timeline: the loop's phases on the CPU row and, on a GPU, its kernels.
 
@@ -135,16 +153,8 @@ def trace_timeline(trace_path: str | Path, title: str = "timeline of the profile
     the notebook shows the same picture without leaving the page: gaps on the device row are
     time the device waited.
     """
-    import json
-
-    data = json.loads(Path(trace_path).read_text())
-    events = [e for e in (data["traceEvents"] if isinstance(data, dict) else data) if e.get("ph") == "X"]
-    # the loop's own ranges: the engine's phases, or those a stage marked; not torch's (Class.method#..., ProfilerStep)
-    phases = [
-        e
-        for e in events
-        if e.get("cat") == "user_annotation" and "#" not in e["name"] and not e["name"].startswith("ProfilerStep")
-    ]
+    events = trace_events(trace_path)
+    phases = loop_ranges(events)
     names = list(dict.fromkeys(e["name"] for e in phases))
     palette = {
         **{n: c for n, c in zip(names, ("tab:blue", "tab:green", "tab:red", "tab:orange", "tab:purple", "tab:brown"))},

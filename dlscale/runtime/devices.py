@@ -15,6 +15,24 @@ class DeviceError(DlscaleError):
     """The requested device is not available here; the message says what to use instead."""
 
 
+def cpu_name() -> str:
+    """The CPU as the kernel names it, with its family and model numbers where it gives them (AMD's Zen 3 Milan is
+    family 25 model 1): what a benchmark names beside its figures."""
+    import platform
+    from pathlib import Path
+
+    found: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            found.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    name = found.get("model name") or found.get("Model") or platform.processor() or platform.machine()  # (x86, Arm)
+    numbers = f", family {found['cpu family']} model {found['model']}" if "cpu family" in found else ""
+    return name + numbers
+
+
 def resolve_device(spec: str | torch.device | None, error: type[DlscaleError] = DeviceError) -> torch.device:
     """``auto`` (or None) picks CUDA when present; asking for a GPU that is not there raises ``error``."""
     if spec is None or spec == "auto":

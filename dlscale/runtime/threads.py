@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -80,7 +81,7 @@ SAMPLE_S = 0.1
 def _cpu_times() -> dict[int, tuple[int, int]]:
     """{cpu: (busy jiffies, all jiffies)} from /proc/stat ({} where there is none)."""
     try:
-        lines = open("/proc/stat").read().splitlines()  # noqa: SIM115 - one read
+        lines = Path("/proc/stat").read_text().splitlines()
     except OSError:
         return {}
     times = {}
