@@ -162,9 +162,11 @@ _add("dlscale.lessons.search_checks", "baseline_value", "check_space", "values_o
 
 # -- plan and search -----------------------------------------------------------------------------------------
 _add("dlscale.scaling.fit", "fit_link", "predictions", "worst_ratio")
+_add("dlscale.scaling.overlap", "published_layers")
 _add("dlscale.scaling.plan", "allocation_request", "compare", "cost_rows", "format_plan", "predict_next", "recommend")
 _add(
     "dlscale.scaling.projection",
+    "AUTO",
     "RESNET50_A100_IMAGES_PER_S",
     "RESNET50_PARAMETERS",
     "Workload",
@@ -327,8 +329,10 @@ if TYPE_CHECKING:  # (editors and type checkers see where each name lives; nothi
     from dlscale.runtime.precision import Precision, gradient_underflow
     from dlscale.runtime.threads import fair_threads
     from dlscale.scaling.fit import fit_link, predictions, worst_ratio
+    from dlscale.scaling.overlap import published_layers
     from dlscale.scaling.plan import allocation_request, compare, cost_rows, format_plan, predict_next, recommend
     from dlscale.scaling.projection import (
+        AUTO,
         RESNET50_A100_IMAGES_PER_S,
         RESNET50_PARAMETERS,
         Workload,

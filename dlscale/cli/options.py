@@ -37,6 +37,21 @@ def number(kind: type, low: float | None = None, high: float | None = None, abov
     return parse
 
 
+def number_or(word: str, kind: type, low: float | None = None, high: float | None = None) -> Any:
+    """An argparse type: ``word`` itself (``auto``), or a number of ``kind`` in its range, else one line."""
+    parse_number = number(kind, low, high)
+
+    def parse(text: str) -> Any:
+        if text.strip().lower() == word:
+            return word
+        try:
+            return parse_number(text)
+        except argparse.ArgumentTypeError as err:
+            raise argparse.ArgumentTypeError(f"{err} (or {word})") from None
+
+    return parse
+
+
 #: A whole number written as a float (25.6e6, 1e9): taken as an int where it is whole.
 _WHOLE_IN_FLOAT = re.compile(r"[+-]?\d+(\.\d*)?[eE][+]?\d+")
 

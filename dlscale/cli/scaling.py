@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from dlscale.cli.options import number
+from dlscale.cli.options import number, number_or
 from dlscale.scaling.sites import SITES
 
 
@@ -86,6 +86,7 @@ def add_plan(commands: Any) -> None:
 
 def _project(args: argparse.Namespace) -> int:
     from dlscale.reporting.plots import efficiency_projection
+    from dlscale.scaling.overlap import published_layers
     from dlscale.scaling.projection import (
         RESNET50_PARAMETERS,
         Workload,
@@ -115,12 +116,13 @@ def _project(args: argparse.Namespace) -> int:
     else:
         per_sample, source = args.ms_per_sample / 1000, "entered on the command line"
     overlap = args.overlap
+    layers = published_layers(args.layers) if args.layers else None
     if args.breakdown:  # (measured on this site: the exposed share of what the model says the step sends)
         overlap, where = overlap_from_breakdown_file(args.breakdown, site)
         print(f"overlap: {where}")
     workload = Workload(
-        args.name,
-        args.parameters or RESNET50_PARAMETERS,
+        args.name or (args.layers if layers else "ResNet-50-sized gradient"),
+        sum(layer.parameters for layer in layers) if layers else args.parameters or RESNET50_PARAMETERS,
         per_sample,
         args.batch,
         args.bytes_per_value,
@@ -130,6 +132,8 @@ def _project(args: argparse.Namespace) -> int:
         args.backward_share,
         args.bucket_mb or None,
         args.algorithm,
+        layers,
+        f"torchvision's {args.layers}" if layers else "",
     )
     rows = project(workload, site, baseline=args.baseline)
     print(format_projection(rows))
@@ -144,6 +148,7 @@ def _project(args: argparse.Namespace) -> int:
 
 def add_project(commands: Any) -> None:
     from dlscale.scaling.collectives import ALGORITHMS
+    from dlscale.scaling.overlap import PUBLISHED_MODELS
     from dlscale.scaling.projection import BASELINES
 
     project = commands.add_parser(
@@ -152,8 +157,8 @@ def add_project(commands: Any) -> None:
         description="The alpha-beta model of the layout's collectives (bucket by bucket, the cheapest algorithm "
         "between nodes) on a site's published links or your own machine's, plus one GPU's measured "
         "compute, with the share of communication hidden behind the backward pass (dlscale bench "
-        "breakdown measures it; it never hides more than the backward pass). Prints the table and the "
-        "assumptions; writes projection.png.",
+        "breakdown measures it; by default it is estimated from DDP's bucket schedule; it never hides more than "
+        "the backward pass). Prints the table and the assumptions; writes projection.png.",
     )
     where = project.add_argument_group("the machine: a site, a YAML file, or figures that replace theirs")
     where.add_argument("--site", choices=sorted(SITES), default="perlmutter")
@@ -192,12 +197,19 @@ def add_project(commands: Any) -> None:
     given.add_argument(
         "--ms-per-sample", type=number(float, 0, above=True), default=None, help="one GPU's compute per sample, in ms"
     )
-    project.add_argument("--name", default="ResNet-50-sized gradient")
-    project.add_argument(
+    project.add_argument("--name", default=None, help="the model's name in the table and the plot")
+    model = project.add_mutually_exclusive_group()
+    model.add_argument(
         "--parameters",
         type=number(int, 1, 10**14),
         default=None,
         help="parameter count, 1 to 1e14 (default: ResNet-50's 25.6 M)",
+    )
+    model.add_argument(
+        "--layers",
+        choices=PUBLISHED_MODELS,
+        default=None,
+        help="a model's layer table (its parameters, and the bucket schedule --overlap auto estimates from)",
     )
     project.add_argument("--batch", type=number(int, 1), default=64, help="batch per GPU")
     project.add_argument(
@@ -207,9 +219,10 @@ def add_project(commands: Any) -> None:
     hidden = project.add_mutually_exclusive_group()
     hidden.add_argument(
         "--overlap",
-        type=number(float, 0, 1),
-        default=0.0,
-        help="share of the communication hidden behind the backward pass (0 to 1)",
+        type=number_or("auto", float, 0, 1),
+        default="auto",
+        help="share of the communication hidden behind the backward pass, 0 to 1; auto (the default): estimated "
+        "at each size from DDP's bucket schedule, the gradient made at an even rate through the backward pass",
     )
     hidden.add_argument(
         "--breakdown",

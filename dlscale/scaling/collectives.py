@@ -17,9 +17,12 @@ RCCL use a node's links when a job spans nodes.
 **Which algorithm.** NCCL picks one per call from its own cost model: rings for large messages,
 the double binary tree (Sanders, Speck and Träff 2009) where the ring's ``2(p-1)·α`` outgrows the
 message — many nodes, small buckets. Two binary trees, each carrying half of the message in
-pipelined chunks, give every rank a logarithmic latency, ``2⌈log2 p⌉·α``, at close to the ring's
-bandwidth, ``2·n·β`` (:func:`double_tree_allreduce`). ``algorithm="auto"`` takes the cheapest of
-the modelled algorithms, as NCCL does, and :func:`choose_allreduce` says which.
+pipelined chunks, give every rank a logarithmic latency, ``2⌈log2 p⌉·α``, at the ring's bandwidth
+term ``2·n·β`` on paper — but NCCL's own tuning model rates its tree lower: 0.9 of the bandwidth,
+times a correction by message size that halves it at 1–8 MiB (:data:`NCCL_TREE_CORRECTION`), and
+the model does the same (:func:`double_tree_allreduce`). Without it the tree won every bucket from
+8 nodes up, the optimistic end. ``algorithm="auto"`` takes the cheapest of the modelled algorithms,
+as NCCL does, and :func:`choose_allreduce` says which.
 
 **Buckets.** DDP does not send the gradient as one message: it all-reduces buckets of
 ``bucket_cap_mb`` (25 MiB by default) as the backward pass fills them, so a step pays the latency
@@ -77,11 +80,55 @@ def tree_allreduce(n_bytes: float, ranks: int, link: Link) -> float:
     return 2 * math.ceil(math.log2(ranks)) * (link.alpha + n_bytes * link.beta)
 
 
-def double_tree_allreduce(n_bytes: float, ranks: int, link: Link) -> float:
-    """Seconds for NCCL's double binary tree: ``2⌈log2 p⌉·α + 2·n·β`` (two pipelined trees, half the message each)."""
+#: NCCL's own correction of the tree's bandwidth for its Simple protocol (the one large buckets use), by message
+#: size in powers of two from 64 B to 256 MiB: "Trees are not perfectly sticking to the model for medium sizes"
+#: (``treeCorrectionFactor`` in NCCL's src/graph/tuning.cc, 2.12 and later). At 1–8 MiB the tree moves half the
+#: bytes per second its bandwidth term says.
+NCCL_TREE_CORRECTION = (
+    0.9,
+    0.9,
+    0.9,
+    0.9,
+    0.9,
+    0.9,
+    0.9,
+    0.8,
+    0.7,
+    0.6,
+    0.6,
+    0.5,
+    0.5,
+    0.5,
+    0.5,
+    0.6,
+    0.7,
+    0.8,
+    0.7,
+    0.7,
+    0.8,
+    0.9,
+    0.9,
+)
+#: NCCL rates a tree's bus bandwidth at 0.9 of the channels' (``busBw*.9`` in the same file).
+NCCL_TREE_BANDWIDTH = 0.9
+
+
+def tree_bandwidth_share(call_bytes: float) -> float:
+    """The share of the link's bandwidth NCCL's tuning model gives its tree for one call of ``call_bytes``: 0.9
+    times the correction for that size (NCCL indexes it by ``log2(bytes / 64)``; 256 MiB and above: none)."""
+    index = max(0, (max(0, int(call_bytes)) >> 6).bit_length() - 1)
+    correction = NCCL_TREE_CORRECTION[index] if index < len(NCCL_TREE_CORRECTION) else 1.0
+    return NCCL_TREE_BANDWIDTH * correction
+
+
+def double_tree_allreduce(n_bytes: float, ranks: int, link: Link, call_bytes: float | None = None) -> float:
+    """Seconds for NCCL's double binary tree: ``2⌈log2 p⌉·α + 2·n·β / share`` (two pipelined trees, half the
+    message each), ``share`` NCCL's own rating of the tree's bandwidth for a call of ``call_bytes`` (default
+    ``n_bytes``; :func:`tree_bandwidth_share`)."""
     if ranks <= 1:
         return 0.0
-    return 2 * math.ceil(math.log2(ranks)) * link.alpha + 2 * n_bytes * link.beta
+    share = tree_bandwidth_share(n_bytes if call_bytes is None else call_bytes)
+    return 2 * math.ceil(math.log2(ranks)) * link.alpha + 2 * n_bytes * link.beta / share
 
 
 ALLREDUCE = {"ring": ring_allreduce, "tree": tree_allreduce, "double_tree": double_tree_allreduce}
@@ -89,18 +136,27 @@ ALLREDUCE = {"ring": ring_allreduce, "tree": tree_allreduce, "double_tree": doub
 ALGORITHMS = ("auto", *ALLREDUCE)
 
 
-def choose_allreduce(n_bytes: float, ranks: int, link: Link) -> str:
-    """The modelled all-reduce algorithm that is cheapest for this message, ranks and link (ties go to the ring)."""
-    return min(ALLREDUCE, key=lambda name: ALLREDUCE[name](n_bytes, ranks, link))
+def _price(name: str, n_bytes: float, ranks: int, link: Link, call_bytes: float | None) -> float:
+    if name == "double_tree":
+        return double_tree_allreduce(n_bytes, ranks, link, call_bytes)
+    return ALLREDUCE[name](n_bytes, ranks, link)
 
 
-def allreduce(n_bytes: float, ranks: int, link: Link, algorithm: str = "ring") -> float:
+def choose_allreduce(n_bytes: float, ranks: int, link: Link, call_bytes: float | None = None) -> str:
+    """The modelled all-reduce algorithm that is cheapest for this message, ranks and link (ties go to the ring);
+    ``call_bytes`` is the whole call's size, which NCCL's tree correction reads (default ``n_bytes``)."""
+    return min(ALLREDUCE, key=lambda name: _price(name, n_bytes, ranks, link, call_bytes))
+
+
+def allreduce(
+    n_bytes: float, ranks: int, link: Link, algorithm: str = "ring", call_bytes: float | None = None
+) -> float:
     """Seconds for an all-reduce by ``algorithm`` (``ring``, ``tree``, ``double_tree``, or ``auto``: the cheapest)."""
     if algorithm == "auto":
-        algorithm = choose_allreduce(n_bytes, ranks, link)
+        algorithm = choose_allreduce(n_bytes, ranks, link, call_bytes)
     if algorithm not in ALLREDUCE:
         raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, not {algorithm!r}")
-    return ALLREDUCE[algorithm](n_bytes, ranks, link)
+    return _price(algorithm, n_bytes, ranks, link, call_bytes)
 
 
 def buckets(n_bytes: float, bucket_bytes: float | None) -> list[tuple[float, int]]:
@@ -124,7 +180,7 @@ def hierarchical_allreduce(
     g = gpus_per_node
     return (
         ring_reduce_scatter(n_bytes, g, inside)
-        + allreduce(n_bytes / g, nodes, between, algorithm)
+        + allreduce(n_bytes / g, nodes, between, algorithm, call_bytes=n_bytes)
         + ring_allgather(n_bytes, g, inside)
     )
 
@@ -187,7 +243,7 @@ def layout_communication(
         return Communication(seconds, "ring", count)
     # (auto: each bucket's own choice, as NCCL chooses per call; the largest bucket's is reported)
     seconds = sum(n * hierarchical_allreduce(m, g, nodes, inside, between, algorithm) for m, n in messages)
-    chosen = choose_allreduce(messages[0][0] / g, nodes, between) if algorithm == "auto" else algorithm
+    chosen = choose_allreduce(messages[0][0] / g, nodes, between, messages[0][0]) if algorithm == "auto" else algorithm
     return Communication(seconds, chosen if nodes > 1 else "ring", count)
 
 

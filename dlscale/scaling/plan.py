@@ -30,6 +30,7 @@ from dlscale.errors import DlscaleError, check_range
 from dlscale.reporting.report import collect, read_summary
 from dlscale.reporting.tables import markdown_table
 from dlscale.scaling.collectives import layout_seconds
+from dlscale.scaling.projection import BACKWARD_SHARE
 from dlscale.scaling.sites import Site
 
 #: DDP's default bucket_cap_mb, in bytes: the all-reduce goes out in buckets this size, each paying the latency.
@@ -47,7 +48,13 @@ def cost_rows(paths: list[str | Path], target_r2: float) -> list[dict]:
     for row in rows:
         seconds = row["time_to_target_s"]
         summary = read_summary(Path(row["path"]))
-        row["gradient_bytes"] = (summary.get("memory_per_rank") or [{}])[0].get("parameters")
+        parallel = summary.get("parallel") if isinstance(summary.get("parallel"), dict) else {}
+        # (the whole gradient; a summary from before it was recorded: rank 0's parameters, whole under DDP)
+        row["gradient_bytes"] = parallel.get("gradient_bytes") or (summary.get("memory_per_rank") or [{}])[0].get(
+            "parameters"
+        )
+        row["data_parallel"] = parallel.get("data_parallel", "ddp")
+        row["tensor_parallel"] = int(parallel.get("tensor_parallel") or 1)
         row["noise_scale"] = summary.get("noise_scale")
         row["hours_to_target"] = None if seconds is None else seconds / 3600
         row["node_hours"] = None if seconds is None else row["nodes"] * seconds / 3600
@@ -178,12 +185,26 @@ def predict_next(
     step = last["global_batch_size"] / last["samples_per_s"]  # a rank's seconds per step
     if not weak:
         step /= 2  # (strong scaling: each rank's share of the batch halves, and its compute with it)
-    gradient = last["gradient_bytes"] or 0
-    # (as dlscale project prices it: DDP's 25 MiB buckets, each with the cheapest algorithm between nodes)
-    grow = layout_seconds(
-        "ddp", gradient, per_node, nodes, site.inside, site.between, "auto", DDP_BUCKET_BYTES
-    ) - layout_seconds("ddp", gradient, per_node, last["nodes"], site.inside, site.between, "auto", DDP_BUCKET_BYTES)
-    exposed = (1 - overlap) * grow
+    # (as dlscale project prices it: 25 MiB buckets, each with the cheapest algorithm between nodes; FSDP's
+    # all-gathers and reduce-scatter on two levels; tensor parallelism splits each layer inside the node, so the
+    # data-parallel ranks send 1/tp of the gradient each, and TP's own activations are not priced here)
+    layout = "fsdp" if last.get("data_parallel") == "fsdp" else "ddp"
+    tp = max(1, int(last.get("tensor_parallel") or 1))
+    gradient = (last["gradient_bytes"] or 0) / tp
+    data_per_node = max(1, per_node // tp)
+    now, then = (
+        layout_seconds(layout, gradient, data_per_node, n, site.inside, site.between, "auto", DDP_BUCKET_BYTES)
+        for n in (last["nodes"], nodes)
+    )
+    grow = then - now
+    # The overlap hides at most the backward pass (as dlscale project bounds it): of the growth, only what the
+    # backward pass still has room for hides.
+    backward = BACKWARD_SHARE * step
+
+    def exposed_of(comm: float) -> float:
+        return comm - min(overlap * comm, backward)
+
+    exposed = exposed_of(then) - exposed_of(now)
 
     def time_to_target(step_growth: float, factor: float) -> float:
         samples = last["samples_to_target"] * factor
@@ -208,8 +229,10 @@ def predict_next(
             f"from {last['run']}: {last['nodes']} node(s), {last['ranks']} ranks, {step * 1e3:.3g} ms per step, "
             f"{last['samples_to_target']:,.0f} samples to the target; "
             f"{'weak scaling: each rank keeps its batch' if weak else 'strong scaling: the step halves'}",
-            f"all-reduce of {(last['gradient_bytes'] or 0) / 2**20:.3g} MiB grows by {grow * 1e3:.3g} ms per step "
-            f"(between nodes {site.between.describe()}); {overlap:.0%} of it hidden",
+            f"{layout.upper()}{f' with tensor parallelism over {tp}' if tp > 1 else ''}: the communication of "
+            f"{(last['gradient_bytes'] or 0) / 2**20:.3g} MiB of gradients grows by {grow * 1e3:.3g} ms per step "
+            f"(between nodes {site.between.describe()}); {overlap:.0%} of it hidden, at most the backward pass "
+            f"({BACKWARD_SHARE:.0%} of the step)",
             (
                 f"B_noise {noise_scale:,.0f}: the samples to the target grow {central:.2f}× (range: B_noise "
                 f"halved or doubled)"

@@ -12,7 +12,8 @@ algorithm between nodes (:func:`~dlscale.scaling.collectives.layout_communicatio
 can hide it — the first bucket is ready when backward starts, the last when it ends — so no
 overlap hides more than the backward time (:attr:`Workload.backward_seconds`, two thirds of the
 compute by default: the backward pass is about twice the forward). ``dlscale bench breakdown``
-measures the overlap (:func:`overlap_from_breakdown`).
+measures the overlap (:func:`overlap_from_breakdown`); ``overlap=AUTO`` estimates it at each size from DDP's
+bucket schedule of the model's layers (:mod:`dlscale.scaling.overlap`), the default of ``dlscale project``.
 
 Efficiency is against a baseline: one GPU, which communicates nothing (``compute / step(N)``), or
 one node (``step(1) / step(N)``: what a published weak-scaling curve that starts at one node
@@ -27,13 +28,25 @@ from pathlib import Path
 
 from dlscale.errors import RangeError, check_range
 from dlscale.reporting.tables import markdown_table
-from dlscale.scaling.collectives import ALGORITHMS, Link, allreduce, layout_communication
+from dlscale.scaling.collectives import (
+    ALGORITHMS,
+    Link,
+    allreduce,
+    choose_allreduce,
+    hierarchical_allreduce,
+    layout_communication,
+)
+from dlscale.scaling.overlap import Layer, Schedule, bucket_schedule, scheduled_overlap, uniform_layers
 from dlscale.scaling.sites import Site
 
 #: Node counts of a projection: 1, 2, 4, ..., 1,024.
 NODES = tuple(2**i for i in range(11))
 #: What an efficiency is measured against.
 BASELINES = ("gpu", "node")
+#: The backward pass's share of a step's compute, by default: about twice the forward pass, so two thirds.
+BACKWARD_SHARE = 2 / 3
+#: The overlap a projection estimates from DDP's bucket schedule (:mod:`dlscale.scaling.overlap`) at each size.
+AUTO = "auto"
 
 #: ResNet-50's parameter count, the familiar yardstick of data-parallel scaling studies (25.6 M; He et al. 2016).
 RESNET50_PARAMETERS = 25_557_032
@@ -53,11 +66,14 @@ class Workload:
     per_gpu_batch: int
     bytes_per_value: int = 4  # of each gradient value sent (2 with bf16 gradients)
     layout: str = "ddp"  # or "fsdp"
-    overlap: float = 0.0  # share of the communication hidden behind the backward pass (0 = none)
+    overlap: float | str = 0.0  # share of the communication hidden behind the backward pass, or AUTO: estimated
     compute_source: str = "entered"  # where seconds_per_sample comes from
-    backward_share: float = 2 / 3  # of the compute: the most that any overlap can hide behind
+    backward_share: float = BACKWARD_SHARE  # of the compute: the most that any overlap can hide behind
     bucket_mb: float | None = 25.0  # DDP's bucket_cap_mb: one message, and one latency, per bucket (None: one)
     algorithm: str = "auto"  # between nodes: ring, tree, double_tree, or auto (the cheapest)
+    layers: tuple[Layer, ...] | None = None  # for AUTO: the model's layers (None: the gradient made evenly)
+    layers_source: str = ""  # where the layers come from
+    first_bucket_mb: float | None = 1.0  # DDP's first bucket (torch's Reducer: 1 MiB); None: as the others
 
     def __post_init__(self) -> None:
         check_range("parameters", self.parameters, 1)
@@ -65,7 +81,8 @@ class Workload:
         check_range("per-GPU batch", self.per_gpu_batch, 1)
         check_range("bytes per value", self.bytes_per_value, 1, 8)
         # At most all of the communication can hide behind compute: more would give an efficiency above 100%.
-        check_range("overlap (the share of communication hidden)", self.overlap, 0, 1)
+        if self.overlap != AUTO:
+            check_range("overlap (the share of communication hidden)", self.overlap, 0, 1)
         check_range("backward share (of the compute)", self.backward_share, 0, 1)
         if self.bucket_mb is not None:
             check_range("bucket size (MiB)", self.bucket_mb, 0, above=True)
@@ -87,6 +104,32 @@ class Workload:
         """The compute that communication can hide behind: the backward pass."""
         return self.backward_share * self.compute_seconds
 
+    def schedule(self) -> Schedule:
+        """DDP's buckets for this model, in the order the backward pass fills them (:func:`bucket_schedule`)."""
+        bucket = self.bucket_mb * 2**20 if self.bucket_mb else None
+        first = self.first_bucket_mb * 2**20 if self.first_bucket_mb else None
+        if self.layers:
+            return bucket_schedule(self.layers, self.bytes_per_value, bucket, first, self.layers_source)
+        even = "assumed: the backward pass makes the gradient's bytes at an even rate (no layer table given)"
+        return bucket_schedule(uniform_layers(self.parameters), self.bytes_per_value, bucket, first, even)
+
+    def describe_overlap(self) -> str:
+        """The overlap as the assumptions print it."""
+        if self.overlap != AUTO:
+            return f"{self.overlap:.0%} of the communication hidden, at most the backward pass"
+        if self.layout != "ddp":
+            return "none estimated for fsdp (its all-gathers' prefetch is not modelled): nothing hidden"
+        if not self.layers:
+            return (
+                "estimated at each size from DDP's bucket schedule, assuming the backward pass makes the "
+                "gradient's bytes at an even rate (no layer table given); the buckets sent in order on one link"
+            )
+        return (
+            f"estimated at each size from DDP's bucket schedule of {self.layers_source or 'the given layers'} "
+            "(each layer's backward time in proportion to its forward operations; the buckets sent in order on "
+            "one link)"
+        )
+
 
 def project(workload: Workload, site: Site, nodes: tuple[int, ...] = NODES, baseline: str = "gpu") -> list[dict]:
     """One row per node count: compute, communication, the part hidden and the part exposed, step time, efficiency
@@ -94,31 +137,50 @@ def project(workload: Workload, site: Site, nodes: tuple[int, ...] = NODES, base
     if baseline not in BASELINES:
         raise RangeError(f"baseline must be gpu or node, not {baseline!r}")
 
+    schedule = workload.schedule() if workload.overlap == AUTO and workload.layout == "ddp" else None
+
     def step_at(n: int) -> dict:
-        comm = layout_communication(
-            workload.layout,
-            workload.gradient_bytes,
-            site.gpus_per_node,
-            n,
-            site.inside,
-            site.between,
-            workload.algorithm,
-            workload.bucket_mb * 2**20 if workload.bucket_mb else None,
-        )
-        hidden = min(workload.overlap * comm.seconds, workload.backward_seconds)
-        step = workload.compute_seconds + comm.seconds - hidden
+        if schedule is not None:
+            g = site.gpus_per_node
+
+            def price(size: float) -> float:
+                return hierarchical_allreduce(size, g, n, site.inside, site.between, workload.algorithm)
+
+            estimated = scheduled_overlap(schedule, workload.backward_seconds, price)
+            seconds, hidden, bounded, messages = estimated.communication, estimated.hidden, False, estimated.buckets
+            largest = max(schedule.sizes)
+            algorithm = workload.algorithm
+            if algorithm == "auto":
+                algorithm = choose_allreduce(largest / g, n, site.between, largest) if n > 1 else "ring"
+        else:
+            comm = layout_communication(
+                workload.layout,
+                workload.gradient_bytes,
+                site.gpus_per_node,
+                n,
+                site.inside,
+                site.between,
+                workload.algorithm,
+                workload.bucket_mb * 2**20 if workload.bucket_mb else None,
+            )
+            share = 0.0 if workload.overlap == AUTO else workload.overlap
+            seconds, algorithm, messages = comm.seconds, comm.algorithm, comm.messages
+            hidden = min(share * seconds, workload.backward_seconds)
+            bounded = share * seconds > workload.backward_seconds
+        step = workload.compute_seconds + seconds - hidden
         return {
             "nodes": n,
             "gpus": n * site.gpus_per_node,
             "compute_s": workload.compute_seconds,
-            "communication_s": comm.seconds,
+            "communication_s": seconds,
             "hidden_s": hidden,
             "exposed_s": step - workload.compute_seconds,
-            "overlap_bounded": workload.overlap * comm.seconds > workload.backward_seconds,
+            "overlap": hidden / seconds if seconds > 0 else 0.0,
+            "overlap_bounded": bounded,
             "step_s": step,
             "samples_per_s": n * site.gpus_per_node * workload.per_gpu_batch / step,
-            "algorithm": comm.algorithm,
-            "messages": comm.messages,
+            "algorithm": algorithm,
+            "messages": messages,
         }
 
     rows = [step_at(n) for n in nodes]
@@ -181,8 +243,8 @@ def assumptions(workload: Workload, site: Site, baseline: str = "gpu") -> str:
             f"{workload.gradient_bytes / 2**20:.3g} MiB ({workload.bytes_per_value} bytes per value), {buckets}",
             f"compute: {workload.seconds_per_sample * 1e3:.3g} ms per sample per GPU ({workload.compute_source}), "
             f"batch {workload.per_gpu_batch} per GPU (weak scaling)",
-            f"layout: {workload.layout}; overlap: {workload.overlap:.0%} of the communication hidden, at most the "
-            f"backward pass ({workload.backward_share:.0%} of the compute)",
+            f"layout: {workload.layout}; overlap: {workload.describe_overlap()} (the backward pass: "
+            f"{workload.backward_share:.0%} of the compute)",
             f"algorithm between nodes: {workload.algorithm}"
             + (
                 " (the cheapest of ring, tree and double binary tree for each bucket, as NCCL chooses)"
@@ -202,13 +264,14 @@ def format_projection(rows: list[dict]) -> str:
     """A projection as a Markdown table: per node count, compute, communication, its exposed part, the algorithm
     between nodes, efficiency."""
     return markdown_table(
-        ["nodes", "GPUs", "compute (ms)", "communication (ms)", "exposed (ms)", "algorithm", "efficiency"],
+        ["nodes", "GPUs", "compute (ms)", "communication (ms)", "overlap", "exposed (ms)", "algorithm", "efficiency"],
         [
             (
                 r["nodes"],
                 r["gpus"],
                 f"{r['compute_s'] * 1e3:.3g}",
                 f"{r['communication_s'] * 1e3:.3g}",
+                f"{r['overlap']:.0%}" if r["communication_s"] > 0 else "-",
                 f"{r['exposed_s'] * 1e3:.3g}" + (" (overlap bounded)" if r["overlap_bounded"] else ""),
                 r["algorithm"] if r["nodes"] > 1 else "-",
                 f"{r['efficiency']:.0%}",

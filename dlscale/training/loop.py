@@ -351,6 +351,13 @@ def _finish(run: Run, meter: ThroughputMeter, stopped: tuple[str, str], started:
             "applied": applied,
             "threads": run.threads.to_dict(),
             "memory_per_rank": memory,
+            # (what dlscale plan prices: the whole gradient and how the ranks share it; a DTensor's numel is the
+            # whole parameter's, so FSDP's and TP's shards count whole)
+            "parallel": {
+                "data_parallel": run.plan.data_parallel,
+                "tensor_parallel": run.plan.tensor_parallel,
+                "gradient_bytes": sum(p.numel() * p.element_size() for p in run.model.parameters() if p.requires_grad),
+            },
             **({"noise_scale": run.noise_scale.b_simple} if cfg.noise_scale_every else {}),
             **final,
         }

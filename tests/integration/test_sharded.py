@@ -170,11 +170,19 @@ def test_fsdp_with_accumulation_reduce_scatters_only_on_the_last_micro_batch(in_
 def test_fsdp_holds_half_the_parameter_and_optimizer_bytes_of_ddp(in_tmp):
     _torchrun(in_tmp, "run_dir=runs/ddp", "max_steps=2")
     _torchrun(in_tmp, "run_dir=runs/fsdp", "max_steps=2", "data_parallel=fsdp")
-    per_rank = {}
+    per_rank, parallel = {}, {}
     for name in ("ddp", "fsdp"):
-        rows = json.loads((in_tmp / f"runs/{name}/summary.json").read_text())["memory_per_rank"]
-        per_rank[name] = [row["parameters"] + row["optimizer_state"] for row in rows]
+        summary = json.loads((in_tmp / f"runs/{name}/summary.json").read_text())
+        per_rank[name] = [row["parameters"] + row["optimizer_state"] for row in summary["memory_per_rank"]]
+        parallel[name] = summary["parallel"]
     whole = per_rank["ddp"][0]
+    # what dlscale plan prices (#63): the whole gradient under both, and the layout
+    assert (
+        parallel["fsdp"]["gradient_bytes"]
+        == parallel["ddp"]["gradient_bytes"]
+        == 4 * count_parameters(build_model(load_config("vit-tiny")))
+    )
+    assert (parallel["ddp"]["data_parallel"], parallel["fsdp"]["data_parallel"]) == ("ddp", "fsdp")
     assert per_rank["ddp"] == [whole, whole]  # every DDP rank holds everything
     parameters = count_parameters(build_model(load_config("vit-tiny")))
     predicted = estimate_bytes(parameters, "adamw")  # lesson 10's formula: 4 + 8 bytes per parameter here
