@@ -52,7 +52,8 @@ _add(
 _add("dlscale.checkpoint", "load_model")
 _add("dlscale.runtime.devices", "resolve_device")
 _add("dlscale.runtime.precision", "Precision", "gradient_underflow")
-_add("dlscale.runtime.threads", "fair_threads")
+_add("dlscale.runtime.threads", "affinity_cpus", "busy_cpus", "fair_threads")
+_add("dlscale.bench.threads", "busy_neighbours")
 _add("dlscale.optim", "LAMB", "LARS")
 _add("dlscale.training.step", "train_step")
 _add("dlscale.metrics.evaluation", "predict")
@@ -212,6 +213,7 @@ if TYPE_CHECKING:  # (editors and type checkers see where each name lives; nothi
     from dlscale.bench.memory import LAYOUTS, bench_memory, format_memory
     from dlscale.bench.repeats import measure_rounds
     from dlscale.bench.staging import bench_staging
+    from dlscale.bench.threads import busy_neighbours
     from dlscale.checkpoint import load_model
     from dlscale.config import load_config
     from dlscale.data import (
@@ -327,7 +329,7 @@ if TYPE_CHECKING:  # (editors and type checkers see where each name lives; nothi
     from dlscale.reporting.tables import markdown_table
     from dlscale.runtime.devices import resolve_device
     from dlscale.runtime.precision import Precision, gradient_underflow
-    from dlscale.runtime.threads import fair_threads
+    from dlscale.runtime.threads import affinity_cpus, busy_cpus, fair_threads
     from dlscale.scaling.fit import fit_link, predictions, worst_ratio
     from dlscale.scaling.overlap import published_layers
     from dlscale.scaling.plan import allocation_request, compare, cost_rows, format_plan, predict_next, recommend

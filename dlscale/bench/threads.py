@@ -10,11 +10,13 @@ best fixed count alone, and well above a thread per core beside the busy process
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,19 @@ from dlscale.bench.repeats import measure_rounds
 
 #: What each busy neighbour runs: one core, spinning.
 SPIN = "while True: pass"
+
+
+@contextlib.contextmanager
+def busy_neighbours(count: int = 1) -> Iterator[None]:
+    """``count`` processes that each keep a core busy (spinning) while the block runs: a neighbour on a shared
+    node. They are killed when it ends, whatever happens in it."""
+    spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
 
 
 def _train_rate(config: str, steps: int, threads: int | None, out: Path) -> float:
@@ -67,15 +82,10 @@ def bench_threads(
     settings: dict[str, int | None] = {"the kit's choice": None, **{f"{n} thread(s)": n for n in counts}}
     rows = []
     for condition, neighbours in (("alone", 0), (f"beside {busy} busy process(es)", busy)):
-        spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(neighbours)]
-        try:
+        with busy_neighbours(neighbours):
             spreads = measure_rounds(
                 {name: (lambda n=n: _train_rate(config, steps, n, out)) for name, n in settings.items()}, rounds
             )
-        finally:
-            for spinner in spinners:
-                spinner.kill()
-                spinner.wait()
         best = max((spreads[name] for name in settings if settings[name] is not None), key=lambda s: s.median)
         for name, spread in spreads.items():
             rows.append(

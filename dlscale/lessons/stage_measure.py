@@ -131,25 +131,27 @@ def measure_stage(
     rounds: int = 1,
     value: Callable[[Mapping[str, Any]], float] = steady_throughput,
     ranks: Mapping[Hashable, int] | None = None,
-    threads: int | None = None,
+    threads: int | Mapping[Hashable, int] | None = None,
     unit: str = "samples/s",
 ) -> StageMeasurement:
     """Run ``stage`` once per setting (its arguments) per round and read ``value`` from each run's result.
 
     ``ranks``: per setting, on how many notebook engines the stage's file runs (a data-parallel stage); left out, it
-    runs in this process. ``threads``: torch's threads in each process, the same on both sides of a comparison.
+    runs in this process. ``threads``: torch's threads in each process, the same on both sides of a comparison —
+    or, per setting, the thread counts compared (a shared node's lesson).
     """
     results: dict[Hashable, list[dict[str, Any]]] = {key: [] for key in settings}
 
     def once(key: Hashable) -> Callable[[], float]:
         def measure() -> float:
             arguments = dict(settings[key])
+            count = threads.get(key) if isinstance(threads, Mapping) else threads
             if ranks and ranks.get(key):
                 from dlscale.jobs.notebook_engines import run_on_engines
 
-                result = run_on_engines(run_rank, ranks[key], str(stage), arguments, threads, show=False)[0]
+                result = run_on_engines(run_rank, ranks[key], str(stage), arguments, count, show=False)[0]
             else:
-                result = run_quietly(stage, arguments, threads)
+                result = run_quietly(stage, arguments, count)
             results[key].append(result)
             MEASURED.append(result)
             return value(result)

@@ -33,13 +33,30 @@ def _stage(rates: dict[int, float], calls: list):
     return main
 
 
+def test_each_setting_can_run_on_its_own_thread_count_and_the_count_is_put_back():
+    """#63, lesson 02's shared node: a thread per CPU against a thread per free CPU, in turns."""
+    import torch
+
+    seen: list = []
+
+    def main(threads_asked: int = 0, epochs: int = 1) -> dict:
+        seen.append((threads_asked, torch.get_num_threads()))
+        return {"losses": [1.0], "r2": [0.5], "throughput": [1.0, 2.0, 2.0]}
+
+    kept = torch.get_num_threads()
+    measure_stage(
+        main, {"one": {"threads_asked": 1}, "two": {"threads_asked": 2}}, rounds=1, threads={"one": 1, "two": 2}
+    )
+    assert seen == [(1, 1), (2, 2)] and torch.get_num_threads() == kept
+
+
 def test_a_measurement_runs_the_stage_it_is_given_with_each_setting_and_says_whose(capsys):
     calls: list = []
     before = len(MEASURED)
     measured = measure_stage(
         _stage({16: 100.0, 64: 300.0}, calls), {16: {"batch_size": 16}, 64: {"batch_size": 64}}, rounds=2
     )
-    assert calls == [16, 64, 16, 64]  # the settings take turns, round after round
+    assert calls == [16, 64, 64, 16]  # the settings take turns, the order reversed every other round
     assert measured[64].values == [301.0, 301.0]  # the steady blocks' median: the warm-up block left out
     assert measured.whose == "your stage" and str(measured).startswith("your stage, 16: 101")
     assert [run["mark"] for run in MEASURED[before:]] == ["m"] * 4  # what the marked-stage tests read
