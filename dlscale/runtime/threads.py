@@ -17,12 +17,16 @@ this order:
    at 453, against 706-730 alone.
 
 The choice is recorded in ``summary.json`` (``threads``), so a comparison can show that both
-sides ran with the same CPUs per process.
+sides ran with the same CPUs per process. Where the kit chose from the mask, a single-process CPU run watches its
+step time (:class:`ThreadWatch`): a neighbour that starts after the run does slows the steps, and the count is
+chosen again; with fewer threads than CPUs it looks again now and then, for a neighbour that left.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -164,3 +168,67 @@ def fair_threads(max_processes: int, cpus: int | None = None) -> int:
     """Threads per process so that the largest run of a comparison fits on the CPUs without oversubscribing."""
     cpus = affinity_cpus() if cpus is None else cpus
     return max(1, cpus // max(1, max_processes))
+
+
+#: Steps whose median step time the watch compares.
+WATCH_WINDOW = 20
+#: A window this many times slower than the first after a choice looks at the CPUs again.
+WATCH_JUMP = 1.4
+#: With fewer threads than CPUs, the watch looks again every this many windows (a neighbour that has gone).
+WATCH_RECHECK = 10
+
+
+class ThreadWatch:
+    """Chooses torch's threads again when a run's step slows, or now and then while it runs on fewer than its CPUs.
+
+    It watches only a count the kit chose from the affinity mask (a count the user, torchrun or Slurm set is kept),
+    in one training process without loader workers (its own workers and ranks would count as neighbours). Each
+    look costs :data:`SAMPLE_S` of sleep (:func:`busy_cpus`), at most once per window of :data:`WATCH_WINDOW` steps.
+    """
+
+    def __init__(
+        self,
+        choice: ThreadChoice,
+        active: bool = True,
+        busy: Callable[[], int] = busy_cpus,
+        set_threads: Callable[[int], None] = torch.set_num_threads,
+        window: int = WATCH_WINDOW,
+        jump: float = WATCH_JUMP,
+        recheck: int = WATCH_RECHECK,
+    ):
+        self.active = active and choice.source.startswith("affinity mask") and choice.cpus > 1
+        self.cpus, self.count = choice.cpus, choice.count
+        self._busy, self._set, self.window, self.jump, self.recheck = busy, set_threads, window, jump, recheck
+        self._times: list[float] = []
+        self._baseline: float | None = None
+        self._windows = 0
+        #: (step, threads before, threads after, CPUs busy with other work) for every change
+        self.changes: list[tuple[int, int, int, int]] = []
+
+    def observe(self, step: int, seconds: float) -> tuple[int, int, int, int] | None:
+        """One step's time; returns the change it made, if it made one."""
+        if not self.active:
+            return None
+        self._times.append(seconds)
+        if len(self._times) < self.window:
+            return None
+        median = statistics.median(self._times)
+        self._times.clear()
+        self._windows += 1
+        if self._baseline is None:
+            self._baseline = median
+            return None
+        slowed = median > self.jump * self._baseline
+        if not slowed and not (self.count < self.cpus and self._windows % self.recheck == 0):
+            return None
+        busy = min(self._busy(), self.cpus - 1)
+        count = self.cpus - busy
+        if count == self.count:
+            if slowed:
+                self._baseline = median  # (slower for another reason: this is the pace to compare with now)
+            return None
+        change = (step, self.count, count, busy)
+        self.count, self._baseline = count, None  # (the new count's first window is its own baseline)
+        self._set(count)
+        self.changes.append(change)
+        return change

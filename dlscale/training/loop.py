@@ -45,6 +45,7 @@ from dlscale.metrics.throughput import ThroughputMeter
 from dlscale.metrics.tracking import TRAIN_FILE, VAL_FILE, read_rows
 from dlscale.profiling import StepProfiler, mfu, peak_flops, peak_precision
 from dlscale.runtime.devices import resolve_device
+from dlscale.runtime.threads import ThreadWatch
 from dlscale.training.folder_lock import own_run_folder
 from dlscale.training.preemption import STOP_FILE, StopFlag, mark_stopped
 from dlscale.training.result import Result
@@ -137,6 +138,11 @@ def _loop(run: Run, on_epoch: EpochCallback | None = None) -> tuple[tuple[str, s
         run.run_dir, *(cfg.profile_steps or (0, 0)), run.device, trace=env.is_main, first_step=run.step
     )
     run.model.train()
+    # (a neighbour that starts after this run does: one CPU process without loader workers chooses its threads again)
+    watch = ThreadWatch(
+        run.threads,
+        active=run.device.type == "cpu" and env.world_size == 1 and not getattr(run.train_loader, "num_workers", 0),
+    )
     # (rank 0 also reads the stop file slurm/launch.sh writes when only the batch shell gets the signal)
     with StopFlag(run.run_dir / STOP_FILE if env.is_main else None) as stop, profiler:
         while run.step < run.total_steps and not preempted:
@@ -145,11 +151,19 @@ def _loop(run: Run, on_epoch: EpochCallback | None = None) -> tuple[tuple[str, s
             batches = iter(run.train_loader)
             while True:
                 lr = run.optimizer.param_groups[0]["lr"]  # the LR this step uses
+                started = time.perf_counter()
                 done = train_step(run, batches)
                 if done is None:
                     break
                 loss, samples = done
                 run.step += 1
+                changed = watch.observe(run.step, time.perf_counter() - started)
+                if changed:
+                    run.thread_changes.append(changed)
+                    say(
+                        f"dlscale: step {changed[0]}: the steps slowed or a look was due, and {changed[3]} of "
+                        f"{watch.cpus} CPUs are busy with other work: {changed[1]} -> {changed[2]} torch thread(s)"
+                    )
                 profiler.step(run.step)
                 run.step_log.add_trust_ratios(run.step, run.optimizer)
                 meter.step(samples)
@@ -349,7 +363,7 @@ def _finish(run: Run, meter: ThroughputMeter, stopped: tuple[str, str], started:
             ),
             "mfu_peak": {"precision": peak_name, "flops_per_s": peak},
             "applied": applied,
-            "threads": run.threads.to_dict(),
+            "threads": {**run.threads.to_dict(), "changes": [list(change) for change in run.thread_changes]},
             "memory_per_rank": memory,
             # (what dlscale plan prices: the whole gradient and how the ranks share it; a DTensor's numel is the
             # whole parameter's, so FSDP's and TP's shards count whole)

@@ -94,6 +94,7 @@ class Run:
     graph_skips: int = 0  # inductor's CUDA-graph skips before the first step
     noise_probe: NoiseScaleProbe | None = None
     applied: dict[str, Any] = field(default_factory=dict)
+    thread_changes: list[tuple[int, int, int, int]] = field(default_factory=list)  # (step, from, to, busy CPUs)
 
     @property
     def run_dir(self) -> Path:

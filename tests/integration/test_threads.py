@@ -41,4 +41,4 @@ def test_a_run_bound_to_one_cpu_uses_one_thread_and_says_so(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     threads = json.loads((run_dir / "summary.json").read_text())["threads"]
-    assert threads == {"count": 1, "source": "affinity mask", "cpus": 1, "busy": 0}
+    assert threads == {"count": 1, "source": "affinity mask", "cpus": 1, "busy": 0, "changes": []}

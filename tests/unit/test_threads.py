@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dlscale.runtime.threads import choose_threads, fair_threads, per_process_env
+from dlscale.runtime.threads import ThreadChoice, ThreadWatch, choose_threads, fair_threads, per_process_env
 
 
 @pytest.mark.parametrize(
@@ -86,3 +86,37 @@ def test_bench_threads_sets_the_kits_choice_beside_fixed_counts_alone_and_beside
     from dlscale.runtime.devices import cpu_name
 
     assert threads.format_threads(rows).startswith(cpu_name())  # (the CPU named above the table)
+
+
+def test_a_run_chooses_its_threads_again_when_a_neighbour_arrives_and_again_when_it_leaves():
+    """#63: the step slows 2x when a process takes a core mid-run; fewer threads, then more once it is gone."""
+    neighbours, looks, set_to = [0], [], []
+
+    def busy() -> int:
+        looks.append(neighbours[0])
+        return neighbours[0]
+
+    watch = ThreadWatch(ThreadChoice(2, "affinity mask", 2), busy=busy, set_threads=set_to.append, window=4, recheck=3)
+    steps = iter(range(1, 1000))
+
+    def window(seconds: float):
+        return [watch.observe(next(steps), seconds) for _ in range(4)]
+
+    window(0.01)  # the pace alone
+    assert window(0.011) == [None] * 4 and looks == []  # within the jump: no look
+    neighbours[0] = 1
+    assert window(0.02)[-1] == (12, 2, 1, 1) and set_to == [1]  # 2x slower: a look, one thread
+    window(0.012)  # the new count's pace
+    window(0.012), window(0.012)
+    assert set_to == [1] and looks == [1, 1]  # a look every 3rd window on fewer threads than CPUs: still busy
+    neighbours[0] = 0
+    for _ in range(3):
+        window(0.012)
+    assert set_to == [1, 2] and watch.changes[-1][1:] == (1, 2, 0)
+    # slower for another reason (nothing busy, every thread in use): one look, and that pace becomes the baseline
+    before = len(looks)
+    window(0.01), window(0.03), window(0.03), window(0.03)
+    assert len(looks) == before + 1 and set_to == [1, 2]
+    # a count the user, torchrun or Slurm chose is never watched
+    kept = ThreadWatch(ThreadChoice(2, "OMP_NUM_THREADS", 2), busy=busy, set_threads=set_to.append, window=1)
+    assert [kept.observe(i, t) for i, t in ((1, 0.01), (2, 1.0))] == [None, None] and not kept.active
