@@ -293,6 +293,46 @@ def test_the_cpu_pass_is_chosen_by_time_and_the_compiled_one_timed_again_while_s
         assert again == []
 
 
+@pytest.mark.parametrize("estimate, second", [(10.0, "blas"), (0.1, "compiled")])
+def test_the_compiled_pass_is_first_estimated_from_a_sample_of_rows(estimate, second, monkeypatch):
+    """#63: the second pass is the compiled loop only where a sample of rows says it beats the GEMM (on the
+    128-feature mixture it did not, and cost 26 ms against the GEMM's 16)."""
+    from dlscale.kmeans import cpu_pass
+
+    ran = []
+    for kind, owner in (("blas", cpu_pass.BlasPass), ("compiled", cpu_pass.HamerlyPass)):
+
+        def recorded(self, *args, kind=kind, original=owner.run):
+            ran.append(kind)
+            return original(self, *args)
+
+        monkeypatch.setattr(owner, "run", recorded)
+    monkeypatch.setattr(cpu_pass, "_compiled_versions", lambda loops: 0)  # (every timing taken)
+    clock = iter(float(i) for i in range(10_000))  # each pass 1 s of a fake clock
+    monkeypatch.setattr(cpu_pass.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(cpu_pass.CpuPass, "estimate_compiled", lambda self, centers: estimate)
+    x = torch.rand(3000, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    lloyd(x, None, x[:12].clone(), 12, -1.0, 1000)
+    assert ran[:2] == ["blas", second]
+    if second == "blas":  # the estimate stood for the compiled pass's first timing: it is timed whole at the probe
+        assert ran.index("compiled") == 1 + cpu_pass.PROBE_AFTER
+
+
+def test_the_estimate_times_the_compiled_arithmetic_on_consecutive_rows_and_changes_nothing():
+    from dlscale.kmeans.cpu_pass import SAMPLE_ROWS, CpuPass
+
+    x = torch.rand(5 * SAMPLE_ROWS, 16, generator=torch.Generator().manual_seed(1))
+    passes = CpuPass(x, None, 4096)
+    centers = x[:10].clone()
+    passes.estimate_compiled(centers)  # (numba may load the loop on the first call: then None)
+    before = (passes.bounds.upper.clone(), passes.bounds.lower.clone(), passes.bounds.scored)
+    seconds = passes.estimate_compiled(centers)
+    assert seconds is not None and seconds > 0
+    assert torch.equal(before[0], passes.bounds.upper) and torch.equal(before[1], passes.bounds.lower)
+    assert before[2] == passes.bounds.scored
+    assert CpuPass(x[: 3 * SAMPLE_ROWS], None, 4096).estimate_compiled(centers) is None  # (too few rows to time)
+
+
 # -- scikit-learn's own parameters ----------------------------------------------------------------------
 
 
