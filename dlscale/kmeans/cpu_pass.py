@@ -116,9 +116,9 @@ class CpuPass:
         # Two calls, of one sample and of three: their difference is the rows' own time, without the call's fixed
         # cost (waking the threads: 0.5 ms here, as much as scoring 4,096 rows of 32 features).
         once, twice = timed(SAMPLE_ROWS), timed(3 * SAMPLE_ROWS)
-        if _compiled_versions(loops) != compiled_before:
-            return None
-        return max(twice - once, 0.0) * len(x) / (2 * SAMPLE_ROWS)
+        if _compiled_versions(loops) != compiled_before or twice <= once:
+            return None  # (compiled or loaded meanwhile, or a busy machine's noise: the pass is timed whole)
+        return (twice - once) * len(x) / (2 * SAMPLE_ROWS)
 
     def _pick(self) -> Kind:
         if self.choice != "auto":

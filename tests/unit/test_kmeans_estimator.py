@@ -318,18 +318,24 @@ def test_the_compiled_pass_is_first_estimated_from_a_sample_of_rows(estimate, se
         assert ran.index("compiled") == 1 + cpu_pass.PROBE_AFTER
 
 
-def test_the_estimate_times_the_compiled_arithmetic_on_consecutive_rows_and_changes_nothing():
+def test_the_estimate_scales_the_difference_of_two_timed_samples_and_changes_nothing(monkeypatch):
+    """The estimate reads a fake clock (a test of timing on a busy machine would be a test of the machine): the
+    sample of 3 × 4,096 rows took 3 s, of 4,096 rows 1 s, so every row takes 2 s / 8,192 rows."""
+    from dlscale.kmeans import cpu_pass
     from dlscale.kmeans.cpu_pass import SAMPLE_ROWS, CpuPass
 
     x = torch.rand(5 * SAMPLE_ROWS, 16, generator=torch.Generator().manual_seed(1))
     passes = CpuPass(x, None, 4096)
     centers = x[:10].clone()
-    passes.estimate_compiled(centers)  # (numba may load the loop on the first call: then None)
+    passes.estimate_compiled(centers)  # (numba may load the loop on the first call)
     before = (passes.bounds.upper.clone(), passes.bounds.lower.clone(), passes.bounds.scored)
-    seconds = passes.estimate_compiled(centers)
-    assert seconds is not None and seconds > 0
+    ticks = iter([0.0, 1.0, 10.0, 13.0])  # the small sample 1 s, the large one 3 s
+    monkeypatch.setattr(cpu_pass.time, "perf_counter", lambda: next(ticks))
+    assert passes.estimate_compiled(centers) == pytest.approx(2.0 * len(x) / (2 * SAMPLE_ROWS))
     assert torch.equal(before[0], passes.bounds.upper) and torch.equal(before[1], passes.bounds.lower)
-    assert before[2] == passes.bounds.scored
+    assert before[2] == passes.bounds.scored  # scratch only: no bound, label or count changed
+    ticks = iter([0.0, 2.0, 10.0, 11.0])  # the large sample faster than the small: noise, not a measurement
+    assert passes.estimate_compiled(centers) is None
     assert CpuPass(x[: 3 * SAMPLE_ROWS], None, 4096).estimate_compiled(centers) is None  # (too few rows to time)
 
 
