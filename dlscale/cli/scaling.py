@@ -146,21 +146,9 @@ def _project(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_project(commands: Any) -> None:
-    from dlscale.scaling.collectives import ALGORITHMS
-    from dlscale.scaling.overlap import PUBLISHED_MODELS
-    from dlscale.scaling.projection import BASELINES
-
-    project = commands.add_parser(
-        "project",
-        help="predicted step time and efficiency of a model from 1 to 1,024 nodes of a site or your cluster",
-        description="The alpha-beta model of the layout's collectives (bucket by bucket, the cheapest algorithm "
-        "between nodes) on a site's published links or your own machine's, plus one GPU's measured "
-        "compute, with the share of communication hidden behind the backward pass (dlscale bench "
-        "breakdown measures it; by default it is estimated from DDP's bucket schedule; it never hides more than "
-        "the backward pass). Prints the table and the assumptions; writes projection.png.",
-    )
-    where = project.add_argument_group("the machine: a site, a YAML file, or figures that replace theirs")
+def _add_machine_options(parser: Any) -> None:
+    """dlscale project's machine: a site, a YAML file, or figures that replace theirs."""
+    where = parser.add_argument_group("the machine: a site, a YAML file, or figures that replace theirs")
     where.add_argument("--site", choices=sorted(SITES), default="perlmutter")
     where.add_argument(
         "--machine",
@@ -183,6 +171,23 @@ def add_project(commands: Any) -> None:
     )
     where.add_argument("--inside-latency-us", type=number(float, 0), default=None)
     where.add_argument("--between-latency-us", type=number(float, 0), default=None)
+
+
+def add_project(commands: Any) -> None:
+    from dlscale.scaling.collectives import ALGORITHMS
+    from dlscale.scaling.overlap import PUBLISHED_MODELS
+    from dlscale.scaling.projection import BASELINES
+
+    project = commands.add_parser(
+        "project",
+        help="predicted step time and efficiency of a model from 1 to 1,024 nodes of a site or your cluster",
+        description="The alpha-beta model of the layout's collectives (bucket by bucket, the cheapest algorithm "
+        "between nodes) on a site's published links or your own machine's, plus one GPU's measured "
+        "compute, with the share of communication hidden behind the backward pass (dlscale bench "
+        "breakdown measures it; by default it is estimated from DDP's bucket schedule; it never hides more than "
+        "the backward pass). Prints the table and the assumptions; writes projection.png.",
+    )
+    _add_machine_options(project)
     compute = project.add_argument_group("one GPU's compute, measured (one of these)")
     given = compute.add_mutually_exclusive_group(required=True)
     given.add_argument(

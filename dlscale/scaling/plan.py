@@ -146,6 +146,29 @@ def samples_factor(batch: float, next_batch: float, noise_scale: float | None) -
     return (1 + next_batch / noise_scale) / (1 + batch / noise_scale)
 
 
+def _communication_growth(
+    last: dict, per_node: int, nodes: int, site: Site, overlap: float, step: float
+) -> tuple[str, int, float, float]:
+    """(layout, tensor-parallel size, the communication's growth from ``last``'s nodes to ``nodes``, its exposed
+    part), priced as dlscale project prices it: 25 MiB buckets, each with the cheapest algorithm between nodes;
+    FSDP's all-gathers and reduce-scatter on two levels; tensor parallelism splits each layer inside the node, so the
+    data-parallel ranks send 1/tp of the gradient each (TP's own activations are not priced here). The overlap hides
+    at most the backward pass (as dlscale project bounds it)."""
+    layout = "fsdp" if last.get("data_parallel") == "fsdp" else "ddp"
+    tp = max(1, int(last.get("tensor_parallel") or 1))
+    gradient = (last["gradient_bytes"] or 0) / tp
+    now, then = (
+        layout_seconds(layout, gradient, max(1, per_node // tp), n, site.inside, site.between, "auto", DDP_BUCKET_BYTES)
+        for n in (last["nodes"], nodes)
+    )
+    backward = BACKWARD_SHARE * step
+
+    def exposed_of(comm: float) -> float:
+        return comm - min(overlap * comm, backward)
+
+    return layout, tp, then - now, exposed_of(then) - exposed_of(now)
+
+
 def predict_next(
     rows: list[dict],
     site: Site,
@@ -185,26 +208,7 @@ def predict_next(
     step = last["global_batch_size"] / last["samples_per_s"]  # a rank's seconds per step
     if not weak:
         step /= 2  # (strong scaling: each rank's share of the batch halves, and its compute with it)
-    # (as dlscale project prices it: 25 MiB buckets, each with the cheapest algorithm between nodes; FSDP's
-    # all-gathers and reduce-scatter on two levels; tensor parallelism splits each layer inside the node, so the
-    # data-parallel ranks send 1/tp of the gradient each, and TP's own activations are not priced here)
-    layout = "fsdp" if last.get("data_parallel") == "fsdp" else "ddp"
-    tp = max(1, int(last.get("tensor_parallel") or 1))
-    gradient = (last["gradient_bytes"] or 0) / tp
-    data_per_node = max(1, per_node // tp)
-    now, then = (
-        layout_seconds(layout, gradient, data_per_node, n, site.inside, site.between, "auto", DDP_BUCKET_BYTES)
-        for n in (last["nodes"], nodes)
-    )
-    grow = then - now
-    # The overlap hides at most the backward pass (as dlscale project bounds it): of the growth, only what the
-    # backward pass still has room for hides.
-    backward = BACKWARD_SHARE * step
-
-    def exposed_of(comm: float) -> float:
-        return comm - min(overlap * comm, backward)
-
-    exposed = exposed_of(then) - exposed_of(now)
+    layout, tp, grow, exposed = _communication_growth(last, per_node, nodes, site, overlap, step)
 
     def time_to_target(step_growth: float, factor: float) -> float:
         samples = last["samples_to_target"] * factor
