@@ -50,7 +50,7 @@ _add(
     "synthetic_dir",
 )
 _add("dlscale.checkpoint", "load_model")
-_add("dlscale.runtime.devices", "resolve_device")
+_add("dlscale.runtime.devices", "device_for_ranks", "resolve_device")
 _add("dlscale.runtime.precision", "Precision", "gradient_underflow")
 _add("dlscale.runtime.threads", "affinity_cpus", "busy_cpus", "fair_threads")
 _add("dlscale.bench.threads", "busy_neighbours")
@@ -327,7 +327,7 @@ if TYPE_CHECKING:  # (editors and type checkers see where each name lives; nothi
     )
     from dlscale.reporting.report import collect, format_report
     from dlscale.reporting.tables import markdown_table
-    from dlscale.runtime.devices import resolve_device
+    from dlscale.runtime.devices import device_for_ranks, resolve_device
     from dlscale.runtime.precision import Precision, gradient_underflow
     from dlscale.runtime.threads import affinity_cpus, busy_cpus, fair_threads
     from dlscale.scaling.fit import fit_link, predictions, worst_ratio

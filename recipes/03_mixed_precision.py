@@ -43,7 +43,7 @@ def r2_score(model: nn.Module, loader: DataLoader, device: torch.device) -> floa
 
 
 def main(config: str = "tiny", epochs: int = 2, batch_size: int = 32, lr: float = 2e-3, weight_decay: float = 1e-4,
-         seed: int = 0, device: str = "cuda" if torch.cuda.is_available() else "cpu", width: int = 8, depth: int = 2,
+         seed: int = 0, device: str = "auto", width: int = 8, depth: int = 2,
          checkpoint: str = "checkpoint.pt", resume: bool = False, log_every: int = 10,
          workers: int = 2, precision: Literal["bf16", "fp16", "fp32"] = "bf16",
          clip: float = 1.0) -> dict:

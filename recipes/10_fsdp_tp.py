@@ -90,7 +90,7 @@ def latest_checkpoint(folder: str) -> str | None:
 
 
 def main(config: str = "tiny", epochs: int = 2, batch_size: int = 32, lr: float = 2e-3, weight_decay: float = 1e-4,
-         seed: int = 0, device: str = "cuda" if torch.cuda.is_available() else "cpu", width: int = 32,
+         seed: int = 0, device: str = "auto", width: int = 32,
          depth: int = 2, heads: int = 4, checkpoint: str = "checkpoint-dcp", resume: bool = False,
          log_every: int = 10, workers: int = 2, precision: Literal["bf16", "fp32"] = "bf16", clip: float = 1.0,
          accumulate: int = 1, tp: int = 1) -> dict:

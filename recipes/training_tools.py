@@ -47,16 +47,25 @@ def use_free_cpus() -> int:
 
 
 def pick_device(device: str, local_rank: int = 0) -> torch.device:
-    """This process's device: a GPU asked for and missing is an error, not a CPU run. A process that sees one
-    GPU (srun --gpus-per-task=1, --gpu-bind=closest) takes it; one that sees several, the local_rank-th. On a CPU,
-    torch's threads are the CPUs other work leaves free (use_free_cpus)."""
+    """This process's device. "auto": a GPU of its own where there is one, else the CPU. A GPU asked for and
+    missing is an error, not a CPU run. A process that sees one GPU (srun --gpus-per-task=1, --gpu-bind=closest)
+    takes it; one that sees several, the local_rank-th. NCCL refuses two ranks on one GPU: where the launcher
+    (torchrun, the lessons' engines) starts more ranks on this node than it has GPUs, "auto" trains on the CPU
+    and says so, and "cuda" stops. On a CPU, torch's threads are the CPUs other work leaves free (use_free_cpus)."""
+    visible = torch.cuda.device_count()
+    on_node = from_launcher("LOCAL_WORLD_SIZE", default=1)  # (srun binds a GPU per task and sets no such count)
+    shared = 0 < visible < on_node
+    if device == "auto":
+        if shared and local_rank == 0:
+            print(f"{on_node} ranks on this node and {visible} GPU(s): the ranks train on the CPU (gloo)")
+        device = "cuda" if visible and not shared else "cpu"
     if not device.startswith("cuda"):
         use_free_cpus()
         return torch.device(device)
-    visible = torch.cuda.device_count()
-    if visible == 0 or (visible > 1 and local_rank >= visible):
-        raise SystemExit(f"--device {device}: local rank {local_rank}, and this node shows {visible} GPUs to this "
-                         f"torch (CUDA {torch.version.cuda}): use a GPU node, fewer ranks per node, or --device cpu")
+    if visible == 0 or shared or (visible > 1 and local_rank >= visible):
+        raise SystemExit(f"--device {device}: local rank {local_rank} of {on_node} on this node, and it shows "
+                         f"{visible} GPUs to this torch (CUDA {torch.version.cuda}; NCCL puts one rank on a GPU): "
+                         f"use a GPU node, fewer ranks per node, or --device auto or cpu")
     index = 0 if visible == 1 else local_rank
     torch.cuda.set_device(index)
     return torch.device("cuda", index)

@@ -14,7 +14,8 @@
 # builds Horovod's NCCL operations (HOROVOD_GPU_OPERATIONS=NCCL): without them the first
 # all-reduce of a GPU tensor fails ("Requested ReadyEvent with GPU device but not compiled with
 # CUDA"). Otherwise it builds for CPU tensors only, even with a CUDA build of torch.
-# HOROVOD_GPU=nccl or cpu chooses; BUILD_HOROVOD_PLAN=1 only prints the choice.
+# HOROVOD_GPU=nccl or cpu chooses; BUILD_HOROVOD_PLAN=1 only prints the choice; HOROVOD_SDIST=path builds from
+# that sdist (horovod-0.28.1.tar.gz) without a package index.
 # A few minutes on 2 cores (140 s of both cores alone; longer beside other work).
 #
 # On NERSC, OLCF and most sites, use PyTorch DDP (the kit's default) or the Horovod that
@@ -59,9 +60,15 @@ if ! ls "$wheels"/horovod-$VERSION-*.whl >/dev/null 2>&1; then
     trap 'rm -rf "$work"' EXIT
     # The build's tools in a folder of their own, not the environment: a build beside another pip install into
     # the same environment (make test's) would have two pips writing the same packages.
-    "$PYTHON" -m pip install --quiet --target "$work/tools" setuptools wheel cloudpickle psutil pyyaml packaging
-    "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "horovod==$VERSION" -d "$work"
-    tar -xzf "$work/horovod-$VERSION.tar.gz" -C "$work"
+    # (A node without a package index, as many compute nodes are: HOROVOD_SDIST names the sdist, and the tools
+    # already in the environment are used.)
+    if ! "$PYTHON" -c 'import setuptools, wheel, cloudpickle, psutil, yaml, packaging' 2> /dev/null; then
+        "$PYTHON" -m pip install --quiet --target "$work/tools" setuptools wheel cloudpickle psutil pyyaml packaging
+    fi
+    sdist=${HOROVOD_SDIST:-$work/horovod-$VERSION.tar.gz}
+    [[ -n ${HOROVOD_SDIST:-} ]] ||
+        "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "horovod==$VERSION" -d "$work"
+    tar -xzf "$sdist" -C "$work"
     src=$work/horovod-$VERSION
     for f in CMakeLists.txt horovod/torch/CMakeLists.txt; do
         # Fail loudly if the sdist ever changes, rather than build something unpatched.
@@ -103,7 +110,8 @@ if [[ $wheel_only == 1 ]]; then
     exit 0
 fi
 
-"$PYTHON" -m pip install --quiet cloudpickle psutil pyyaml packaging
+"$PYTHON" -c 'import cloudpickle, psutil, yaml, packaging' 2> /dev/null ||
+    "$PYTHON" -m pip install --quiet cloudpickle psutil pyyaml packaging
 "$PYTHON" -m pip install --quiet --no-deps --force-reinstall "$wheels"/horovod-$VERSION-*.whl
 "$PYTHON" - "$gpu" <<'PY'
 import sys

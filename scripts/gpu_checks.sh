@@ -16,7 +16,8 @@
 #   fsdp.txt         recipe 10 (FSDP2 and DCP) on one GPU for an epoch, then resumed from its DCP folder
 #   compile.txt      dlscale train on the GPU with compile=true cuda_graphs=true, group and batch norm, MFU
 #   nsys.txt         nsys on the engine and on recipe 04 (torch.profiler beside nsys: CPU tracing only)
-#   horovod.txt      the Horovod build with NCCL (scripts/build_horovod.sh), last of the risks: its own limit
+#   horovod.txt      the Horovod build with NCCL (scripts/build_horovod.sh; HOROVOD_SDIST without an index), last of
+#                    the risks: its own limit (HOROVOD_LIMIT, 300 s), then an all-reduce of a GPU tensor
 #   gpu_tests.txt    pytest -m gpu: the tests that skip themselves without CUDA
 #   kmeans_gpu.txt   K-Means on the GPU at 1M × 3, 1M × 32 and 200k × 784 (scripts/kmeans_on_gpu.py)
 #   profile.txt      lesson 04's profiler window on the GPU (is backward's device time attributed?)
@@ -28,7 +29,7 @@ set -u
 OUT=${OUT:?name the output folder in OUT}
 BUDGET=${1:-480}
 START=$SECONDS
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 log() { echo "[$((SECONDS - START)) s] $*" | tee -a "$OUT/log.txt"; }
@@ -101,7 +102,10 @@ for row in parse_nvtx_sum(open(sys.argv[1]).read()): print(row)" "$1/nvtx.csv"
         "$0" recipes/04_compile.py --device cuda --epochs 1 --workers 2 --profile-steps 10,15 \
         --checkpoint "$1/recipe04.pt" 2>&1 | grep -iE "cupti|subscriber|error|Self CPU" | head -n 20' "$PY" "$work"
 
-step horovod.txt 300 env HOROVOD_WHEELS="$work/horovod" bash scripts/build_horovod.sh "$PY"
+# shellcheck disable=SC2016
+step horovod.txt "${HOROVOD_LIMIT:-300}" bash -c 'env HOROVOD_WHEELS="$1/horovod" bash scripts/build_horovod.sh "$0" &&
+    "$0" -c "import torch, horovod.torch as hvd; hvd.init()
+print(\"horovod all-reduce on cuda:\", hvd.allreduce(torch.arange(4.0, device=\"cuda\"), op=hvd.Sum).tolist())"' "$PY" "$work"
 
 step gpu_tests.txt 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/integration/test_on_a_gpu.py -o addopts=""
 

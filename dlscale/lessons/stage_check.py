@@ -11,12 +11,14 @@ message starts with the gap's label, ``TODO 05.c``, and says what was seen. No p
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from dlscale.lessons.gaps import GAPS, Gap, answer_lines, find_gap, gap_ids
+from dlscale.runtime.devices import device_for_ranks
 
 #: How far the attendee's losses may lie from the engine's, relative to the loss. On a CPU both run the same
 #: kernels in the same order: what differs is rounding (well below 1e-5). On a GPU, cuDNN may choose other
@@ -32,7 +34,13 @@ def _steps(result: dict[str, Any]) -> int:
 
 
 def _device(arguments: dict[str, Any]) -> str:
-    return torch.device(arguments.get("device") or "cpu").type
+    """The kind of device the stage ran on: its ``device`` argument, resolved as the stages' ``pick_device`` does
+    (``auto``, the default: a GPU per rank where this node's ranks do not outnumber its GPUs, else the CPU)."""
+    spec = arguments.get("device") or "auto"
+    if spec == "auto":
+        ranks_on_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        return "cuda" if torch.cuda.is_available() and device_for_ranks(ranks_on_node) == "auto" else "cpu"
+    return torch.device(spec).type
 
 
 # -- the probes: (what was seen, arguments, the stage's result) -> what is wrong, or None ---------------------

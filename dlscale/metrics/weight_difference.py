@@ -24,6 +24,10 @@ def largest_weight_difference(a: Any, b: Any) -> float:
         missing = sorted(set(first) ^ set(second))
         raise ValueError(f"the two models differ in their tensors ({', '.join(missing[:4])} ...)")
     return max(
-        ((x.double() - second[name].double()).abs().max().item() for name, x in first.items() if x.is_floating_point()),
+        (  # (on the CPU: the two may come from different devices)
+            (x.detach().cpu().double() - second[name].detach().cpu().double()).abs().max().item()
+            for name, x in first.items()
+            if x.is_floating_point()
+        ),
         default=0.0,
     )

@@ -33,6 +33,16 @@ def cpu_name() -> str:
     return name + numbers
 
 
+def device_for_ranks(ranks_on_node: int) -> str:
+    """The device for one process to compare with ``ranks_on_node`` ranks started on this node with ``device=auto``.
+
+    NCCL puts one rank on a GPU, so ranks that outnumber this node's GPUs train on the CPU (the process group's
+    ``init`` says so); a single-process run compared with them must too, or the two differ by the device's
+    rounding, not by what the lesson measures. Elsewhere ``auto``.
+    """
+    return "cpu" if 0 < torch.cuda.device_count() < ranks_on_node else "auto"
+
+
 def resolve_device(spec: str | torch.device | None, error: type[DlscaleError] = DeviceError) -> torch.device:
     """``auto`` (or None) picks CUDA when present; asking for a GPU that is not there raises ``error``."""
     if spec is None or spec == "auto":

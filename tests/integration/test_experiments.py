@@ -11,10 +11,11 @@ from ..conftest import run_cli
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # a hang guard: 16 runs take ~3 min on 2 quiet cores and 2-3x that on a busy machine
+@pytest.mark.timeout(1800)  # a hang guard: 13 runs take ~2.5 min on 2 quiet cores and 2-3x that on a busy machine
 def test_large_batch_sweep_writes_its_table_and_tells_the_story(in_tmp):
-    # every recipe the story below reads (sqrt scaling, which it does not, is left out: 3 runs fewer)
-    told = [r for r in RECIPES if r != "sqrt"]
+    # every recipe the story below reads (sqrt scaling, which it does not, is left out: 3 runs fewer; so is LARS,
+    # whose sweep lesson 07's test runs, and whose steps tests/unit/test_layerwise.py holds to timm's: 3 more)
+    told = [r for r in RECIPES if r not in ("sqrt", "LARS + warmup")]
     rows = large_batch_sweep("sweep", size="ci", recipes=told, progress=False)
     assert len(rows) == 1 + 3 * len(told)
     with open(in_tmp / "sweep/table.csv") as handle:
@@ -35,10 +36,10 @@ def test_large_batch_sweep_writes_its_table_and_tells_the_story(in_tmp):
     # conclusions use ("within 0.02 of the baseline")...
     assert max(r2[(r, 8)] for r in told if r != "no scaling") > baseline - 0.02
     # ...warmup helps linear scaling (where, moves with the CPU's float32 kernels: at 32x on CI's CPU, at 8x on an
-    # Intel Xeon, where the two tie at 32x: 0.612 and 0.614), and at 32x the layer-wise optimizers hold up better
+    # Intel Xeon, where the two tie at 32x: 0.612 and 0.614), and at 32x the layer-wise optimizer holds up better
     # than no scaling
     assert any(r2[("linear + warmup", k)] > r2[("linear", k)] for k in (8, 32))
-    assert min(r2[("LARS + warmup", 32)], r2[("LAMB + warmup", 32)]) > r2[("no scaling", 32)]
+    assert r2[("LAMB + warmup", 32)] > r2[("no scaling", 32)]
 
 
 def test_bench_optim_prints_ratios_side_by_side(in_tmp):

@@ -181,11 +181,55 @@ def test_a_rank_takes_its_only_gpu_or_the_one_at_its_local_rank(monkeypatch, vis
     assert str(pick_device("cuda", local_rank)) == f"cuda:{chosen}" and cuda.chosen == [chosen]
 
 
+@pytest.mark.parametrize("visible, on_node, chosen", [(1, 2, "cpu"), (4, 4, "cuda:3"), (1, 1, "cuda:0")])
+def test_ranks_that_outnumber_the_gpus_train_on_the_cpu_under_auto_and_stop_under_cuda(
+    monkeypatch, capsys, visible, on_node, chosen
+):
+    """NCCL refuses two ranks on one GPU ("Duplicate GPU detected": lesson 05's two engines on a one-GPU node)."""
+    from training_tools import pick_device
+
+    _FakeCuda(monkeypatch, visible)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(on_node))
+    local_rank = on_node - 1
+    assert str(pick_device("auto", local_rank)) == chosen
+    pick_device("auto", 0)  # (the node's first rank says it once)
+    assert ("train on the CPU" in capsys.readouterr().out) == (chosen == "cpu")
+    if chosen == "cpu":
+        with pytest.raises(SystemExit, match=rf"local rank {local_rank} of {on_node} on this node, and it shows 1 GPU"):
+            pick_device("cuda", local_rank)
+
+
+def test_a_single_process_run_compared_with_ranks_uses_their_device(monkeypatch):
+    import torch
+
+    from dlscale.lab import device_for_ranks
+
+    for visible, ranks, device in [(0, 2, "auto"), (1, 2, "cpu"), (1, 1, "auto"), (4, 4, "auto"), (4, 8, "cpu")]:
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+        assert device_for_ranks(ranks) == device, (visible, ranks)
+
+
+def test_the_stage_check_reads_the_device_the_stage_picked(monkeypatch):
+    """The gaps' probes want gloo and unpinned memory on the CPU, NCCL and pinned memory on a GPU: the device they
+    judge by is the one pick_device chose (auto: the CPU for two ranks on a node of one GPU), not the CPU's by
+    default."""
+    import torch
+
+    from dlscale.lessons.stage_check import _device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert _device({}) == "cuda" and _device({"device": "auto"}) == "cuda" and _device({"device": "cpu"}) == "cpu"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert _device({}) == "cpu" and _device({"device": "cuda:0"}) == "cuda"
+
+
 @pytest.mark.parametrize(
     "visible, local_rank, message",
     [
-        (0, 0, r"local rank 0, and this node shows 0 GPUs"),
-        (4, 5, r"local rank 5, and this node shows 4 GPUs .* fewer ranks per node"),
+        (0, 0, r"local rank 0 of 1 on this node, and it shows 0 GPUs"),
+        (4, 5, r"local rank 5 of 1 on this node, and it shows 4 GPUs .* fewer ranks per node"),
     ],
 )
 def test_a_gpu_asked_for_and_missing_stops_the_stage_naming_the_counts(monkeypatch, visible, local_rank, message):
