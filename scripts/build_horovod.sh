@@ -61,8 +61,8 @@ if ! ls "$wheels"/horovod-$VERSION-*.whl >/dev/null 2>&1; then
     # The build's tools in a folder of their own, not the environment: a build beside another pip install into
     # the same environment (make test's) would have two pips writing the same packages.
     # (A node without a package index, as many compute nodes are: HOROVOD_SDIST names the sdist, and the tools
-    # already in the environment are used.)
-    if ! "$PYTHON" -c 'import setuptools, wheel, cloudpickle, psutil, yaml, packaging' 2> /dev/null; then
+    # already in the environment are used; with an index they go to a folder of their own, as said above.)
+    if [[ -z ${HOROVOD_SDIST:-} ]] || ! "$PYTHON" -c 'import setuptools, wheel, cloudpickle, psutil, yaml, packaging'; then
         "$PYTHON" -m pip install --quiet --target "$work/tools" setuptools wheel cloudpickle psutil pyyaml packaging
     fi
     sdist=${HOROVOD_SDIST:-$work/horovod-$VERSION.tar.gz}
