@@ -15,6 +15,7 @@
 #   parity.txt       recipe stages 03 and 04 against the engine on CUDA (dlscale bench parity)
 #   fsdp.txt         recipe 10 (FSDP2 and DCP) on one GPU for an epoch, then resumed from its DCP folder
 #   compile.txt      dlscale train on the GPU with compile=true cuda_graphs=true, group and batch norm, MFU
+#                    (240 s: each compile took over a minute on an H200 with 16 host cores)
 #   nsys.txt         nsys on the engine and on recipe 04 (torch.profiler beside nsys: CPU tracing only)
 #   horovod.txt      the Horovod build with NCCL (scripts/build_horovod.sh; HOROVOD_SDIST without an index), last of
 #                    the risks: its own limit (HOROVOD_LIMIT, 300 s), then an all-reduce of a GPU tensor
@@ -83,7 +84,7 @@ step fsdp.txt 120 bash -c '"$0" -m torch.distributed.run --standalone --nproc-pe
         --device cuda --epochs 2 --workers 2 --checkpoint "$1/dcp" --resume && ls -R "$1/dcp"' "$PY" "$work"
 
 # shellcheck disable=SC2016
-step compile.txt 150 bash -c 'for norm in group batch; do
+step compile.txt 240 bash -c 'for norm in group batch; do
         echo "== norm=$norm compile=true cuda_graphs=true"
         "$0" -m dlscale train gpu device=cuda compile=true cuda_graphs=true norm=$norm max_steps=60 progress=false \
             plot=false run_dir="$1/compile-$norm" | tail -n 3
