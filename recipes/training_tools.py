@@ -50,10 +50,11 @@ def pick_device(device: str, local_rank: int = 0) -> torch.device:
     """This process's device. "auto": a GPU of its own where there is one, else the CPU. A GPU asked for and
     missing is an error, not a CPU run. A process that sees one GPU (srun --gpus-per-task=1, --gpu-bind=closest)
     takes it; one that sees several, the local_rank-th. NCCL refuses two ranks on one GPU: where the launcher
-    (torchrun, the lessons' engines) starts more ranks on this node than it has GPUs, "auto" trains on the CPU
+    (torchrun, horovodrun, the lessons' engines) starts more ranks on this node than it has GPUs, "auto" trains on the CPU
     and says so, and "cuda" stops. On a CPU, torch's threads are the CPUs other work leaves free (use_free_cpus)."""
     visible = torch.cuda.device_count()
-    on_node = from_launcher("LOCAL_WORLD_SIZE", default=1)  # (srun binds a GPU per task and sets no such count)
+    # ranks on this node, as torchrun (and the lessons' engines) or horovodrun say; srun binds a GPU per task
+    on_node = from_launcher("LOCAL_WORLD_SIZE", "HOROVOD_LOCAL_SIZE", default=1)
     shared = 0 < visible < on_node
     if device == "auto":
         if shared and local_rank == 0:

@@ -38,7 +38,7 @@ def _device(arguments: dict[str, Any]) -> str:
     (``auto``, the default: a GPU per rank where this node's ranks do not outnumber its GPUs, else the CPU)."""
     spec = arguments.get("device") or "auto"
     if spec == "auto":
-        ranks_on_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        ranks_on_node = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("HOROVOD_LOCAL_SIZE", "1")))
         return "cuda" if torch.cuda.is_available() and device_for_ranks(ranks_on_node) == "auto" else "cpu"
     return torch.device(spec).type
 

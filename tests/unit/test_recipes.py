@@ -181,15 +181,25 @@ def test_a_rank_takes_its_only_gpu_or_the_one_at_its_local_rank(monkeypatch, vis
     assert str(pick_device("cuda", local_rank)) == f"cuda:{chosen}" and cuda.chosen == [chosen]
 
 
-@pytest.mark.parametrize("visible, on_node, chosen", [(1, 2, "cpu"), (4, 4, "cuda:3"), (1, 1, "cuda:0")])
+@pytest.mark.parametrize(
+    "visible, on_node, chosen, launcher",
+    [
+        (1, 2, "cpu", "LOCAL_WORLD_SIZE"),
+        (1, 2, "cpu", "HOROVOD_LOCAL_SIZE"),
+        (4, 4, "cuda:3", "LOCAL_WORLD_SIZE"),
+        (1, 1, "cuda:0", "LOCAL_WORLD_SIZE"),
+    ],
+)
 def test_ranks_that_outnumber_the_gpus_train_on_the_cpu_under_auto_and_stop_under_cuda(
-    monkeypatch, capsys, visible, on_node, chosen
+    monkeypatch, capsys, visible, on_node, chosen, launcher
 ):
-    """NCCL refuses two ranks on one GPU ("Duplicate GPU detected": lesson 05's two engines on a one-GPU node)."""
+    """NCCL refuses two ranks on one GPU ("Duplicate GPU detected": lesson 05's two engines on a one-GPU node);
+    torchrun and the engines say how many ranks share the node in LOCAL_WORLD_SIZE, horovodrun in its own."""
     from training_tools import pick_device
 
     _FakeCuda(monkeypatch, visible)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(on_node))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setenv(launcher, str(on_node))
     local_rank = on_node - 1
     assert str(pick_device("auto", local_rank)) == chosen
     pick_device("auto", 0)  # (the node's first rank says it once)
