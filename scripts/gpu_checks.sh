@@ -72,7 +72,7 @@ step ddp.txt 120 bash -c 'for compiled in --compile --no-compile; do
         echo "== recipe 05 $compiled --accumulate 2"
         NCCL_DEBUG=INFO "$0" -m torch.distributed.run --standalone --nproc-per-node 1 recipes/05_ddp.py --device cuda \
             --epochs 1 --workers 2 --accumulate 2 --precision bf16 $compiled --checkpoint "$1/ddp$compiled.pt" 2>&1 |
-            grep -E "Init COMPLETE|step [0-9]+:|epoch|Error|error" | head -n 40
+            grep -E "Init COMPLETE|step [0-9]+:|epoch|Error|error|sizes\(\)" | head -n 40
     done' "$PY" "$work"
 
 step parity.txt 150 "$PY" -m dlscale bench parity --stages 03,04 --config tiny --epochs 1 --rounds 1
