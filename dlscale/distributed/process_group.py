@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from dlscale.distributed import horovod_backend
 from dlscale.distributed.launch_variables import DistEnv, DistributedError, detect
-from dlscale.runtime.devices import GPU_ORDER_VARIABLE, gpu_index
+from dlscale.runtime.devices import GPU_ORDER_VARIABLE, device_for_ranks, gpu_index
 
 #: Seconds a draining :func:`shutdown` leaves the GIL to gloo's worker threads (see there).
 _DRAIN_PAUSE_S = 0.05
@@ -178,7 +178,8 @@ def _ranks_share_a_gpu(env: DistEnv, device: str) -> bool:
     ``device=auto`` the ranks then train on the CPU, said in one line; asked for ``cuda``, it is an error.
     """
     visible = torch.cuda.device_count()
-    if env.local_world_size <= visible or (env.launcher == "slurm" and visible == 1):
+    # (the rule the lessons' single-process comparisons follow too: device_for_ranks)
+    if device_for_ranks(env.local_world_size) == "auto" or (env.launcher == "slurm" and visible == 1):
         return False
     if device != "auto":
         raise DistributedError(
