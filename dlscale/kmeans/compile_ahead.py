@@ -10,7 +10,7 @@ and ``make test``) runs this once after installing, so those processes load the 
 
 It fits small data sets of each kind, so it compiles exactly what a fit, ``predict`` and ``score``
 call: both CPU passes (a fit by time runs the BLAS pass first, then the compiled one), the rescoring of
-rows tied between two centres, the initialisations and the inertia.
+rows tied between two centres, the compiled pass's estimate from a sample, the initialisations and the inertia.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from dlscale.kmeans import compiled_scoring
+from dlscale.kmeans.cpu_pass import SAMPLE_ROWS
 
 
 def compile_ahead() -> float:
@@ -29,8 +30,9 @@ def compile_ahead() -> float:
     from dlscale.kmeans.estimator import KMeans
 
     started = time.perf_counter()
-    # rows of ones lie exactly halfway between the centres of zeros and of twos: the BLAS pass scores them again
-    rows = np.concatenate([np.random.default_rng(0).normal(size=(2048, 8)), np.ones((64, 8))])
+    # rows of ones lie exactly halfway between the centres of zeros and of twos: the BLAS pass scores them again;
+    # and enough rows that a fit by time estimates the compiled pass from a sample (cpu_pass.SAMPLE_ROWS)
+    rows = np.concatenate([np.random.default_rng(0).normal(size=(4 * SAMPLE_ROWS, 8)), np.ones((64, 8))])
     tied = np.array([[0.0] * 8, [2.0] * 8, [-3.0] * 8, [5.0] * 8])
     for dtype in (np.float32, np.float64):
         x = rows.astype(dtype)

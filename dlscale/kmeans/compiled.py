@@ -91,7 +91,7 @@ def lloyd_pass(
 
     Rows whose bounds rule out a new centre are skipped; the others are scored, their bounds
     reset, and each row that changed cluster moves its weighted features from the old
-    cluster's sums to the new one's (``sums``/``totals`` per part, float64). ``changed`` and
+    cluster's sums to the new one's (``sums``/``totals`` per part, float64, zeroed first). ``changed`` and
     ``scored`` count per part. With ``score_all`` every row is scored (its bounds are then
     set afresh); on the first pass (labels −1) every row is also added to its cluster.
     """
@@ -111,6 +111,8 @@ def lloyd_pass(
         upper_t = np.empty(TILE, np.float64)
         lower_t = np.empty(TILE, np.float64)
         part_sums, part_totals = sums[p], totals[p]
+        part_sums[:] = 0.0  # (here, by the part's own thread: the buffers are reused from pass to pass)
+        part_totals[:] = 0.0
         for tile in range(p * per_part, min(tiles, (p + 1) * per_part)):
             m = 0
             for i in range(tile * TILE, min(n, (tile + 1) * TILE)):
@@ -211,24 +213,107 @@ def inertia(x, w, centers, labels, parts):
     return totals.sum()
 
 
-# -- the BLAS pass's loops (dlscale.kmeans.blas_pass): a GEMM scores the rows, these read its block --------------
+# -- the BLAS pass (dlscale.kmeans.blas_pass): a GEMM scores a block of rows, the loop settles them in cache -------
+
+
+#: Rows per GEMM of the BLAS pass: half a tile, so a block never straddles two parts. (Blocks of 128 rows scored
+#: the 128-feature mixture in 9.7 ms a pass here, against 11.1 ms for 256 and 11.5-12.2 for torch's GEMM of the
+#: whole chunk: docs/benchmarks.md.)
+BLOCK = TILE // 2
+#: Rows whose labels are settled together: their near ties are scored again in one call (one call per block, of one
+#: or two rows each, cost 2 ms a pass), and their rows are still in the L2 cache when they move between the sums.
+GROUP = 8 * BLOCK
+#: Near ties scored again per call, at most: their transposed rows stay small (a group's, 512 KB at 128 features,
+#: had each feature's row 4 KB from the next: the same cache set).
+TIES = 64
+
+
+@njit(cache=True, inline="always")
+def _nearest_two_of_block(x, start, m, cm2t, c_sq, by_row, scores, best, first, second):
+    """The nearest centre of rows ``start`` to ``start + m``, and the two smallest ``‖c‖² − 2·x·c``, by one GEMM."""
+    k = c_sq.shape[0]
+    block = by_row[: m * k].reshape((m, k))  # (contiguous, as np.dot's out must be)
+    np.dot(x[start : start + m], cm2t, block)
+    for r in range(m):  # turned to a centre per row of scores, in cache, so the sweeps below are SIMD over rows
+        for j in range(k):
+            scores[j, r] = block[r, j]
+    for r in range(m):
+        first[r] = np.inf
+        second[r] = np.inf
+        best[r] = 0
+    for j in range(k):  # branch-free, as in _nearest_two
+        label, c_j, scores_j = np.int32(j), c_sq[j], scores[j]
+        for r in range(m):
+            v, a = scores_j[r] + c_j, first[r]
+            second[r] = min(second[r], max(v, a))
+            first[r] = min(v, a)
+            best[r] += (label - best[r]) * np.int32(v < a)
 
 
 @njit(parallel=True, cache=True)
-def nearest_two_of_scores(scores, x_sq, tie_scale, c_max, best, first, second, near):
-    """For each row of ``scores`` (rows × k of ``‖c‖² − 2·x·c``, from a GEMM): its smallest column (the first of
-    equals), the two smallest values, and whether they are within ``tie_scale·(‖x‖² + c_max)`` of each other (a
-    near tie, which rounding could reverse). Branch-free (min, max, arithmetic): 3× faster than with branches here."""
-    n, k = scores.shape
-    for i in prange(n):
-        a, b, label = np.inf, np.inf, np.int32(0)
-        for j in range(k):
-            v = scores[i, j]
-            b = min(b, max(v, a))
-            label += (np.int32(j) - label) * np.int32(v < a)
-            a = min(v, a)
-        best[i], first[i], second[i] = label, a, b
-        near[i] = np.float64(b) - np.float64(a) <= tie_scale * (x_sq[i] + c_max)
+def blas_pass(x, w, cm2, cm2t, c_sq, c_max, labels, upper, lower, x_sq, scale, tie_scale, sums, totals, changed, near):
+    """One Lloyd's pass scoring every row by BLAS (see :mod:`dlscale.kmeans.blas_pass`): per part of the rows, a group
+    at a time, each block of the group scored by a GEMM against the centres (``cm2t``: −2·cᵀ, contiguous: a
+    transposed view made the GEMM 20% slower here); then the group's near ties are scored again, and its rows get
+    their bounds and move between the part's sums while they are in cache.
+
+    A row whose two smallest GEMM values are within ``tie_scale·(‖x‖² + c_max)`` of each other (``c_max``: the
+    largest ‖c‖²) is scored again by :func:`lloyd_pass`'s arithmetic, so every label is the one that pass gives;
+    ``near`` counts them per part. The bounds allow ``scale·(‖x‖² + c_max)`` for rounding, as that pass's do.
+    The parts, and the order of the rows within each, are :func:`lloyd_pass`'s, so the float64 sums are its sums
+    bit for bit. The BLAS must run one thread per call here (the caller limits it): the parts are the threads.
+    """
+    n, d = x.shape
+    k = c_sq.shape[0]
+    parts = sums.shape[0]
+    tiles = (n + TILE - 1) // TILE
+    per_part = (tiles + parts - 1) // parts
+    weighted = w.shape[0] > 0
+    c_slack = scale * c_max
+    for p in prange(parts):
+        by_row = np.empty(BLOCK * k, x.dtype)
+        scores = np.empty((k, BLOCK), x.dtype)
+        best = np.empty(GROUP, np.int32)
+        first = np.empty(GROUP, x.dtype)
+        second = np.empty(GROUP, x.dtype)
+        tied = np.empty(GROUP, np.int64)
+        rows_t = np.empty((d, TIES), x.dtype)
+        tied_best = np.empty(TIES, np.int32)
+        tied_first = np.empty(TIES, x.dtype)
+        tied_second = np.empty(TIES, x.dtype)
+        acc = np.empty(TIES, x.dtype)
+        part_sums, part_totals = sums[p], totals[p]
+        part_sums[:] = 0.0  # (here, by the part's own thread: the buffers are reused from pass to pass)
+        part_totals[:] = 0.0
+        end = min(n, (p + 1) * per_part * TILE)
+        for group in range(p * per_part * TILE, end, GROUP):
+            size = min(end, group + GROUP) - group
+            ties = 0
+            for offset in range(0, size, BLOCK):
+                m = min(size, offset + BLOCK) - offset
+                at = slice(offset, offset + m)
+                _nearest_two_of_block(x, group + offset, m, cm2t, c_sq, by_row, scores, best[at], first[at], second[at])
+                for r in range(offset, offset + m):
+                    if np.float64(second[r]) - np.float64(first[r]) <= tie_scale * (x_sq[group + r] + c_max):
+                        tied[ties] = r
+                        ties += 1
+            for some in range(0, ties, TIES):
+                count = min(ties, some + TIES) - some
+                for q in range(count):
+                    for t in range(d):
+                        rows_t[t, q] = x[group + tied[some + q], t]
+                _nearest_two(rows_t, count, cm2, c_sq, tied_best, tied_first, tied_second, acc)
+                for q in range(count):
+                    r = tied[some + q]
+                    best[r], first[r], second[r] = tied_best[q], tied_first[q], tied_second[q]
+            near[p] += ties
+            for r in range(size):
+                i = group + r
+                upper[i] = math.sqrt(max(first[r] + x_sq[i] * (1 + scale) + c_slack, 0.0))
+                lower[i] = math.sqrt(max(second[r] + x_sq[i] * (1 - scale) - c_slack, 0.0))
+                if labels[i] != best[r]:
+                    _move_row(x, w, weighted, i, best[r], labels, part_sums, part_totals)
+                    changed[p] += 1
 
 
 @njit(parallel=True, cache=True)
@@ -251,25 +336,3 @@ def nearest_two_of_rows(x, rows, cm2, c_sq, best, first, second):
         _nearest_two(rows_t, m, cm2, c_sq, tile_best, tile_first, tile_second, acc)
         for r in range(m):
             best[start + r], first[start + r], second[start + r] = tile_best[r], tile_first[r], tile_second[r]
-
-
-@njit(parallel=True, cache=True)
-def apply_labels(x, w, best, first, second, labels, upper, lower, x_sq, scale, c_slack, sums, totals, changed):
-    """Set every row's bounds from its two nearest values and move the rows whose label changed between the sums.
-
-    The rows are split into parts exactly as :func:`lloyd_pass` splits them, and each part moves its rows in the
-    same order, so the float64 sums are bit for bit those the compiled pass would have left.
-    """
-    n = x.shape[0]
-    parts = sums.shape[0]
-    tiles = (n + TILE - 1) // TILE
-    per_part = (tiles + parts - 1) // parts
-    weighted = w.shape[0] > 0
-    for p in prange(parts):
-        part_sums, part_totals = sums[p], totals[p]
-        for i in range(p * per_part * TILE, min(n, (p + 1) * per_part * TILE)):
-            upper[i] = math.sqrt(max(first[i] + x_sq[i] * (1 + scale) + c_slack, 0.0))
-            lower[i] = math.sqrt(max(second[i] + x_sq[i] * (1 - scale) - c_slack, 0.0))
-            if labels[i] != best[i]:
-                _move_row(x, w, weighted, i, best[i], labels, part_sums, part_totals)
-                changed[p] += 1

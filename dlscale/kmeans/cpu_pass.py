@@ -28,8 +28,10 @@ from typing import Literal
 
 import torch
 
-from dlscale.kmeans import compiled_scoring
+from dlscale.errors import import_optional
+from dlscale.kmeans import blas_pass, compiled_scoring
 from dlscale.kmeans.blas_pass import BlasPass
+from dlscale.kmeans.errors import KMeansError
 from dlscale.kmeans.hamerly import HamerlyPass
 
 Kind = Literal["blas", "compiled"]
@@ -42,11 +44,17 @@ SAMPLE_ROWS = 4096
 
 
 class CpuPass:
-    """The pass of one fit on CPUs: ``choice`` "auto" (by time), "blas" or "compiled"."""
+    """The pass of one fit on CPUs: ``choice`` "auto" (by time), "blas" or "compiled" ("auto" is "compiled" where the
+    BLAS pass cannot run: without SciPy or threadpoolctl)."""
 
-    def __init__(self, x: torch.Tensor, weights: torch.Tensor | None, chunk: int, choice: str = "auto"):
+    def __init__(self, x: torch.Tensor, weights: torch.Tensor | None, choice: str = "auto"):
         self.bounds = HamerlyPass(x, weights)
-        self.blas = BlasPass(self.bounds, chunk)
+        self.blas = BlasPass(self.bounds)
+        if not blas_pass.available():
+            if choice == "blas":
+                for module in ("scipy", "threadpoolctl"):
+                    import_optional(module, "kmeans", "K-Means's BLAS pass (cpu_pass=blas)", KMeansError)
+            choice = "compiled"
         self.choice = choice
         #: each kind's seconds, the last time it ran (None: not yet timed)
         self.seconds: dict[str, float | None] = dict.fromkeys(KINDS)
@@ -138,7 +146,4 @@ class CpuPass:
 
 def _compiled_versions(loops) -> int:
     """How many compiled versions the loops have in this process (it grows when a call compiles or loads one)."""
-    return sum(
-        len(getattr(loops, name).signatures)
-        for name in ("lloyd_pass", "nearest_two_of_scores", "nearest_two_of_rows", "apply_labels")
-    )
+    return sum(len(getattr(loops, name).signatures) for name in ("lloyd_pass", "blas_pass", "nearest_two_of_rows"))

@@ -147,7 +147,7 @@ def lloyd(
     use_bounds = _use_bounds(x.device, skip_rows)
     labels = torch.full((x.shape[0],), -1, dtype=torch.int64, device=x.device)
     local = _ClusterSums(k, d, x.device)
-    bounds = CpuPass(x, weights, chunk, cpu_pass) if use_bounds else None
+    bounds = CpuPass(x, weights, cpu_pass) if use_bounds else None
     strict = False
     iterations = 0
     previous = None

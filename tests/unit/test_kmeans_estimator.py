@@ -256,13 +256,33 @@ def test_near_ties_under_the_gemm_are_scored_by_the_compiled_arithmetic():
     exact, _ = compiled_scoring.nearest(x, centers)
     by_gemm = torch.addmm((centers * centers).sum(1), x, centers.T, alpha=-2).argmin(1)
     assert not torch.equal(by_gemm, exact)  # (what the rescoring is for)
-    blas = BlasPass(HamerlyPass(x, None), 4096)
+    blas = BlasPass(HamerlyPass(x, None))
     labels = torch.full((len(x),), -1, dtype=torch.int64)
     sums, totals = torch.zeros(3, 64, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
     assert blas.run(centers, labels, sums, totals) == len(x)
     assert torch.equal(labels, exact)
     assert 0 < blas.rescored <= 20_000  # the near ties only
     torch.testing.assert_close(sums, torch.zeros_like(sums).index_add_(0, labels, x.double()), rtol=1e-12, atol=1e-9)
+
+
+def test_the_blas_pass_runs_the_blas_on_one_thread_inside_each_of_its_own(capfd):
+    """Each thread of the BLAS pass calls the GEMM on its own block of rows: a BLAS that started threads of its own
+    inside them would oversubscribe the cores, and OpenBLAS says so ("Detect OpenMP Loop and this application may
+    hang", at every block, without the limit). 200 centres: a block's GEMM large enough to be threaded."""
+    x = torch.randn(4096, 64, generator=torch.Generator().manual_seed(0))
+    fit = lloyd(x, None, x[:200].clone(), 2, 0.0, 1000, cpu_pass="blas")
+    assert fit.pass_name == "blas"
+    assert "OpenBLAS Warning" not in capfd.readouterr().err
+
+
+def test_without_scipy_or_threadpoolctl_the_compiled_pass_runs_alone(monkeypatch):
+    from dlscale.kmeans.cpu_pass import CpuPass
+
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)  # (not importable)
+    x = torch.randn(512, 4, generator=torch.Generator().manual_seed(0))
+    assert CpuPass(x, None).choice == "compiled"
+    with pytest.raises(KMeansError, match=r"needs threadpoolctl.*pip install -e '\.\[kmeans\]'"):
+        CpuPass(x, None, "blas")
 
 
 @pytest.mark.parametrize("faster", ["blas", "compiled"])
@@ -325,7 +345,7 @@ def test_the_estimate_scales_the_difference_of_two_timed_samples_and_changes_not
     from dlscale.kmeans.cpu_pass import SAMPLE_ROWS, CpuPass
 
     x = torch.rand(5 * SAMPLE_ROWS, 16, generator=torch.Generator().manual_seed(1))
-    passes = CpuPass(x, None, 4096)
+    passes = CpuPass(x, None)
     centers = x[:10].clone()
     passes.estimate_compiled(centers)  # (numba may load the loop on the first call)
     before = (passes.bounds.upper.clone(), passes.bounds.lower.clone(), passes.bounds.scored)
@@ -336,7 +356,7 @@ def test_the_estimate_scales_the_difference_of_two_timed_samples_and_changes_not
     assert before[2] == passes.bounds.scored  # scratch only: no bound, label or count changed
     ticks = iter([0.0, 2.0, 10.0, 11.0])  # the large sample faster than the small: noise, not a measurement
     assert passes.estimate_compiled(centers) is None
-    assert CpuPass(x[: 3 * SAMPLE_ROWS], None, 4096).estimate_compiled(centers) is None  # (too few rows to time)
+    assert CpuPass(x[: 3 * SAMPLE_ROWS], None).estimate_compiled(centers) is None  # (too few rows to time)
 
 
 # -- scikit-learn's own parameters ----------------------------------------------------------------------
