@@ -28,7 +28,7 @@ from dlscale.kmeans import daal, sparse_input
 from dlscale.kmeans.backend import BACKENDS, resolve_backend
 from dlscale.kmeans.errors import KMeansError
 from dlscale.kmeans.initialization import kmeans_parallel, kmeans_plusplus, random_init
-from dlscale.kmeans.lloyd import default_chunk_size, global_mean, lloyd, mean_variance, say_on_first_rank
+from dlscale.kmeans.lloyd import centred, default_chunk_size, global_mean, lloyd, mean_variance, say_on_first_rank
 from dlscale.kmeans.result import KMeansFit, timings
 from dlscale.kmeans.scoring import assign
 from dlscale.runtime.devices import resolve_device
@@ -478,7 +478,7 @@ default="k-means++"
         threshold = self.tol * mean_variance(x, mean, n_total, chunk) if self.tol > 0 else 0.0
         # As scikit-learn: subtract the mean, so that ‖x‖² − 2·x·c + ‖c‖² loses fewer digits.
         mean = mean.to(x.dtype)
-        x = x - mean
+        x = centred(x, mean)
         for seed in seeds:
             started = time.perf_counter()
             centers = self._initial_centers(x, weights, init, seed, mean)

@@ -34,6 +34,7 @@ import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from dlscale import distributed
@@ -91,6 +92,20 @@ def global_mean(x: torch.Tensor, n_total: int, chunk: int) -> torch.Tensor:
         for start in range(0, x.shape[0], chunk):
             total += x[start : start + chunk].double().sum(0)
     return distributed.all_reduce_sum(total) / n_total
+
+
+def centred(x: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """``x − mean``, a new tensor: on CPUs in a buffer numpy allocates, bit for bit torch's subtraction.
+
+    numpy asks the kernel for huge pages for a large array (``madvise``), torch's allocator does not: writing the
+    centred copy of 120,000 × 128 float32 rows (61 MB) took 6 ms in numpy's buffer against 26 ms in torch's here,
+    each 4 KB page a fault (docs/benchmarks.md, "The fused BLAS pass")."""
+    if x.device.type != "cpu":
+        return x - mean
+    rows = x.numpy()
+    out = np.empty(rows.shape, dtype=rows.dtype)
+    np.subtract(rows, mean.numpy(), out=out)
+    return torch.from_numpy(out)
 
 
 def mean_variance(x: torch.Tensor, mean: torch.Tensor, n_total: int, chunk: int) -> float:

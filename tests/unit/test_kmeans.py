@@ -251,7 +251,7 @@ def test_the_gpu_path_holds_no_temporary_of_the_datas_size_but_its_centred_copy(
     row's difference at once (docs/benchmarks.md)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from dlscale.kmeans import compiled_scoring, lloyd
+    from dlscale.kmeans import compiled_scoring, estimator, lloyd
 
     class Sizes(TorchDispatchMode):
         def __init__(self):
@@ -272,6 +272,7 @@ def test_the_gpu_path_holds_no_temporary_of_the_datas_size_but_its_centred_copy(
 
     monkeypatch.setattr(lloyd, "_use_bounds", lambda device, skip_rows: False)
     monkeypatch.setattr(compiled_scoring, "available", lambda: False)
+    monkeypatch.setattr(estimator, "centred", lambda x, mean: x - mean)  # (as on a GPU: on CPUs numpy's buffer)
     _, x = duplicated_points(np.float32)  # (60 clusters, 40 distinct points: empty clusters to relocate)
     with Sizes() as sizes:
         fit = KMeans(60, init=x[:60], n_init=1, chunk_size=100).fit(torch.from_numpy(x))
@@ -298,3 +299,15 @@ def test_every_distinct_point_becomes_a_centre_when_there_are_clusters_enough(dt
     nearest = np.sqrt(((points[:, None, :] - fit.cluster_centers_[None]) ** 2).sum(-1)).min(1)
     assert nearest.max() < 1e-5  # each of the 40 points is a centre
     assert fit.inertia_ < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_centred_copy_in_numpys_buffer_is_torchs_subtraction_bit_for_bit(dtype):
+    from dlscale.kmeans.lloyd import centred
+
+    x = torch.randn(300, 7, generator=torch.Generator().manual_seed(0), dtype=dtype) * 1e3
+    mean = x.double().mean(0).to(dtype)
+    for rows in (x, x[::2]):  # (and rows with a stride)
+        copy = centred(rows, mean)
+        assert copy.dtype == dtype and torch.equal(copy, rows - mean)
+        assert copy.untyped_storage().data_ptr() != rows.untyped_storage().data_ptr()
