@@ -21,6 +21,8 @@ except ModuleNotFoundError:  # (Python 3.10: the same parser, from PyPI)
 CORE = (
     ("kmeans", "scikit-learn"),
     ("kmeans", "numba"),
+    ("kmeans", "scipy"),  # (the BLAS pass calls SciPy's BLAS from numba, its threads limited by threadpoolctl)
+    ("kmeans", "threadpoolctl"),
     ("hpo", "optuna"),
     ("dev", "pytest"),
     ("dev", "pytest-timeout"),

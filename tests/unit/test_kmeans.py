@@ -194,7 +194,10 @@ def test_the_benchmark_fits_each_kind_of_data_in_both_phases_beside_scikit_learn
         FLOAT64_REFERENCE,
     ) not in by
     table = format_kmeans(rows)
-    assert "| china.jpg colours 273,280 × 3, k=4 | to convergence | dlscale torch (cpu) | compiled |" in table
+    # (the pass that ran most: chosen by time, so either, on a busy machine)
+    assert re.search(
+        r"\| china.jpg colours 273,280 × 3, k=4 \| to convergence \| dlscale torch \(cpu\) \| (compiled|blas) \|", table
+    )
     assert re.search(r"^CPU: .+, \d+ threads, SIMD \w+", table)  # the CPU and its SIMD: ratios depend on them
     assert by[data[0], "to convergence", "scikit-learn"]["pass"] == "lloyd"
     assert (tmp_path / "kmeans.png").stat().st_size > 10_000
