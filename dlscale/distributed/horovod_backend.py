@@ -15,8 +15,9 @@ and most sites it comes from the site's container or module, and DDP is the reco
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -120,12 +121,31 @@ def broadcast_initial_state(model: nn.Module, optimizer: torch.optim.Optimizer, 
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
 
+@contextlib.contextmanager
+def _environment(**defaults: str) -> Iterator[None]:
+    """``os.environ`` with ``defaults`` for the names not set, as it was afterwards."""
+    added = [name for name in defaults if name not in os.environ]
+    os.environ.update({name: defaults[name] for name in added})
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
 def _as_rank(function: Callable, args: tuple, kwargs: dict) -> tuple[str, Any]:
     """Run on a Horovod rank: the function's result, or its error as text (so the caller can name the rank)."""
     try:
         return "ok", function(*args, **kwargs)
     except BaseException as err:  # noqa: BLE001 - reported to the notebook instead of a bare exit status
         return "error", (type(err).__name__, str(err))
+
+
+# Seconds a rank's gloo operation waits for its peers under `run`: Horovod's own default, 30 s, is
+# shorter than a stage's set-up (rank 0 writing the data set while the others wait in an all-reduce,
+# as recipe 06 does; the same as TrainConfig.setup_timeout_s). A rank that dies is still noticed at
+# once: its closed connection ends the others' waits, and horovod.run stops the rest.
+SETUP_TIMEOUT_S = 1800
 
 
 def run(function: Callable, n: int = 2, *args: Any, hosts: str | None = None, **kwargs: Any) -> list[Any]:
@@ -135,13 +155,15 @@ def run(function: Callable, n: int = 2, *args: Any, hosts: str | None = None, **
     (``hosts`` such as ``"nid001:4,nid002:4"`` spreads them over nodes reachable by ssh).
     A rank that raises makes the call raise too, with the rank's error; a
     ``NotImplementedError`` (an exercise not yet filled in) is raised as itself.
+    The ranks' gloo timeout is ``SETUP_TIMEOUT_S`` unless ``HOROVOD_GLOO_TIMEOUT_SECONDS`` is set.
     """
     load()
     import horovod
 
-    outcomes = horovod.run(
-        _as_rank, args=(function, args, kwargs), num_proc=n, hosts=hosts or f"localhost:{n}", use_gloo=True
-    )
+    with _environment(HOROVOD_GLOO_TIMEOUT_SECONDS=str(SETUP_TIMEOUT_S)):  # horovod.run copies os.environ
+        outcomes = horovod.run(
+            _as_rank, args=(function, args, kwargs), num_proc=n, hosts=hosts or f"localhost:{n}", use_gloo=True
+        )
     failures = [(rank, value) for rank, (status, value) in enumerate(outcomes) if status == "error"]
     for rank, (name, message) in failures:
         if name == "NotImplementedError":

@@ -222,6 +222,22 @@ def test_bench_allreduce_times_horovod_on_two_local_ranks(in_tmp):
 
 
 @needs_horovod
+@needs_horovod
+def test_the_notebook_launcher_gives_its_ranks_a_set_up_length_gloo_timeout(monkeypatch):
+    # Horovod's own 30 s ended lesson 06's stage while rank 0 wrote the data set and rank 1 waited
+    monkeypatch.delenv("HOROVOD_GLOO_TIMEOUT_SECONDS", raising=False)
+
+    def timeout_seen():
+        return os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS")
+
+    assert horovod_backend.run(timeout_seen, 2) == [str(horovod_backend.SETUP_TIMEOUT_S)] * 2
+    assert "HOROVOD_GLOO_TIMEOUT_SECONDS" not in os.environ  # the notebook's own environment as it was
+    monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "45")  # a user's choice stands
+    with horovod_backend._environment(HOROVOD_GLOO_TIMEOUT_SECONDS="1800"):
+        assert os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "45"
+    assert os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "45"
+
+
 def test_the_horovod_exercise_check_rejects_a_loop_without_broadcast_or_sharding():
     from dlscale.lessons import checks
 
