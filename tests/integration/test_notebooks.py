@@ -49,7 +49,7 @@ LESSONS = {
         "sizes": [1, 2],
         "steps": 20,
         "target_r2": 0.0,
-        "preempt_epochs": 4,
+        "preempt_seconds": 4,
         "node_sweep": False,
     },  # (tests/integration/test_slurm.py sweeps the two nodes)
     "10_sharded_and_model_parallel.ipynb": {"steps": 12, "memory_width": 32, "memory_steps": 7, "memory_ranks": 2},
