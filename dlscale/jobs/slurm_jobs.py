@@ -71,13 +71,20 @@ def output_tail(info: dict[str, str], lines: int = 25) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def wait_until(condition: Callable[[], bool], timeout: float, what: str, poll: float = 0.5) -> None:
-    """Poll ``condition`` until it holds; a TimeoutError saying ``what`` was awaited after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
+def wait_until(
+    condition: Callable[[], bool], timeout: float, what: str, poll: float = 0.5, quick: float | None = None
+) -> None:
+    """Poll ``condition`` until it holds; a TimeoutError saying ``what`` was awaited after ``timeout`` s.
+
+    ``quick``: poll this often at first, then every tenth of the time waited so far, up to every ``poll`` s: a
+    short wait ends soon after its condition holds, a long one asks every ``poll`` s.
+    """
+    started = time.monotonic()
     while not condition():
-        if time.monotonic() > deadline:
+        waited = time.monotonic() - started
+        if waited > timeout:
             raise TimeoutError(f"waited {timeout:.0f} s for {what}")
-        time.sleep(poll)
+        time.sleep(poll if quick is None else min(poll, max(quick, waited / 10)))
 
 
 def wait_for_jobs(
@@ -89,19 +96,24 @@ def wait_for_jobs(
 ) -> dict[str, dict[str, str]]:
     """Wait until every job has ended; return each job's final ``scontrol`` fields.
 
-    ``watch`` is called with ``squeue``'s lines for the jobs at every poll (e.g. ``print``).
+    The jobs are asked about every quarter second at first and every ``poll`` s once they have run for
+    ``10 * poll`` s (a short job is seen ending at once, a site's long one asked about gently).
+    ``watch`` is called with ``squeue``'s lines for the jobs about every ``poll`` s (e.g. ``print``).
     Raises :class:`JobFailedError` for the first job that did not complete, with its output's end.
     """
     jobs = list(jobs)
     finals: dict[str, dict[str, str]] = {}
+    watched = -float("inf")
 
     def all_ended() -> bool:
+        nonlocal watched
         for job in jobs:
             if job not in finals:
                 info = job_info(job, env)
                 if info.get("JobState") in FINAL_STATES:
                     finals[job] = info
-        if watch is not None and len(finals) < len(jobs):
+        if watch is not None and len(finals) < len(jobs) and time.monotonic() - watched >= poll:
+            watched = time.monotonic()
             queue = _run(
                 ["squeue", "-h", "-j", ",".join(j for j in jobs if j not in finals), "-o", "%i %j %T %M %D %C %R"], env
             ).strip()
@@ -109,7 +121,7 @@ def wait_for_jobs(
                 watch(queue)
         return len(finals) == len(jobs)
 
-    wait_until(all_ended, timeout, f"jobs {', '.join(jobs)} to end", poll)
+    wait_until(all_ended, timeout, f"jobs {', '.join(jobs)} to end", poll, quick=min(poll, 0.25))
     for job in jobs:
         info = finals[job]
         if info["JobState"] != "COMPLETED":

@@ -112,3 +112,21 @@ def test_rng_state_round_trips_every_generator():
     set_rng_state(state)
     again = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(expected[0], again[0]) and np.array_equal(expected[1], again[1]) and expected[2] == again[2]
+
+
+def test_waiting_asks_often_at_first_and_every_poll_seconds_later(monkeypatch):
+    from dlscale.jobs import slurm_jobs
+
+    clock, sleeps = [0.0], []
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        clock[0] += seconds
+
+    monkeypatch.setattr(slurm_jobs.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(slurm_jobs.time, "sleep", sleep)
+    slurm_jobs.wait_until(lambda: clock[0] >= 60, 600, "a minute", poll=2.0, quick=0.25)
+    assert sleeps[0] == 0.25 and max(sleeps) == 2.0  # a short job seen ending within a quarter second
+    assert sleeps == sorted(sleeps) and len(sleeps) < 60  # a long one asked about every 2 s, not 4 times a second
+    with pytest.raises(TimeoutError, match="waited 5 s for never"):
+        slurm_jobs.wait_until(lambda: False, 5, "never", poll=0.5)
