@@ -11,9 +11,7 @@ Stage 05 trains on every GPU of the job, one process each, with DistributedDataP
 accumulate gradients over micro-batches; stage 06 does the same with Horovod's five changes
 (hvd.init, one GPU per rank, the rank's share of the data, DistributedOptimizer, rank 0's start):
 
-    horovodrun -np 4 --gloo-timeout-seconds 1800 python recipes/06_horovod.py   # or srun / mpirun
-
-(horovodrun's gloo waits 30 s by default; a first run's ranks wait for rank 0 to write the data set.)
+    horovodrun -np 4 python recipes/06_horovod.py         # or srun / mpirun
 """
 import os
 from typing import Literal

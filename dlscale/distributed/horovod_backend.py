@@ -141,11 +141,11 @@ def _as_rank(function: Callable, args: tuple, kwargs: dict) -> tuple[str, Any]:
         return "error", (type(err).__name__, str(err))
 
 
-# Seconds a rank's gloo operation waits for its peers under `run`: Horovod's own default, 30 s, is
-# shorter than a stage's set-up (rank 0 writing the data set while the others wait in an all-reduce,
-# as recipe 06 does; the same as TrainConfig.setup_timeout_s). A rank that dies is still noticed at
-# once: its closed connection ends the others' waits, and horovod.run stops the rest.
-SETUP_TIMEOUT_S = 1800
+# Seconds a rank's gloo operation waits for its peers under `run`: the engine's (TrainConfig.dist_timeout_s's
+# default), not Horovod's own 30 s, which ended lesson 06's stage once in CI with both ranks' background threads
+# waiting in a recv (cause not found: a rank busy in Python past the timeout does not trip it; Horovod's threads keep
+# exchanging meanwhile). A rank that dies is still noticed at once: horovod.run stops the rest.
+COLLECTIVE_TIMEOUT_S = 300
 
 
 def run(function: Callable, n: int = 2, *args: Any, hosts: str | None = None, **kwargs: Any) -> list[Any]:
@@ -155,12 +155,12 @@ def run(function: Callable, n: int = 2, *args: Any, hosts: str | None = None, **
     (``hosts`` such as ``"nid001:4,nid002:4"`` spreads them over nodes reachable by ssh).
     A rank that raises makes the call raise too, with the rank's error; a
     ``NotImplementedError`` (an exercise not yet filled in) is raised as itself.
-    The ranks' gloo timeout is ``SETUP_TIMEOUT_S`` unless ``HOROVOD_GLOO_TIMEOUT_SECONDS`` is set.
+    The ranks' gloo timeout is ``COLLECTIVE_TIMEOUT_S`` unless ``HOROVOD_GLOO_TIMEOUT_SECONDS`` is set.
     """
     load()
     import horovod
 
-    with _environment(HOROVOD_GLOO_TIMEOUT_SECONDS=str(SETUP_TIMEOUT_S)):  # horovod.run copies os.environ
+    with _environment(HOROVOD_GLOO_TIMEOUT_SECONDS=str(COLLECTIVE_TIMEOUT_S)):  # horovod.run copies os.environ
         outcomes = horovod.run(
             _as_rank, args=(function, args, kwargs), num_proc=n, hosts=hosts or f"localhost:{n}", use_gloo=True
         )
