@@ -58,7 +58,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 # A cluster of one or two nodes can look at its queue every second (Slurm's defaults: 60 s, backfill 30 s):
-# a requeued job whose StartTime passes is otherwise started only at the next look (lesson 09: 32 s, not 14)
+# a requeued job whose StartTime passes otherwise starts only at the next look (lesson 09's preemption: 33 s, not 14)
 SchedulerParameters=sched_interval=1,bf_interval=1
 ReturnToService=2
 JobRequeue=1

@@ -222,7 +222,6 @@ def test_bench_allreduce_times_horovod_on_two_local_ranks(in_tmp):
 
 
 @needs_horovod
-@needs_horovod
 def test_the_notebook_launcher_gives_its_ranks_the_engines_gloo_timeout(monkeypatch):
     # Horovod's own 30 s, not the engine's dist_timeout_s, once ended lesson 06's stage in CI
     monkeypatch.delenv("HOROVOD_GLOO_TIMEOUT_SECONDS", raising=False)
@@ -238,6 +237,7 @@ def test_the_notebook_launcher_gives_its_ranks_the_engines_gloo_timeout(monkeypa
     assert os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "45"
 
 
+@needs_horovod
 def test_the_horovod_exercise_check_rejects_a_loop_without_broadcast_or_sharding():
     from dlscale.lessons import checks
 
