@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dlscale.config.train_config import FIELDS
 from dlscale.errors import DlscaleError, import_optional, importable
 
 #: What to do when Horovod cannot be imported.
@@ -141,11 +142,11 @@ def _as_rank(function: Callable, args: tuple, kwargs: dict) -> tuple[str, Any]:
         return "error", (type(err).__name__, str(err))
 
 
-# Seconds a rank's gloo operation waits for its peers under `run`: the engine's (TrainConfig.dist_timeout_s's
-# default), not Horovod's own 30 s, which ended lesson 06's stage once in CI with both ranks' background threads
-# waiting in a recv (cause not found: a rank busy in Python past the timeout does not trip it; Horovod's threads keep
-# exchanging meanwhile). A rank that dies is still noticed at once: horovod.run stops the rest.
-COLLECTIVE_TIMEOUT_S = 300
+# Seconds a rank's gloo operation waits for its peers under `run`: the engine's (dist_timeout_s's default), not
+# Horovod's own 30 s, which ended lesson 06's stage once in CI with both ranks' background threads waiting in a recv
+# (cause not found: a rank busy in Python past the timeout does not trip it; Horovod's threads keep exchanging
+# meanwhile). A rank that dies is still noticed at once: horovod.run stops the rest.
+COLLECTIVE_TIMEOUT_S = int(FIELDS["dist_timeout_s"].default)
 
 
 def run(function: Callable, n: int = 2, *args: Any, hosts: str | None = None, **kwargs: Any) -> list[Any]:
