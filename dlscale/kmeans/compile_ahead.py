@@ -10,7 +10,9 @@ and ``make test``) runs this once after installing, so those processes load the 
 
 It fits small data sets of each kind, so it compiles exactly what a fit, ``predict`` and ``score``
 call: both CPU passes (a fit by time runs the BLAS pass first, then the compiled one), the rescoring of
-rows tied between two centres, the compiled pass's estimate from a sample, the initialisations and the inertia.
+rows tied between two centres, the compiled pass's estimate from a sample, the initialisations and the inertia;
+and it counts the rows the compiled pass's bounds would leave (what a fit does while the GEMM is the faster, which
+these small fits need not reach).
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ from dlscale.kmeans.cpu_pass import SAMPLE_ROWS
 def compile_ahead() -> float:
     """Fit, predict and score once for each input kind, so numba's cache holds every loop; the seconds it took.
     (Weights need no fit of their own: the loops read weights of one as an empty float64 array, the same type.)"""
+    import torch
+
     from dlscale.kmeans.estimator import KMeans
+    from dlscale.kmeans.hamerly import HamerlyPass
 
     started = time.perf_counter()
     # rows of ones lie exactly halfway between the centres of zeros and of twos: the BLAS pass scores them again;
@@ -43,6 +48,10 @@ def compile_ahead() -> float:
             ).fit(x)
             model.predict(x)
             model.score(x)
+        centers = torch.from_numpy(tied.astype(dtype))
+        HamerlyPass(torch.from_numpy(x), None).rows_to_score(
+            centers, centers + 1, torch.zeros(len(x), dtype=torch.int64)
+        )
     return time.perf_counter() - started
 
 

@@ -65,6 +65,18 @@ def _move_row(x, w, weighted, i, new, labels, part_sums, part_totals):
         part_totals[old] -= weight
 
 
+@njit(cache=True, inline="always")
+def _loosened(i, labels, upper, lower, x_sq, scale, shift, other, gap, skip_slack):
+    """Row ``i``'s bounds after the centres moved (``shift``: its own centre's move, ``other``: the largest other move,
+    ``gap``: from its centre to the nearest other), and whether they rule out every other centre by more than rounding
+    could undo. One function for the pass and for :func:`rows_to_score`, so the count is the pass's own."""
+    a = labels[i]
+    u = upper[i] + shift[a]
+    low = lower[i] - other[a]
+    floor = max(gap[a] - u, low, 0.0)
+    return u, low, u * u + 2 * scale * x_sq[i] + skip_slack < floor * floor
+
+
 @njit(parallel=True, cache=True)
 def lloyd_pass(
     x,
@@ -117,12 +129,10 @@ def lloyd_pass(
             m = 0
             for i in range(tile * TILE, min(n, (tile + 1) * TILE)):
                 if not score_all:
-                    a = labels[i]
-                    u = upper[i] + shift[a]
-                    low = lower[i] - other[a]
-                    upper[i], lower[i] = u, low
-                    floor = max(gap[a] - u, low, 0.0)
-                    if u * u + 2 * scale * x_sq[i] + skip_slack < floor * floor:
+                    upper[i], lower[i], skip = _loosened(
+                        i, labels, upper, lower, x_sq, scale, shift, other, gap, skip_slack
+                    )
+                    if skip:
                         continue  # its centre is nearer than any other by more than rounding could undo
                 index[m] = i
                 norms[m] = x_sq[i]
@@ -143,6 +153,25 @@ def lloyd_pass(
                 if labels[i] != best[r]:
                     _move_row(x, w, weighted, i, best[r], labels, part_sums, part_totals)
                     changed[p] += 1
+
+
+@njit(parallel=True, cache=True)
+def rows_to_score(labels, upper, lower, x_sq, scale, shift, other, gap, skip_slack, every):
+    """Of the rows in one tile in ``every`` (every row with 1), how many :func:`lloyd_pass` would score now, testing
+    its bounds, and how many were looked at (nothing is written): the rows whose loosened bounds do not rule out
+    every other centre."""
+    n = labels.shape[0]
+    looked_at = (n + every * TILE - 1) // (every * TILE)
+    counts = np.zeros(looked_at, np.int64)
+    sizes = np.zeros(looked_at, np.int64)
+    for s in prange(looked_at):
+        start = s * every * TILE
+        count = 0
+        for i in range(start, min(n, start + TILE)):
+            count += not _loosened(i, labels, upper, lower, x_sq, scale, shift, other, gap, skip_slack)[2]
+        counts[s] = count
+        sizes[s] = min(n, start + TILE) - start
+    return counts.sum(), sizes.sum()
 
 
 @njit(parallel=True, cache=True)

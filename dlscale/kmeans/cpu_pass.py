@@ -10,12 +10,20 @@ consecutive rows, in two calls whose difference leaves out the call's own cost (
 changed), estimates its pass (within 10-25% of the pass here). Where the estimate beats the GEMM,
 the second pass is the compiled loop, timed whole, and from then on the one that took less time.
 (Before the estimate the second pass was always the compiled loop: 26 ms against the GEMM's 16-19
-on the 128-feature mixture, and its first 8 passes took 1.38× scikit-learn's time; 1.23-1.25× now.)
-While the GEMM is the faster, the compiled pass is timed again every 9th pass: its time falls as
-its bounds skip more rows (on the mixture that made the fit to convergence 0.87× scikit-learn's
-time instead of 1.00×, docs/benchmarks.md). The GEMM's time does not fall (it scores every row),
-so it is not timed again. A timing that included numba's compiling (or loading from its cache) is
-taken again.
+on the 128-feature mixture, and its first 8 passes took 1.38× scikit-learn's time.)
+While the GEMM is the faster, the compiled pass's time falls as its bounds skip more rows, and it is
+predicted before each pass rather than tried: the bounds' own test counts the rows the pass would
+score (:meth:`~dlscale.kmeans.hamerly.HamerlyPass.rows_to_score`, a read of four numbers a row: 0.4
+ms for 120,000 rows here; beyond :data:`COUNT_ROWS` rows, on a tile in every few), times its cost
+per row scored (from the estimate, then from its last pass), plus the test's own time; it runs when
+that beats the GEMM. (Before, it was timed again every 9th pass: on the mixture its bounds left a
+fifth of the rows from the 5th pass on, and the GEMM went on scoring every row at 14 ms a pass where
+the compiled pass took 9; docs/benchmarks.md, "Counting what the bounds skip".) The GEMM's time does
+not fall (it scores every row), so once the compiled pass is the faster the GEMM is not timed again;
+but where the GEMM scores every row faster than the compiled loop would, the compiled pass tests its
+bounds on every pass rather than score every row by its own rule (:attr:`HamerlyPass.MIN_SKIPPED
+<dlscale.kmeans.hamerly.HamerlyPass>`: on the blobs that rule once cost a 73-ms pass where the GEMM
+took 60). A timing that included numba's compiling (or loading from its cache) is taken again.
 
 Both give the same labels and bit for bit the same sums (:mod:`dlscale.kmeans.blas_pass`), so
 the choice, which timing noise can change from run to run, never changes a fit's result.
@@ -37,10 +45,11 @@ from dlscale.kmeans.hamerly import HamerlyPass
 Kind = Literal["blas", "compiled"]
 #: The order in which a fit first times them: the GEMM first, on the pass that scores every row.
 KINDS: tuple[Kind, ...] = ("blas", "compiled")
-#: Passes by BLAS, while it is the faster, before the compiled pass is timed again.
-PROBE_AFTER = 8
 #: Rows the compiled arithmetic scores to estimate its pass (spread evenly over the data).
 SAMPLE_ROWS = 4096
+#: Rows whose bounds are counted before a pass, at most (beyond them, a tile of rows in every few: on 400,000 rows
+#: the count of every row took 0.9 ms a pass, 3% of the pass, where the bounds skipped none)
+COUNT_ROWS = 65_536
 
 
 class CpuPass:
@@ -62,7 +71,9 @@ class CpuPass:
         self.passes: dict[str, int] = dict.fromkeys(KINDS, 0)
         #: the compiled pass's time estimated from a sample, before it first ran (None: not estimated)
         self.estimated: float | None = None
-        self._since_probe = 0
+        #: seconds the compiled pass takes per row it scores (from the estimate, then from its last pass)
+        self.per_row: float | None = None
+        self._test_seconds = 0.0
 
     @property
     def scored(self) -> int:
@@ -84,21 +95,42 @@ class CpuPass:
     ) -> int:
         """One pass after the centres moved from ``previous`` (None: the first): as
         :meth:`HamerlyPass.run <dlscale.kmeans.hamerly.HamerlyPass.run>`, by the kind chosen now."""
-        kind = self._pick()
+        kind, test_bounds = self._pick(centers, previous, labels)
         compiled_before = _compiled_versions(self.bounds.loops)
+        scored_before = self.bounds.scored
         started = time.perf_counter()
         if kind == "blas":
             changed = self.blas.run(centers, labels, sums, totals)
         else:
-            changed = self.bounds.run(centers, previous, labels, sums, totals)
+            changed = self.bounds.run(centers, previous, labels, sums, totals, test_bounds=test_bounds)
         seconds = time.perf_counter() - started
         self.seconds[kind] = seconds if _compiled_versions(self.bounds.loops) == compiled_before else None
         self.passes[kind] += 1
+        scored = self.bounds.scored - scored_before
+        if kind == "compiled" and self.seconds["compiled"] is not None and scored > 0:
+            # (what the pass took beyond testing the bounds, which the count's time stands for, per row it scored)
+            self.per_row = max(seconds - self._test_seconds, 0.0) / scored
         if kind == "blas" and self.seconds["blas"] is not None and self.passes["compiled"] == 0:
             if self.choice == "auto" and self.estimated is None:
                 self.estimated = self.estimate_compiled(centers)
                 self.seconds["compiled"] = self.estimated
+                if self.estimated is not None:
+                    self.per_row = self.estimated / len(self.bounds.x)
         return changed
+
+    def predict_compiled(self, centers: torch.Tensor, previous: torch.Tensor, labels: torch.Tensor) -> float | None:
+        """Seconds the compiled pass would take now: its cost per row scored (:attr:`per_row`) times the rows its
+        bounds would leave, counted (on :data:`COUNT_ROWS` rows at most, scaled), plus what testing every row's
+        bounds costs (the count's own time, scaled the same way). None before its cost per row is known."""
+        if self.per_row is None:
+            return None
+        compiled_before = _compiled_versions(self.bounds.loops)
+        every = max(1, len(self.bounds.x) // COUNT_ROWS)  # (one tile of rows in every so many)
+        started = time.perf_counter()
+        rows = self.bounds.rows_to_score(centers, previous, labels, every)
+        seconds = time.perf_counter() - started
+        self._test_seconds = every * seconds if _compiled_versions(self.bounds.loops) == compiled_before else 0.0
+        return self._test_seconds + self.per_row * rows
 
     def estimate_compiled(self, centers: torch.Tensor) -> float | None:
         """Seconds the compiled loop would take to score every row, from timing it on :data:`SAMPLE_ROWS` rows spread
@@ -128,22 +160,28 @@ class CpuPass:
             return None  # (compiled or loaded meanwhile, or a busy machine's noise: the pass is timed whole)
         return (twice - once) * len(x) / (2 * SAMPLE_ROWS)
 
-    def _pick(self) -> Kind:
+    def _pick(self, centers: torch.Tensor, previous: torch.Tensor | None, labels: torch.Tensor) -> tuple[Kind, bool]:
+        """The kind to run now, and whether the compiled pass is to test its bounds whatever its own rule says
+        (chosen on a count of the rows they leave, or where the GEMM scores every row the faster)."""
+        self._test_seconds = 0.0  # (what testing every row's bounds costs, where this pick counted them)
         if self.choice != "auto":
-            return self.choice  # type: ignore[return-value]
+            return self.choice, False  # type: ignore[return-value]
         untimed = [kind for kind in KINDS if self.seconds[kind] is None]
         if untimed:
-            return untimed[0]
-        faster = min(KINDS, key=lambda kind: self.seconds[kind])
-        if faster == "compiled":
-            return faster
-        self._since_probe += 1
-        if self._since_probe <= PROBE_AFTER:
-            return faster
-        self._since_probe = 0
-        return "compiled"
+            return untimed[0], False
+        if self.seconds["compiled"] <= self.seconds["blas"]:
+            # (The GEMM's time does not fall: it is not timed again.) Where the GEMM scores every row faster than the
+            # compiled loop would, the compiled pass never scores every row itself: it tests its bounds each time.
+            whole = self.per_row is not None and self.per_row * len(self.bounds.x) > self.seconds["blas"]
+            return "compiled", whole
+        # The GEMM was the faster when last timed; the compiled pass gets cheaper as its bounds skip rows.
+        predicted = self.predict_compiled(centers, previous, labels)
+        if predicted is not None and predicted < self.seconds["blas"]:
+            return "compiled", True
+        return "blas", False
 
 
 def _compiled_versions(loops) -> int:
     """How many compiled versions the loops have in this process (it grows when a call compiles or loads one)."""
-    return sum(len(getattr(loops, name).signatures) for name in ("lloyd_pass", "blas_pass", "nearest_two_of_rows"))
+    names = ("lloyd_pass", "blas_pass", "nearest_two_of_rows", "rows_to_score")
+    return sum(len(getattr(loops, name).signatures) for name in names)

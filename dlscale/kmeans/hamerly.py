@@ -82,6 +82,29 @@ class HamerlyPass:
             self._part_totals = torch.empty(self.parts, k, dtype=torch.float64)
         return self._part_sums, self._part_totals
 
+    def rows_to_score(
+        self, centers: torch.Tensor, previous: torch.Tensor, labels: torch.Tensor, every: int = 1
+    ) -> float:
+        """How many rows a pass testing the bounds would score, now that the centres moved from ``previous`` to
+        ``centers``: the pass's own test, on one tile of rows in ``every`` and scaled to all (exact with 1). Nothing
+        is written: a read of four numbers a row."""
+        new64 = centers.double()
+        shift, other, gap = _motion(previous.double(), new64)
+        c_max = float((new64**2).sum(1).max())
+        count, looked_at = self.loops.rows_to_score(
+            labels.numpy(),
+            self.upper.numpy(),
+            self.lower.numpy(),
+            self.x_sq.numpy(),
+            self.scale,
+            shift.numpy(),
+            other.numpy(),
+            gap.numpy(),
+            2 * self.scale * c_max,
+            every,
+        )
+        return count * len(self.x) / max(looked_at, 1)
+
     def run(
         self,
         centers: torch.Tensor,
@@ -89,15 +112,18 @@ class HamerlyPass:
         labels: torch.Tensor,
         sums: torch.Tensor,
         totals: torch.Tensor,
+        test_bounds: bool = False,
     ) -> int:
         """One pass after the centres moved from ``previous`` (None: the first pass, every row scored).
 
         Relabels the rows that changed cluster, moves their weighted features between the clusters'
-        ``sums`` and ``totals`` (float64, in place) and returns how many changed.
+        ``sums`` and ``totals`` (float64, in place) and returns how many changed. ``test_bounds``: test them on this
+        pass even where the last ones tested skipped too few rows (the caller has counted what they skip now, or
+        scores every row faster another way).
         """
         k, d = centers.shape
         new64 = centers.double()
-        score_all = previous is None or self._passes_scoring_all % self.PROBE_EVERY != 0
+        score_all = previous is None or (self._passes_scoring_all % self.PROBE_EVERY != 0 and not test_bounds)
         zeros = torch.zeros(k, dtype=torch.float64)
         shift, other, gap = (zeros, zeros, zeros) if score_all else _motion(previous.double(), new64)
         c_max = float((new64**2).sum(1).max())

@@ -229,8 +229,9 @@ def test_the_blas_and_compiled_passes_give_one_result_bit_for_bit_whichever_runs
     x, k = _mixture(6000, 48, 24, dtype), 24
     weights = torch.rand(len(x), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     fits = {choice: lloyd(x, weights, x[:k].clone(), 60, 0.0, 1000, cpu_pass=choice) for choice in ("compiled", "blas")}
-    turns = iter(["blas", "compiled", "compiled", "blas"] * 100)
-    monkeypatch.setattr(CpuPass, "_pick", lambda self: next(turns))
+    # (the compiled pass by its own rule, and told to test its bounds, as a count of the rows they leave tells it)
+    turns = iter([("blas", False), ("compiled", True), ("compiled", False), ("blas", False)] * 100)
+    monkeypatch.setattr(CpuPass, "_pick", lambda self, *now: next(turns))
     fits["alternating"] = lloyd(x, weights, x[:k].clone(), 60, 0.0, 1000)
     compiled = fits.pop("compiled")
     assert compiled.pass_name == "compiled" and fits["blas"].pass_name == "blas" and compiled.n_iter > 5
@@ -285,32 +286,73 @@ def test_without_scipy_or_threadpoolctl_the_compiled_pass_runs_alone(monkeypatch
         CpuPass(x, None, "blas")
 
 
+def test_the_rows_counted_for_the_compiled_pass_are_the_rows_it_then_scores():
+    """#63: while the GEMM is the faster, each pass counts the rows the compiled pass's bounds would leave; the count
+    is that pass's own test, so the time predicted from it is the pass's and not a guess."""
+    from dlscale.kmeans.blas_pass import BlasPass
+    from dlscale.kmeans.hamerly import HamerlyPass
+
+    x, k = _mixture(6000, 16, 12, torch.float32), 12
+    bounds = HamerlyPass(x, None)
+    labels = torch.full((len(x),), -1, dtype=torch.int64)
+    sums, totals = torch.zeros(k, 16, dtype=torch.float64), torch.zeros(k, dtype=torch.float64)
+    centers, counts, sampled = x[:k].clone(), [], []
+    for _ in range(6):  # the GEMM sets every row's bounds afresh; the centres move; count, then run the compiled pass
+        BlasPass(bounds).run(centers, labels, sums, totals)
+        new = ((sums / totals.clamp(min=1)[:, None]).float() + centers) / 2
+        before = (labels.clone(), bounds.upper.clone(), bounds.lower.clone(), bounds.scored)
+        count = bounds.rows_to_score(new, centers, labels)
+        sampled.append(bounds.rows_to_score(new, centers, labels, every=3))  # (a tile in three, scaled: large data)
+        assert torch.equal(labels, before[0]) and torch.equal(bounds.upper, before[1]) and bounds.scored == before[3]
+        bounds._passes_scoring_all = 1  # (its own rule would score every row now; the count overrides it)
+        bounds.run(new, centers, labels, sums.clone(), totals.clone(), test_bounds=True)
+        counts.append(count)
+        assert bounds.scored - before[3] == count
+        centers = new
+    assert len(set(counts)) == len(counts) and 0 < min(counts) < len(x) // 4 < max(counts)  # (not all, not none)
+    assert sampled == pytest.approx(counts, rel=0.1, abs=100)
+
+
 @pytest.mark.parametrize("faster", ["blas", "compiled"])
-def test_the_cpu_pass_is_chosen_by_time_and_the_compiled_one_timed_again_while_slower(faster, monkeypatch):
+def test_the_cpu_pass_is_chosen_by_time_and_the_compiled_one_again_when_its_count_says_it_pays(faster, monkeypatch):
+    """A fake clock: the GEMM takes 1 s a pass; the compiled pass 3 s for every row it scores (faster="blas": it
+    pays once its bounds leave fewer than a third of the rows) or 0.5 s whatever it scores (faster="compiled")."""
     from dlscale.kmeans import cpu_pass
 
-    clock, ran = [0.0], []
+    x = torch.rand(3000, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    clock, ran, counts = [0.0], [], []
     for kind, owner in (("blas", cpu_pass.BlasPass), ("compiled", cpu_pass.HamerlyPass)):
 
-        def timed(self, *args, kind=kind, original=owner.run):
+        def timed(self, *args, kind=kind, original=owner.run, **options):
             ran.append(kind)
-            clock[0] += 1.0 if kind == faster else 3.0  # (seconds of a fake clock)
-            return original(self, *args)
+            before = self.bounds.scored if kind == "blas" else self.scored
+            done = original(self, *args, **options)
+            scored = (self.bounds.scored if kind == "blas" else self.scored) - before
+            clock[0] += 1.0 if kind == "blas" else (0.5 if faster == "compiled" else 3.0 * scored / len(x))
+            return done
 
         monkeypatch.setattr(owner, "run", timed)
+    counting = cpu_pass.HamerlyPass.rows_to_score
+    monkeypatch.setattr(
+        cpu_pass.HamerlyPass,
+        "rows_to_score",
+        lambda self, *now: counts.append((len(ran), counting(self, *now))) or counts[-1][1],
+    )
     monkeypatch.setattr(cpu_pass.time, "perf_counter", lambda: clock[0])
     # numba compiles on the first pass only: that pass's time is not taken
     monkeypatch.setattr(cpu_pass, "_compiled_versions", lambda loops: min(len(ran), 1))
-    x = torch.rand(3000, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     fit = lloyd(x, None, x[:12].clone(), 40, -1.0, 1000)  # (no tolerance: 40 passes, unless no label changes)
-    assert fit.pass_name == faster and fit.n_iter == 40
+    assert fit.pass_name == "compiled" and fit.n_iter == 40
     assert ran[:3] == ["blas", "blas", "compiled"]  # the GEMM timed again (it compiled), then the compiled loop
-    again = [i for i, kind in enumerate(ran[3:], 3) if kind != faster]
-    if faster == "blas":  # the compiled pass gets faster as its bounds skip more rows: timed every 9th pass
-        assert again == list(range(3 + cpu_pass.PROBE_AFTER, len(ran), cpu_pass.PROBE_AFTER + 1))
-        assert len(again) == 4
-    else:  # the GEMM's time does not fall: never timed again
-        assert again == []
+    if faster == "compiled":  # the GEMM's time does not fall: never timed again, nothing counted
+        assert "blas" not in ran[3:] and counts == []
+        return
+    # The third pass (every row scored) cost 3 s: per row 3 s / 3,000. From then on, before each pass while the GEMM
+    # was the last faster, the rows were counted, and the compiled pass ran exactly when they cost less than 1 s.
+    assert counts and counts[0][0] == 3
+    for at, rows in counts:
+        assert ran[at] == ("compiled" if 3.0 * rows / len(x) < 1.0 else "blas")
+    assert any(ran[at] == "blas" for at, _ in counts) and any(ran[at] == "compiled" for at, _ in counts)
 
 
 @pytest.mark.parametrize("estimate, second", [(10.0, "blas"), (0.1, "compiled")])
@@ -322,20 +364,20 @@ def test_the_compiled_pass_is_first_estimated_from_a_sample_of_rows(estimate, se
     ran = []
     for kind, owner in (("blas", cpu_pass.BlasPass), ("compiled", cpu_pass.HamerlyPass)):
 
-        def recorded(self, *args, kind=kind, original=owner.run):
+        def recorded(self, *args, kind=kind, original=owner.run, **options):
             ran.append(kind)
-            return original(self, *args)
+            return original(self, *args, **options)
 
         monkeypatch.setattr(owner, "run", recorded)
     monkeypatch.setattr(cpu_pass, "_compiled_versions", lambda loops: 0)  # (every timing taken)
-    clock = iter(float(i) for i in range(10_000))  # each pass 1 s of a fake clock
+    clock = iter(float(i) for i in range(10_000))  # each pass 1 s of a fake clock (and each count 1 s)
     monkeypatch.setattr(cpu_pass.time, "perf_counter", lambda: next(clock))
     monkeypatch.setattr(cpu_pass.CpuPass, "estimate_compiled", lambda self, centers: estimate)
     x = torch.rand(3000, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     lloyd(x, None, x[:12].clone(), 12, -1.0, 1000)
     assert ran[:2] == ["blas", second]
-    if second == "blas":  # the estimate stood for the compiled pass's first timing: it is timed whole at the probe
-        assert ran.index("compiled") == 1 + cpu_pass.PROBE_AFTER
+    if second == "blas":  # the estimate stands for the compiled pass: 10 s for every row, never under the GEMM's 1 s
+        assert "compiled" not in ran
 
 
 def test_the_estimate_scales_the_difference_of_two_timed_samples_and_changes_nothing(monkeypatch):
