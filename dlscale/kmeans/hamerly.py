@@ -92,6 +92,13 @@ class HamerlyPass:
         shift, other, gap = _motion(previous.double(), new64)
         c_max = float((new64**2).sum(1).max())
         count, looked_at = self.loops.rows_to_score(
+            *self._test_reads(labels, shift, other, gap), 2 * self.scale * c_max, every
+        )
+        return count * len(self.x) / max(looked_at, 1)
+
+    def _test_reads(self, labels: torch.Tensor, shift: torch.Tensor, other: torch.Tensor, gap: torch.Tensor) -> tuple:
+        """What the bounds' test reads, as the loops take it (``compiled._loosened``'s arguments after the row)."""
+        return (
             labels.numpy(),
             self.upper.numpy(),
             self.lower.numpy(),
@@ -100,10 +107,7 @@ class HamerlyPass:
             shift.numpy(),
             other.numpy(),
             gap.numpy(),
-            2 * self.scale * c_max,
-            every,
         )
-        return count * len(self.x) / max(looked_at, 1)
 
     def run(
         self,
@@ -136,14 +140,7 @@ class HamerlyPass:
             self.weights.numpy(),
             cm2.numpy(),
             c_sq.numpy(),
-            labels.numpy(),
-            self.upper.numpy(),
-            self.lower.numpy(),
-            self.x_sq.numpy(),
-            self.scale,
-            shift.numpy(),
-            other.numpy(),
-            gap.numpy(),
+            *self._test_reads(labels, shift, other, gap),
             self.scale * c_max,
             2 * self.scale * c_max,
             score_all,
