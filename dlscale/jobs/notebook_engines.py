@@ -24,6 +24,7 @@ import logging
 import os
 import socket
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -167,12 +168,22 @@ def stop_engines() -> None:
         cluster.stop_cluster_sync()
 
 
+#: Seconds the engines get to leave a process group the call left up (a barrier and a destroy: well under a second)
+LEAVE_TIMEOUT_S = 60
+
+
 def _leave_no_group() -> None:
-    """Run on an engine after each call: a process group the function left up would refuse the next call's."""
+    """Run on an engine after each call: a process group the function left up would refuse the next call's.
+
+    Left as the engine leaves its own (``distributed.shutdown``): a barrier and a pause before destroying it. Destroyed
+    at once, just after its set-up or its last collective, gloo's teardown once hung an engine (CI, docs/benchmarks.md).
+    """
     import sys
 
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        time.sleep(0.1)  # (gloo frees the barrier's buffers in a worker thread just after this rank resumes)
         dist.destroy_process_group()
 
 
@@ -271,5 +282,15 @@ def _run_job(
             results.append(None)
     if failures:
         raise EngineError("the job failed on " + "; ".join(failures))
-    client[ids].apply_sync(_leave_no_group)
+    try:
+        client[ids].apply_async(_leave_no_group).get(timeout=LEAVE_TIMEOUT_S)
+    except (ipp.error.TimeoutError, ipp.error.RemoteError) as err:
+        # Every rank has answered: keep the answers, and let the next call start engines that hold no group.
+        stop_engines()
+        warnings.warn(
+            f"run_on_engines: the engines could not leave the job's process group ({type(err).__name__}); they were "
+            "stopped and the next call starts new ones (the results are kept)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return results

@@ -188,3 +188,35 @@ def test_one_runner_starts_local_processes_and_a_failure_carries_their_own_words
     with open(tmp_path / "log", "ab") as log:
         process = start_local([sys.executable, "-c", script, "0"], log, threads=2, env={"EXTRA": "1"})
     assert process.wait(timeout=60) == 0 and (tmp_path / "log").read_text().startswith("2 ")
+
+
+def test_engines_stuck_leaving_the_process_group_are_stopped_and_the_answers_kept(monkeypatch):
+    """CI once waited 600 s for an engine stuck destroying the group a call had left up (nothing bounded the wait):
+    now the wait is bounded, the stuck engines are stopped, and the ranks' answers, all in, are returned."""
+    from types import SimpleNamespace
+
+    from dlscale.jobs import notebook_engines
+
+    class Timeout(Exception):
+        pass
+
+    waits, stopped = [], []
+
+    class Task:
+        def __init__(self, function):
+            self.function = function
+
+        def get(self, timeout=None):
+            if self.function is notebook_engines._leave_no_group:
+                waits.append(timeout)
+                raise Timeout
+            return self.function.__name__  # (a rank's answer)
+
+    view = SimpleNamespace(apply_async=lambda function, *args: Task(function))
+    client = type("Client", (), {"ids": [0, 1], "__getitem__": lambda self, ids: view})()
+    ipp = SimpleNamespace(error=SimpleNamespace(TimeoutError=Timeout, RemoteError=RuntimeError))
+    monkeypatch.setattr(notebook_engines, "stop_engines", lambda: stopped.append(True))
+    with pytest.warns(RuntimeWarning, match=r"could not leave the job's process group \(Timeout\).*results are kept"):
+        answers = notebook_engines._run_job(ipp, client, 2, print, (), {}, 5, as_ranks=False)
+    assert answers == ["_run_as_rank", "_run_as_rank"]
+    assert waits == [notebook_engines.LEAVE_TIMEOUT_S] and stopped == [True]
