@@ -175,16 +175,17 @@ LEAVE_TIMEOUT_S = 60
 def _leave_no_group() -> None:
     """Run on an engine after each call: a process group the function left up would refuse the next call's.
 
-    Left as the engine leaves its own (``distributed.shutdown``): a barrier and a pause before destroying it. Destroyed
-    at once, just after its set-up or its last collective, gloo's teardown once hung an engine (CI, docs/benchmarks.md).
+    Left by the engine's own :func:`dlscale.distributed.shutdown` (a barrier and a pause before destroying it):
+    destroyed at once, just after its set-up or its last collective, gloo's teardown once hung an engine (CI,
+    docs/benchmarks.md).
     """
     import sys
 
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        time.sleep(0.1)  # (gloo frees the barrier's buffers in a worker thread just after this rank resumes)
-        dist.destroy_process_group()
+        from dlscale.distributed import shutdown
+
+        shutdown()
 
 
 def run_on_engines(
