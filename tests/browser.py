@@ -239,7 +239,12 @@ class Lab:
         return self.driver.find_elements(By.CSS_SELECTOR, f"{PANEL} {selector}")
 
     def _prompts(self) -> list[str]:
-        return [prompt.text.strip() for prompt in self._find(".jp-CodeCell .jp-InputArea-prompt")]
+        """Every code cell's prompt ("[ ]:", "[*]:", "[3]:"), read in one call: the wait for Run All polls this
+        twice a second, and an element's text, read one at a time, is a round trip to the browser per cell."""
+        return self.driver.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0])).map(p => p.textContent.trim())",
+            f"{PANEL} .jp-CodeCell .jp-InputArea-prompt",
+        )
 
     def _idle(self) -> bool:
         return bool(self._find(".jp-Notebook-ExecutionIndicator[data-status='idle']"))
