@@ -156,7 +156,7 @@ test-oldest: oldest-env
 RUN_OLDEST := $(if $(filter yes,$(TEST_OLDEST)),$(if $(OLDEST_PYTHON),yes))
 
 # The oldest-Python run goes beside the suite, in one process at the lowest priority (nice), its output in
-# .venv-oldest.log: it takes the moments the suite's processes wait (on a 2-vCPU EPYC, 6% of the CPU over the whole
+# .venv-oldest.log: it takes the moments the suite's processes wait (on a 2-vCPU EPYC, 7-9% of the CPU over the whole
 # suite, up to 20% while it installs and compiles; the CPUs were never idle). It is done long before the suite is;
 # its last lines are printed at the end.
 # What make test installs. Horovod's wheel is compiled (both cores, ~140 s on 2) while pip installs the extras and
