@@ -144,12 +144,11 @@ $(OLDEST_VENV)/.installed: pyproject.toml scripts/floors.py
 oldest-env: $(OLDEST_VENV)/.installed
 
 OLDEST_WORKERS ?= $(TEST_WORKERS)
-# numba's optimizer off (NUMBA_OPT=0): the run compiles K-Means's loops for Python 3.10, 86 s of CPU at the default
-# level 3 and 30 s at 0, beside the suite on the same cores; the loops allow neither fastmath nor FMA contraction
-# (dlscale/kmeans/compiled.py), so every level computes the same numbers, and these tests' small fits do not notice
-# the slower code. Its own cache folder keeps that code from any other environment of the same Python and numba.
+# numba's optimizer off: K-Means's loops compile in 30 CPU-s instead of 86, beside the suite, to the same numbers (no
+# fastmath, no FMA contraction; docs/testing.md), in a cache of its own that no other environment reads.
 test-oldest: oldest-env
-	NUMBA_OPT=0 NUMBA_CACHE_DIR=$(OLDEST_VENV)/numba-cache $(OLDEST_VENV)/bin/python -m pytest $(OLDEST_TESTS) -m "not extras" -p no:cacheprovider \
+	NUMBA_OPT=0 NUMBA_CACHE_DIR=$(OLDEST_VENV)/numba-cache \
+	  $(OLDEST_VENV)/bin/python -m pytest $(OLDEST_TESTS) -m "not extras" -p no:cacheprovider \
 	  $(if $(filter-out 0 1,$(OLDEST_WORKERS)),-n $(OLDEST_WORKERS))
 
 # Run the oldest-Python tests only where a Python 3.10 was found (oldest-check has said the rest).
