@@ -39,6 +39,17 @@ def pytest_configure(config):
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
     reaper.mark_session()
+    _own_ipython_folder()
+
+
+def _own_ipython_folder() -> None:
+    """IPython's folder (``IPYTHONDIR``) inside the session's temporary folder, which the session removes at its end:
+    its notebook engines' ``cluster-<id>.json``, its kernels' history and profiles stay out of the user's
+    ``~/.ipython``. Set in the first process, before pytest-xdist starts its workers: they, and the kernels, engines
+    and commands the tests start, inherit it (and a nested session keeps the outer one's)."""
+    folder = Path(os.environ[reaper.SESSION_MARK]) / "ipython"
+    folder.mkdir(exist_ok=True)
+    os.environ["IPYTHONDIR"] = str(folder)
 
 
 def pytest_collection_modifyitems(config, items):

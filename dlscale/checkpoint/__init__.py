@@ -7,7 +7,8 @@
 - :mod:`~dlscale.checkpoint.sharded`: a folder of every rank's shards through
   ``torch.distributed.checkpoint`` (FSDP, tensor parallelism), loadable into any layout;
 - :mod:`~dlscale.checkpoint.formats`: the one place that chooses between the two, to save,
-  resume (:func:`load_latest_checkpoint`) or read a whole model (:func:`load_model`).
+  resume (:func:`load_latest_checkpoint`) or read a whole model (:func:`load_model`);
+- :mod:`~dlscale.checkpoint.export`: ``dlscale export``, that whole model as one file, written as a checkpoint is.
 
 Lessons 09 (requeue) and 10 (sharded checkpoints) use them; the training loop calls them.
 """

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from dlscale.checkpoint import whole
-from dlscale.checkpoint.store import CheckpointError, checkpoint_dir, list_checkpoints
+from dlscale.checkpoint.store import CheckpointError, UnreadableCheckpoint, checkpoint_dir, list_checkpoints
 
 
 def save_training_checkpoint(
@@ -68,17 +68,54 @@ def load_latest_checkpoint(
             f"{paths[-1]} is a sharded checkpoint: load it with the model and optimizer, or "
             f"with dlscale.checkpoint.load_model"
         )
-    found = whole.newest_readable(paths, run_dir, _open)
+
+    def read(path: Path) -> dict[str, Any]:
+        state = _open(path)
+        if check is not None:  # (another run's checkpoint is refused, not skipped)
+            check(state.get("config"), path)
+        if model is not None:  # (one that opens but does not fit the model is skipped like one that does not open)
+            _check_fits(path, state, model)
+        return state
+
+    found = whole.newest_readable(paths, run_dir, read)
     if found is None:
         return None
     path, state = found
-    if check is not None:
-        check(state.get("config"), path)
     if path.is_dir():
         from dlscale.checkpoint import sharded
 
         return path, sharded.load_sharded_checkpoint(path, model, optimizer)
     return path, state
+
+
+def _saved_shapes(path: Path, state: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Each saved weight's shape, by name: from a file's tensors, or a sharded folder's metadata (nothing read)."""
+    if path.is_dir():
+        from dlscale.checkpoint import sharded
+
+        return {name: shape for name, (shape, _) in sharded.weight_shapes(path).items()}
+    return {name: tuple(value.shape) for name, value in state["model"].items()}
+
+
+def misfit(saved: dict[str, tuple[int, ...]], model: nn.Module) -> str | None:
+    """How the saved weights differ from ``model``'s (a name missing or extra, a shape), or None where they fit.
+
+    The shapes are global ones (a DTensor's ``shape`` is the whole tensor's), so a sharded model compares alike."""
+    live = {name: tuple(value.shape) for name, value in model.state_dict().items()}
+    for name in live:
+        if name not in saved:
+            return f"it has no weight {name}"
+        if tuple(saved[name]) != live[name]:
+            return f"its {name} is {list(saved[name])} where the model's is {list(live[name])}"
+    extra = sorted(saved.keys() - live.keys())
+    return f"it holds {len(extra)} weight(s) the model has not ({extra[0]})" if extra else None
+
+
+def _check_fits(path: Path, state: dict[str, Any], model: nn.Module) -> None:
+    """:class:`UnreadableCheckpoint` if the checkpoint's weights would not load into ``model``."""
+    why = misfit(_saved_shapes(path, state), model)
+    if why:
+        raise UnreadableCheckpoint(f"{path.name} does not fit the model: {why}")
 
 
 def _open(path: Path) -> dict[str, Any]:
@@ -125,15 +162,14 @@ def load_model(run_dir: str | Path, in_channels: int = 1, num_outputs: int | Non
         shapes = {name: (tuple(value.shape), value.dtype) for name, value in state.items()}
     outputs, dtype = _head_outputs(shapes, newest)
     model = build_model(cfg, in_channels, num_outputs or outputs).to(dtype)
-    try:
-        if newest.is_dir():
-            sharded.load_weights(newest, model)
-        else:
-            model.load_state_dict(state)
-    except (RuntimeError, KeyError) as err:
+    why = misfit({name: shape for name, (shape, _) in shapes.items()}, model)  # (before any tensor is read)
+    if why:
         raise CheckpointError(
             f"{newest} holds the weights of another model than {run_dir}/config.yaml describes "
-            f"(model={cfg.model}, width={cfg.width}, depth={cfg.depth}): "
-            f"{' '.join(str(err).split())[:200]}; restore the run's own config.yaml"
-        ) from None
+            f"(model={cfg.model}, width={cfg.width}, depth={cfg.depth}): {why[:200]}; restore the run's own config.yaml"
+        )
+    if newest.is_dir():
+        sharded.load_weights(newest, model)
+    else:
+        model.load_state_dict(state)
     return model

@@ -6,13 +6,18 @@ crafted folder in a run's ``checkpoints/`` would run its code on a resume or an 
 goes through an unpickler that builds only DCP's own metadata classes, torch's sizes, dtypes and layouts and
 paths, and the items through ``torch.load(weights_only=True)``. Anything else is refused with
 :class:`~dlscale.checkpoint.store.UnreadableCheckpoint`, and the loaders fall back to an older checkpoint,
-as for a damaged file.
+as for a damaged file. So is metadata that reads outside the folder (a data file named by a path, a link, a device)
+or declares more tensor bytes than its files hold (what a loader would allocate before reading a byte).
 """
 
 from __future__ import annotations
 
 import io
+import math
+import os
 import pickle
+import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +69,74 @@ def read_metadata(path: Path) -> Any:
         raise UnreadableCheckpoint(f"{Path(path).name}/.metadata was refused: {err}") from None
     if not isinstance(metadata, Metadata):
         raise UnreadableCheckpoint(f"{Path(path).name}/.metadata holds a {type(metadata).__name__}, not DCP metadata")
+    held = _data_files(Path(path), metadata)
+    declared = _declared_bytes(Path(path), metadata)
+    if declared > held:
+        raise UnreadableCheckpoint(
+            f"{Path(path).name}/.metadata declares {declared:,} bytes of tensors but its data files hold {held:,} "
+            f"(a crafted or damaged folder)"
+        )
     return metadata
+
+
+#: A data file DCP writes (``__0_0.distcp``): a plain name in the checkpoint's folder, never a path.
+_PLAIN_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def _data_files(folder: Path, metadata: Any) -> int:
+    """The bytes of the data files ``metadata`` names, once each; :class:`UnreadableCheckpoint` unless every entry
+    lies inside a plain file of ``folder`` (not a path, a link or a device) and within its size."""
+    entries = getattr(metadata, "storage_data", None)
+    if not isinstance(entries, dict):
+        raise UnreadableCheckpoint(f"{folder.name}/.metadata lists no data files")
+    sizes: dict[str, int] = {}
+    for entry in entries.values():
+        name = getattr(entry, "relative_path", None)
+        if not isinstance(name, str) or not _PLAIN_FILE.fullmatch(name):
+            raise UnreadableCheckpoint(
+                f"{folder.name}/.metadata names {str(name)[:80]!r} as a data file: only plain file names inside the "
+                f"checkpoint's folder are read"
+            )
+        if name not in sizes:
+            try:
+                info = os.lstat(folder / name)
+            except OSError as err:
+                raise UnreadableCheckpoint(
+                    f"{folder.name}/{name}, named in its .metadata, cannot be read ({err.strerror})"
+                ) from None
+            if not stat.S_ISREG(info.st_mode):
+                raise UnreadableCheckpoint(f"{folder.name}/{name} is not a plain file (a link, a folder or a device)")
+            sizes[name] = info.st_size
+        offset, length = getattr(entry, "offset", None), getattr(entry, "length", None)
+        if not all(type(n) is int and n >= 0 for n in (offset, length)) or offset + length > sizes[name]:
+            raise UnreadableCheckpoint(
+                f"{folder.name}/.metadata places an entry at {offset!r}+{length!r} in {name}, which holds "
+                f"{sizes[name]:,} bytes"
+            )
+    return sum(sizes.values())
+
+
+def _declared_bytes(folder: Path, metadata: Any) -> int:
+    """The bytes of every tensor ``metadata`` declares (each whole tensor, as a loader would allocate it)."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+
+    items = getattr(metadata, "state_dict_metadata", None)
+    if not isinstance(items, dict):
+        raise UnreadableCheckpoint(f"{folder.name}/.metadata lists no tensors")
+    total = 0
+    for key, item in items.items():
+        if isinstance(item, BytesStorageMetadata):
+            continue
+        size, dtype = getattr(item, "size", None), getattr(getattr(item, "properties", None), "dtype", None)
+        if (
+            not isinstance(item, TensorStorageMetadata)
+            or not isinstance(size, tuple)
+            or not all(type(n) is int and n >= 0 for n in size)
+            or not isinstance(dtype, torch.dtype)
+        ):
+            raise UnreadableCheckpoint(f"{folder.name}/.metadata describes {str(key)[:80]} without a valid size")
+        total += math.prod(size) * dtype.itemsize
+    return total
 
 
 def reader(path: Path) -> Any:

@@ -14,8 +14,11 @@ tensors: ``training.pt`` (schedule, scaler, position, config; rank 0) and one
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,14 @@ import torch
 from torch import nn
 
 from dlscale.checkpoint import safe_dcp
-from dlscale.checkpoint.store import UnreadableCheckpoint, checkpoint_paths, keep_newest, remove_checkpoint, save_synced
+from dlscale.checkpoint.store import (
+    CheckpointError,
+    UnreadableCheckpoint,
+    checkpoint_paths,
+    keep_newest,
+    remove_checkpoint,
+    save_synced,
+)
 from dlscale.distributed import barrier, group_is_up, rank
 
 
@@ -50,7 +60,11 @@ def save_sharded_checkpoint(
         tmp.mkdir(parents=True)
     barrier()
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
+    with dcp_errors(
+        f"the checkpoint {final.name} in {final.parent} was not written",
+        "the last good checkpoint there is intact: free space (or choose another run_dir), then resume=true",
+    ):
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
     rest = dict(extras)
     save_synced(rest.pop("rng"), tmp / f"rng-rank{me:05d}.pt")
     if me == 0:
@@ -74,7 +88,8 @@ def load_sharded_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim
 
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
-    dcp.load(state, storage_reader=safe_dcp.reader(path), planner=safe_dcp.planner(), no_dist=not group_is_up())
+    with dcp_errors(f"{path} could not be read", _RESTORE):
+        dcp.load(state, storage_reader=safe_dcp.reader(path), planner=safe_dcp.planner(), no_dist=not group_is_up())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     rest = torch.load(path / "training.pt", map_location="cpu", weights_only=True)
     own = path / f"rng-rank{rank():05d}.pt"
@@ -120,5 +135,34 @@ def load_weights(path: Path, model: nn.Module) -> None:
     state = {"model": model.state_dict()}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # (one process is the intent)
-        dcp.load(state, storage_reader=safe_dcp.reader(path), planner=safe_dcp.planner(), no_dist=True)
+        with dcp_errors(f"{path} could not be read", _RESTORE):
+            dcp.load(state, storage_reader=safe_dcp.reader(path), planner=safe_dcp.planner(), no_dist=True)
     model.load_state_dict(state["model"])
+
+
+_RESTORE = "move it out of checkpoints/ (the one before it is then used), or restore it from a copy"
+
+
+@contextlib.contextmanager
+def dcp_errors(what: str, then: str) -> Iterator[None]:
+    """DCP's failures as one :class:`CheckpointError` line, "``what``: the first rank's cause; ``then``".
+
+    DCP gathers every rank's exception into a ``CheckpointException``, a ``BaseException`` that passes every
+    ``except Exception`` (and the CLI's one-line errors) with a traceback per rank."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as err:
+        raise CheckpointError(f"{what}: {_first_cause(err)}; {then}") from None
+
+
+def _first_cause(err: BaseException) -> str:
+    """The lowest rank's exception of a ``CheckpointException``, in one line (a kit's error as its own message)."""
+    for at, failure in sorted(getattr(err, "failures", {}).items()):
+        cause = failure[0] if isinstance(failure, tuple) else failure
+        if getattr(cause, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+            return f"the disk is full or over its quota (rank {at})"
+        text = " ".join(str(cause).split())[:200]
+        return text if isinstance(cause, CheckpointError) else f"rank {at}: {type(cause).__name__}: {text}"
+    return "DCP gave no cause"

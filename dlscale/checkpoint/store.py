@@ -11,6 +11,9 @@ Only a fresh start (``resume=false``) removes an earlier run's checkpoints
 has been renamed into place, so a job that dies twice loses nothing. Pruning (:func:`keep_newest`)
 counts only checkpoints up to the one just written: a newer-numbered one that the resume could not
 load is set aside in ``checkpoints/unreadable/``, and can never push the good ones out.
+
+Every other file the kit replaces (an export, a recipe, an exercise) is written the same way, by
+:func:`replace_synced`: whole or not at all, and never through a link.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from __future__ import annotations
 import errno
 import os
 import re
+import secrets
 import shutil
 import socket
+import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Callable
 
 import torch
 
@@ -139,19 +144,61 @@ def save_synced(obj: Any, path: Path) -> None:
     """``torch.save`` and fsync: the bytes are on disk when this returns. A write that fails (a full disk, a quota)
     removes the partial file and raises a :class:`CheckpointError` that says the last good checkpoint is intact."""
     try:
-        with open(path, "wb") as handle:
-            torch.save(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
+        write_synced(path, lambda handle: torch.save(obj, handle))
     except (OSError, RuntimeError) as err:
-        path.unlink(missing_ok=True)
-        cause = getattr(err, "errno", None) or getattr(err.__cause__ or err.__context__, "errno", None)
         why = (
             "the disk is full or over its quota"
-            if cause in _FULL
+            if disk_full(err)
             else f"it could not be written ({' '.join(str(err).split())[:160]})"
         )
         raise CheckpointError(
             f"the checkpoint {path.name} in {path.parent} was not written: {why}. The last good "
             f"checkpoint there is intact: free space (or choose another run_dir), then resume=true"
         ) from None
+
+
+def disk_full(err: BaseException) -> bool:
+    """Whether ``err`` (or the error it wraps) is a full disk or a full quota."""
+    cause = getattr(err, "errno", None) or getattr(err.__cause__ or err.__context__, "errno", None)
+    return cause in _FULL
+
+
+def write_synced(path: Path, write: Callable[[BinaryIO], object], *, new: bool = False) -> None:
+    """``write`` into the file ``path``, then fsync it: the bytes are on disk when this returns. With ``new``, ``path``
+    must not exist (not even as a link: nothing is written through one). A write that fails removes the partial
+    file and raises the error as it came."""
+    handle = open(path, "xb" if new else "wb")  # (a failure here leaves nothing of ours to remove)
+    try:
+        with handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+
+
+def replace_synced(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write ``path`` whole or not at all, as a checkpoint is: ``write`` fills a new file beside it (``.NAME.*.tmp``,
+    in the same folder, so that the rename stays on one file system), which is fsynced and renamed over ``path``.
+
+    A link at ``path`` is replaced, never written through; a file there keeps its permissions. On any failure (a
+    full disk, an interrupt) ``path`` is as it was, the temporary file is removed and the error raised."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    write_synced(tmp, write, new=True)
+    try:
+        _keep_mode(path, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _keep_mode(path: Path, tmp: Path) -> None:
+    """Give ``tmp`` the permissions of the file ``path`` it replaces (an executable script stays executable)."""
+    try:
+        old = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(old.st_mode):
+        os.chmod(tmp, stat.S_IMODE(old.st_mode))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ def read_file(path: Path) -> dict[str, Any]:
     """
     if path.stat().st_size == 0:
         raise UnreadableCheckpoint(f"{path.name} is empty (0 bytes)")
+    _refuse_compressed(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unreadable file is reported the same way
@@ -54,6 +56,21 @@ def read_file(path: Path) -> dict[str, Any]:
             f"'model' maps names to tensors)"
         )
     return state
+
+
+def _refuse_compressed(path: Path) -> None:
+    """:class:`UnreadableCheckpoint` for a zip whose records are compressed: ``torch.save`` stores every record as it
+    is, so a compressed one is not the kit's, and could inflate far past the file's size (a zip bomb) on load."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            packed = [info.filename for info in archive.infolist() if info.compress_type != zipfile.ZIP_STORED]
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return  # (not a zip: torch.load says what it is)
+    if packed:
+        raise UnreadableCheckpoint(
+            f"{path.name} holds {len(packed)} compressed record(s) ({packed[0][:80]}), which torch.save never writes: "
+            f"not a checkpoint of the kit"
+        )
 
 
 def load_newest_file(paths: list[Path], run_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:

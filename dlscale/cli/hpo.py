@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from dlscale.cli.options import name_and_overrides, number
 
 
 def _hpo_start(args: argparse.Namespace) -> int:
-    from dlscale.hpo.local_search import search
+    from dlscale.hpo.local_search import SearchStopped, search
 
     args.space, args.overrides = name_and_overrides(args.space, args.overrides)
     # (only the options given: an existing study keeps its own, and a different one given is refused by name)
@@ -18,7 +19,11 @@ def _hpo_start(args: argparse.Namespace) -> int:
         for key in ("sampler", "pruner", "seed", "storage", "grace_s", "ranks_per_node", "threads")
         if getattr(args, key) is not None
     }
-    settings = search(args.dir, args.space, args.trials, args.workers, args.overrides, **given)
+    try:
+        settings = search(args.dir, args.space, args.trials, args.workers, args.overrides, **given)
+    except SearchStopped as stopped:  # (asked for, not an error: the status says which signal, as a shell's does)
+        print(f"dlscale: {stopped}", file=sys.stderr)
+        return 128 + stopped.signum
     if args.workers:
         return _hpo_show(args)
     print(

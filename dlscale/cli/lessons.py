@@ -73,7 +73,7 @@ def _lessons_reset(args: argparse.Namespace) -> int:
         print(f"removed {path}")
     print(
         f"lesson {args.lesson} starts over: {len(removed)} run folder(s) or file(s) removed from {args.runs}/ "
-        f"(your stage files, my_*.py, kept)"
+        f"(your own files, my_*, kept wherever they are)"
         if removed
         else f"lesson {args.lesson} has no runs in {args.runs}/"
     )
@@ -90,8 +90,8 @@ def add_lessons(commands: Any) -> None:
     reset = actions.add_parser(
         "reset",
         help="remove one lesson's runs, so that it starts over; nothing else",
-        description="Remove runs/lessonNN and runs/lessonNN_* (the attendee's stage files "
-        "my_*.py are kept); no other folder is touched.",
+        description="Remove runs/lessonNN and runs/lessonNN_* (the attendee's own files, "
+        "my_*, are kept wherever they are in them); no other folder is touched.",
     )
     reset.add_argument("lesson", help="the lesson's two digits, e.g. 05")
     reset.add_argument("--runs", default="runs", help="the runs folder (default: runs)")

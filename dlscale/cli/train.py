@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import textwrap
-from pathlib import Path
 from typing import Any
 
 from dlscale.cli.options import config_arguments, name_and_overrides
 from dlscale.config import SECTION_KEYS, config_names, describe_field, load_config
-from dlscale.errors import DlscaleError
 
 TRAIN_EPILOG = """\
 CONFIG is a shipped config ({names}) or a YAML file; without one the defaults apply.
@@ -60,19 +57,9 @@ def add_train(commands: Any) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    import torch
+    from dlscale.checkpoint.export import export_model
 
-    from dlscale.checkpoint import load_model
-    from dlscale.config import load_config
-
-    model = load_model(args.run_dir)
-    config = load_config(str(Path(args.run_dir) / "config.yaml")).to_dict()
-    folder = Path(args.out).resolve().parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK):
-        raise DlscaleError(
-            f"{args.out} cannot be written: {folder} is not a folder you can write; create it, or name another OUT"
-        )
-    torch.save({"model": model.state_dict(), "config": config}, args.out)
+    model, config = export_model(args.run_dir, args.out)
     print(
         f"wrote the whole model of {args.run_dir} ({sum(p.numel() for p in model.parameters()):,} parameters, "
         f"{config['model']}) to {args.out}; load it with torch.load(path, weights_only=True)"

@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import json
 import math
+import re
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,9 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 class ConfigError(DlscaleError, ValueError):
     """A config file or override is wrong; the message names the key and what it accepts."""
 
+
+#: A run's name: one folder in runs/ (as a recipe's name is one file in recipes/), never a path out of it.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
 #: The config's sections, in the order ``dlscale train --help`` lists them: each builder is given only its own
 #: (``cfg.sections.model`` to the model's builder, ``cfg.sections.optim`` to the optimizer's...). On the command line
@@ -329,6 +333,11 @@ class TrainConfig:
         dev = self.device
         if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
             raise ConfigError(f"config key 'device' must be one of auto, cpu, cuda, cuda:N; got '{dev}'")
+        if not (_PLAIN_NAME.fullmatch(self.name) or (self.run_dir and not self.name)):  # (runs/<name> stays in runs/)
+            raise ConfigError(
+                f"config key 'name' must be a plain name (letters, digits, _ . -, at most 100), the run's folder "
+                f"in runs/; got {_shown(self.name)}: to write the run elsewhere, set run_dir instead"
+            )
 
     def _validate_model(self) -> None:
         """A model the kit knows, the transformer's shape, and the parallelisms the CNN does not support."""
@@ -493,21 +502,23 @@ def _coerce(key: str, value: Any) -> Any:
         if hint is int:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
-            return int(value)
+            return whole_number(key, value)
         if hint is float:
             if isinstance(value, bool):
                 raise ValueError
             return float(value)
         if hint is tuple:
             items = value.replace(",", " ").split() if isinstance(value, str) else list(value or ())
-            return tuple(int(item) for item in items)
+            return tuple(whole_number(key, item) for item in items)
         if hint is str:
             if value is None:
                 return ""
             if not isinstance(value, (str, int, float)) or isinstance(value, bool):
                 raise ValueError
             return str(value)
-    except (TypeError, ValueError):
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, OverflowError):  # (OverflowError: an int too large for a float)
         pass
     else:
         raise AssertionError(f"unhandled type {hint} for {key}")  # a new field type needs a branch above
@@ -516,8 +527,32 @@ def _coerce(key: str, value: Any) -> Any:
     )
 
 
+#: The largest whole number a config key takes: a step, a size or a seed fits in 64 bits (torch's and numpy's integers).
+MAX_WHOLE = 2**63 - 1
+
+
+def whole_number(key: str, value: Any) -> int:
+    """``value`` (a number or its text) as an int, or a :class:`ConfigError` naming ``key`` and the range where it has
+    more digits than any key takes (Python turns no more than 4,300 digits of text into a number)."""
+    text = str(value).strip().lstrip("+-").lstrip("0_") if isinstance(value, str) else None
+    if text is not None and text.isdigit() and len(text) > len(str(MAX_WHOLE)):
+        raise _too_large(key, f"a number of {len(text):,} digits")
+    number = int(value)
+    if abs(number) > MAX_WHOLE:
+        raise _too_large(key, _shown(number))
+    return number
+
+
+def _too_large(key: str, shown: str) -> ConfigError:
+    return ConfigError(
+        f"config key '{key}' takes whole numbers from -(2**63 - 1) to 2**63 - 1 (19 digits), got {shown}"
+    )
+
+
 def _shown(value: Any, limit: int = 80) -> str:
     """A value as an error message shows it: its repr, cut to ``limit`` characters (a value can be huge)."""
+    if isinstance(value, int) and abs(value) > MAX_WHOLE:  # (repr refuses an int of more than 4,300 digits)
+        return f"a number of {int(math.log10(abs(value))) + 1:,} digits"
     text = repr(value) if not isinstance(value, (dict, list)) or len(value) < 20 else f"a {type(value).__name__}"
     return text if len(text) <= limit else text[:limit] + "..."
 
@@ -564,22 +599,49 @@ def _find(name_or_path: str, relative_to: Path | None = None) -> Path:
 MAX_CONFIG_BYTES = 64 * 1024
 
 
-class _AliasRefused(yaml.YAMLError):
-    """A YAML alias in a config (its line is the message)."""
+#: The deepest a config's values nest: a key's value is a number, a word or a list of numbers (two levels).
+MAX_CONFIG_DEPTH = 8
+
+
+class _Refused(yaml.YAMLError):
+    """What a config may not hold: a YAML alias, values nested too deep (its line is the message)."""
 
 
 class _ConfigLoader(yaml.SafeLoader):
     """PyYAML's safe loader without aliases: a config has no use for them, and nested aliases expand a few hundred
-    bytes into gigabytes (the "billion laughs")."""
+    bytes into gigabytes (the "billion laughs"). Nesting stops at :data:`MAX_CONFIG_DEPTH`: PyYAML composes a node
+    by recursion, so thousands of nested brackets would end in a ``RecursionError``."""
+
+    depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
         if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise _AliasRefused(
+            raise _Refused(
                 f"line {event.start_mark.line + 1} uses the YAML alias *{event.anchor}: configs take "
                 f"no aliases; write the value out"
             )
-        return super().compose_node(parent, index)
+        if self.depth >= MAX_CONFIG_DEPTH:
+            raise _Refused(
+                f"line {event.start_mark.line + 1} nests values more than {MAX_CONFIG_DEPTH} levels deep: a key's "
+                f"value is a number, a word or a list"
+            )
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_yaml_int(self, node: Any) -> Any:
+        """An int, or its text where it has more digits than Python turns into a number: the key's type then names
+        the key and its range (:func:`whole_number`)."""
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            return self.construct_scalar(node)
+
+
+_ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_yaml_int)
 
 
 def _read_chain(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
@@ -596,7 +658,7 @@ def _read_chain(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         raise ConfigError(
             f"config {path} is not UTF-8 text: a config is a YAML file of key: value lines (save it as UTF-8)"
         ) from None
-    except _AliasRefused as err:
+    except _Refused as err:
         raise ConfigError(f"config {path}: {err}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"config {path} is not valid YAML: {' '.join(str(err).split())[:300]}") from None

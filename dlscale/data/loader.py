@@ -316,11 +316,18 @@ class InMemoryBatches:
 
 
 def target_names(data_dir: str | Path, num_targets: int) -> list[str]:
-    """Names of the target columns from the manifest, or generic names for a user's data."""
+    """Names of the target columns from the manifest, or generic names for a user's data; a :class:`DataError` naming
+    the manifest where it cannot be read or its names do not fit the shards' ``num_targets`` columns."""
     manifest = read_manifest(data_dir)
-    if manifest and "target_names" in manifest:
-        return list(manifest["target_names"])
-    return [f"target_{i}" for i in range(num_targets)]
+    if manifest is None or "target_names" not in manifest:
+        return [f"target_{i}" for i in range(num_targets)]
+    names = manifest["target_names"]
+    if not (isinstance(names, list) and len(names) == num_targets and all(isinstance(n, str) for n in names)):
+        raise DataError(
+            f"{Path(data_dir) / MANIFEST}: target_names must list the {num_targets} target column(s) of the "
+            f"shards by name, got {str(names)[:80]}; fix it, or remove the manifest (your own data need none)"
+        )
+    return names
 
 
 def rank_loaders(
@@ -357,8 +364,9 @@ def rank_loaders(
 
 
 def check_splits(train: ShardDataset, val: ShardDataset, data_root: str | Path) -> None:
-    """A :class:`DataError` naming the folder when the two splits cannot serve one run: an empty split, or maps or
-    targets of other shapes in the validation split than in the training split."""
+    """A :class:`DataError` naming the folder when the two splits cannot serve one run: an empty split, maps or
+    targets of other shapes in the validation split than in the training split, or a manifest that training cannot
+    read. ``dlscale data check`` calls it too, so that it refuses what training refuses, in the same words."""
     for name, split in (("train", train), ("val", val)):
         if len(split) == 0:
             raise DataError(f"{Path(data_root) / name} holds no samples (its shards have 0 rows); add data to it")
@@ -368,3 +376,4 @@ def check_splits(train: ShardDataset, val: ShardDataset, data_root: str | Path) 
             f"{Path(data_root) / 'train'} holds {train.input_shape} with {train.num_targets}: both splits "
             f"must hold the same kind of sample"
         )
+    target_names(data_root, train.num_targets)  # (the manifest, read here before training, not after the setup)

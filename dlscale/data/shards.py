@@ -12,8 +12,9 @@ A data folder holds one sub-folder per split, each a set of numpy shard pairs::
 Plain ``.npy`` files were chosen over HDF5 because numpy reads them with no extra
 dependency and memory-maps them, so a DataLoader worker reads only the maps it needs.
 Your own data in this layout trains unchanged. Every shard is checked when a dataset
-opens it: a missing folder, a truncated or corrupt file, or shards of different shapes
-give one :class:`DataError` that names the file and what to do.
+opens it: a missing folder, a truncated or corrupt file, values in another byte order than
+this machine's, or shards of different shapes give one :class:`DataError` that names the file
+and what to do; ``dlscale data check`` opens them the same way, so it refuses what training refuses.
 """
 
 from __future__ import annotations
@@ -79,7 +80,23 @@ def read_shard_header(path: Path) -> np.ndarray:
             f"shard {path} is truncated or corrupt ({err}); delete the data folder and "
             f"regenerate it (`dlscale data generate`), or replace the file"
         ) from None
+    _check_numbers(path, array.dtype)
     return array
+
+
+def _check_numbers(path: Path, dtype: np.dtype) -> None:
+    """A :class:`DataError` naming the shard where torch cannot read its numbers as they are: another byte order than
+    this machine's (a big-endian ``>f4`` written elsewhere), or values that are no real numbers (text, dates)."""
+    if dtype.kind not in "fiub":
+        raise DataError(
+            f"shard {path} holds {dtype} values, which training cannot read: a shard holds float32 maps and targets; "
+            f"write it again with np.save(path, array.astype(np.float32))"
+        )
+    if not dtype.isnative:
+        raise DataError(
+            f"shard {path} holds {dtype.str} values, in another byte order than this machine's: convert it once, "
+            f"np.save(path, np.load(path).astype(np.float32))"
+        )
 
 
 def non_finite_values(path: Path, chunk: int = 256) -> int:
@@ -209,7 +226,12 @@ def read_manifest(data_dir: str | Path) -> dict[str, Any] | None:
     path = Path(data_dir) / MANIFEST
     if not path.is_file():
         return None
+    fix = "regenerate the data folder, or remove the manifest (your own data need none)"
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise DataError(f"{path} is not valid JSON ({err}); regenerate the data folder") from None
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+        why = " ".join(str(err).split())[:120] if not isinstance(err, RecursionError) else "nested too deep"
+        raise DataError(f"{path} is not valid JSON ({why}); {fix}") from None
+    if not isinstance(manifest, dict):
+        raise DataError(f"{path} holds a JSON {type(manifest).__name__}, not an object of settings; {fix}")
+    return manifest

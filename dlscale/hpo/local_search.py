@@ -3,15 +3,39 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import asdict
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
+from dlscale.errors import DlscaleError
 from dlscale.hpo.space import load_space
 from dlscale.hpo.study import STUDY_FILE, StudyError, StudySettings, create_study, read_settings
 from dlscale.jobs.local_ranks import run_local, start_local
+
+#: The signals that stop a search (``kill``, ``scancel``; Ctrl-C; a closed terminal): its workers are stopped first.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: Seconds stopped workers get to checkpoint their trials and end (as Slurm's KillWait), before they are killed.
+STOP_GRACE_S = 30.0
+#: How often a search looks at its workers and at a stop signal.
+POLL_S = 0.2
+
+
+class SearchStopped(DlscaleError):
+    """A search stopped by a signal, after its workers were stopped; the message says how to resume it."""
+
+    def __init__(self, signum: int, study_dir: Path, workers: int, killed: int) -> None:
+        self.signum = signum
+        late = f"; {killed} did not end within {STOP_GRACE_S:g} s and were killed" if killed else ""
+        super().__init__(
+            f"search stopped by {signal.Signals(signum).name}: its {workers} workers were stopped and their running "
+            f"trials go back to the study{late}; `dlscale hpo start --dir {study_dir}` resumes it"
+        )
 
 
 def start_workers(study_dir: str | Path, n: int, threads: int = 1) -> list[subprocess.Popen]:
@@ -28,14 +52,72 @@ def start_workers(study_dir: str | Path, n: int, threads: int = 1) -> list[subpr
                     log,
                     threads,
                     {"DLSCALE_LAUNCHER": "single"},
+                    own_session=True,  # (a Ctrl-C reaches this process, which stops them so that they checkpoint)
                 )
             )
     return workers
 
 
 def wait_for_workers(workers: list[subprocess.Popen], timeout: float | None = None) -> list[int]:
-    """The workers' exit statuses once all have ended."""
-    return [worker.wait(timeout=timeout) for worker in workers]
+    """The workers' exit statuses once all have ended; interrupted (Ctrl-C, a notebook's interrupt), it stops them
+    first (:func:`stop_workers`)."""
+    try:
+        return [worker.wait(timeout=timeout) for worker in workers]
+    except KeyboardInterrupt:
+        stop_workers(workers)
+        raise
+
+
+def stop_workers(workers: list[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> int:
+    """Stop the workers as Slurm stops a job: SIGTERM (a worker mid-trial checkpoints it and gives it back to the
+    study, as the engine does on a signal; one between trials ends as a killed worker does), then SIGKILL for those
+    still running after ``grace_s``. Returns how many had to be killed."""
+    running = [worker for worker in workers if worker.poll() is None]
+    for worker in running:
+        worker.send_signal(signal.SIGTERM)
+    deadline, killed = time.monotonic() + grace_s, 0
+    for worker in running:
+        try:
+            worker.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+            killed += 1
+    return killed
+
+
+class _StopSignals:
+    """Context manager: while active, :data:`STOP_SIGNALS` are recorded (``received``) instead of ending this
+    process at once, so that the search stops its workers before it ends. Handlers can only be set from the main
+    thread; elsewhere the signals act as before."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signum
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _run_workers(study_dir: Path, n: int, threads: int) -> list[int]:
+    """Start ``n`` workers and return their exit statuses once all have ended; a stop signal to this process stops
+    them first and raises :class:`SearchStopped`."""
+    with _StopSignals() as stop:
+        processes = start_workers(study_dir, n, threads)
+        while stop.received is None and any(process.poll() is None for process in processes):
+            time.sleep(POLL_S)
+        if stop.received is not None:
+            raise SearchStopped(stop.received, study_dir, n, stop_workers(processes))
+    return [process.returncode for process in processes]
 
 
 def search(
@@ -50,7 +132,8 @@ def search(
     its trials, and return its settings; ``workers=0`` only creates it (for a Slurm job array).
     ``settings`` are :class:`StudySettings` fields (sampler, pruner, grace_s, threads ...).
 
-    A worker that fails makes this raise with the end of its log.
+    A worker that fails makes this raise with the end of its log. A stop signal (SIGTERM, Ctrl-C) stops the
+    workers and raises :class:`SearchStopped`.
     """
     study_dir = Path(study_dir)
     if space is None or (study_dir / STUDY_FILE).is_file():  # resume the study there, its settings as stored
@@ -63,11 +146,10 @@ def search(
     else:
         chosen = create_study(space, study_dir, trials or 12, extra=list(extra), **settings)
     if workers:
-        processes = start_workers(study_dir, workers, threads=chosen.threads or 1)
-        failed = [(p, status) for p, status in zip(processes, wait_for_workers(processes)) if status != 0]
+        failed = [status for status in _run_workers(study_dir, workers, chosen.threads or 1) if status != 0]
         if failed:
             raise StudyError(
-                f"{len(failed)} of {workers} workers failed (exit status {failed[0][1]}); "
+                f"{len(failed)} of {workers} workers failed (exit status {failed[0]}); "
                 f"their logs are in {study_dir / 'logs'}"
             )
     return chosen

@@ -81,7 +81,16 @@ def run_local(
 
 
 def start_local(
-    argv: list[str], log: IO[bytes], threads: int | None = None, env: dict[str, str] | None = None
+    argv: list[str],
+    log: IO[bytes],
+    threads: int | None = None,
+    env: dict[str, str] | None = None,
+    own_session: bool = False,
 ) -> subprocess.Popen:
-    """Start ``argv`` in the background, its output (both streams) into ``log``; the caller waits for it."""
-    return subprocess.Popen(argv, env=_environment(threads, env), stdout=log, stderr=subprocess.STDOUT)
+    """Start ``argv`` in the background, its output (both streams) into ``log``; the caller waits for it.
+
+    With ``own_session`` the process is in a process session of its own: a terminal's Ctrl-C or hangup reaches the
+    caller only, which decides how it stops (a search's workers are sent SIGTERM, to checkpoint their trials)."""
+    return subprocess.Popen(
+        argv, env=_environment(threads, env), stdout=log, stderr=subprocess.STDOUT, start_new_session=own_session
+    )

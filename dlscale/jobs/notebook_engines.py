@@ -138,10 +138,10 @@ def _start(ipp: Any, n: int, options: dict) -> tuple[Any, Any]:
         if len(client.ids) < n:
             raise EngineError(f"only {len(client.ids)} of {n} engines came up")
     except BaseException:
-        cluster.stop_cluster_sync()
+        _stop(cluster)
         raise
     if options["engines"] == "local":  # (processes here: a kernel killed instead of exiting would leave them)
-        watch(os.getpid(), _local_sessions(cluster))
+        watch(os.getpid(), _local_sessions(cluster), cluster.cluster_file)
     return cluster, client
 
 
@@ -160,12 +160,21 @@ def _local_sessions(cluster: Any) -> list[int]:
     ]
 
 
+def _stop(cluster: Any) -> None:
+    """Stop the cluster's controller and engines, and remove its file (``cluster-<id>.json`` in the profile's
+    security folder), even when the stop fails: a file left there names a "running" cluster that is gone."""
+    try:
+        cluster.stop_cluster_sync()
+    finally:
+        cluster.remove_cluster_file()
+
+
 def stop_engines() -> None:
     """Stop the engines that :func:`run_on_engines` keeps up (the kernel's exit stops them too)."""
     global _kept
     if _kept is not None:
         cluster, _kept = _kept[1], None
-        cluster.stop_cluster_sync()
+        _stop(cluster)
 
 
 #: Seconds the engines get to leave a process group the call left up (a barrier and a destroy: well under a second)
@@ -227,7 +236,7 @@ def run_on_engines(
     try:
         results = _run_job(ipp, client, n, function, args, kwargs, timeout, as_ranks, show)
     except BaseException:
-        cluster.stop_cluster_sync()
+        _stop(cluster)
         raise
     _kept = key, cluster, client
     return results

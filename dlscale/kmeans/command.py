@@ -76,16 +76,32 @@ def load_sample_image(name: str = "sample") -> np.ndarray:
         )
         image = datasets.load_sample_image("china.jpg" if name == "sample" else name)
     else:
-        from matplotlib import image as mpimg
-
-        path = Path(name)
-        if not path.is_file():
-            raise InputError(f"no such image: {path}")
-        image = mpimg.imread(path)
+        image = _read_image(Path(name))
     image = np.asarray(image)
+    if image.ndim != 3 or image.shape[2] < 3:
+        raise InputError(
+            f"{name} holds an image of shape {image.shape}, not colours: give an RGB picture (PNG or JPEG) to quantize"
+        )
     if image.dtype == np.uint8:
         image = image / 255.0
     return np.ascontiguousarray(image[..., :3], dtype=np.float32)
+
+
+def _read_image(path: Path) -> np.ndarray:
+    """The pixels of an image file, or an :class:`InputError` naming it where it is no image Pillow reads."""
+    from matplotlib import image as mpimg
+    from PIL import Image
+
+    if not path.is_file():
+        raise InputError(f"no such image: {path}")
+    try:
+        return mpimg.imread(path)
+    # (Pillow says "not an image" as an OSError, a SyntaxError (a damaged PNG), a ValueError, or a decompression bomb)
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise InputError(
+            f"{path} is not an image that can be read ({' '.join(str(err).split())[:120]}): give a PNG or JPEG "
+            f"file, or --image sample"
+        ) from None
 
 
 def load_input(inputs: list[str], image: str | None, rank: int, world: int) -> tuple[np.ndarray, Any]:

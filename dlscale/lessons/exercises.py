@@ -32,6 +32,7 @@ import re
 from pathlib import Path
 
 from dlscale.errors import DlscaleError
+from dlscale.lessons.notebook_files import read_notebook, up_to_date, write_generated
 
 BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION(?:\s+(?P<hint>.*\S))?\s*$")
 END = re.compile(r"^\s*# END SOLUTION\s*$")
@@ -184,22 +185,19 @@ def generate(
     sources = sorted(solutions.glob("*.ipynb"))
     if not sources:
         raise ExerciseError(f"no solution notebooks in {solutions}")
-    outputs = [
-        (exercises / path.name, render(exercise_notebook(json.loads(path.read_text()), path.name))) for path in sources
-    ]
+    outputs = [(exercises / path.name, render(exercise_notebook(read_notebook(path), path.name))) for path in sources]
     for path in sorted(Path(lessons).glob("*.ipynb")) if lessons is not None else []:
-        lesson = json.loads(path.read_text())
+        lesson = read_notebook(path)
         if _attendee_cells(lesson) or _stage_cells(lesson):
             if not (solutions / path.name).is_file():
                 raise ExerciseError(f"{path}: its attendee cells need {solutions / path.name}")
-            filled = lesson_notebook(lesson, json.loads((solutions / path.name).read_text()), path.name)
+            filled = lesson_notebook(lesson, read_notebook(solutions / path.name), path.name)
             outputs.append((path, json.dumps(filled, indent=1, ensure_ascii=False) + "\n"))
     changed = []
     for target, text in outputs:
-        if target.is_file() and target.read_text() == text:
+        if up_to_date(target, text):  # (a link is out of date: it is replaced, never written through)
             continue
         changed.append(target)
         if not check:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text)
+            write_generated(target, text)
     return changed

@@ -15,8 +15,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dlscale.lessons.gaps import GAPS, gap_ids, gap_span
+from dlscale.lessons.gaps import gap_span
+from dlscale.lessons.notebook_files import read_notebook, up_to_date, write_generated
 from dlscale.lessons.recipe_folder import RecipeError, recipe_path
+from dlscale.lessons.stages import all_stages, stage_record
 
 #: What a recipe file has after its cell: the command line (a kernel must not run it, its argv is Jupyter's).
 SCRIPT_FOOTER = '\n\nif __name__ == "__main__":\n    main(**parse_args(main))\n'
@@ -85,7 +87,7 @@ def _recipe_cells(notebooks: Path) -> dict[str, tuple[str, str]]:
             f"lessons' folder with --notebooks"
         )
     for path in sorted(Path(notebooks).glob("*.ipynb")):
-        for cell in json.loads(path.read_text())["cells"]:
+        for cell in read_notebook(path)["cells"]:
             if "recipe" not in cell.get("metadata", {}).get("tags", []):
                 continue
             source = "".join(cell["source"])
@@ -121,11 +123,10 @@ def write_recipes(notebooks: Path, recipes: Path, check: bool = False) -> list[P
         # (a generated file says so in its first line: an edit here is overwritten by the next dlscale recipes)
         header = f"# recipes/{name}: written from notebooks/{notebook} by `dlscale recipes`; edit the lesson's cell\n"
         text = header + source.rstrip("\n").split("\n", 1)[1] + "\n" + SCRIPT_FOOTER
-        if not path.is_file() or path.read_text() != text:
+        if not up_to_date(path, text):  # (a link is out of date: it is replaced, never written through)
             changed.append(path)
             if not check:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text)
+                write_generated(path, text)
     return changed
 
 
@@ -133,12 +134,12 @@ def write_recipes(notebooks: Path, recipes: Path, check: bool = False) -> list[P
 
 
 def gapped_recipe(name: str, source: str) -> str:
-    """The source of stage ``name`` with each of its gaps (:data:`~dlscale.lessons.gaps.GAPS`) replaced by a TODO
+    """The source of stage ``name`` with each of its gaps (its record, :mod:`dlscale.lessons.stages`) replaced by a TODO
     that says what must be true there and raises ``NotImplementedError("TODO 05.b: ...")`` (indented as the first
     line it replaces): what the attendee fills in."""
     lines, start = source.splitlines(keepends=True), 0
-    for gap_id, gap in zip(gap_ids(name), GAPS[name]):
-        label = f"TODO {gap_id}: {gap.asks}"
+    for gap in stage_record(name).gaps:
+        gap_id, label = gap.id, f"TODO {gap.id}: {gap.asks}"
         span = gap_span(lines, gap, start)
         if span is None:
             raise RecipeError(
@@ -159,10 +160,10 @@ def gapped_recipe(name: str, source: str) -> str:
 
 def stage_name(lesson: str) -> str:
     """The stage file of a lesson: ``"05"`` -> ``"05_ddp.py"`` (a ValueError names the lessons with a stage)."""
-    found = [name for name in GAPS if name.startswith(f"{lesson[:2]}_")]
-    if not found:
-        raise ValueError(f"lesson {lesson!r} has no stage to write: the stages are {', '.join(s[:2] for s in GAPS)}")
-    return found[0]
+    stages = all_stages()
+    if lesson[:2] not in stages or lesson[2:3] not in ("", "_", "."):
+        raise ValueError(f"lesson {lesson!r} has no stage to write: the stages are {', '.join(stages)}")
+    return stages[lesson[:2]].file
 
 
 def _stage_text(source: str) -> list[str]:
@@ -215,12 +216,15 @@ def use_ours(lesson: str) -> Any:
     run after this says that it is ours."""
     import runpy
 
+    from dlscale.lessons.unfinished import mark_finished
+
     name = stage_name(lesson)
     path = recipe_path(name)
+    mark_finished(lesson)
     print(
         f"From here lesson {lesson[:2]} runs OUR stage (recipes/{name}), not yours: every measurement it feeds "
         f"says so. Your stage stays where you wrote it."
     )
-    if lesson[:2] in ("01", "02", "03", "04"):
+    if stage_record(name).runs_on == "kernel":
         return runpy.run_path(str(path), run_name="recipe")["main"]
     return str(path)

@@ -192,7 +192,7 @@ def profile_stage(stage: str | Callable, folder: str | Path, window: tuple[int, 
     if not trace.is_file():
         raise StageFailed(
             f"{whose(stage)} wrote no trace.json for profile_steps={window[0]},{window[1]}: does its "
-            f"loop call the profiling window's step() after each step (TODO 04.c)?"
+            f"loop call the profiling window's step() after each step (TODO 04.b)?"
         )
     events = loop_ranges(trace_events(trace))
     steps = window[1] - window[0]

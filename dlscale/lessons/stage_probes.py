@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
 import linecache
 import re
 import sys
@@ -41,13 +42,23 @@ def _new_record() -> dict[str, Any]:
         "autocast": [],
         "scaler_enabled": [],
         "optimizer_steps": 0,
+        "skipped_steps": 0,
+        "empty_steps": 0,
+        "backwards": 0,
+        "stale_backwards": 0,
+        "backwards_per_step": Counter(),
+        "compiled_calls": 0,
+        "range_events": {},
         "lrs": [],
         "zero_grads": 0,
         "process_group": None,
-        "all_reduced": [],
+        "all_reduced": Counter(),
+        "validation_all_reduces": 0,
         "samplers": [],
+        "sampler_iterations": [],
         "set_epochs": [],
         "ddp": 0,
+        "ddp_calls": 0,
         "saves": 0,
         "hvd_init": 0,
         "hvd_optimizers": [],
@@ -59,6 +70,9 @@ def _new_record() -> dict[str, Any]:
         "init_weights": 0,
         "dcp_saves": [],
     }
+
+
+_INHERITED = object()
 
 
 class _Patches:
@@ -73,7 +87,9 @@ class _Patches:
         if original is None:
             return
         replacement = make(original)
-        self.undo.append((owner, name, original))
+        # (a method a class inherits is put back by removing the wrapper, not by pinning the parent's on it)
+        own = not isinstance(owner, type) or name in owner.__dict__
+        self.undo.append((owner, name, original if own else _INHERITED))
         setattr(owner, name, replacement)
         for key, value in list(self.namespace.items()):
             if value is original:  # (``from torch.distributed.fsdp import fully_shard`` in the stage)
@@ -84,6 +100,8 @@ class _Patches:
         for owner, name, original in reversed(self.undo):
             if isinstance(owner, dict):
                 owner[name] = original
+            elif original is _INHERITED:
+                delattr(owner, name)
             else:
                 setattr(owner, name, original)
 
@@ -120,29 +138,21 @@ def _after(original: Callable, note: Callable[..., None]) -> Callable:
 
 @contextlib.contextmanager
 def watch(namespace: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
-    """Note, while the block runs, the calls the stage checks read (see the module's docstring); yields the record.
+    """Note, while the block runs, what the stage did that the probes read (see the module's docstring); yields the
+    record, plain data once the block ends.
 
     ``namespace`` is the stage's globals: names it imported (``fully_shard``, ``DataLoader``) are wrapped there too.
     """
     import torch.distributed.checkpoint  # noqa: F401  (imported before any wrapper is in place: see _WATCHING)
     import torch.distributed.fsdp  # noqa: F401
     import torch.distributed.tensor.parallel  # noqa: F401
-    from torch.optim.optimizer import register_optimizer_step_post_hook
 
     import dlscale.models  # noqa: F401
 
     seen = _new_record()
     patches = _Patches(namespace if namespace is not None else {})
     _watch_loading(patches, seen)
-    step_order = _watch_step(patches, seen)
-
-    def stepped(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        seen["optimizer_steps"] += 1
-        seen["lrs"].append(float(optimizer.param_groups[0]["lr"]))
-        step_order("optimizer step")
-
-    hook = register_optimizer_step_post_hook(stepped)
-
+    hooks = _watch_step(patches, seen)
     _watch_ranks(patches, seen)
     _watch_horovod(patches, seen)
     _watch_sharding(patches, seen)
@@ -151,13 +161,17 @@ def watch(namespace: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
         yield seen
     finally:
         _WATCHING[0] = False
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
         patches.restore()
-        seen["ranges"] = dict(seen["ranges"])
+        for key in ("ranges", "backwards_per_step", "all_reduced"):
+            seen[key] = {str(k): v for k, v in seen[key].items()}
+        seen["range_events"] = {name: dict(events) for name, events in seen["range_events"].items()}
 
 
 def _watch_loading(patches: _Patches, seen: dict[str, Any]) -> None:
-    """The loaders' settings, the copies to the device, the samplers' settings and their epochs."""
+    """The loaders' settings, the copies to the device, the samplers' settings and the epoch of each pass."""
+    import torch.distributed as dist
     from torch.utils.data import DataLoader, DistributedSampler
 
     patches.wrap(
@@ -177,50 +191,141 @@ def _watch_loading(patches: _Patches, seen: dict[str, Any]) -> None:
     )
 
     def copied(self: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        if args and isinstance(args[0], (torch.device, str)):
+        # Tensor.to(device, dtype, non_blocking, copy), .to(dtype, non_blocking), .to(other, non_blocking), and each
+        # argument by keyword: a copy names a device (or a tensor on one); non_blocking is the first bool after it
+        target = kwargs.get("device", args[0] if args else None)
+        if isinstance(target, (torch.device, str, int)) or isinstance(target, torch.Tensor):
             seen["copies"] += 1
-            seen["non_blocking_copies"] += bool(kwargs.get("non_blocking") or (len(args) > 1 and args[1] is True))
+            flag = kwargs.get("non_blocking", next((a for a in args[1:] if isinstance(a, bool)), False))
+            seen["non_blocking_copies"] += bool(flag)
+
+    def copied_to_gpu(self: torch.Tensor, device: Any = None, non_blocking: bool = False, **kwargs: Any) -> None:
+        seen["copies"] += 1
+        seen["non_blocking_copies"] += bool(non_blocking)
 
     patches.wrap(torch.Tensor, "to", lambda f: _noting(f, copied))
-    patches.wrap(
-        DistributedSampler,
-        "__init__",
-        lambda f: _after(
-            f,
-            lambda self, *a, **k: seen["samplers"].append(
-                {
-                    "num_replicas": self.num_replicas,
-                    "rank": self.rank,
-                    "seed": self.seed,
-                    "drop_last": self.drop_last,
-                    "shuffle": self.shuffle,
-                }
-            ),
-        ),
-    )
+    patches.wrap(torch.Tensor, "cuda", lambda f: _noting(f, copied_to_gpu))
+
+    def sampler_made(self: Any, *args: Any, **kwargs: Any) -> None:
+        grouped = dist.is_available() and dist.is_initialized()
+        seen["samplers"].append(
+            {
+                "num_replicas": self.num_replicas,
+                "rank": self.rank,
+                "seed": self.seed,
+                "drop_last": self.drop_last,
+                "shuffle": self.shuffle,
+                "job_size": dist.get_world_size() if grouped else None,
+                "job_rank": dist.get_rank() if grouped else None,
+            }
+        )
+        self._dlscale_index = len(seen["samplers"]) - 1
+
+    patches.wrap(DistributedSampler, "__init__", lambda f: _after(f, sampler_made))
     patches.wrap(
         DistributedSampler, "set_epoch", lambda f: _noting(f, lambda self, epoch: seen["set_epochs"].append(int(epoch)))
     )
 
+    def iterated(self: Any) -> None:
+        if len(seen["sampler_iterations"]) < _ORDER_KEPT:
+            seen["sampler_iterations"].append((getattr(self, "_dlscale_index", -1), int(self.epoch), self.shuffle))
 
-def _watch_step(patches: _Patches, seen: dict[str, Any]) -> Callable[[str], None]:
-    """The step's calls: compiling, named ranges and the profiling window, autocast, the scaler, clipping, the
-    gradients cleared; returns the function that notes a call's place in the step's order."""
-    order = seen["order"]
+    patches.wrap(DistributedSampler, "__iter__", lambda f: _noting(f, iterated))
+
+
+def _gradients(optimizers: list[torch.optim.Optimizer]) -> list[torch.Tensor]:
+    """The gradients the optimizers hold now (each shard's local part)."""
+    found = []
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    grad = p.grad
+                    found.append(grad.to_local() if hasattr(grad, "to_local") else grad)
+    return found
+
+
+def _any_nonzero(tensors: list[torch.Tensor]) -> bool:
+    return bool(tensors) and bool(torch.stack([t.ne(0).any() for t in tensors]).any())
+
+
+def _watch_step(patches: _Patches, seen: dict[str, Any]) -> list[Any]:
+    """The step's behaviour: the gradients each backward pass and each optimizer step find, backward passes per
+    step, the compiled module called, the named ranges and what each held, autocast, the scaler's order, the LR.
+    Returns the hooks to remove."""
+    from torch._dynamo.eval_frame import OptimizedModule
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    order, optimizers, state = seen["order"], [], {"since_step": 0, "in_backward": False, "ranges": []}
 
     def step_order(name: str) -> None:
         if len(order) < _ORDER_KEPT:
             order.append(name)
 
+    def step_ended(stepped: bool) -> None:  # (an optimizer step, or a scaler's update after a skipped step)
+        if state["since_step"]:
+            seen["backwards_per_step"][state["since_step"]] += 1
+            seen["skipped_steps"] += not stepped
+        state["since_step"] = 0
+
+    patches.wrap(torch.optim.Optimizer, "__init__", lambda f: _after(f, lambda self, *a, **k: optimizers.append(self)))
+    backward = torch.autograd.backward
+
+    def backward_pass(*args: Any, **kwargs: Any) -> Any:
+        if not _WATCHING[0] or state["in_backward"]:  # (a backward inside a backward: reentrant checkpointing)
+            return backward(*args, **kwargs)
+        if state["since_step"] == 0 and _any_nonzero(_gradients(optimizers)):
+            seen["stale_backwards"] += 1
+        state["since_step"] += 1
+        seen["backwards"] += 1
+        for name in state["ranges"]:
+            seen["range_events"].setdefault(name, Counter())["backward"] += 1
+        state["in_backward"] = True
+        try:
+            return backward(*args, **kwargs)
+        finally:
+            state["in_backward"] = False
+
+    backward_pass.__wrapped__ = backward  # type: ignore[attr-defined]
+    patches.wrap(torch.autograd, "backward", lambda f: backward_pass)
+
+    def before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if _WATCHING[0] and not _any_nonzero(_gradients([optimizer])):
+            seen["empty_steps"] += 1
+
+    def after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not _WATCHING[0]:
+            return
+        seen["optimizer_steps"] += 1
+        seen["lrs"].append(float(optimizer.param_groups[0]["lr"]))
+        for name in state["ranges"]:
+            seen["range_events"].setdefault(name, Counter())["optimizer step"] += 1
+        step_order("optimizer step")
+        step_ended(stepped=True)
+
+    hooks = [register_optimizer_step_pre_hook(before_step), register_optimizer_step_post_hook(after_step)]
+
     patches.wrap(
         torch, "compile", lambda f: _noting(f, lambda *a, **k: seen.__setitem__("compiled", seen["compiled"] + 1))
     )
-    # (the class keeps its identity: torch.compile's tracing checks isinstance against it)
     patches.wrap(
-        torch.autograd.profiler.record_function,
-        "__init__",
-        lambda f: _noting(f, lambda self, name, *a, **k: seen["ranges"].update([str(name)])),
+        OptimizedModule,
+        "__call__",
+        lambda f: _noting(f, lambda *a, **k: seen.__setitem__("compiled_calls", seen["compiled_calls"] + 1)),
     )
+    # (the class keeps its identity: torch.compile's tracing checks isinstance against it)
+    record = torch.autograd.profiler.record_function
+
+    def range_opened(self: Any) -> None:
+        seen["ranges"].update([str(self.name)])
+        state["ranges"].append(str(self.name))
+
+    def range_closed(self: Any, *args: Any) -> None:
+        if str(self.name) in state["ranges"]:
+            del state["ranges"][len(state["ranges"]) - 1 - state["ranges"][::-1].index(str(self.name))]
+
+    patches.wrap(record, "__enter__", lambda f: _noting(f, range_opened))
+    patches.wrap(record, "__exit__", lambda f: _noting(f, range_closed))
     tools = sys.modules.get("training_tools")
     if tools is not None and hasattr(tools, "ProfilingWindow"):
         patches.wrap(
@@ -252,8 +357,11 @@ def _watch_step(patches: _Patches, seen: dict[str, Any]) -> Callable[[str], None
             ),
         ),
     )
-    for method, name in (("unscale_", "unscale"), ("step", "scaler step"), ("update", "update")):
+    for method, name in (("unscale_", "unscale"), ("step", "scaler step")):
         patches.wrap(scaler, method, lambda f, name=name: _noting(f, lambda *a, **k: step_order(name)))
+    patches.wrap(
+        scaler, "update", lambda f: _noting(f, lambda *a, **k: (step_order("update"), step_ended(stepped=False)))
+    )
     patches.wrap(torch.nn.utils, "clip_grad_norm_", lambda f: _noting(f, lambda *a, **k: step_order("clip")))
     patches.wrap(
         torch.optim.Optimizer,
@@ -262,8 +370,7 @@ def _watch_step(patches: _Patches, seen: dict[str, Any]) -> Callable[[str], None
             f, lambda *a, **k: (seen.__setitem__("zero_grads", seen["zero_grads"] + 1), step_order("zero_grad"))
         ),
     )
-
-    return step_order
+    return hooks
 
 
 def _watch_ranks(patches: _Patches, seen: dict[str, Any]) -> None:
@@ -282,23 +389,24 @@ def _watch_ranks(patches: _Patches, seen: dict[str, Any]) -> None:
         }
 
     patches.wrap(dist, "init_process_group", lambda f: _noting(f, joined))
-    patches.wrap(
-        dist,
-        "all_reduce",
-        lambda f: _noting(
-            f,
-            lambda tensor, *a, **k: (
-                seen["all_reduced"].append((list(tensor.shape), str(tensor.dtype)))
-                if len(seen["all_reduced"]) < _ORDER_KEPT
-                else None
-            ),
-        ),
-    )
+
+    def reduced(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        # by kind, every one counted: the one that matters is never crowded out by the gradients' many
+        seen["all_reduced"][f"{list(tensor.shape)} {tensor.dtype}"] += 1
+        seen["validation_all_reduces"] += not torch.is_grad_enabled()
+
+    patches.wrap(dist, "all_reduce", lambda f: _noting(f, reduced))
     patches.wrap(
         DistributedDataParallel,
         "__init__",
         lambda f: _noting(f, lambda *a, **k: seen.__setitem__("ddp", seen["ddp"] + 1)),
     )
+
+    def ddp_ran(*args: Any, **kwargs: Any) -> None:
+        if not torch.compiler.is_compiling():  # (inside a compiled forward this is traced, and must note nothing)
+            seen["ddp_calls"] += torch.is_grad_enabled()
+
+    patches.wrap(DistributedDataParallel, "forward", lambda f: _noting(f, ddp_ran))
     patches.wrap(torch, "save", lambda f: _noting(f, lambda *a, **k: seen.__setitem__("saves", seen["saves"] + 1)))
 
 
@@ -414,51 +522,105 @@ def stage_main(stage: str | Callable[..., dict]) -> Callable[..., dict]:
     return load_file(str(stage))["main"]
 
 
-def run_stage(stage: str | Callable[..., dict], **arguments: Any) -> dict[str, Any]:
-    """Run a stage's ``main(**arguments)`` and watch it: the stage's own result (losses, R², throughput) plus
-    ``seen`` (what it called, :func:`watch`), ``arguments`` (as the call gave them, defaults included) and
-    ``error`` (None, or how it stopped: the stage check names the gap).
-
-    ``stage`` is the ``main`` a lesson's cell defined, or the path of the file a lesson wrote (run on each rank,
-    as :func:`~dlscale.jobs.notebook_engines.run_file` does: ``recipes/`` importable, so ``training_tools`` is found).
-    """
-    main = stage_main(stage)
+def _watched_run(main: Callable[..., dict], arguments: dict[str, Any]) -> dict[str, Any]:
+    """``main(**arguments)`` under :func:`watch`: its result, ``seen``, ``arguments`` and ``error`` (None, or how it
+    stopped). Every exception comes back as the error, ``BaseException``s too (DCP's ``CheckpointException``, a
+    ``SystemExit``), except the attendee's own interrupt."""
     filename = main.__code__.co_filename
     result: dict[str, Any] = {"losses": [], "r2": [], "throughput": []}
     error = None
     with watch(main.__globals__) as seen:
         try:
             result = dict(main(**arguments))
-        except Exception as err:  # noqa: BLE001 - the attendee's code: any failure is reported, by gap, by the check
+        except KeyboardInterrupt:
+            leave_group()
+            raise
+        except BaseException as err:  # noqa: BLE001 - the attendee's code: any failure is reported, by gap
             error = {
                 "type": type(err).__name__,
                 "message": str(err)[:2000],
                 "name": getattr(err, "name", None),
                 "frames": _stage_frames(err, filename),
             }
-            where = error["frames"][-1] if error["frames"] else None
-            print(
-                f"your stage stopped: {error['type']}: {str(err)[:300]}"
-                + (f" (line {where['line']}: {where['text']})" if where else "")
-                + "; the check below names the gap",
-                flush=True,
-            )
             leave_group()
+    return {**result, "seen": seen, "arguments": effective_arguments(main, arguments), "error": error}
+
+
+def _switch_runs(stage: Any, main: Callable[..., dict], arguments: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stage run briefly with each of its record's other settings (:attr:`Stage.switches`), on a small set of its
+    data: so that a switch the lesson's own run left at one value (``compile``, ``precision``, ``scaling``) is tried
+    at the others. Each run writes its checkpoint beside the lesson's, never over it."""
+    ran = effective_arguments(main, arguments)
+    runs = []
+    for index, switch in enumerate(stage.switches):
+        if all(ran.get(key) == value for key, value in switch.items()):
+            continue
+        settings = {
+            **arguments,
+            **switch,
+            "config": small_config(str(ran.get("config", "tiny")), stage.switch_samples),
+            "resume": False,
+            "checkpoint": f"{ran.get('checkpoint', 'checkpoint.pt')}-switch{index}",
+        }
+        settings.setdefault("epochs", 1)
+        with contextlib.redirect_stdout(io.StringIO()):  # (the attendee reads the lesson's run, not these)
+            runs.append(_watched_run(main, {k: v for k, v in settings.items() if k in ran or k in switch}))
+    return runs
+
+
+def small_config(config: str, samples: int) -> str:
+    """A config file that inherits ``config`` with ``samples`` training maps and half as many to validate: written once
+    under ``runs/stage-checks`` (atomically: every rank may write it) and named by what it holds."""
+    import os
+    import tempfile
+
+    folder = Path("runs", "stage-checks")
+    folder.mkdir(parents=True, exist_ok=True)
+    text = f"inherit: {config}\ntrain_samples: {samples}\nval_samples: {samples // 2}\n"
+    path = folder / f"{Path(config).stem}-{samples}.yaml"
+    if not path.is_file() or path.read_text() != text:
+        handle, temporary = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+        os.replace(temporary, path)
+    return str(path)
+
+
+def run_stage(stage: str | Callable[..., dict], **arguments: Any) -> dict[str, Any]:
+    """Run a stage's ``main(**arguments)`` and watch it: the stage's own result (losses, R², throughput) plus
+    ``seen`` (what it did, :func:`watch`), ``arguments`` (as the call gave them, defaults included), ``error`` (None,
+    or how it stopped: the stage check names the gap), ``switches`` (the brief runs at its record's other settings)
+    and ``source``.
+
+    ``stage`` is the ``main`` a lesson's cell defined, or the path of the file a lesson wrote (run on each rank,
+    as :func:`~dlscale.jobs.notebook_engines.run_file` does: ``recipes/`` importable, so ``training_tools`` is found).
+    """
+    from dlscale.lessons.stages import stage_record
+
+    main = stage_main(stage)
+    filename = main.__code__.co_filename
+    run = _watched_run(main, arguments)
+    error = run["error"]
+    if error:
+        where = error["frames"][-1] if error["frames"] else None
+        print(
+            f"your stage stopped: {error['type']}: {error['message'][:300]}"
+            + (f" (line {where['line']}: {where['text']})" if where else "")
+            + "; the check below names the gap",
+            flush=True,
+        )
     source = _source_of(main, stage)
     header = re.match(r"(?:%%writefile \S+\n)?# recipes/(\S+\.py)", source or "")
     if header:
         _LAST_SOURCE[header[1]] = source
+    record = None
+    with contextlib.suppress(KeyError):
+        record = stage_record(header[1] if header else Path(filename).name.removeprefix("my_"))
+    switches = _switch_runs(record, main, arguments) if record is not None and not error else []
     ours = is_ours(main)
     if ours:
         print("(this run is OUR stage, recipes/" + Path(filename).name + ", not yours: use_ours)", flush=True)
-    return {
-        **result,
-        "seen": seen,
-        "arguments": effective_arguments(main, arguments),
-        "error": error,
-        "source": source,
-        "ours": ours,
-    }
+    return {**run, "switches": switches, "source": source, "ours": ours}
 
 
 #: The source of the stage each lesson ran last in this process, by stage file (for show_ours).

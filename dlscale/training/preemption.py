@@ -17,6 +17,7 @@ step) and stops as the signal would.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -32,6 +33,24 @@ STOPPED_MARKER = "stopped-on-signal"
 STOP_FILE = "stop-requested"
 #: How often rank 0 looks for :data:`STOP_FILE` (Slurm's warning comes minutes before the limit).
 STOP_FILE_EVERY_S = 5.0
+#: At most this much of a stop file is read: its first word may name the signal; the rest is not the kit's.
+STOP_FILE_READ_BYTES = 64
+_SIGNAL_NAMES = frozenset(sig.name for sig in signal.Signals)
+
+
+def _signal_named(stop_file: Path) -> str:
+    """The signal a stop file names (launch.sh writes "SIGUSR1" or "SIGTERM"), else "SIGUSR1": a stop file is a stop
+    request whatever it holds, so at most :data:`STOP_FILE_READ_BYTES` are read, and never decoded strictly."""
+    try:
+        fd = os.open(stop_file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # (never waits on a FIFO put there)
+        try:
+            head = os.read(fd, STOP_FILE_READ_BYTES)
+        finally:
+            os.close(fd)
+    except OSError:
+        return "SIGUSR1"  # (gone already, or unreadable: still a request)
+    words = head.decode("ascii", errors="replace").split()
+    return words[0] if words and words[0] in _SIGNAL_NAMES else "SIGUSR1"
 
 
 def mark_stopped(run_dir: Path, reason: str, step: int) -> None:
@@ -57,7 +76,7 @@ class StopFlag:
             return self.requested
         self._looked = self._clock()
         if self.stop_file.is_file():
-            said = self.stop_file.read_text().strip() or "SIGUSR1"
+            said = _signal_named(self.stop_file)
             self.stop_file.unlink(missing_ok=True)
             self.requested, self.signal_name = True, said
             self.reason = f"{said} received by the job script ({self.stop_file.name})"

@@ -292,12 +292,11 @@ def _resume_or_start_afresh(
     step, resumed_from = 0, None
     if cfg.resume:
         changes: list[str] = []
-        found = load_latest_checkpoint(
-            cfg.resolved_run_dir,
-            model,
-            optimizer,
-            check=lambda saved, path: changes.extend(check_resume(saved, cfg, path, identity)),
-        )
+
+        def check(saved: dict[str, Any] | None, path: Path) -> None:  # (the last one checked is the one resumed from)
+            changes[:] = check_resume(saved, cfg, path, identity)
+
+        found = load_latest_checkpoint(cfg.resolved_run_dir, model, optimizer, check=check)
         if changes and env.is_main:
             print(f"dlscale: resuming with changed settings: {'; '.join(changes)}", flush=True)
         if found:

@@ -1,6 +1,7 @@
 """Hyperparameter search (dlscale.hpo): the tests that launch ranks, engines or runs beside them (tests/unit/test_hpo.py
 has the rest)."""
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -94,3 +95,47 @@ def test_a_worker_of_two_ranks_trains_each_trial_data_parallel(in_tmp):
     assert '"world_size": 2' in summary
     assert trial.user_attrs["epochs"] == 1  # the worker's own overrides (as launch.sh passes device=cuda) apply
     assert trial.user_attrs["node_hours"] == pytest.approx(trial.user_attrs["seconds"] / 3600)  # 2 ranks of 2 a node
+
+
+def _children(process, count: int, timeout: float = 60.0) -> list:
+    """The first ``count`` child processes of ``process`` (a psutil.Process), once it has started them."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while len(children := process.children()) < count:
+        assert time.monotonic() < deadline, f"{process.pid} started fewer than {count} processes in {timeout:.0f} s"
+        time.sleep(0.02)
+    return children[:count]
+
+
+def test_a_stopped_search_stops_its_workers_and_says_so_in_one_line(in_tmp):
+    """SIGTERM to `dlscale hpo start` used to end it at once, silently, while its two workers ran every trial to the
+    end. Stopped, it sends them SIGTERM (a trial mid-way checkpoints and goes back to the study, as on a scancel),
+    waits a bounded time, kills what is left, and says so."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    create_study(_space(), "study", trials=40, pruner="none")
+    search = subprocess.Popen(
+        [sys.executable, "-m", "dlscale", "hpo", "start", "--dir", "study"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    workers = []
+    try:
+        workers = _children(psutil.Process(search.pid), 2)
+        search.send_signal(signal.SIGTERM)
+        out, err = search.communicate(timeout=60)
+        _, alive = psutil.wait_procs(workers, timeout=10)
+    finally:
+        for process in [*workers, *psutil.Process().children(recursive=True)]:  # (what the code before the fix left)
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        search.kill()
+    assert alive == [], "a stopped search left its workers running"
+    assert search.returncode == 128 + signal.SIGTERM and out == ""
+    assert err.count("\n") == 1 and err.startswith("dlscale: search stopped by SIGTERM: its 2 workers were stopped")

@@ -63,46 +63,6 @@ def test_the_attendees_prediction_is_never_overwritten_by_a_later_cell():
                 assert isinstance(node.value, ast.Constant) and node.value.value is None, where
 
 
-#: The lessons whose centre is the attendee's stage of the recipe, and the most of their code cells that may use
-#: the kit (the rule of ../shared/tools/lesson_shape.py: a cell imports from dlscale, the recipe's data set aside,
-#: or names what was imported from it).
-HANDS_ON = ("01", "02", "03", "04", "05", "06", "07", "10")
-MOST_KIT_CELLS = 0.6
-
-
-def _kit_share(path) -> float:
-    cells = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
-    trees = [
-        ast.parse("\n".join(line for line in c.splitlines() if not line.lstrip().startswith(("%", "!")))) for c in cells
-    ]
-    imported = {
-        a.asname or a.name
-        for t in trees
-        for n in ast.walk(t)
-        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("dlscale")
-        for a in n.names
-    } - {"mini_cosmoflow"}
-
-    def kit(tree) -> bool:
-        return any(
-            isinstance(n, ast.ImportFrom)
-            and (n.module or "").startswith("dlscale")
-            and any(a.name != "mini_cosmoflow" for a in n.names)
-            or isinstance(n, ast.Name)
-            and n.id in imported
-            for n in ast.walk(tree)
-        )
-
-    body = [t for c, t in zip(cells, trees) if not c.lstrip().lower().startswith("# parameters")]
-    return sum(map(kit, body)) / len(body)
-
-
-@pytest.mark.parametrize("lesson", HANDS_ON)
-def test_the_attendee_writes_more_of_each_hands_on_lesson_than_the_kit_runs(lesson):
-    [path] = (ROOT / "notebooks").glob(f"{lesson}_*.ipynb")
-    assert _kit_share(path) <= MOST_KIT_CELLS, f"{path.name}: {_kit_share(path):.0%} of its code cells use the kit"
-
-
 def test_every_notebook_names_the_kernel_make_kernel_registers():
     """On a JupyterHub `python3` is the hub's Python, which cannot import the kit (#58)."""
     from dlscale.jobs.kernel import KERNEL_NAME

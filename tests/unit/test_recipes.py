@@ -17,7 +17,8 @@ from dlscale.distributed.process_group import free_port
 from dlscale.lessons.exercises import stage_source
 from dlscale.lessons.recipe_checks import check_stage
 from dlscale.lessons.recipe_folder import RECIPES, RecipeError
-from dlscale.lessons.recipes import GAPS, recipe_cells, write_recipes
+from dlscale.lessons.recipes import recipe_cells, write_recipes
+from dlscale.lessons.stages import all_stages, stage_record
 
 from ..conftest import ROOT
 
@@ -225,7 +226,7 @@ def test_the_stage_check_reads_the_device_the_stage_picked(monkeypatch):
     default."""
     import torch
 
-    from dlscale.lessons.stage_check import _device
+    from dlscale.lessons.stage_record import device_kind as _device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -324,7 +325,7 @@ def test_a_stages_change_is_shown_coloured_unwrapped_with_the_whole_file_a_click
 # -- the stage the attendee writes -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("stage", sorted(GAPS))
+@pytest.mark.parametrize("stage", [stage.file for stage in all_stages().values()])
 def test_a_stage_with_its_gaps_stops_at_the_first_todo_it_reaches_and_names_it(stage, tmp_path, monkeypatch):
     """As shipped, the lesson's stage runs up to its first gap and raises there, naming what to write; every gap
     cuts whole statements (it compiles) and says what goes there."""
@@ -333,7 +334,7 @@ def test_a_stage_with_its_gaps_stops_at_the_first_todo_it_reaches_and_names_it(s
     if stage == "06_horovod.py":
         pytest.importorskip("horovod.torch", reason="needs Horovod (make horovod)")
     source = stage_source(stage, gaps=True)
-    assert source.count('raise NotImplementedError("TODO ') == len(GAPS[stage])
+    assert source.count('raise NotImplementedError("TODO ') == len(stage_record(stage).gaps)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MASTER_PORT", str(free_port()))  # 07 and 10 join a group of one before their first gap
     namespace = {"__name__": "recipe"}

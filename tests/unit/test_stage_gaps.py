@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import ast
 import re
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from dlscale.lessons.gaps import GAPS, answer_lines, api_names, gap_ids, gap_span, hint
+from dlscale.lessons.gaps import answer_lines, api_names, hint
 from dlscale.lessons.recipe_folder import recipe_path
-from dlscale.lessons.stage_check import PROBES, check_gaps
+from dlscale.lessons.stage_check import check_gaps
 from dlscale.lessons.stage_probes import run_stage
+from dlscale.lessons.stage_record import Variant
+from dlscale.lessons.stages import all_stages
+
+#: Every stage file, in lesson order.
+STAGE_FILES = [stage.file for stage in all_stages().values()]
 
 
 def _defined(code: str) -> set[str]:
@@ -33,29 +37,31 @@ def _defined(code: str) -> set[str]:
 def test_no_todo_names_the_api_its_answer_uses():
     tools = _defined(recipe_path("training_tools.py").read_text())
     dictating = []
-    for stage, gaps in GAPS.items():
-        own = (_defined(recipe_path(stage).read_text()) | tools) - {"compile", "autocast"}
-        for gap_id, gap in zip(gap_ids(stage), gaps):
-            named = sorted(
-                name for name in api_names(answer_lines(gap_id)) - own if re.search(rf"\b{re.escape(name)}\b", gap.asks)
-            )
-            if named:
-                dictating.append((gap_id, named))
+    for stage in all_stages().values():
+        own = (_defined(recipe_path(stage.file).read_text()) | tools) - {"compile", "autocast"}
+        for gap in stage.gaps:
+            answer = api_names(answer_lines(gap.id)) - own
+            for text in (gap.asks, gap.question):  # (the TODO and the first hint ask; the second names the API)
+                named = sorted(name for name in answer if re.search(rf"\b{re.escape(name)}\b", text))
+                if named:
+                    dictating.append((gap.id, named))
     assert dictating == []
-    assert sum(len(gaps) for gaps in GAPS.values()) >= 22
+    assert sum(len(stage.gaps) for stage in all_stages().values()) >= 22
 
 
-def test_every_gap_has_a_probe_or_is_named_by_the_numbers():
-    from dlscale.lessons.stage_check import BY_NUMBERS
+def test_every_gap_has_a_probe_or_is_named_by_the_numbers_and_its_name_is_its_own():
+    for stage in all_stages().values():
+        assert {g.id for g in stage.gaps if g.probe} | set(stage.by_numbers[0]) == set(stage.gap_ids), stage.file
+        assert all(gap_id.startswith(stage.lesson + ".") for gap_id in stage.gap_ids)
+        assert len(set(stage.gap_ids)) == len(stage.gap_ids) and stage.file.startswith(stage.lesson + "_")
 
-    for stage in GAPS:
-        assert set(PROBES[stage]) | set(BY_NUMBERS[stage][0]) == set(gap_ids(stage)), stage
 
-
-def test_a_hint_names_what_to_use_then_shows_our_lines(capsys):
+def test_a_hint_asks_first_then_names_the_api_then_shows_our_lines(capsys):
     hint("05.e")
     first = capsys.readouterr().out
-    assert "Use: sampler.set_epoch(epoch)" in first and "again shows our lines" in first
+    assert "?" in first and "set_epoch" not in first and "again names the API" in first
+    hint("05.e")
+    assert "sampler.set_epoch(epoch)" in capsys.readouterr().out
     hint("05.e")
     assert "sampler.set_epoch(epoch)  # a new order every epoch" in capsys.readouterr().out
 
@@ -75,63 +81,6 @@ SETTINGS = {
 }
 
 
-def _swap_clip_and_unscale(lines: list[str]) -> list[str]:
-    unscale = next(i for i, line in enumerate(lines) if "unscale_(" in line)
-    clip = next(i for i, line in enumerate(lines) if "clip_grad_norm_(" in line)
-    lines[unscale], lines[clip] = lines[clip], lines[unscale]
-    return lines
-
-
-#: Each gap's answer taken out (``pass``), or its commonest wrong variant: a function of our lines.
-MUTANTS = {
-    "01.a": lambda lines: ["return 0.0"],
-    "01.b": lambda lines: ["pass"],
-    "02.a": lambda lines: ["loading = dict()"],  # the loader's defaults
-    "02.b": lambda lines: ["pass"],  # the batch left where it is
-    "03.a": lambda lines: [lines[0], lines[1], "scaler = torch.amp.GradScaler(device.type, enabled=False)"],
-    "03.b": _swap_clip_and_unscale,  # clipped before unscaled
-    "04.a": lambda lines: ["step_model = model"],  # compile=True, nothing compiled
-    "04.b": lambda lines: [line.replace('"optimizer step"', '"update"') for line in lines],
-    "05.a": lambda lines: ["pass"],
-    "05.b": lambda lines: ["pass"],
-    "05.c": lambda lines: [lines[0].replace(", drop_last=True", "")],  # uneven shares
-    "05.d": lambda lines: ["ddp_model = model"],
-    "05.e": lambda lines: ["pass"],  # one epoch: the losses cannot tell
-    "06.a": lambda lines: ["pass"],
-    "06.b": lambda lines: ["optimizer = torch.optim.AdamW(groups, lr=lr)"],
-    "06.c": lambda lines: ["pass"],  # the ranks happen to start alike
-    "07.a": lambda lines: ["peak_lr = lr"],  # not scaled
-    "07.b": lambda lines: ["return 1.0"],  # no warmup, no decay
-    "07.c": lambda lines: ["pass"],
-    "10.a": lambda lines: [line.strip() for line in lines[1:]],  # built with real memory
-    "10.c": lambda lines: ["pass"],
-    "10.d": lambda lines: ["pass"],
-    "10.e": lambda lines: ["pass"],
-}
-#: Shown on two ranks only (a split needs tp > 1): tests/integration/test_recipes.py.
-ON_TWO_RANKS = {"10.b"}
-
-
-def test_every_gap_has_a_mutant():
-    assert set(MUTANTS) | ON_TWO_RANKS == {gap_id for stage in GAPS for gap_id in gap_ids(stage)}
-
-
-def _mutant(gap_id: str) -> str:
-    """Our stage with ``gap_id``'s lines replaced by its mutant."""
-    stage = next(name for name in GAPS if name.startswith(gap_id[:2] + "_"))
-    lines, start = recipe_path(stage).read_text().splitlines(), 0
-    for found, gap in zip(gap_ids(stage), GAPS[stage]):
-        begin, end = gap_span(lines, gap, start)
-        if found == gap_id:
-            indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
-            ours = textwrap.dedent("\n".join(lines[begin : end + 1])).splitlines()
-            replacement = MUTANTS[gap_id](ours)
-            lines[begin : end + 1] = [indent + line if line else line for line in replacement]
-            return "\n".join(lines) + "\n"
-        start = end + 1
-    raise KeyError(gap_id)
-
-
 @pytest.fixture
 def stage_folder(tmp_path, monkeypatch):
     """A folder for one test's runs (the micro data set is generated there in a fraction of a second), as a job
@@ -147,16 +96,12 @@ def stage_folder(tmp_path, monkeypatch):
     return tmp_path
 
 
-#: Settings a mutant needs to show itself: a model that is never compiled shows only when compile is asked for.
-MUTANT_SETTINGS = {"04.a": {"compile": True}}
-
-
-def _run(stage: str, path: str, tag: str) -> dict:
-    settings = {**SETTINGS[stage], **MUTANT_SETTINGS.get(tag, {})}
+def _run(stage: str, path: str, tag: str, settings: dict | None = None) -> dict:
+    settings = {**SETTINGS[stage], **(settings or {})}
     return run_stage(path, config="micro.yaml", epochs=1, device="cpu", checkpoint=f"runs/{tag}-checkpoint", **settings)
 
 
-@pytest.mark.parametrize("stage", sorted(GAPS))
+@pytest.mark.parametrize("stage", STAGE_FILES)
 def test_our_stage_passes_every_probe(stage, stage_folder):
     if stage == "06_horovod.py":
         pytest.importorskip("horovod.torch", reason="needs Horovod (make horovod)")
@@ -165,26 +110,74 @@ def test_our_stage_passes_every_probe(stage, stage_folder):
     check_gaps(stage, result)
 
 
-@pytest.mark.parametrize("gap_id", sorted(MUTANTS))
-def test_a_gap_taken_out_is_named_by_the_lessons_check(gap_id, stage_folder, capsys):
-    stage = next(name for name in GAPS if name.startswith(gap_id[:2] + "_"))
+# -- what attendees write: each wrong answer caught and named by its one gap, each right one accepted ----------------
+
+
+def variant_source(stage: str, variant: Variant) -> str:
+    """Our stage with a variant's edits: each replaces the first line holding ``old``; the lines of ``new`` after its
+    first take that line's indentation plus their own."""
+    lines = recipe_path(stage).read_text().splitlines()
+    for old, new in variant.edits:
+        index = next((i for i, line in enumerate(lines) if old in line), None)
+        assert index is not None, f"{stage}: no line holds {old!r} ({variant.what})"
+        line = lines[index]
+        indent = line[: len(line) - len(line.lstrip())]
+        first, *rest = new.split("\n")
+        lines[index : index + 1] = [line.replace(old, first, 1), *(indent + more if more else "" for more in rest)]
+    return "\n".join(lines) + "\n"
+
+
+VARIANTS = [
+    pytest.param(stage.file, gap.id, kind, variant, id=f"{gap.id}-{kind}-{variant.what.replace(' ', '_')}")
+    for stage in all_stages().values()
+    for gap in stage.gaps
+    for kind, variants in (("wrong", gap.mistakes), ("right", gap.alternatives))
+    for variant in variants
+]
+
+_TWINS: dict[tuple, dict] = {}
+
+
+def _twin(stage: str, settings: dict) -> dict:
+    """The engine's twin of a variant's run (the same for every variant with these settings: computed once)."""
+    from dlscale.lessons.parity import engine_twin
+
+    arguments = {**SETTINGS[stage], **settings, "config": "micro.yaml", "epochs": 1, "device": "cpu"}
+    key = (stage, tuple(sorted(arguments.items())))
+    if key not in _TWINS:
+        _TWINS[key] = engine_twin(stage, name=f"twin-{stage[:2]}", **arguments)
+    return _TWINS[key]
+
+
+def test_every_gap_of_the_kernels_and_ranks_stages_has_three_wrong_answers_and_two_right_ones():
+    for stage in all_stages().values():
+        if stage.lesson in ("06", "10"):  # (Horovod's and the sharded stage's variants: see docs/stage-checks.md)
+            continue
+        for gap in stage.gaps:
+            assert len(gap.mistakes) >= 3 and len(gap.alternatives) >= 2, gap.id
+
+
+@pytest.mark.parametrize(("stage", "gap_id", "kind", "variant"), VARIANTS)
+def test_what_attendees_write_is_judged_by_the_lessons_check(stage, gap_id, kind, variant, stage_folder):
+    from dlscale.lessons.stage_check import check_stage
+
     if stage == "06_horovod.py":
         pytest.importorskip("horovod.torch", reason="needs Horovod (make horovod)")
-    path = stage_folder / f"mutant_{gap_id.replace('.', '_')}.py"
-    path.write_text(_mutant(gap_id))
-    result = _run(stage, str(path), gap_id)
-    if gap_id in ("01.a",):  # (checked by its numbers: the R² against the engine's)
-        from dlscale.lessons.stage_check import check_stage
-
-        ours = _run(stage, str(recipe_path(stage)), "01-ours")
-        with pytest.raises(AssertionError) as caught:
-            check_stage(stage, result, ours)
+    path = stage_folder / f"variant_{stage}"
+    path.write_text(variant_source(stage, variant))
+    result = _run(stage, str(path), gap_id, dict(variant.settings))
+    twin = _twin(stage, dict(variant.settings))
+    if kind == "right":
+        check_stage(stage, result, twin)
+        return
+    with pytest.raises(AssertionError) as caught:
+        check_stage(stage, result, twin)
+    message, named = str(caught.value), variant.names or gap_id
+    assert "\n" not in message, message
+    if named == "outside":
+        assert "outside the gaps" in message and "TODO " not in message, message
     else:
-        with pytest.raises(AssertionError) as caught:
-            check_gaps(stage, result)
-    message = str(caught.value)
-    assert message.startswith(f"TODO {gap_id} ") or f"Look at TODO {gap_id} " in message, message
-    assert "\n" not in message
+        assert re.findall(r"TODO (\d\d\.[a-z])", message) == [named], message
 
 
 # -- catch up, start over ---------------------------------------------------------------------------------------
@@ -221,4 +214,4 @@ def test_a_lesson_reset_removes_that_lessons_runs_and_nothing_else(tmp_path, cap
 def test_the_docs_table_lists_every_gap():
     table = (Path(__file__).resolve().parents[2] / "docs/stage-checks.md").read_text()
     rows = re.findall(r"^\| (\d\d\.[a-e]) ", table, re.MULTILINE)
-    assert rows == [gap_id for stage in GAPS for gap_id in gap_ids(stage)]
+    assert rows == [gap_id for stage in all_stages().values() for gap_id in stage.gap_ids]

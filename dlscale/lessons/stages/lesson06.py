@@ -1,0 +1,77 @@
+"""Stage 06, Horovod (lesson 06): joining Horovod, its optimizer, and rank 0's weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dlscale.lessons.stage_record import Gap, Stage
+
+
+def horovod_joined(seen: dict[str, Any], args: dict[str, Any], result: dict[str, Any]) -> str | None:
+    return None if seen["hvd_init"] else "Horovod was never initialised in this process"
+
+
+def horovod_optimizer(seen: dict[str, Any], args: dict[str, Any], result: dict[str, Any]) -> str | None:
+    """Horovod's optimizer, averaging by name, once every ``accumulate`` backward passes."""
+    if not seen["hvd_optimizers"]:
+        return "the optimizer is not Horovod's: its gradients are not averaged over the ranks"
+    made = seen["hvd_optimizers"][-1]
+    if not made["averaged"]:
+        return f"Horovod's optimizer takes op={made['op']}: the ranks' gradients are averaged (hvd.Average)"
+    if made["backward_passes_per_step"] != args.get("accumulate", 1):
+        return (
+            f"Horovod's optimizer averages every {made['backward_passes_per_step']} backward pass(es), with "
+            f"accumulate={args.get('accumulate', 1)}"
+        )
+    return None
+
+
+def broadcast(seen: dict[str, Any], args: dict[str, Any], result: dict[str, Any]) -> str | None:
+    if not seen["broadcasts"]:
+        return (
+            "rank 0's weights were never broadcast: each rank starts from its own initialisation (here the "
+            "ranks happen to be seeded alike; in your own code they are not)"
+        )
+    return None
+
+
+STAGE = Stage(
+    lesson="06",
+    file="06_horovod.py",
+    runs_on="ranks",
+    by_numbers=((), ("06.b", "06.c")),
+    gaps=(
+        Gap(
+            id="06.a",
+            first="hvd.init()",
+            last="rank, world_size, local_rank = hvd.rank()",
+            asks="this process joins Horovod's job; then `rank`, `world_size` and `local_rank` (its rank on the node) "
+            "from Horovod",
+            question="Horovod, like torch.distributed, must start before any collective: which call starts it, and "
+            "which three numbers does each process then ask it for?",
+            api="hvd.init(); hvd.rank(), hvd.size(), hvd.local_rank()",
+            probe=horovod_joined,
+        ),
+        Gap(
+            id="06.b",
+            first="optimizer = hvd.DistributedOptimizer(",
+            last="op=hvd.Average, backward_passes_per_step",
+            asks="`optimizer`: the earlier stages' optimizer over `groups` at `lr`, wrapped so that Horovod averages "
+            "each gradient over the ranks (by name), once every `accumulate` backward passes",
+            question="Where does Horovod average the gradients, if not in the model? How does it match each "
+            "gradient across ranks, and how often should it average with accumulation?",
+            api="hvd.DistributedOptimizer(torch.optim.AdamW(groups, lr=lr), named_parameters=..., op=hvd.Average, "
+            "backward_passes_per_step=...)",
+            probe=horovod_optimizer,
+        ),
+        Gap(
+            id="06.c",
+            first="hvd.broadcast_parameters(",
+            last="hvd.broadcast_parameters(",
+            asks="every rank starts from the same weights: rank 0's",
+            question="Each process initialised its own model: what makes every rank start from the same weights?",
+            api="hvd.broadcast_parameters(model.state_dict(), root_rank=0)",
+            probe=broadcast,
+        ),
+    ),
+)
