@@ -53,26 +53,18 @@ def recipe_defaults(stage: str) -> dict:
 def engine_settings(stage: str, **arguments) -> tuple[str, dict]:
     """``(config, overrides)`` with which ``dlscale.train`` computes what ``main(**arguments)`` of a stage does.
 
-    The recipe's defaults apply where ``arguments`` are silent. The stages before 07 keep the LR
-    constant, those before 03 train in fp32, the CNN uses group norm (the recipe's), and Horovod
-    (06) reduces contiguous tensors only, so its stage keeps the default memory layout.
+    The recipe's defaults apply where ``arguments`` are silent; the stage's record says what else its twin needs
+    (:attr:`~dlscale.lessons.stage_record.Stage.twin`: a constant LR before 07, fp32 before 03, group norm, the
+    memory layout, the model and its parallelism).
     """
-    number = int(stage[:2])
+    from dlscale.lessons.stages import stage_record
+
     values = {**recipe_defaults(stage), **arguments}
     overrides = {_CONFIG_KEYS.get(k, k): v for k, v in values.items() if k not in _NOT_COMPUTED}
     overrides.setdefault("num_workers", 0)
     if overrides.get("lr_scaling") == "auto":  # stage 07's rule: square root for Adam-like optimizers
         overrides["lr_scaling"] = "sqrt" if overrides.get("optimizer", "adamw") in ("adamw", "lamb") else "linear"
-    if number < 7 or number == 10:
-        overrides.update(warmup_steps=0, decay="none")
-    if number < 3:
-        overrides["precision"] = "fp32"
-    if number == 10:
-        overrides.update(model="vit", data_parallel="fsdp")
-    else:
-        overrides.update(norm="group", channels_last=4 <= number != 6)
-    if number == 6:
-        overrides["data_parallel"] = "horovod"
+    overrides.update(stage_record(stage).twin)
     return values.get("config", "tiny"), overrides
 
 

@@ -69,12 +69,31 @@ def _gap_of_error(stage: Stage, error: dict[str, Any], source: str | None) -> tu
                 if api in answer_lines(gap_id):
                     return gap_id, f"{error['type']}: {message.splitlines()[0][:200]}"
     said = f"{error['type']}: {' '.join(message.split())[:240]}"
+    if "timed out" in message.lower() or "timeout" in message.lower():
+        said = (
+            f"this rank waited in a collective that another rank never reached ({said}): every rank makes the same "
+            f"collectives in the same order (a save or an all-reduce on one rank alone leaves the others waiting)"
+        )
     for frame in reversed(error["frames"]):  # (the innermost line of the stage's own code first)
         gap_id = gap_of_line(stage, source, frame["line"]) if source else None
         if gap_id:
             return gap_id, f"{said} (line {frame['line']}: {frame['text']})"
     where = error["frames"][-1] if error["frames"] else None
-    return None, said + (f" at line {where['line']}: {where['text']}" if where else "")
+    at = f" at line {where['line']}: {where['text']}" if where else ""
+    cause = _only_change(stage, source)
+    if cause:  # (a line of ours failed on what the one changed gap made)
+        return cause, f"{said}{at}, a line of ours that fails on what this gap made"
+    return None, said + at
+
+
+def _only_change(stage: Stage, source: str | None) -> str | None:
+    """The one gap whose lines differ from ours, where nothing outside the gaps does; else None."""
+    from dlscale.lessons.stage_lines import differing_gaps, outside_changes
+
+    if not source or outside_changes(stage, source):
+        return None
+    differing = differing_gaps(stage, source)
+    return differing[0] if len(differing) == 1 else None
 
 
 def _error_verdict(stage: Stage, run: dict[str, Any], source: str | None, setting: str) -> str | None:
@@ -112,7 +131,27 @@ def check_gaps(stage: str, mine: dict[str, Any]) -> None:
         for run in runs:
             wrong = probe(run["seen"], run.get("arguments") or {}, run) if "seen" in run else None
             if wrong:
-                raise AssertionError(" ".join(f"{gap.label}: {wrong}{_setting(mine, run)}".split()))
+                raise AssertionError(
+                    " ".join(f"{_blamed(record, source, gap.id)}: {wrong}{_setting(mine, run)}".split())
+                )
+
+
+def _blamed(record: Stage, source: str | None, gap_id: str) -> str:
+    """Whom a probe's finding names: its gap, unless the attendee's lines of that gap are ours to the letter (then the
+    mistake is elsewhere: the one other gap whose lines differ, or else the line outside the gaps that differs)."""
+    from dlscale.lessons.stage_lines import differing_gaps, outside_changes
+
+    if not source:
+        return _label(gap_id)
+    differing = differing_gaps(record, source)
+    if gap_id in differing:
+        return _label(gap_id)
+    if len(differing) == 1:
+        return _label(differing[0])
+    outside = outside_changes(record, source)
+    if not differing and outside:
+        return f"a line outside the gaps differs from ours, line {outside[0].number} ({outside[0].text[:120]})"
+    return _label(gap_id)
 
 
 def _where_to_look(record: Stage, source: str | None, gap_ids: tuple[str, ...]) -> str:

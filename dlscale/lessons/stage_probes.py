@@ -13,9 +13,11 @@ A failure inside the stage does not end the cell: the result carries it, and the
 from __future__ import annotations
 
 import contextlib
+import datetime
 import inspect
 import io
 import linecache
+import os
 import re
 import sys
 import traceback
@@ -36,6 +38,8 @@ def _new_record() -> dict[str, Any]:
         "copies": 0,
         "non_blocking_copies": 0,
         "compiled": 0,
+        "compile_backends": [],
+        "loss_ranges": Counter(),
         "ranges": Counter(),
         "window_steps": 0,
         "order": [],
@@ -60,6 +64,7 @@ def _new_record() -> dict[str, Any]:
         "ddp": 0,
         "ddp_calls": 0,
         "saves": 0,
+        "compiled_names_saved": 0,
         "hvd_init": 0,
         "hvd_optimizers": [],
         "broadcasts": 0,
@@ -69,6 +74,7 @@ def _new_record() -> dict[str, Any]:
         "to_empty": 0,
         "init_weights": 0,
         "dcp_saves": [],
+        "dcp_saved": [],
     }
 
 
@@ -104,6 +110,22 @@ class _Patches:
                 delattr(owner, name)
             else:
                 setattr(owner, name, original)
+
+
+def collective_wait() -> datetime.timedelta:
+    """How long a checked stage's rank waits in a gloo collective before it gives up (``DLSCALE_CHECK_WAIT_S``, 120 s
+    by default): a rank that waits for a peer that skipped the collective (a save on rank 0 only) is named then,
+    not after the stage's own 5 minutes. (NCCL's watchdog ends the process on a timeout: its groups keep theirs.)"""
+    return datetime.timedelta(seconds=float(os.environ.get("DLSCALE_CHECK_WAIT_S", "120")))
+
+
+def _bounded(args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``init_process_group``'s keywords with the timeout bounded by :func:`collective_wait`, for gloo alone."""
+    backend = str(kwargs.get("backend", args[0] if args else None))
+    if backend != "gloo" and not (backend == "None" and not torch.cuda.is_available()):
+        return kwargs
+    timeout = kwargs.get("timeout")
+    return {**kwargs, "timeout": min(timeout, collective_wait()) if timeout is not None else collective_wait()}
 
 
 #: Whether a watch is on. A module first imported during a watch may keep a wrapper it found (``from torch.profiler
@@ -164,7 +186,7 @@ def watch(namespace: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
         for hook in hooks:
             hook.remove()
         patches.restore()
-        for key in ("ranges", "backwards_per_step", "all_reduced"):
+        for key in ("ranges", "backwards_per_step", "all_reduced", "loss_ranges"):
             seen[key] = {str(k): v for k, v in seen[key].items()}
         seen["range_events"] = {name: dict(events) for name, events in seen["range_events"].items()}
 
@@ -305,9 +327,18 @@ def _watch_step(patches: _Patches, seen: dict[str, Any]) -> list[Any]:
 
     hooks = [register_optimizer_step_pre_hook(before_step), register_optimizer_step_post_hook(after_step)]
 
-    patches.wrap(
-        torch, "compile", lambda f: _noting(f, lambda *a, **k: seen.__setitem__("compiled", seen["compiled"] + 1))
-    )
+    def compiling(*args: Any, **kwargs: Any) -> None:
+        seen["compiled"] += 1
+        seen["compile_backends"].append(str(kwargs.get("backend", "inductor")))
+
+    patches.wrap(torch, "compile", lambda f: _noting(f, compiling))
+
+    def loss_computed(*args: Any, **kwargs: Any) -> None:  # (the training losses: the phase range they are in)
+        if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            phases = [name for name in state["ranges"] if name in ("forward", "backward", "optimizer step")]
+            seen["loss_ranges"][phases[-1] if phases else "none"] += 1
+
+    patches.wrap(torch.nn.functional, "mse_loss", lambda f: _noting(f, loss_computed))
     patches.wrap(
         OptimizedModule,
         "__call__",
@@ -388,7 +419,17 @@ def _watch_ranks(patches: _Patches, seen: dict[str, Any]) -> None:
             "timeout_s": timeout.total_seconds() if timeout is not None else None,
         }
 
-    patches.wrap(dist, "init_process_group", lambda f: _noting(f, joined))
+    def joining(original: Callable) -> Callable:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if _WATCHING[0]:
+                joined(*args, **kwargs)
+                kwargs = _bounded(args, kwargs)
+            return original(*args, **kwargs)
+
+        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+        return wrapper
+
+    patches.wrap(dist, "init_process_group", joining)
 
     def reduced(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         # by kind, every one counted: the one that matters is never crowded out by the gradients' many
@@ -396,6 +437,12 @@ def _watch_ranks(patches: _Patches, seen: dict[str, Any]) -> None:
         seen["validation_all_reduces"] += not torch.is_grad_enabled()
 
     patches.wrap(dist, "all_reduce", lambda f: _noting(f, reduced))
+
+    def gathered(*args: Any, **kwargs: Any) -> None:  # (every rank gets every rank's part: a sum can follow)
+        seen["validation_all_reduces"] += not torch.is_grad_enabled()
+
+    for name in ("all_gather", "all_gather_into_tensor", "all_gather_object"):
+        patches.wrap(dist, name, lambda f: _noting(f, gathered))
     patches.wrap(
         DistributedDataParallel,
         "__init__",
@@ -407,7 +454,14 @@ def _watch_ranks(patches: _Patches, seen: dict[str, Any]) -> None:
             seen["ddp_calls"] += torch.is_grad_enabled()
 
     patches.wrap(DistributedDataParallel, "forward", lambda f: _noting(f, ddp_ran))
-    patches.wrap(torch, "save", lambda f: _noting(f, lambda *a, **k: seen.__setitem__("saves", seen["saves"] + 1)))
+
+    def saved(obj: Any, *args: Any, **kwargs: Any) -> None:
+        seen["saves"] += 1
+        states = [value for value in obj.values() if isinstance(value, dict)] if isinstance(obj, dict) else []
+        if any(str(key).startswith("_orig_mod.") for state in states for key in state):
+            seen["compiled_names_saved"] += 1
+
+    patches.wrap(torch, "save", lambda f: _noting(f, saved))
 
 
 def _watch_horovod(patches: _Patches, seen: dict[str, Any]) -> None:
@@ -484,8 +538,30 @@ def _watch_sharding(patches: _Patches, seen: dict[str, Any]) -> None:
         lambda f: _noting(f, lambda *a, **k: seen.__setitem__("to_empty", seen["to_empty"] + 1)),
     )
     patches.wrap(
-        dcp, "save", lambda f: _noting(f, lambda *a, **k: seen["dcp_saves"].append(str(k.get("checkpoint_id"))))
+        dcp,
+        "save",
+        lambda f: _noting(
+            f,
+            # (the folder: checkpoint_id=..., or a writer's own path)
+            lambda *a, **k: (
+                seen["dcp_saves"].append(str(k.get("checkpoint_id") or getattr(k.get("storage_writer"), "path", None))),
+                seen["dcp_saved"].append(_what_is_saved(a[0] if a else k.get("state_dict"))),
+            ),
+        ),
     )
+
+
+def _what_is_saved(state: Any) -> list[str]:
+    """What a checkpoint's state holds, by kind: "weights", "optimizer", "number" (an epoch or step)."""
+    kinds = []
+    for value in (state or {}).values() if isinstance(state, dict) else ():
+        if isinstance(value, torch.optim.Optimizer) or (isinstance(value, dict) and "param_groups" in value):
+            kinds.append("optimizer")
+        elif isinstance(value, torch.nn.Module) or (isinstance(value, dict) and value and "param_groups" not in value):
+            kinds.append("weights")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            kinds.append("number")
+    return kinds
 
 
 def effective_arguments(main: Callable, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -571,7 +647,6 @@ def _switch_runs(stage: Any, main: Callable[..., dict], arguments: dict[str, Any
 def small_config(config: str, samples: int) -> str:
     """A config file that inherits ``config`` with ``samples`` training maps and half as many to validate: written once
     under ``runs/stage-checks`` (atomically: every rank may write it) and named by what it holds."""
-    import os
     import tempfile
 
     folder = Path("runs", "stage-checks")

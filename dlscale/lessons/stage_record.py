@@ -39,6 +39,7 @@ class Gap:
     """One gap of a stage, by name (``"05.e"``): where it is, what it asks, how its hints help, how it is checked."""
 
     id: str  # "05.e": the lesson, then the gap's letter; never derived from a position
+    title: str  # a few words naming it in every verdict: "a new order every epoch"
     first: str  # text of the gap's first line in the shipped stage
     last: str  # text of its last line (the first line at or after ``first`` that holds it)
     asks: str  # what must be true once it is written: the TODO's text, a behaviour
@@ -50,8 +51,8 @@ class Gap:
 
     @property
     def label(self) -> str:
-        """``TODO 05.e (a new order every epoch)``: the gap's name and the start of what it asks."""
-        return f"TODO {self.id} ({self.asks.split(':')[0].split(',')[0]})"
+        """``TODO 05.e (a new order every epoch)``: the gap's name and title."""
+        return f"TODO {self.id} ({self.title})"
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,8 @@ class Stage:
     #: stage takes is exercised: each entry is applied unless the lesson's own run already used its values.
     switches: tuple[Mapping[str, Any], ...] = ()
     switch_samples: int = 128  # the training maps of those runs (half as many validate)
+    #: dlscale.train's settings that make it compute what the stage computes, beside its arguments (the stage's twin)
+    twin: Mapping[str, Any] = field(default_factory=dict)
     probe_order: tuple[str, ...] = ()  # the gaps' probes in this order (default: the file's), where one mistake
     # trips two probes and the first should name it
 

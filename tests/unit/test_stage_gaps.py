@@ -5,6 +5,8 @@ with a message that starts with that gap's label. The stages run in this process
 from __future__ import annotations
 
 import ast
+import contextlib
+import io
 import re
 from pathlib import Path
 
@@ -149,12 +151,15 @@ def _twin(stage: str, settings: dict) -> dict:
     return _TWINS[key]
 
 
-def test_every_gap_of_the_kernels_and_ranks_stages_has_three_wrong_answers_and_two_right_ones():
+def test_every_gap_has_three_wrong_answers_and_two_right_ones_to_try():
     for stage in all_stages().values():
-        if stage.lesson in ("06", "10"):  # (Horovod's and the sharded stage's variants: see docs/stage-checks.md)
-            continue
         for gap in stage.gaps:
-            assert len(gap.mistakes) >= 3 and len(gap.alternatives) >= 2, gap.id
+            if gap.id not in ON_TWO_RANKS:
+                assert len(gap.mistakes) >= 3 and len(gap.alternatives) >= 2, gap.id
+
+
+#: Shown on two ranks only (a split needs tp > 1): tests/integration/test_recipes.py.
+ON_TWO_RANKS = {"10.b"}
 
 
 @pytest.mark.parametrize(("stage", "gap_id", "kind", "variant"), VARIANTS)
@@ -213,5 +218,56 @@ def test_a_lesson_reset_removes_that_lessons_runs_and_nothing_else(tmp_path, cap
 
 def test_the_docs_table_lists_every_gap():
     table = (Path(__file__).resolve().parents[2] / "docs/stage-checks.md").read_text()
-    rows = re.findall(r"^\| (\d\d\.[a-e]) ", table, re.MULTILINE)
-    assert rows == [gap_id for stage in all_stages().values() for gap_id in stage.gap_ids]
+    rows = re.findall(r"^\| (\d\d\.[a-e]) ([^|]+?) \|", table, re.MULTILINE)
+    assert rows == [(gap.id, gap.title) for stage in all_stages().values() for gap in stage.gaps]
+
+
+def test_a_rank_that_waited_for_a_skipped_collective_is_named_by_the_gap_of_its_line():
+    """The wait itself is bounded on two ranks in tests/integration/test_stage_waits.py; here, its verdict."""
+    source = recipe_path("10_fsdp_tp.py").read_text()
+    number = next(i for i, line in enumerate(source.splitlines(), 1) if "dcp.save(" in line)
+    error = {
+        "type": "RuntimeError",
+        "message": "[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 120000ms for recv operation",
+        "name": None,
+        "frames": [{"function": "main", "line": number, "text": source.splitlines()[number - 1].strip()}],
+    }
+    with pytest.raises(AssertionError) as caught:
+        check_gaps("10_fsdp_tp.py", {"error": error, "source": source, "losses": [], "r2": []})
+    message = str(caught.value)
+    assert message.startswith("TODO 10.e ") and "waited in a collective that another rank never reached" in message
+    assert "\n" not in message
+
+
+def test_after_an_unfinished_stage_a_later_cell_says_so_in_one_line_and_the_stage_cells_keep_their_tracebacks():
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    from dlscale.lessons.recipes import use_ours
+    from dlscale.lessons.unfinished import mark_unfinished
+
+    config = Config()
+    config.HistoryManager.enabled = False  # (its history in memory: no database left to write after the test)
+    shell = InteractiveShell.instance(config=config)
+    try:
+        mark_unfinished(
+            "03", "TODO 03.a (the precision and the scaler): still to write (it raises NotImplementedError)"
+        )
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            later = shell.run_cell("print(r2)", store_history=True)  # (a cell after the check: r2 was never made)
+        assert out.getvalue().splitlines() == [
+            "Lesson 03's stage is not done yet (TODO 03.a (the precision and the scaler)): this cell needs it. "
+            'Finish the stage and run its check again, or carry on with our stage: use_ours("03")'
+        ]
+        assert isinstance(later.error_in_exec, NameError)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            shell.run_cell("def main():\n    pass\nundefined_name", store_history=True)  # (the attendee's own cell)
+        assert "Traceback" in out.getvalue() and "not done yet" not in out.getvalue()
+        with contextlib.redirect_stdout(io.StringIO()):
+            use_ours("03")  # (our stage stands in: errors show as they are again)
+            shell.run_cell("print(r2)", store_history=True)
+        assert shell.CustomTB is None or shell.custom_exceptions == ()
+    finally:
+        InteractiveShell.clear_instance()

@@ -9,10 +9,18 @@ STAGE = Stage(
     lesson="01",
     file="01_baseline.py",
     runs_on="kernel",
+    twin={
+        "warmup_steps": 0,
+        "decay": "none",
+        "precision": "fp32",
+        "norm": "group",
+        "channels_last": False,
+    },  # (a constant LR, fp32, the recipe's group norm)
     by_numbers=(("01.a",), ("01.b",)),
     gaps=(
         Gap(
             id="01.a",
+            title="the validation R²",
             first="return float((1 - ((y - pred)",
             last="return float((1 - ((y - pred)",
             asks="return the validation R² as one float: for each target, the share of its variance that the "
@@ -73,6 +81,7 @@ STAGE = Stage(
         ),
         Gap(
             id="01.b",
+            title="one training step",
             first="optimizer.zero_grad()",
             last="optimizer.step()",
             asks="one training step on this batch: gradients of this batch alone (none left from the last one), "

@@ -43,11 +43,19 @@ STAGE = Stage(
     lesson="02",
     file="02_data_loading.py",
     runs_on="kernel",
+    twin={
+        "warmup_steps": 0,
+        "decay": "none",
+        "precision": "fp32",
+        "norm": "group",
+        "channels_last": False,
+    },  # (a constant LR, fp32, the recipe's group norm)
     by_numbers=((), ("02.a", "02.b")),
     switches=({"workers": 0},),
     gaps=(
         Gap(
             id="02.a",
+            title="the loaders' settings",
             first="loading = dict(",
             last="loading = dict(",
             asks="`loading`, the settings both loaders take: batches read by `workers` background processes, and "
@@ -103,6 +111,7 @@ STAGE = Stage(
         ),
         Gap(
             id="02.b",
+            title="the non-blocking copy",
             first="x, y = x.to(device, non_blocking=True)",
             last="x, y = x.to(device, non_blocking=True)",
             asks="the batch on the training device, copied so that the host goes on while the copy runs",

@@ -45,14 +45,16 @@ def scaled_step(seen: dict[str, Any], args: dict[str, Any], result: dict[str, An
     if args.get("precision", "fp32") != "fp32" and under < steps:
         return f"{under} forward passes under autocast in {steps} steps: every step's forward pass and loss"
     step = order[: order.index("update") + 1] if "update" in order else order
-    calls = [name for name in step if name in _ORDER]
-    if calls != _ORDER:
+    # (a disabled scaler's calls do nothing: without one, only the clip before the step is asked for)
+    want = _ORDER if any(seen["scaler_enabled"]) else ["clip"]
+    calls = [name for name in step if name in want]
+    if calls != want:
         if "clip" in calls and "unscale" in calls and calls.index("clip") < calls.index("unscale"):
             return (
                 "the gradients were clipped before they were unscaled: the clip compared the scaled gradients "
                 "(thousands of times too large under fp16) with `clip`"
             )
-        missing = [name for name in _ORDER if name not in calls]
+        missing = [name for name in want if name not in calls]
         return (
             f"the first step called {calls or 'none of'} of the scaler and the clip, without {missing}: the "
             f"loss scaled for the backward pass, the gradients unscaled and clipped, then the step and the update"
@@ -64,11 +66,18 @@ STAGE = Stage(
     lesson="03",
     file="03_mixed_precision.py",
     runs_on="kernel",
+    twin={
+        "warmup_steps": 0,
+        "decay": "none",
+        "norm": "group",
+        "channels_last": False,
+    },  # (a constant LR, the recipe's group norm)
     by_numbers=((), ("03.a", "03.b")),
     switches=({"precision": "fp32"}, {"precision": "bf16"}, {"precision": "fp16"}),
     gaps=(
         Gap(
             id="03.a",
+            title="the precision and the scaler",
             first="dtype = {",
             last="scaler = torch.amp.GradScaler(",
             asks="`dtype`, the reduced precision that `precision` names (None for fp32), and `scaler`, a loss scaler "
@@ -129,6 +138,7 @@ STAGE = Stage(
         ),
         Gap(
             id="03.b",
+            title="the scaled, clipped step",
             first="with torch.autocast(",
             last="scaler.update()",
             asks="the step in that precision: forward and loss in `dtype` (in full precision for fp32), backward of "

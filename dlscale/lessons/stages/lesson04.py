@@ -12,13 +12,21 @@ def compiled(seen: dict[str, Any], args: dict[str, Any], result: dict[str, Any])
     """With ``compile`` on, the loss comes from a compiled module every step; with it off, from none."""
     steps, calls = steps_of(result), seen["compiled_calls"]
     if args.get("compile", False) and calls < steps:
-        made = f"torch.compile ran {seen['compiled']} time(s), but " if seen["compiled"] else ""
+        made = f" and torch.compile ran {seen['compiled']} time(s)" if seen["compiled"] else ""
         return (
-            f"compile=True, but {made}the loop called a compiled module {calls} time(s) in {steps} steps: the "
+            f"compile=True{made}, but the loop called a compiled module {calls} time(s) in {steps} steps: the "
             f"module the loop calls must be the compiled one (compiling returns a new module)"
         )
     if not args.get("compile", False) and calls:
         return f"compile=False, but a compiled module ran {calls} time(s): the switch must turn compilation off"
+    if seen["compiled_names_saved"]:
+        return (
+            "the checkpoint holds the compiled module's names (_orig_mod.…): the loop may call the compiled module, "
+            "but the model saved (and trained without compiling) is the plain one it was made from"
+        )
+    unfused = sorted({backend for backend in seen["compile_backends"] if backend not in ("inductor", "None")})
+    if args.get("compile", False) and unfused:
+        return f"compiled with backend {unfused}, which fuses no kernels: PyTorch 2's compiler is inductor's backend"
     return None
 
 
@@ -45,6 +53,12 @@ def named_phases(seen: dict[str, Any], args: dict[str, Any], result: dict[str, A
                 f'the range "{name}" held {said} in {steps} steps: each range must hold the phase of its name '
                 f"(the forward pass and the loss, the backward pass, the optimizer's step)"
             )
+    outside = {name: count for name, count in seen["loss_ranges"].items() if name != "forward"}
+    if outside:
+        return (
+            f'the loss was computed outside the range "forward" in {sum(outside.values())} of {steps} steps (in '
+            f"{sorted(outside)}): the forward range holds the model's forward pass and the loss"
+        )
     if seen["window_steps"] != steps:
         return (
             f"the profiling window heard of {seen['window_steps']} steps in {steps}: it must be told at the end "
@@ -57,11 +71,18 @@ STAGE = Stage(
     lesson="04",
     file="04_compile.py",
     runs_on="kernel",
+    twin={
+        "warmup_steps": 0,
+        "decay": "none",
+        "norm": "group",
+        "channels_last": True,
+    },  # (a constant LR; NHWC from stage 04 on)
     by_numbers=((), ("04.a", "04.b")),
     switches=({"compile": False},),
     gaps=(
         Gap(
             id="04.a",
+            title="the compiled model",
             first="step_model = torch.compile(",
             last="step_model = torch.compile(",
             asks="`step_model`, the model the loop calls: turned into fused kernels by PyTorch 2's compiler when that "
@@ -115,6 +136,7 @@ STAGE = Stage(
         ),
         Gap(
             id="04.b",
+            title="the named phases",
             first='with marked("forward")',
             last="window.step()",
             asks='stage 03\'s step, each of its phases a named range the profilers show ("forward" with the loss, '

@@ -84,11 +84,13 @@ STAGE = Stage(
     lesson="05",
     file="05_ddp.py",
     runs_on="ranks",
+    twin={"warmup_steps": 0, "decay": "none", "norm": "group", "channels_last": True},  # (a constant LR; NHWC)
     by_numbers=(("05.a",), ("05.b", "05.c", "05.d", "05.e")),
-    switches=({"epochs": 2},),
+    switches=({"epochs": 2, "seed": 1},),  # (two epochs show the order; a seed other than the default, its use)
     gaps=(
         Gap(
             id="05.a",
+            title="the ranks' validation sums",
             first="dist.all_reduce(sums)",
             last="dist.all_reduce(sums)",
             asks="every rank's `sums` added together, in place, so that every rank computes the R² of the whole "
@@ -116,6 +118,7 @@ STAGE = Stage(
         ),
         Gap(
             id="05.b",
+            title="joining the job",
             first="dist.init_process_group(",
             last="timedelta(minutes=5)",
             asks="this process joins the job's others: the backend for this device (GPU or CPU), as rank `rank` of "
@@ -159,6 +162,7 @@ STAGE = Stage(
         ),
         Gap(
             id="05.c",
+            title="each rank's share",
             first="sampler = DistributedSampler(",
             last="sampler = DistributedSampler(",
             asks="`sampler`: each rank a different share of the training set, shuffled from `seed`, and every rank "
@@ -195,6 +199,7 @@ STAGE = Stage(
         ),
         Gap(
             id="05.d",
+            title="the averaged gradients",
             first="ddp_model = DistributedDataParallel(",
             last="ddp_model = DistributedDataParallel(",
             asks="`ddp_model`: the model, whose gradients are averaged over the ranks while the backward pass runs "
@@ -250,6 +255,7 @@ STAGE = Stage(
         ),
         Gap(
             id="05.e",
+            title="a new order every epoch",
             first="sampler.set_epoch(epoch)",
             last="sampler.set_epoch(epoch)",
             asks="a new order every epoch, the same one on every rank",

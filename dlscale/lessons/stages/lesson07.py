@@ -105,14 +105,21 @@ STAGE = Stage(
     lesson="07",
     file="07_large_batch.py",
     runs_on="ranks",
+    twin={"norm": "group", "channels_last": True},  # (stage 07's own warmup and decay)
     by_numbers=((), ("07.a", "07.b", "07.c")),
     switch_samples=256,  # (4 steps of the lesson's batch of 64: one of warmup, three of decay)
     probe_order=("07.c", "07.a", "07.b"),  # (a schedule never stepped also bends the shape: say the cause)
-    # every rule, and warmup over one step so that a short run reaches the decay
-    switches=tuple({"scaling": rule, "warmup_steps": 1} for rule in ("linear", "sqrt", "none")),
+    # every rule (linear at another batch), warmup over one step so that a short run reaches the decay, and none
+    switches=(
+        {"scaling": "linear", "warmup_steps": 1, "batch_size": 128},  # (k = 4: not the ranks' count, as 64 gives on 2)
+        {"scaling": "sqrt", "warmup_steps": 1},
+        {"scaling": "none", "warmup_steps": 1},
+        {"warmup_steps": 0},
+    ),
     gaps=(
         Gap(
             id="07.a",
+            title="the scaled LR",
             first="peak_lr = lr * {",
             last="peak_lr = lr * {",
             asks="`peak_lr`: `lr` was tuned at `base_batch`; for a batch k = batch_size / base_batch times larger, "
@@ -126,7 +133,9 @@ STAGE = Stage(
                     "not scaled",
                     (('peak_lr = lr * {"linear": k, "sqrt": math.sqrt(k), "none": 1.0}[scaling]', "peak_lr = lr"),),
                 ),
-                Variant("k inverted", (("k = batch_size / base_batch", "k = base_batch / batch_size"),)),
+                Variant(
+                    "k inverted", (("k = batch_size / base_batch", "k = base_batch / batch_size"),), names="outside"
+                ),
                 Variant("a rule broken for one of its values", (('"none": 1.0', '"none": k'),)),
             ),
             alternatives=(
@@ -152,6 +161,7 @@ STAGE = Stage(
         ),
         Gap(
             id="07.b",
+            title="warmup and decay",
             first="if step < warmup_steps:",
             last="return 0.5 * (1 + math.cos(",
             asks="the factor of peak_lr at `step`: a straight line from `start` up to 1 over the warmup steps, then "
@@ -192,6 +202,7 @@ STAGE = Stage(
         ),
         Gap(
             id="07.c",
+            title="the schedule's step",
             first="scheduler.step()",
             last="scheduler.step()",
             asks="the learning rate moves along the schedule: one step of it after every optimizer step",

@@ -76,6 +76,12 @@ def dcp_saved(seen: dict[str, Any], args: dict[str, Any], result: dict[str, Any]
         )
     if any("epoch-" not in folder for folder in seen["dcp_saves"]):
         return f"the checkpoints went to {seen['dcp_saves']}: a folder epoch-N inside checkpoint each"
+    missing = [kind for kind in ("weights", "optimizer", "number") if kind not in (seen["dcp_saved"] or [[]])[-1]]
+    if missing:
+        return (
+            f"the sharded checkpoint holds no {' and no '.join(missing)}: a resume needs the model's weights, the "
+            f"optimizer's state and the epoch to go on from"
+        )
     return None
 
 
@@ -83,10 +89,17 @@ STAGE = Stage(
     lesson="10",
     file="10_fsdp_tp.py",
     runs_on="ranks",
+    twin={
+        "warmup_steps": 0,
+        "decay": "none",
+        "model": "vit",
+        "data_parallel": "fsdp",
+    },  # (a constant LR; the ViT, sharded)
     by_numbers=((), ("10.a", "10.b", "10.c", "10.d")),
     gaps=(
         Gap(
             id="10.a",
+            title="the meta-device build",
             first='with torch.device("meta"):',
             last="model = ViTRegressor(",
             asks="`model`: lesson 10's transformer for these maps, with its shapes but no memory and no values yet",
@@ -94,10 +107,22 @@ STAGE = Stage(
             "shapes only, no memory?",
             api='with torch.device("meta"): ViTRegressor(image_size=..., width=..., depth=..., heads=...)',
             probe=meta_build,
-            mistakes=(Variant("built with real memory", (('with torch.device("meta"):', "if True:"),)),),
+            mistakes=(
+                Variant("built with real memory", (('with torch.device("meta"):', "if True:"),)),
+                Variant("built on the training device", (('with torch.device("meta"):', "with device:"),)),
+                Variant("built on the CPU, then moved", (('with torch.device("meta"):', 'with torch.device("cpu"):'),)),
+            ),
+            alternatives=(
+                Variant(
+                    "the device named first",
+                    (('with torch.device("meta"):', 'meta = torch.device("meta")\nwith meta:'),),
+                ),
+                Variant("the device by keyword", (('with torch.device("meta"):', 'with torch.device(type="meta"):'),)),
+            ),
         ),
         Gap(
             id="10.b",
+            title="the tensor-parallel split",
             first="if tp > 1:",
             last="parallelize_module(block",
             asks='with tp > 1, each block\'s matrices split over the tensor-parallel ranks (mesh["tp"]): the query, '
@@ -111,6 +136,7 @@ STAGE = Stage(
         ),
         Gap(
             id="10.c",
+            title="the FSDP units",
             first="for block in model.blocks:",
             last="if bf16 else MixedPrecisionPolicy())",
             asks='each block sharded over the data-parallel ranks (mesh["dp"]) as a unit of its own, then the whole '
@@ -132,10 +158,46 @@ STAGE = Stage(
                         ("if bf16 else MixedPrecisionPolicy())", ""),
                     ),
                 ),
+                Variant(
+                    "the blocks alone",
+                    (
+                        (
+                            'fully_shard(model, mesh=mesh["dp"], mp_policy=MixedPrecisionPolicy(**bf16, output_dtype=torch.float32)',
+                            "pass",
+                        ),
+                        ("if bf16 else MixedPrecisionPolicy())", ""),
+                    ),
+                ),
+                Variant(
+                    "the whole model alone",
+                    (('fully_shard(block, mesh=mesh["dp"], mp_policy=MixedPrecisionPolicy(**bf16))', "pass"),),
+                ),
+            ),
+            alternatives=(
+                Variant(
+                    "the blocks in a comprehension",
+                    (
+                        ('fully_shard(block, mesh=mesh["dp"], mp_policy=MixedPrecisionPolicy(**bf16))', "pass"),
+                        (
+                            'fully_shard(model, mesh=mesh["dp"], mp_policy=MixedPrecisionPolicy(**bf16, output_dtype=torch.float32)',
+                            '[fully_shard(b, mesh=mesh["dp"], mp_policy=MixedPrecisionPolicy(**bf16)) for b in model.blocks]\nfully_shard(model, mesh=mesh["dp"], mp_policy=MixedPrecisionPolicy(**bf16, output_dtype=torch.float32)',
+                        ),
+                    ),
+                ),
+                Variant(
+                    "keywords in another order",
+                    (
+                        (
+                            'fully_shard(block, mesh=mesh["dp"], mp_policy=MixedPrecisionPolicy(**bf16))',
+                            'fully_shard(block, mp_policy=MixedPrecisionPolicy(**bf16), mesh=mesh["dp"])',
+                        ),
+                    ),
+                ),
             ),
         ),
         Gap(
             id="10.d",
+            title="this rank's shards",
             first="model.to_empty(",
             last="model.init_weights(seed)",
             asks="this rank's shards get memory on the device, then their values from the seed",
@@ -148,10 +210,28 @@ STAGE = Stage(
                     "no memory, no values",
                     (("model.to_empty(device=device)", "pass"), ("model.init_weights(seed)", "pass")),
                 ),
+                Variant(
+                    "values before memory",
+                    (
+                        ("model.init_weights(seed)", "model.to_empty(device=device)"),
+                        ("model.to_empty(device=device)", "model.init_weights(seed)"),
+                    ),
+                ),
+                Variant("memory without values", (("model.init_weights(seed)", "pass"),)),
+            ),
+            alternatives=(
+                Variant(
+                    "the device as text", (("model.to_empty(device=device)", "model.to_empty(device=str(device))"),)
+                ),
+                Variant(
+                    "the model it returns kept",
+                    (("model.to_empty(device=device)", "model = model.to_empty(device=device)"),),
+                ),
             ),
         ),
         Gap(
             id="10.e",
+            title="the DCP checkpoint",
             first="dcp.save(",
             last="checkpoint_id=os.path.join(",
             asks="a sharded checkpoint of the model, the optimizer and the next epoch's number, in a folder of its "
@@ -167,6 +247,39 @@ STAGE = Stage(
                     (
                         ('dcp.save({"model": model_state, "optimizer": optimizer_state, "epoch": epoch + 1},', "pass"),
                         ('checkpoint_id=os.path.join(checkpoint, f"epoch-{epoch + 1}"))', ""),
+                    ),
+                ),
+                Variant(
+                    "every epoch into one folder",
+                    (('checkpoint_id=os.path.join(checkpoint, f"epoch-{epoch + 1}"))', "checkpoint_id=checkpoint)"),),
+                ),
+                Variant(
+                    "the optimizer left out",
+                    (
+                        (
+                            'dcp.save({"model": model_state, "optimizer": optimizer_state, "epoch": epoch + 1},',
+                            'dcp.save({"model": model_state, "epoch": epoch + 1},',
+                        ),
+                    ),
+                ),
+            ),
+            alternatives=(
+                Variant(
+                    "the folder by an f-string",
+                    (
+                        (
+                            'checkpoint_id=os.path.join(checkpoint, f"epoch-{epoch + 1}"))',
+                            'checkpoint_id=f"{checkpoint}/epoch-{epoch + 1}")',
+                        ),
+                    ),
+                ),
+                Variant(
+                    "a writer for the folder",
+                    (
+                        (
+                            'checkpoint_id=os.path.join(checkpoint, f"epoch-{epoch + 1}"))',
+                            'storage_writer=dcp.FileSystemWriter(os.path.join(checkpoint, f"epoch-{epoch + 1}")))',
+                        ),
                     ),
                 ),
             ),
