@@ -271,45 +271,67 @@ def _any_nonzero(tensors: list[torch.Tensor]) -> bool:
     return bool(tensors) and bool(torch.stack([t.ne(0).any() for t in tensors]).any())
 
 
+class _Step:
+    """Where the watched stage is in its step: the calls' order, the backward passes since the last optimizer step,
+    the named ranges open now, whether a backward pass is running."""
+
+    def __init__(self, seen: dict[str, Any]) -> None:
+        self.seen, self.since_step, self.in_backward, self.ranges = seen, 0, False, []
+
+    def note(self, name: str) -> None:
+        """A call's place in the step's order (the first steps' order is what the checks read)."""
+        if len(self.seen["order"]) < _ORDER_KEPT:
+            self.seen["order"].append(name)
+
+    def held(self, event: str) -> None:
+        """``event`` happened inside each range open now."""
+        for name in self.ranges:
+            self.seen["range_events"].setdefault(name, Counter())[event] += 1
+
+    def ended(self, stepped: bool) -> None:
+        """A step ended: the optimizer stepped, or a scaler's update followed a step it skipped."""
+        if self.since_step:
+            self.seen["backwards_per_step"][self.since_step] += 1
+            self.seen["skipped_steps"] += not stepped
+        self.since_step = 0
+
+
 def _watch_step(patches: _Patches, seen: dict[str, Any]) -> list[Any]:
-    """The step's behaviour: the gradients each backward pass and each optimizer step find, backward passes per
-    step, the compiled module called, the named ranges and what each held, autocast, the scaler's order, the LR.
-    Returns the hooks to remove."""
-    from torch._dynamo.eval_frame import OptimizedModule
+    """The step's behaviour: its gradients and backward passes, what was compiled and called, the named ranges and
+    what each held, autocast and the scaler's order, the LR. Returns the hooks to remove."""
+    step = _Step(seen)
+    hooks = _watch_gradients(patches, seen, step)
+    _watch_compiling(patches, seen)
+    _watch_ranges(patches, seen, step)
+    _watch_precision(patches, seen, step)
+    return hooks
+
+
+def _watch_gradients(patches: _Patches, seen: dict[str, Any], step: _Step) -> list[Any]:
+    """What each backward pass and each optimizer step found: gradients left from the last step, none at all; the
+    backward passes per step; the LR of every step. Returns the optimizer hooks to remove."""
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    order, optimizers, state = seen["order"], [], {"since_step": 0, "in_backward": False, "ranges": []}
-
-    def step_order(name: str) -> None:
-        if len(order) < _ORDER_KEPT:
-            order.append(name)
-
-    def step_ended(stepped: bool) -> None:  # (an optimizer step, or a scaler's update after a skipped step)
-        if state["since_step"]:
-            seen["backwards_per_step"][state["since_step"]] += 1
-            seen["skipped_steps"] += not stepped
-        state["since_step"] = 0
-
+    optimizers: list[torch.optim.Optimizer] = []
     patches.wrap(torch.optim.Optimizer, "__init__", lambda f: _after(f, lambda self, *a, **k: optimizers.append(self)))
     backward = torch.autograd.backward
 
     def backward_pass(*args: Any, **kwargs: Any) -> Any:
-        if not _WATCHING[0] or state["in_backward"]:  # (a backward inside a backward: reentrant checkpointing)
+        if not _WATCHING[0] or step.in_backward:  # (a backward inside a backward: reentrant checkpointing)
             return backward(*args, **kwargs)
-        if state["since_step"] == 0 and _any_nonzero(_gradients(optimizers)):
+        if step.since_step == 0 and _any_nonzero(_gradients(optimizers)):
             seen["stale_backwards"] += 1
-        state["since_step"] += 1
+        step.since_step += 1
         seen["backwards"] += 1
-        for name in state["ranges"]:
-            seen["range_events"].setdefault(name, Counter())["backward"] += 1
-        state["in_backward"] = True
+        step.held("backward")
+        step.in_backward = True
         try:
             return backward(*args, **kwargs)
         finally:
-            state["in_backward"] = False
+            step.in_backward = False
 
     backward_pass.__wrapped__ = backward  # type: ignore[attr-defined]
-    patches.wrap(torch.autograd, "backward", lambda f: backward_pass)
+    patches.wrap(torch.autograd, "backward", lambda f: backward_pass)  # (Tensor.backward calls it too)
 
     def before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if _WATCHING[0] and not _any_nonzero(_gradients([optimizer])):
@@ -320,43 +342,59 @@ def _watch_step(patches: _Patches, seen: dict[str, Any]) -> list[Any]:
             return
         seen["optimizer_steps"] += 1
         seen["lrs"].append(float(optimizer.param_groups[0]["lr"]))
-        for name in state["ranges"]:
-            seen["range_events"].setdefault(name, Counter())["optimizer step"] += 1
-        step_order("optimizer step")
-        step_ended(stepped=True)
+        step.held("optimizer step")
+        step.note("optimizer step")
+        step.ended(stepped=True)
 
-    hooks = [register_optimizer_step_pre_hook(before_step), register_optimizer_step_post_hook(after_step)]
+    patches.wrap(
+        torch.optim.Optimizer,
+        "zero_grad",
+        lambda f: _noting(
+            f, lambda *a, **k: (seen.__setitem__("zero_grads", seen["zero_grads"] + 1), step.note("zero_grad"))
+        ),
+    )
+    return [register_optimizer_step_pre_hook(before_step), register_optimizer_step_post_hook(after_step)]
+
+
+def _watch_compiling(patches: _Patches, seen: dict[str, Any]) -> None:
+    """``torch.compile``'s calls and backends, and the compiled modules' calls."""
+    from torch._dynamo.eval_frame import OptimizedModule
 
     def compiling(*args: Any, **kwargs: Any) -> None:
         seen["compiled"] += 1
         seen["compile_backends"].append(str(kwargs.get("backend", "inductor")))
 
     patches.wrap(torch, "compile", lambda f: _noting(f, compiling))
-
-    def loss_computed(*args: Any, **kwargs: Any) -> None:  # (the training losses: the phase range they are in)
-        if torch.is_grad_enabled() and not torch.compiler.is_compiling():
-            phases = [name for name in state["ranges"] if name in ("forward", "backward", "optimizer step")]
-            seen["loss_ranges"][phases[-1] if phases else "none"] += 1
-
-    patches.wrap(torch.nn.functional, "mse_loss", lambda f: _noting(f, loss_computed))
     patches.wrap(
         OptimizedModule,
         "__call__",
         lambda f: _noting(f, lambda *a, **k: seen.__setitem__("compiled_calls", seen["compiled_calls"] + 1)),
     )
+
+
+def _watch_ranges(patches: _Patches, seen: dict[str, Any], step: _Step) -> None:
+    """The named ranges opened (and what each held: see :meth:`_Step.held`), the range each training loss was
+    computed in, and the profiling window's steps."""
     # (the class keeps its identity: torch.compile's tracing checks isinstance against it)
     record = torch.autograd.profiler.record_function
 
     def range_opened(self: Any) -> None:
         seen["ranges"].update([str(self.name)])
-        state["ranges"].append(str(self.name))
+        step.ranges.append(str(self.name))
 
     def range_closed(self: Any, *args: Any) -> None:
-        if str(self.name) in state["ranges"]:
-            del state["ranges"][len(state["ranges"]) - 1 - state["ranges"][::-1].index(str(self.name))]
+        if str(self.name) in step.ranges:
+            del step.ranges[len(step.ranges) - 1 - step.ranges[::-1].index(str(self.name))]
 
     patches.wrap(record, "__enter__", lambda f: _noting(f, range_opened))
     patches.wrap(record, "__exit__", lambda f: _noting(f, range_closed))
+
+    def loss_computed(*args: Any, **kwargs: Any) -> None:  # (the training losses: the phase range they are in)
+        if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            phases = [name for name in step.ranges if name in ("forward", "backward", "optimizer step")]
+            seen["loss_ranges"][phases[-1] if phases else "none"] += 1
+
+    patches.wrap(torch.nn.functional, "mse_loss", lambda f: _noting(f, loss_computed))
     tools = sys.modules.get("training_tools")
     if tools is not None and hasattr(tools, "ProfilingWindow"):
         patches.wrap(
@@ -364,44 +402,30 @@ def _watch_step(patches: _Patches, seen: dict[str, Any]) -> list[Any]:
             "step",
             lambda f: _noting(f, lambda self: seen.__setitem__("window_steps", seen["window_steps"] + 1)),
         )
-    patches.wrap(
-        torch.autocast,
-        "__enter__",
-        lambda f: _noting(
-            f,
-            lambda self: (
-                seen["autocast"].append((str(self.device), str(self.fast_dtype), bool(self._enabled)))
-                if len(seen["autocast"]) < _ORDER_KEPT
-                else None
-            ),
-        ),
-    )
+
+
+def _watch_precision(patches: _Patches, seen: dict[str, Any], step: _Step) -> None:
+    """Autocast's blocks (device, dtype, enabled), the scaler's calls in the step's order, and the clip."""
+
+    def autocast_entered(self: Any) -> None:
+        if len(seen["autocast"]) < _ORDER_KEPT:
+            seen["autocast"].append((str(self.device), str(self.fast_dtype), bool(self._enabled)))
+
+    patches.wrap(torch.autocast, "__enter__", lambda f: _noting(f, autocast_entered))
     scaler = torch.amp.GradScaler
-    patches.wrap(
-        scaler,
-        "scale",
-        lambda f: _noting(
-            f,
-            lambda self, *a, **k: (
-                step_order("scale"),
-                seen["scaler_enabled"].append(self.is_enabled()) if len(seen["scaler_enabled"]) < _ORDER_KEPT else None,
-            ),
-        ),
-    )
+
+    def scaled(self: Any, *args: Any, **kwargs: Any) -> None:
+        step.note("scale")
+        if len(seen["scaler_enabled"]) < _ORDER_KEPT:
+            seen["scaler_enabled"].append(self.is_enabled())
+
+    patches.wrap(scaler, "scale", lambda f: _noting(f, scaled))
     for method, name in (("unscale_", "unscale"), ("step", "scaler step")):
-        patches.wrap(scaler, method, lambda f, name=name: _noting(f, lambda *a, **k: step_order(name)))
+        patches.wrap(scaler, method, lambda f, name=name: _noting(f, lambda *a, **k: step.note(name)))
     patches.wrap(
-        scaler, "update", lambda f: _noting(f, lambda *a, **k: (step_order("update"), step_ended(stepped=False)))
+        scaler, "update", lambda f: _noting(f, lambda *a, **k: (step.note("update"), step.ended(stepped=False)))
     )
-    patches.wrap(torch.nn.utils, "clip_grad_norm_", lambda f: _noting(f, lambda *a, **k: step_order("clip")))
-    patches.wrap(
-        torch.optim.Optimizer,
-        "zero_grad",
-        lambda f: _noting(
-            f, lambda *a, **k: (seen.__setitem__("zero_grads", seen["zero_grads"] + 1), step_order("zero_grad"))
-        ),
-    )
-    return hooks
+    patches.wrap(torch.nn.utils, "clip_grad_norm_", lambda f: _noting(f, lambda *a, **k: step.note("clip")))
 
 
 def _watch_ranks(patches: _Patches, seen: dict[str, Any]) -> None:
