@@ -8,9 +8,11 @@ broadcast history) goes through :mod:`dlscale.distributed.process_group`, which 
 here when Horovod is up, and the training step asks a
 :class:`dlscale.distributed.grad_sync.HorovodSync`, so the loop has one code path for both.
 
-Horovod is an optional extra: on a laptop or in CI it is built by
-``scripts/build_horovod.sh`` (see its header for why a build is needed); on NERSC, OLCF
-and most sites it comes from the site's container or module, and DDP is the recommended path.
+Horovod is an optional extra: ``scripts/build_horovod.sh`` builds it (see its header for why a build is needed)
+with gloo for CPU tensors, and with NCCL's operations for GPU tensors where torch is a CUDA build and the CUDA
+toolkit's ``nvcc`` is found (``HOROVOD_GPU=nccl`` or ``cpu`` chooses); without them a GPU tensor's first all-reduce
+fails, which :func:`init` refuses ahead. On NERSC, OLCF and most sites Horovod comes from the site's container or
+module, and DDP is the recommended path.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ def init(launcher: str, timeout_s: float, on_gpu: bool = False) -> ModuleType:
     hvd = load()
     if on_gpu and not hvd.nccl_built():
         raise HorovodError(
-            "this Horovod was built without NCCL (as scripts/build_horovod.sh builds it, for CPUs), so "
+            "this Horovod was built without NCCL (scripts/build_horovod.sh builds NCCL's operations only where "
+            "torch is a CUDA build and nvcc is found), so "
             "its first all-reduce of GPU tensors would fail ('Requested ReadyEvent with GPU device but "
             "not compiled with CUDA'). Use the site's Horovod (built with HOROVOD_GPU_OPERATIONS=NCCL), "
             "data_parallel=ddp, or device=cpu"

@@ -8,30 +8,49 @@ generic Slurm script (recipes/09_job.sbatch) runs on the local cluster in tests/
 from __future__ import annotations
 
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from ..conftest import ROOT
 
 SITE_COMMANDS = ("srun", "mpiexec", "module", "conda", "podman-hpc")
+#: A Python without the kit (the one the test environment was made from), as `python` on the stand-ins' path
+BARE_PYTHON = Path(sys.base_prefix) / "bin" / "python3"
+#: Run by the stand-in launcher the way a rank runs the recipe (a script, its folder first on sys.path): where the
+#: rank's `python` finds the kit, if it does
+KIT_PROBE = 'import importlib.util as u; s = u.find_spec("dlscale"); print("  kit:", s.origin if s else None)\n'
 
 
 def _render(
-    tmp_path, script: str, *args: str, env: dict | None = None, nodes: int = 2, hosts: tuple[str, ...] = ()
+    tmp_path,
+    script: str,
+    *args: str,
+    env: dict | None = None,
+    nodes: int = 2,
+    hosts: tuple[str, ...] = (),
+    cwd: Path | None = None,
 ) -> tuple[str, str]:
     """Run a job script as its scheduler would start it, with the site's commands recorded instead of run.
-    Returns (the launcher's line, every recorded call)."""
+    Returns (the launcher's line, every recorded call). The launcher also runs `python` as the ranks would, and
+    records where it finds the kit (not in a container: the image's Python is not here)."""
     fake, log = tmp_path / "bin", tmp_path / "calls.log"
     fake.mkdir(exist_ok=True)
     hosts = "\n".join(hosts or [f"nid00{i}" for i in range(nodes)]) + "\n"
     (tmp_path / "nodes").write_text(hosts)
     (fake / "scontrol").write_text(f"#!/bin/sh\ncat {tmp_path / 'nodes'}\n")
+    (fake / "python").write_text(f'#!/bin/sh\nexec "{BARE_PYTHON}" "$@"\n')
+    (tmp_path / "probe").mkdir(exist_ok=True)
+    (tmp_path / "probe" / "kit_probe.py").write_text(KIT_PROBE)
     for tool in SITE_COMMANDS:  # each records its arguments and the environment the ranks would see
         (fake / tool).write_text(
             f'#!/bin/sh\necho "{tool} $*" >> "{log}"\n'
             f'[ "{tool}" = module ] || env | grep -E '
-            '"^((NCCL|FI|MASTER|OMP|MIOPEN)_|LD_LIBRARY_PATH=|CUDA_VISIBLE_DEVICES=)" | '
+            '"^((NCCL|FI|MASTER|OMP|MIOPEN)_|LD_LIBRARY_PATH=|CUDA_VISIBLE_DEVICES=|PYTHONPATH=|VIRTUAL_ENV=)" | '
             f'sed "s/^/  /" >> "{log}"\n'
+            f'case "{tool} $*" in srun*05_ddp*|mpiexec*05_ddp*) case "$*" in *podman-hpc*) ;; '
+            f'*) python "{tmp_path / "probe" / "kit_probe.py"}" >> "{log}" 2>&1 ;; esac ;; esac\n'
         )
     for tool in fake.iterdir():
         tool.chmod(0o755)
@@ -51,7 +70,7 @@ def _render(
     }
     done = subprocess.run(
         ["bash", str(ROOT / "recipes" / script), *args],
-        cwd=tmp_path,
+        cwd=cwd or tmp_path,
         env=environ,
         capture_output=True,
         text=True,
@@ -109,10 +128,11 @@ def test_frontier_binds_each_of_8_tasks_to_its_closest_gcd_with_rccls_plugin_and
         "MIOPEN_CUSTOM_CACHE_DIR=/tmp/someone-miopen-cache-4242",
         "OMP_NUM_THREADS=7",
         "FI_CXI_RDZV_PROTO=alt_read",
-        "NCCL_NET=AWS Libfabric",
+        "NCCL_NET=OFI",  # (the name OLCF's guide sets)
     ):
         assert f"  {setting}\n" in calls, setting
-    assert "srun --ntasks-per-node=1 mkdir -p /tmp/someone-miopen-cache-4242" in calls  # MIOpen does not make it
+    # MIOpen does not make it; one task per node (-n: srun would take SLURM_NTASKS's count)
+    assert "srun -n 2 --ntasks-per-node=1 mkdir -p /tmp/someone-miopen-cache-4242" in calls
 
 
 def test_polaris_starts_4_ranks_per_node_with_mpiexec_bound_by_depth_and_alcfs_nccl_settings(tmp_path):
@@ -137,6 +157,37 @@ def test_polaris_takes_the_master_from_the_nodefiles_first_line_as_pals_places_r
     """PALS's mpiexec puts rank 0 on the nodefile's first host; sorted, MASTER_ADDR named another node."""
     launcher, calls = _render(tmp_path, "jobs/polaris.pbs", env={"ARGS": "--epochs 1"}, hosts=("x3002", "x1001"))
     assert "  MASTER_ADDR=x3002\n" in calls and launcher.startswith("mpiexec -n 8 ")
+
+
+@pytest.mark.parametrize("script", ["jobs/polaris.pbs", "jobs/perlmutter.sbatch", "jobs/frontier.sbatch"])
+def test_the_ranks_import_the_kit_from_its_venv_or_else_from_the_clone(script, tmp_path):
+    """Polaris's job activated conda's base and nothing else: every rank failed with ModuleNotFoundError (ALCF's base
+    is read-only, their route is a venv on top; qsub passes no environment without -V). The same on Perlmutter's
+    module route and Frontier's: the venv (KIT_VENV, default the clone's .venv), else the clone on PYTHONPATH."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text(f'VIRTUAL_ENV="{venv}"\nexport VIRTUAL_ENV\nPATH="{venv}/bin:$PATH"\n')
+    (venv / "bin" / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # (the kit installed)
+    (venv / "bin" / "python").chmod(0o755)
+    kit = str(ROOT / "dlscale" / "__init__.py")
+    _, calls = _render(tmp_path, script, env={"KIT_VENV": str(venv), "ARGS": "--epochs 1"})
+    assert f"  VIRTUAL_ENV={venv}\n" in calls and "PYTHONPATH" not in calls
+    assert f"  kit: {kit}\n" in calls
+    (tmp_path / "calls.log").unlink()
+    _, calls = _render(tmp_path, script, env={"KIT_VENV": str(tmp_path / "none"), "ARGS": "--epochs 1"})
+    assert f"  PYTHONPATH={ROOT}\n" in calls and "VIRTUAL_ENV" not in calls
+    assert f"  kit: {kit}\n" in calls  # (a Python without the kit finds it in the clone)
+
+
+def test_perlmutter_mounts_the_clone_once_when_submitted_from_it(tmp_path):
+    """From the repository root the two -v mounts were the same folder; podman before 4.4 refuses a duplicate mount
+    destination (podman#4217, allowed since podman#16165)."""
+    launcher, _ = _render(tmp_path, "jobs/perlmutter.sbatch", env={"PM_IMAGE": "dlscale"}, nodes=1, cwd=ROOT)
+    assert launcher.count(" -v ") == 1 and f"-v {ROOT}:{ROOT} -w {ROOT}" in launcher
+    assert f"-e PYTHONPATH={ROOT}" in launcher and " -e FI_CXI_DEFAULT_CQ_SIZE " in launcher
+    (tmp_path / "calls.log").unlink()
+    launcher, _ = _render(tmp_path, "jobs/perlmutter.sbatch", env={"PM_IMAGE": "dlscale"}, nodes=1)
+    assert launcher.count(" -v ") == 2 and f"-v {tmp_path}:{tmp_path} -v {ROOT}:{ROOT}" in launcher
 
 
 def test_the_recipe_reads_its_rank_from_each_launcher(monkeypatch):

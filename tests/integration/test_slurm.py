@@ -703,7 +703,8 @@ def test_each_site_renders_one_task_per_gpu_and_a_world_the_config_splits_over(s
     assert settings["SRUN_CPUS_PER_TASK"] == headers["cpus-per-task"]
     # GPU sites ask for the GPU outright (a CPU-only torch stops at once) and, on 2 nodes, for the network plugin
     assert ("device=cuda" in command) == bool(gpus_per_node)
-    assert settings.get("NCCL_NET") == ("AWS Libfabric" if gpus_per_node else None)
+    # (the plugin's name as each site documents it: NERSC's "AWS Libfabric", OLCF's "OFI")
+    assert settings.get("NCCL_NET") == {"perlmutter": "AWS Libfabric", "frontier": "OFI"}.get(site)
     if site == "frontier":
         assert "--gpu-bind=closest" in command
         assert headers["network"] == "disable_rdzv_get"  # OLCF's PyTorch guide, with the RCCL network plugin
@@ -714,7 +715,9 @@ def test_each_site_renders_one_task_per_gpu_and_a_world_the_config_splits_over(s
         assert settings["MIOPEN_USER_DB_PATH"].startswith(str(tmp_path / "node-local"))  # $TMPDIR: node-local
         assert Path(settings["MIOPEN_USER_DB_PATH"]).is_dir()  # MIOpen does not create it
         # on every node, not the batch node alone (a dry run says so instead)
-        assert f"not run here: srun --ntasks-per-node=1 mkdir -p {settings['MIOPEN_USER_DB_PATH']}" in done.stderr
+        # (-n: one task per node, not SLURM_NTASKS's count)
+        mkdir = f"srun -n 2 --ntasks-per-node=1 mkdir -p {settings['MIOPEN_USER_DB_PATH']}"
+        assert f"not run here: {mkdir}" in done.stderr
     if site == "perlmutter":
         assert "module load pytorch" in calls
         # HPE's settings for NCCL over Slingshot
