@@ -2,6 +2,8 @@
 
 - :mod:`~dlscale.scaling.collectives`: the α–β cost of ring and tree all-reduce, reduce-scatter and
   all-gather, one level or two (inside a node, between nodes);
+- :mod:`~dlscale.scaling.nccl`: NCCL's own choice of all-reduce algorithm and protocol, by its tuning model
+  (NCCL 2.30.7's constants), the price of ``auto`` on a site that runs NCCL;
 - :mod:`~dlscale.scaling.fit`: α and β fitted from ``dlscale bench allreduce``'s rows, and how well
   the fit predicts sizes and rank counts it did not see;
 - :mod:`~dlscale.scaling.sites`: Perlmutter's and Frontier's published link figures, with their sources;

@@ -16,13 +16,19 @@ RCCL use a node's links when a job spans nodes.
 
 **Which algorithm.** NCCL picks one per call from its own cost model: rings for large messages,
 the double binary tree (Sanders, Speck and Träff 2009) where the ring's ``2(p-1)·α`` outgrows the
-message — many nodes, small buckets. Two binary trees, each carrying half of the message in
-pipelined chunks, give every rank a logarithmic latency, ``2⌈log2 p⌉·α``, at the ring's bandwidth
-term ``2·n·β`` on paper — but NCCL's own tuning model rates its tree lower: 0.9 of the bandwidth,
-times a correction by message size that halves it at 1–8 MiB (:data:`NCCL_TREE_CORRECTION`), and
-the model does the same (:func:`double_tree_allreduce`). Without it the tree won every bucket from
-8 nodes up, the optimistic end. ``algorithm="auto"`` takes the cheapest of the modelled algorithms,
-as NCCL does, and :func:`choose_allreduce` says which.
+message — many nodes, small buckets — and a protocol for each: LL for small messages, LL128 for
+medium, Simple for large. Two binary trees, each carrying half of the message in pipelined chunks,
+give every rank a logarithmic latency, ``2⌈log2 p⌉·α``, at the ring's bandwidth term ``2·n·β`` on
+paper — but NCCL's own tuning model rates its tree lower: 0.92 of the bandwidth, times a
+correction by message size that halves it from 128 KiB to 2 MiB (:data:`NCCL_TREE_CORRECTION`),
+and the textbook double tree here does the same (:func:`double_tree_allreduce`).
+
+``algorithm="auto"`` on two levels (:func:`hierarchical_allreduce`) is NCCL's own choice where the
+site runs NCCL (a :class:`~dlscale.scaling.nccl.NcclNode`): every (algorithm, protocol) priced by
+NCCL's tuning model with its constants (:mod:`dlscale.scaling.nccl`, NCCL 2.30.7), the fastest
+taken, and the call priced at that; elsewhere (RCCL, gloo, a link fitted on this machine) it is the
+cheapest of the textbook algorithms above, on the site's α and β. :func:`allreduce_choice` says
+which.
 
 **Buckets.** DDP does not send the gradient as one message: it all-reduces buckets of
 ``bucket_cap_mb`` (25 MiB by default) as the backward pass fills them, so a step pays the latency
@@ -33,6 +39,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from dlscale.scaling.nccl import TREE_BANDWIDTH, TREE_CORRECTION, NcclNode, nccl_choice
 
 
 @dataclass(frozen=True)
@@ -81,41 +89,19 @@ def tree_allreduce(n_bytes: float, ranks: int, link: Link) -> float:
 
 
 #: NCCL's own correction of the tree's bandwidth for its Simple protocol (the one large buckets use), by message
-#: size in powers of two from 64 B to 256 MiB: "Trees are not perfectly sticking to the model for medium sizes"
-#: (``treeCorrectionFactor`` in NCCL's src/graph/tuning.cc, 2.12 and later). At 1–8 MiB the tree moves half the
-#: bytes per second its bandwidth term says.
-NCCL_TREE_CORRECTION = (
-    0.9,
-    0.9,
-    0.9,
-    0.9,
-    0.9,
-    0.9,
-    0.9,
-    0.8,
-    0.7,
-    0.6,
-    0.6,
-    0.5,
-    0.5,
-    0.5,
-    0.5,
-    0.6,
-    0.7,
-    0.8,
-    0.7,
-    0.7,
-    0.8,
-    0.9,
-    0.9,
-)
-#: NCCL rates a tree's bus bandwidth at 0.9 of the channels' (``busBw*.9`` in the same file).
-NCCL_TREE_BANDWIDTH = 0.9
+#: size in powers of two from 64 B up to 512 MiB: "Trees are not perfectly sticking to the model for medium sizes"
+#: (``treeCorrectionFactor`` in NCCL's src/graph/tuning.cc, the same from 2.11 to 2.30.7; index
+#: ``log2(bytes / 64)``, 0 to 22). From 128 KiB to 2 MiB (indices 11 to 14) the tree moves half the bytes per second
+#: its bandwidth term says.
+NCCL_TREE_CORRECTION = TREE_CORRECTION["Simple"]
+#: NCCL rates a tree's bus bandwidth at 0.92 of the channels' (``busBw * .92`` in the same file since NCCL 2.8;
+#: 0.9 in 2.5-2.7).
+NCCL_TREE_BANDWIDTH = TREE_BANDWIDTH
 
 
 def tree_bandwidth_share(call_bytes: float) -> float:
-    """The share of the link's bandwidth NCCL's tuning model gives its tree for one call of ``call_bytes``: 0.9
-    times the correction for that size (NCCL indexes it by ``log2(bytes / 64)``; 256 MiB and above: none)."""
+    """The share of the link's bandwidth NCCL's tuning model gives its tree for one call of ``call_bytes``: 0.92
+    times the correction for that size (NCCL indexes it by ``log2(bytes / 64)``; 512 MiB and above: none)."""
     index = max(0, (max(0, int(call_bytes)) >> 6).bit_length() - 1)
     correction = NCCL_TREE_CORRECTION[index] if index < len(NCCL_TREE_CORRECTION) else 1.0
     return NCCL_TREE_BANDWIDTH * correction
@@ -169,20 +155,60 @@ def buckets(n_bytes: float, bucket_bytes: float | None) -> list[tuple[float, int
     return [(bucket_bytes, full)] + ([(rest, 1)] if rest > 0 else [])
 
 
+def nccl_bus_gbs(gpus_per_node: int, nodes: int, inside: Link, between: Link) -> float:
+    """The bus bandwidth, GB/s, that NCCL's channels get on these links: on one node the link between its GPUs;
+    across nodes the node's network (``between`` is each GPU's share of it) or, if slower, the link inside."""
+    if nodes <= 1:
+        return inside.bandwidth / 1e9
+    network = gpus_per_node * between.bandwidth
+    return (min(network, inside.bandwidth) if gpus_per_node > 1 else network) / 1e9
+
+
 def hierarchical_allreduce(
-    n_bytes: float, gpus_per_node: int, nodes: int, inside: Link, between: Link, algorithm: str = "ring"
+    n_bytes: float,
+    gpus_per_node: int,
+    nodes: int,
+    inside: Link,
+    between: Link,
+    algorithm: str = "ring",
+    nccl: NcclNode | None = None,
 ) -> float:
     """Seconds for an all-reduce over ``nodes`` × ``gpus_per_node`` ranks on two levels.
 
     Reduce-scatter inside the node, all-reduce of each GPU's ``n/g`` share between the nodes (each
-    GPU over its share of the NICs: ``between`` is per GPU), all-gather inside the node.
+    GPU over its share of the NICs: ``between`` is per GPU), all-gather inside the node. With
+    ``algorithm="auto"`` on a site that runs NCCL (``nccl``), the call is priced as NCCL's tuning model
+    prices its own choice (:func:`~dlscale.scaling.nccl.nccl_choice`) instead.
     """
     g = gpus_per_node
+    if algorithm == "auto" and nccl is not None:
+        return nccl_choice(n_bytes, nodes, g, nccl_bus_gbs(g, nodes, inside, between), nccl)[2]
     return (
         ring_reduce_scatter(n_bytes, g, inside)
         + allreduce(n_bytes / g, nodes, between, algorithm, call_bytes=n_bytes)
         + ring_allgather(n_bytes, g, inside)
     )
+
+
+def allreduce_choice(
+    n_bytes: float,
+    gpus_per_node: int,
+    nodes: int,
+    inside: Link,
+    between: Link,
+    algorithm: str = "auto",
+    nccl: NcclNode | None = None,
+) -> str:
+    """The algorithm :func:`hierarchical_allreduce` prices a call of ``n_bytes`` with, as a projection reports it:
+    NCCL's ``algorithm/protocol`` (``ring/LL128``) under ``auto`` on an NCCL site, the cheapest textbook algorithm
+    between nodes under ``auto`` elsewhere, or the one asked for."""
+    if algorithm != "auto":
+        return algorithm
+    if nccl is not None:
+        g = gpus_per_node
+        chosen, protocol, _ = nccl_choice(n_bytes, nodes, g, nccl_bus_gbs(g, nodes, inside, between), nccl)
+        return f"{chosen}/{protocol}"
+    return choose_allreduce(n_bytes / gpus_per_node, nodes, between, n_bytes) if nodes > 1 else "ring"
 
 
 def two_level_reduce_scatter(n_bytes: float, gpus_per_node: int, nodes: int, inside: Link, between: Link) -> float:
@@ -217,14 +243,16 @@ def layout_communication(
     between: Link,
     algorithm: str = "auto",
     bucket_bytes: float | None = None,
+    nccl: NcclNode | None = None,
 ) -> Communication:
     """The communication per step of a data-parallel layout whose gradients are ``gradient_bytes``.
 
     ``ddp``: a two-level all-reduce of each bucket. ``fsdp`` (ZeRO-3): two all-gathers of the
     parameters (forward, backward) and one reduce-scatter of the gradients, each on two levels:
     1.5 times DDP's bytes, on every link. Each bucket (``bucket_bytes``; FSDP's units play the
-    same part) pays the latency once. ``algorithm`` is the all-reduce's between nodes (``auto``:
-    the cheapest for the bucket; reduce-scatter and all-gather are rings, as in NCCL).
+    same part) pays the latency once. ``algorithm`` is the all-reduce's (``auto``: NCCL's choice
+    for the bucket where ``nccl`` describes the site's NCCL, else the cheapest textbook algorithm
+    between nodes; reduce-scatter and all-gather are rings, as in NCCL).
     """
     if layout not in ("ddp", "fsdp"):
         raise ValueError(f"layout must be 'ddp' or 'fsdp', not {layout!r}")
@@ -242,8 +270,8 @@ def layout_communication(
         )
         return Communication(seconds, "ring", count)
     # (auto: each bucket's own choice, as NCCL chooses per call; the largest bucket's is reported)
-    seconds = sum(n * hierarchical_allreduce(m, g, nodes, inside, between, algorithm) for m, n in messages)
-    chosen = choose_allreduce(messages[0][0] / g, nodes, between, messages[0][0]) if algorithm == "auto" else algorithm
+    seconds = sum(n * hierarchical_allreduce(m, g, nodes, inside, between, algorithm, nccl) for m, n in messages)
+    chosen = allreduce_choice(messages[0][0], g, nodes, inside, between, algorithm, nccl)
     return Communication(seconds, chosen if nodes > 1 else "ring", count)
 
 
@@ -256,10 +284,11 @@ def layout_seconds(
     between: Link,
     algorithm: str = "ring",
     bucket_bytes: float | None = None,
+    nccl: NcclNode | None = None,
 ) -> float:
     """Seconds of :func:`layout_communication` (one message and rings unless told otherwise)."""
     return layout_communication(
-        layout, gradient_bytes, gpus_per_node, nodes, inside, between, algorithm, bucket_bytes
+        layout, gradient_bytes, gpus_per_node, nodes, inside, between, algorithm, bucket_bytes, nccl
     ).seconds
 
 

@@ -1,7 +1,8 @@
 """How much of DDP's all-reduce the backward pass hides, estimated from the bucket schedule.
 
-The backward pass produces the gradients last layer first. DDP packs them, in that order, into buckets (the
-first of 1 MiB, the rest of ``bucket_cap_mb``, 25 MiB by default: torch's Reducer after its first step), and
+The backward pass produces the gradients last layer first. DDP packs them, in that order, into buckets of whole
+tensors (the first of 1 MiB when ``bucket_cap_mb`` is left at its default, the rest of ``bucket_cap_mb``, 25 MiB
+by default; every bucket of ``bucket_cap_mb`` when it is given: torch's Reducer after its first step), and
 starts a bucket's all-reduce as soon as its last gradient is ready. The buckets share one link, in order: a
 bucket starts when it is ready and the one before it has gone. Whatever is still being sent when the backward pass
 ends is exposed; the rest was hidden (Li et al. 2020, "PyTorch Distributed", VLDB: the bucket schedule and the
@@ -27,8 +28,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+#: DDP's ``bucket_cap_mb`` when it is not given, MiB.
+DDP_BUCKET_MB = 25.0
 #: torch's Reducer caps the first bucket of the order the gradients arrive in at 1 MiB
-#: (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``): the first all-reduce starts early.
+#: (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``) when ``bucket_cap_mb`` is left at its default: the first
+#: all-reduce starts early. Given a ``bucket_cap_mb``, the first bucket has that cap too.
 DDP_FIRST_BUCKET_BYTES = 2**20
 
 _PUBLISHED = Path(__file__).with_name("published_layers.json")
@@ -137,7 +141,9 @@ class Overlap:
 
     @property
     def hidden(self) -> float:
-        return self.communication - self.exposed
+        """Seconds of communication hidden behind the backward pass (never below 0: rounding of a sum that hides
+        nothing once gave -1e-16, printed as -0%)."""
+        return max(0.0, self.communication - self.exposed)
 
     @property
     def share(self) -> float:

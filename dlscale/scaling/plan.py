@@ -150,7 +150,8 @@ def _communication_growth(
     last: dict, per_node: int, nodes: int, site: Site, overlap: float, step: float
 ) -> tuple[str, int, float, float]:
     """(layout, tensor-parallel size, the communication's growth from ``last``'s nodes to ``nodes``, its exposed
-    part), priced as dlscale project prices it: 25 MiB buckets, each with the cheapest algorithm between nodes;
+    part), priced as dlscale project prices it: 25 MiB buckets, each with NCCL's own choice on a site that runs NCCL
+    (the cheapest textbook algorithm between nodes elsewhere, as on a link fitted here);
     FSDP's all-gathers and reduce-scatter on two levels; tensor parallelism splits each layer inside the node, so the
     data-parallel ranks send 1/tp of the gradient each (TP's own activations are not priced here). The overlap hides
     at most the backward pass (as dlscale project bounds it)."""
@@ -158,7 +159,9 @@ def _communication_growth(
     tp = max(1, int(last.get("tensor_parallel") or 1))
     gradient = (last["gradient_bytes"] or 0) / tp
     now, then = (
-        layout_seconds(layout, gradient, max(1, per_node // tp), n, site.inside, site.between, "auto", DDP_BUCKET_BYTES)
+        layout_seconds(
+            layout, gradient, max(1, per_node // tp), n, site.inside, site.between, "auto", DDP_BUCKET_BYTES, site.nccl
+        )
         for n in (last["nodes"], nodes)
     )
     backward = BACKWARD_SHARE * step

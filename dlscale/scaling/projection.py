@@ -6,8 +6,10 @@ of the communication that the compute does not hide,
 
     step(N) = compute + comm(N) - hidden(N),    hidden(N) = min(overlap · comm(N), backward),
 
-with ``comm`` the layout's collectives on the site's links, bucket by bucket and with the cheapest
-algorithm between nodes (:func:`~dlscale.scaling.collectives.layout_communication`), and
+with ``comm`` the layout's collectives on the site's links, bucket by bucket — DDP's buckets as DDP
+fills them, whole layers each (:meth:`Workload.schedule`), at any overlap — each bucket with NCCL's
+own choice of algorithm and protocol on a site that runs NCCL, the cheapest textbook algorithm
+elsewhere (:func:`~dlscale.scaling.collectives.hierarchical_allreduce`), and
 ``overlap`` the share that DDP's buckets can hide behind the backward pass. Only the backward pass
 can hide it — the first bucket is ready when backward starts, the last when it ends — so no
 overlap hides more than the backward time (:attr:`Workload.backward_seconds`, two thirds of the
@@ -32,11 +34,20 @@ from dlscale.scaling.collectives import (
     ALGORITHMS,
     Link,
     allreduce,
-    choose_allreduce,
+    allreduce_choice,
     hierarchical_allreduce,
     layout_communication,
 )
-from dlscale.scaling.overlap import Layer, Schedule, bucket_schedule, scheduled_overlap, uniform_layers
+from dlscale.scaling.nccl import NCCL_VERSION
+from dlscale.scaling.overlap import (
+    DDP_BUCKET_MB,
+    DDP_FIRST_BUCKET_BYTES,
+    Layer,
+    Schedule,
+    bucket_schedule,
+    scheduled_overlap,
+    uniform_layers,
+)
 from dlscale.scaling.sites import Site
 
 #: Node counts of a projection: 1, 2, 4, ..., 1,024.
@@ -47,6 +58,10 @@ BASELINES = ("gpu", "node")
 BACKWARD_SHARE = 2 / 3
 #: The overlap a projection estimates from DDP's bucket schedule (:mod:`dlscale.scaling.overlap`) at each size.
 AUTO = "auto"
+#: The first bucket by DDP's own rule: 1 MiB when ``bucket_cap_mb`` is left at its default (25 MiB), as large as
+#: the others when it is given (torch's ``_DDPBucketAssignment``: ``first_bucket_bytes_cap`` is
+#: ``_DEFAULT_FIRST_BUCKET_BYTES`` only ``if bucket_cap_mb is None``).
+AS_DDP = "ddp"
 
 #: ResNet-50's parameter count, the familiar yardstick of data-parallel scaling studies (25.6 M; He et al. 2016).
 RESNET50_PARAMETERS = 25_557_032
@@ -69,11 +84,13 @@ class Workload:
     overlap: float | str = 0.0  # share of the communication hidden behind the backward pass, or AUTO: estimated
     compute_source: str = "entered"  # where seconds_per_sample comes from
     backward_share: float = BACKWARD_SHARE  # of the compute: the most that any overlap can hide behind
-    bucket_mb: float | None = 25.0  # DDP's bucket_cap_mb: one message, and one latency, per bucket (None: one)
-    algorithm: str = "auto"  # between nodes: ring, tree, double_tree, or auto (the cheapest)
-    layers: tuple[Layer, ...] | None = None  # for AUTO: the model's layers (None: the gradient made evenly)
+    bucket_mb: float | None = DDP_BUCKET_MB  # DDP's bucket_cap_mb: one message, and one latency, per bucket (None: one)
+    algorithm: str = "auto"  # between nodes: ring, tree, double_tree, or auto (NCCL's choice; else the cheapest)
+    layers: tuple[Layer, ...] | None = None  # the model's layers, which DDP's buckets hold whole (None: even pieces)
     layers_source: str = ""  # where the layers come from
-    first_bucket_mb: float | None = 1.0  # DDP's first bucket (torch's Reducer: 1 MiB); None: as the others
+    # DDP's first bucket: AS_DDP (1 MiB at the default cap of 25 MiB, else as the others: an explicit 25 cannot be
+    # told from the default and is read as it), a size in MiB, or None (as the others)
+    first_bucket_mb: float | str | None = AS_DDP
 
     def __post_init__(self) -> None:
         check_range("parameters", self.parameters, 1)
@@ -86,6 +103,12 @@ class Workload:
         check_range("backward share (of the compute)", self.backward_share, 0, 1)
         if self.bucket_mb is not None:
             check_range("bucket size (MiB)", self.bucket_mb, 0, above=True)
+        if self.first_bucket_mb == AS_DDP or self.first_bucket_mb is None:
+            pass
+        elif isinstance(self.first_bucket_mb, str):
+            raise RangeError(f"first bucket must be a size in MiB, None or {AS_DDP!r}, not {self.first_bucket_mb!r}")
+        else:
+            check_range("first bucket size (MiB)", self.first_bucket_mb, 0, above=True)
         if self.layout not in ("ddp", "fsdp"):
             raise RangeError(f"layout must be ddp or fsdp, not {self.layout!r}")
         if self.algorithm not in ALGORITHMS:
@@ -104,10 +127,18 @@ class Workload:
         """The compute that communication can hide behind: the backward pass."""
         return self.backward_share * self.compute_seconds
 
+    @property
+    def first_bucket_bytes(self) -> float | None:
+        """DDP's first bucket, bytes (None: as large as the others)."""
+        if self.first_bucket_mb == AS_DDP:
+            return DDP_FIRST_BUCKET_BYTES if self.bucket_mb == DDP_BUCKET_MB else None
+        return self.first_bucket_mb * 2**20 if self.first_bucket_mb else None
+
     def schedule(self) -> Schedule:
-        """DDP's buckets for this model, in the order the backward pass fills them (:func:`bucket_schedule`)."""
+        """DDP's buckets for this model, in the order the backward pass fills them (:func:`bucket_schedule`): whole
+        layers each (DDP never splits a tensor), the first closing at :attr:`first_bucket_bytes`."""
         bucket = self.bucket_mb * 2**20 if self.bucket_mb else None
-        first = self.first_bucket_mb * 2**20 if self.first_bucket_mb else None
+        first = self.first_bucket_bytes
         if self.layers:
             return bucket_schedule(self.layers, self.bytes_per_value, bucket, first, self.layers_source)
         even = "assumed: the backward pass makes the gradient's bytes at an even rate (no layer table given)"
@@ -137,33 +168,39 @@ def project(workload: Workload, site: Site, nodes: tuple[int, ...] = NODES, base
     if baseline not in BASELINES:
         raise RangeError(f"baseline must be gpu or node, not {baseline!r}")
 
-    schedule = workload.schedule() if workload.overlap == AUTO and workload.layout == "ddp" else None
+    # DDP's buckets hold whole layers, at any overlap; FSDP's units are even slices of the gradient
+    schedule = workload.schedule() if workload.layout == "ddp" else None
+    share = 0.0 if workload.overlap == AUTO else workload.overlap
 
     def step_at(n: int) -> dict:
+        g = site.gpus_per_node
         if schedule is not None:
-            g = site.gpus_per_node
 
             def price(size: float) -> float:
-                return hierarchical_allreduce(size, g, n, site.inside, site.between, workload.algorithm)
+                return hierarchical_allreduce(size, g, n, site.inside, site.between, workload.algorithm, site.nccl)
 
-            estimated = scheduled_overlap(schedule, workload.backward_seconds, price)
-            seconds, hidden, bounded, messages = estimated.communication, estimated.hidden, False, estimated.buckets
-            largest = max(schedule.sizes)
-            algorithm = workload.algorithm
-            if algorithm == "auto":
-                algorithm = choose_allreduce(largest / g, n, site.between, largest) if n > 1 else "ring"
+            sent = scheduled_overlap(schedule, workload.backward_seconds, price)
+            seconds, messages = sent.communication, sent.buckets
+            if workload.overlap == AUTO:
+                hidden, bounded = sent.hidden, False
+            else:
+                hidden = min(share * seconds, workload.backward_seconds)
+                bounded = share * seconds > workload.backward_seconds
+            algorithm = allreduce_choice(
+                max(schedule.sizes), g, n, site.inside, site.between, workload.algorithm, site.nccl
+            )
         else:
             comm = layout_communication(
                 workload.layout,
                 workload.gradient_bytes,
-                site.gpus_per_node,
+                g,
                 n,
                 site.inside,
                 site.between,
                 workload.algorithm,
                 workload.bucket_mb * 2**20 if workload.bucket_mb else None,
+                site.nccl,
             )
-            share = 0.0 if workload.overlap == AUTO else workload.overlap
             seconds, algorithm, messages = comm.seconds, comm.algorithm, comm.messages
             hidden = min(share * seconds, workload.backward_seconds)
             bounded = share * seconds > workload.backward_seconds
@@ -175,7 +212,7 @@ def project(workload: Workload, site: Site, nodes: tuple[int, ...] = NODES, base
             "communication_s": seconds,
             "hidden_s": hidden,
             "exposed_s": step - workload.compute_seconds,
-            "overlap": hidden / seconds if seconds > 0 else 0.0,
+            "overlap": max(0.0, hidden / seconds) if seconds > 0 else 0.0,
             "overlap_bounded": bounded,
             "step_s": step,
             "samples_per_s": n * site.gpus_per_node * workload.per_gpu_batch / step,
@@ -226,7 +263,9 @@ def overlap_from_breakdown_file(path: str | Path, site: Site) -> tuple[float, st
             f"{path} gives no overlap ({getattr(err, 'strerror', None) or type(err).__name__}): give "
             f"the breakdown.json of a `dlscale bench breakdown` run of DDP on two or more ranks"
         ) from None
-    whole = layout_communication("ddp", gradient, max(1, ranks // nodes), nodes, site.inside, site.between).seconds
+    whole = layout_communication(
+        "ddp", gradient, max(1, ranks // nodes), nodes, site.inside, site.between, nccl=site.nccl
+    ).seconds
     overlap = _hidden_share(exposed, whole)
     return overlap, (
         f"{overlap:.0%}, from {path}: {exposed * 1e3:.3g} ms exposed of the {whole * 1e3:.3g} ms the "
@@ -236,7 +275,13 @@ def overlap_from_breakdown_file(path: str | Path, site: Site) -> tuple[float, st
 
 def assumptions(workload: Workload, site: Site, baseline: str = "gpu") -> str:
     """The lines a projection rests on, to print beside its curve."""
-    buckets = f"buckets of {workload.bucket_mb:g} MiB" if workload.bucket_mb else "one message per step"
+    first = workload.first_bucket_bytes
+    buckets = (
+        f"buckets of {workload.bucket_mb:g} MiB of whole layers"
+        + (f" (the first of {first / 2**20:g} MiB, as DDP's default)" if first else "")
+        if workload.bucket_mb
+        else "one message per step"
+    )
     return "\n".join(
         [
             f"model: {workload.name}, {workload.parameters / 1e6:.3g} M parameters, gradients of "
@@ -245,12 +290,7 @@ def assumptions(workload: Workload, site: Site, baseline: str = "gpu") -> str:
             f"batch {workload.per_gpu_batch} per GPU (weak scaling)",
             f"layout: {workload.layout}; overlap: {workload.describe_overlap()} (the backward pass: "
             f"{workload.backward_share:.0%} of the compute)",
-            f"algorithm between nodes: {workload.algorithm}"
-            + (
-                " (the cheapest of ring, tree and double binary tree for each bucket, as NCCL chooses)"
-                if workload.algorithm == "auto"
-                else ""
-            ),
+            f"algorithm between nodes: {workload.algorithm}" + _describe_auto(workload, site),
             f"site: {site.name}, {site.gpus_per_node} GPUs per node; efficiency against one {baseline}",
             f"inside a node: {site.inside.describe()}",
             f"between nodes, per GPU: {site.between.describe()}",
@@ -258,6 +298,18 @@ def assumptions(workload: Workload, site: Site, baseline: str = "gpu") -> str:
             "not modelled: congestion between jobs, stragglers, the network's topology, I/O",
         ]
     )
+
+
+def _describe_auto(workload: Workload, site: Site) -> str:
+    """What ``auto`` means on this site, for the assumptions."""
+    if workload.algorithm != "auto":
+        return ""
+    if site.nccl is not None and workload.layout == "ddp":
+        return (
+            f" (NCCL's own choice of algorithm and protocol for each bucket, priced by NCCL {NCCL_VERSION}'s tuning "
+            f"model with its own latencies, not the α below; it reads {site.nccl.describe()})"
+        )
+    return " (the cheapest of ring, tree and double binary tree for each bucket, NCCL's tree rating included)"
 
 
 def format_projection(rows: list[dict]) -> str:
@@ -271,7 +323,7 @@ def format_projection(rows: list[dict]) -> str:
                 r["gpus"],
                 f"{r['compute_s'] * 1e3:.3g}",
                 f"{r['communication_s'] * 1e3:.3g}",
-                f"{r['overlap']:.0%}" if r["communication_s"] > 0 else "-",
+                f"{max(0.0, r['overlap']):.0%}" if r["communication_s"] > 0 else "-",
                 f"{r['exposed_s'] * 1e3:.3g}" + (" (overlap bounded)" if r["overlap_bounded"] else ""),
                 r["algorithm"] if r["nodes"] > 1 else "-",
                 f"{r['efficiency']:.0%}",

@@ -4,11 +4,11 @@ Each case gives what a paper or its system's documentation states — the model 
 its gradients, one GPU's (or one node's) throughput, the per-GPU batch, the GPUs per node and the
 links — and the efficiency it reported. :func:`validate` runs :func:`~dlscale.scaling.projection.project`
 on those inputs with the same rules for every case (the overlap the model estimates from the bucket schedule of
-the case's own model — none of the papers reports a measured one; α from :mod:`~dlscale.scaling.sites`; the
-cheapest algorithm per bucket, NCCL's tree correction included; buckets as DDP makes them, unless the case's
-framework documents its own) and sets the prediction beside the report. Nothing here was tuned to a case: an
-input a paper does not give is named in ``assumed``, and the compute is varied by ±25% to show how much it
-matters.
+the case's own model — none of the papers reports a measured one; each bucket priced as NCCL's tuning model prices
+its own choice of algorithm and protocol (:mod:`~dlscale.scaling.nccl`), read with the case's GPU and its links
+inside the node; buckets as DDP makes them, unless the case's framework documents its own) and sets the prediction
+beside the report. Nothing here was tuned to a case: an input a paper does not give is named in ``assumed``, and the
+compute is varied by ±25% to show how much it matters.
 
 The first four cases (the developers' own) train ResNet-50 on ImageNet, with the efficiencies the papers report,
 as tabulated by Mikami et al. (2018) and NVIDIA's summary of it
@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dlscale.reporting.tables import markdown_table
+from dlscale.scaling.nccl import NcclNode
 from dlscale.scaling.overlap import published_layers
 from dlscale.scaling.projection import AUTO, Workload, project
 from dlscale.scaling.sites import machine
@@ -52,6 +53,8 @@ class PublishedCase:
     bucket_mb: float | None = 25.0  # its framework's messages (DDP's buckets unless the source says otherwise)
     first_bucket_mb: float | None = 1.0  # DDP's small first bucket; None where the framework has none
     overlaps: bool = True  # False where the framework sends the gradient only after the backward pass
+    compute_capability: float = 6.0  # the GPUs' (NCCL's tuning model reads it: 6.0 P100, 6.1 P40, 7.0 V100)
+    nvlink: bool = False  # the node's GPUs joined by NVLink (else PCIe)
 
     def predict(self, compute_factor: float = 1.0, overlap: float | str | None = None) -> dict:
         """The model's row at this case's GPU count (``compute_factor`` scales one GPU's compute time; ``overlap``
@@ -59,7 +62,8 @@ class PublishedCase:
         overlap)."""
         if overlap is None:
             overlap = AUTO if self.overlaps else 0.0
-        site = machine(self.name, self.gpus_per_node, self.inside_gbs, self.between_gbs, source=self.source)
+        nccl = NcclNode(compute_capability=self.compute_capability, nvlink=self.nvlink)
+        site = machine(self.name, self.gpus_per_node, self.inside_gbs, self.between_gbs, source=self.source, nccl=nccl)
         layers = published_layers(self.model)
         workload = Workload(
             self.name,
@@ -149,6 +153,7 @@ CASES = (
         "GPU), batch 8,192 = 32 per GPU, fp32 gradients; compute: 138 images/s per P100 (29 h for 90 epochs "
         "on 8 P100); efficiency from 8 to 256 GPUs (one node is the baseline)",
         assumed=("NVLink 1 ring at one link's 20 GB/s per direction",),
+        nvlink=True,
     ),
     PublishedCase(
         "Akiba et al. 2017",
@@ -197,6 +202,8 @@ CASES = (
             "1,000 images/s per V100 with mixed precision at batch 32 (no source gives it: a round figure)",
             "NVLink 2 at 50 GB/s per pair",
         ),
+        compute_capability=7.0,
+        nvlink=True,
     ),
     PublishedCase(
         "Jia et al. 2018",
@@ -218,6 +225,7 @@ CASES = (
             "fp16 gradients sent",
             "PCIe 3 between the GPUs of a node, 12 GB/s",
         ),
+        compute_capability=6.1,
     ),
     *(
         _horovod_case(name, model, images_per_s, efficiency, compute)

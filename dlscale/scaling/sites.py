@@ -24,6 +24,12 @@ Any other cluster is a :func:`machine`: GPUs per node and the two links, given o
     inside: {bandwidth_gbs: 300, latency_us: 5}        # GB/s per direction between GPUs of a node
     between: {bandwidth_gbs: 25, latency_us: 10}       # each GPU's share of the node's NICs
     source: https://my-centre.example/docs/system      # where the figures come from
+    nccl: {compute_capability: 8.0, cpu: amd, nvlink: true, channels: 4, nic_near_gpu: true}
+
+``nccl`` is what NCCL's tuning model reads of the node (:class:`~dlscale.scaling.nccl.NcclNode`; any key left out
+takes its default, the whole key left out: an A100-class node of NVIDIA GPUs), or ``false`` for a machine that
+does not run NCCL (the cheapest textbook algorithm is then taken). The α's above are used by the textbook
+algorithms only: NCCL's choice is priced with NCCL's own latencies.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from pathlib import Path
 
 from dlscale.errors import DlscaleError, RangeError, check_range
 from dlscale.scaling.collectives import Link
+from dlscale.scaling.nccl import NcclNode
 
 #: Assumed, not published: the latency of one message inside a node and between nodes.
 ASSUMED_ALPHA_INSIDE = 5e-6
@@ -48,11 +55,13 @@ class Site:
     inside: Link
     between: Link
     source: str
+    nccl: NcclNode | None = None  # what NCCL's tuning model reads of the node; None: not an NCCL machine
 
     def describe(self) -> str:
         return (
             f"{self.name}: {self.gpus_per_node} GPUs per node; inside a node {self.inside.describe()}; "
             f"between nodes, per GPU, {self.between.describe()} (α assumed; source: {self.source})"
+            + (f"; NCCL's tuning model reads {self.nccl.describe()}" if self.nccl else "")
         )
 
 
@@ -62,6 +71,9 @@ PERLMUTTER = Site(
     inside=Link(ASSUMED_ALPHA_INSIDE, 1 / 100e9, "NVLink 3, 4 links × 25 GB/s per pair"),
     between=Link(ASSUMED_ALPHA_BETWEEN, 1 / 25e9, "Slingshot 11, one 25 GB/s NIC per GPU"),
     source="https://docs.nersc.gov/systems/perlmutter/architecture/",
+    # A100 (8.0), AMD EPYC 7763, NVLink 3; one channel per NIC; LL128 over the network assumed allowed (the
+    # GPU-NIC path is not published)
+    nccl=NcclNode(compute_capability=8.0, cpu="amd", nvlink=True, channels=4, nic_near_gpu=True),
 )
 
 FRONTIER = Site(
@@ -70,6 +82,7 @@ FRONTIER = Site(
     inside=Link(ASSUMED_ALPHA_INSIDE, 1 / 50e9, "Infinity Fabric, 50 GB/s on the slowest pair a ring crosses"),
     between=Link(ASSUMED_ALPHA_BETWEEN, 1 / 12.5e9, "Slingshot, one 25 GB/s NIC per 2 GCDs"),
     source="https://docs.olcf.ornl.gov/systems/frontier_user_guide.html",
+    nccl=None,  # RCCL: its own tuning tables for the MI250X, not modelled (the cheapest textbook algorithm)
 )
 
 SITES = {"perlmutter": PERLMUTTER, "frontier": FRONTIER}
@@ -94,9 +107,12 @@ def machine(
     inside_latency_us: float = ASSUMED_ALPHA_INSIDE * 1e6,
     between_latency_us: float = ASSUMED_ALPHA_BETWEEN * 1e6,
     source: str = "entered",
+    nccl: NcclNode | None = NcclNode(),
 ) -> Site:
     """A cluster of one's own: GPUs per node, the bandwidth (GB/s per direction) and latency (µs) inside a node, and
-    each GPU's share of the network between nodes. Every figure is range-checked."""
+    each GPU's share of the network between nodes. Every figure is range-checked. ``nccl``: what NCCL's tuning
+    model reads of the node (by default an A100-class node: :class:`~dlscale.scaling.nccl.NcclNode`), None for a
+    machine that does not run NCCL."""
     check_range("GPUs per node", gpus_per_node, 1)
     for label, value in (
         ("bandwidth inside a node (GB/s)", inside_gbs),
@@ -114,6 +130,7 @@ def machine(
         inside=Link(inside_latency_us * 1e-6, 1 / (inside_gbs * 1e9), f"{inside_gbs:g} GB/s"),
         between=Link(between_latency_us * 1e-6, 1 / (between_gbs * 1e9), f"{between_gbs:g} GB/s per GPU"),
         source=source,
+        nccl=nccl,
     )
 
 
@@ -131,10 +148,11 @@ def load_machine(path: str | Path) -> Site:
         ) from None
     if not isinstance(spec, dict):
         raise MachineError(f"{path} is not a mapping: write gpus_per_node, inside and between as keys")
-    unknown = set(spec) - {"name", "gpus_per_node", "inside", "between", "source"}
+    unknown = set(spec) - {"name", "gpus_per_node", "inside", "between", "source", "nccl"}
     if unknown:
         raise MachineError(
-            f"{path}: unknown key {sorted(unknown)[0]!r}; the keys are name, gpus_per_node, inside, between and source"
+            f"{path}: unknown key {sorted(unknown)[0]!r}; the keys are name, gpus_per_node, inside, between, source "
+            f"and nccl"
         )
 
     def link(key: str) -> tuple[float, float | None]:
@@ -153,6 +171,7 @@ def load_machine(path: str | Path) -> Site:
     gpus = spec.get("gpus_per_node")
     if not isinstance(gpus, int) or isinstance(gpus, bool):
         raise MachineError(f"{path}: gpus_per_node must be a whole number, not {gpus!r}")
+    nccl = _nccl_node(path, spec.get("nccl", {}))
     try:
         return machine(
             str(spec.get("name") or path.stem),
@@ -162,6 +181,28 @@ def load_machine(path: str | Path) -> Site:
             ASSUMED_ALPHA_INSIDE * 1e6 if inside_us is None else inside_us,
             ASSUMED_ALPHA_BETWEEN * 1e6 if between_us is None else between_us,
             str(spec.get("source") or path),
+            nccl,
         )
     except RangeError as err:
         raise MachineError(f"{path}: {err}") from None
+
+
+_NCCL_KEYS = {"compute_capability": (int, float), "cpu": str, "nvlink": bool, "channels": int, "nic_near_gpu": bool}
+
+
+def _nccl_node(path: Path, value) -> NcclNode | None:
+    """The ``nccl`` key of a machine file: a mapping of :class:`NcclNode`'s fields (the rest default), or false."""
+    if value is False:
+        return None
+    if not isinstance(value, dict):
+        raise MachineError(f"{path}: nccl must be a mapping of {', '.join(_NCCL_KEYS)}, or false, not {value!r}")
+    for key, given in value.items():
+        if key not in _NCCL_KEYS:
+            raise MachineError(f"{path}: unknown key nccl.{key}; nccl has {', '.join(_NCCL_KEYS)}")
+        kind = _NCCL_KEYS[key]
+        if not isinstance(given, kind) or (isinstance(given, bool) and kind is not bool):
+            raise MachineError(f"{path}: nccl.{key} cannot be {given!r}")
+    try:
+        return NcclNode(**value)
+    except ValueError as err:
+        raise MachineError(f"{path}: nccl: {err}") from None

@@ -126,8 +126,9 @@ def test_the_algorithm_is_chosen_per_message_and_scale_and_said():
     assert choose_allreduce(100e6, 2, link) == "ring"
     for n, p in ((4096, 8), (1e6, 64), (1e8, 1024)):
         assert allreduce(n, p, link, "auto") == min(allreduce(n, p, link, a) for a in ("ring", "tree", "double_tree"))
+    # Perlmutter runs NCCL: a projection reports NCCL's own algorithm and protocol for the largest bucket
     rows = project(Workload("yardstick", 25_000_000, 2e-4, 64), PERLMUTTER)
-    assert rows[1]["algorithm"] == "ring" and rows[-1]["algorithm"] == "double_tree"
+    assert rows[1]["algorithm"] == "ring/Simple" and rows[-1]["algorithm"].startswith("tree/")
     # at 1,024 nodes the ring's latency alone was 20.5 ms of a ResNet-50 gradient's 24 ms
     ring = project(Workload("yardstick", 25_557_032, 1 / 2600, 64, algorithm="ring"), PERLMUTTER)[-1]
     auto = project(Workload("yardstick", 25_557_032, 1 / 2600, 64), PERLMUTTER)[-1]
@@ -237,10 +238,11 @@ def test_a_models_layers_are_counted_on_the_meta_device():
 
 
 def test_nccls_tree_correction_keeps_the_ring_for_large_buckets_on_few_nodes():
-    """#63: NCCL's tuning rates its tree at 0.9 of the bandwidth, halved again at 1-8 MiB (treeCorrectionFactor)."""
-    assert tree_bandwidth_share(2**20) == pytest.approx(0.45)
-    assert tree_bandwidth_share(25 * 2**20) == pytest.approx(0.63)
-    assert tree_bandwidth_share(2**30) == pytest.approx(0.9)
+    """#63: NCCL's tuning rates its tree at 0.92 of the bandwidth (0.9 was NCCL 2.5-2.7's), halved again from
+    128 KiB to 2 MiB (treeCorrectionFactor)."""
+    assert tree_bandwidth_share(2**20) == pytest.approx(0.46)
+    assert tree_bandwidth_share(25 * 2**20) == pytest.approx(0.644)
+    assert tree_bandwidth_share(2**30) == pytest.approx(0.92)
     bucket = 25 * 2**20
     # Perlmutter, ResNet-50's 25 MiB buckets: at the tree's paper bandwidth it won from 8 nodes; now the ring does
     # until the ring's latency outgrows the correction
@@ -261,6 +263,71 @@ def test_project_estimates_the_overlap_of_a_models_layers():
     assert "bucket schedule of table" in assumptions(auto, PERLMUTTER)
     fsdp = project(Workload("ResNet-50", 25_557_032, 1 / 2600, 64, layout="fsdp", overlap=AUTO), PERLMUTTER)
     assert all(r["hidden_s"] == 0 for r in fsdp)  # (no estimate for FSDP's prefetch: none hidden, and said so)
+
+
+def test_an_explicit_bucket_size_makes_the_first_bucket_as_large_as_the_others():
+    """#79: torch gives the first bucket 1 MiB only when bucket_cap_mb is left at its default (25 MiB); a given
+    bucket_cap_mb caps the first bucket too. (Without a layer table the gradient comes in pieces of 102 kB.)"""
+    default = Workload("ResNet-50", 25_557_032, 1 / 2600, 64).schedule()
+    assert 2**20 <= default.sizes[0] < 1.1 * 2**20 and default.sizes[1] >= 25 * 2**20
+    for given in (4, 10):
+        sizes = Workload("ResNet-50", 25_557_032, 1 / 2600, 64, bucket_mb=given).schedule().sizes
+        assert given * 2**20 <= sizes[0] < (given + 0.1) * 2**20 and sizes[0] == pytest.approx(sizes[1])
+    assert "(the first of 1 MiB, as DDP's default)" in assumptions(Workload("x", 25_557_032, 1e-4, 64), PERLMUTTER)
+    # a first bucket of one's own still wins (the published cases give DDP's 1 MiB, Horovod's none)
+    own = Workload("ResNet-50", 25_557_032, 1 / 2600, 64, bucket_mb=4, first_bucket_mb=1.0).schedule()
+    assert own.sizes[0] < 1.1 * 2**20
+    with pytest.raises(RangeError, match="first bucket"):
+        Workload("x", 1000, 1e-4, 64, first_bucket_mb="small")
+
+
+def test_at_a_fixed_overlap_ddp_sends_whole_layers_as_under_auto():
+    """#79: at overlap 0 the gradient was cut into equal slices (98 messages for ResNet-50 at 1 MiB); DDP never
+    splits a tensor, and its buckets are the same whatever the overlap: 35 layer-bounded buckets."""
+    resnet = published_layers("resnet50")
+    parameters = sum(layer.parameters for layer in resnet)
+    for bucket_mb, buckets in ((1, 35), (25, 5)):
+        messages = {
+            project(
+                Workload("ResNet-50", parameters, 1 / 2600, 64, overlap=overlap, bucket_mb=bucket_mb, layers=resnet),
+                PERLMUTTER,
+                nodes=(1, 8),
+            )[1]["messages"]
+            for overlap in (0.0, 0.5, AUTO)
+        }
+        assert messages == {buckets}, (bucket_mb, messages)
+    # and the communication they cost is the schedule's, bucket by bucket, at a fixed overlap as under auto
+    fixed = Workload("ResNet-50", parameters, 1 / 2600, 64, overlap=0.0, bucket_mb=1, layers=resnet)
+    auto = Workload("ResNet-50", parameters, 1 / 2600, 64, overlap=AUTO, bucket_mb=1, layers=resnet)
+    assert project(fixed, PERLMUTTER)[5]["communication_s"] == project(auto, PERLMUTTER)[5]["communication_s"]
+
+
+def test_the_docstrings_ranges_are_the_tables():
+    """#79: the 0.5 entries of NCCL's tree correction cover 128 KiB to 2 MiB (not 1-8 MiB), and the correction
+    stops at 512 MiB (not 256 MiB)."""
+    from dlscale.scaling import collectives
+
+    half = [i for i, factor in enumerate(collectives.NCCL_TREE_CORRECTION) if factor == 0.5]
+    assert (64 << half[0], 64 << (half[-1] + 1)) == (128 * 2**10, 2 * 2**20)
+    assert "from 128 KiB to 2 MiB" in collectives.__doc__ and "1–8 MiB" not in collectives.__doc__
+    uncorrected = 64 << len(collectives.NCCL_TREE_CORRECTION)
+    assert uncorrected == 512 * 2**20
+    assert tree_bandwidth_share(uncorrected - 1) < tree_bandwidth_share(uncorrected) == collectives.NCCL_TREE_BANDWIDTH
+    assert "512 MiB and above: none" in tree_bandwidth_share.__doc__
+
+
+def test_no_overlap_is_printed_as_minus_zero():
+    """#79: one bucket that hides nothing left a rounding remainder of -1e-16 that printed as "-0%"."""
+    from dlscale.scaling.projection import format_projection
+
+    for parameters in (1_000_000, 7_777_777, 25_557_032, 123_456_789):
+        for per_sample in (1e-4, 3e-4, 1 / 2600):
+            workload = Workload("x", parameters, per_sample, 64, overlap=AUTO, bucket_mb=None)
+            rows = project(workload, PERLMUTTER)
+            assert all(r["overlap"] >= 0 and r["hidden_s"] >= 0 for r in rows)
+            assert "-0%" not in format_projection(rows)
+    row = {**rows[3], "overlap": -1e-16}
+    assert "| 0% |" in format_projection([row]) and "-0%" not in format_projection([row])
 
 
 def test_the_fit_recovers_alpha_and_beta_and_never_goes_negative():
@@ -417,7 +484,7 @@ def test_the_overlap_of_a_measured_breakdown_is_read_against_the_sites_model(tmp
     from dlscale.scaling.projection import overlap_from_breakdown_file
 
     site = machine("Mine", 4, 100, 25)
-    whole = layout_communication("ddp", 1e8, 4, 2, site.inside, site.between).seconds
+    whole = layout_communication("ddp", 1e8, 4, 2, site.inside, site.between, nccl=site.nccl).seconds
     row = {"ranks": 8, "nodes": 2, "gradient_bytes": 1e8, "exposed_communication_ms": {"25": whole * 1e3 / 4}}
     path = tmp_path / "breakdown.json"
     path.write_text(json.dumps({"rows": [{"ranks": 1, "nodes": 1}, row]}))
