@@ -181,8 +181,9 @@ def add_project(commands: Any) -> None:
     project = commands.add_parser(
         "project",
         help="predicted step time and efficiency of a model from 1 to 1,024 nodes of a site or your cluster",
-        description="The alpha-beta model of the layout's collectives (bucket by bucket, the cheapest algorithm "
-        "between nodes) on a site's published links or your own machine's, plus one GPU's measured "
+        description="The alpha-beta model of the layout's collectives (bucket by bucket: on an NCCL site, the "
+        "algorithm and protocol NCCL's own cost model picks; elsewhere the cheapest algorithm) "
+        "on a site's published links or your own machine's, plus one GPU's measured "
         "compute, with the share of communication hidden behind the backward pass (dlscale bench "
         "breakdown measures it; by default it is estimated from DDP's bucket schedule; it never hides more than "
         "the backward pass). Prints the table and the assumptions; writes projection.png.",
@@ -251,7 +252,8 @@ def add_project(commands: Any) -> None:
         "--algorithm",
         choices=ALGORITHMS,
         default="auto",
-        help="all-reduce between nodes (auto: the cheapest for each bucket, as NCCL chooses)",
+        help="all-reduce between nodes (auto: for each bucket, NCCL's own choice of ring or tree and LL, LL128 or "
+        "Simple on an NCCL site, else the cheapest of ring and tree)",
     )
     project.add_argument("--baseline", choices=BASELINES, default="gpu", help="efficiency against one GPU or one node")
     project.add_argument("--out", default="runs/projection")
