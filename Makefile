@@ -200,7 +200,11 @@ $(VENV)/.installed-lessons: pyproject.toml $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet $(PIP_CONSTRAINTS) -e ".[$(LESSON_EXTRAS)]"
 	touch $@
 
+# First K-Means's loops are compiled ahead into numba's cache beside the package (NUMBA_CACHE_DIR's, where it is set:
+# the kernel is given it), for this node's CPU: the kernel's first fit (lesson 08) loads them instead of compiling
+# (~25 s on 2 cores, and a room's kernels all at once on a shared node). Seconds where they are there already.
 kernel: $(if $(wildcard $(VENV)/.installed-dev),$(VENV)/.installed,$(VENV)/.installed-lessons)
+	$(BIN)/python -m dlscale.kmeans.compile_ahead
 	$(BIN)/python -m dlscale.jobs.kernel --display-name "dlscale ($(shell cd $(VENV) && pwd))" \
 	  $(foreach module,$(KERNEL_MODULES),--module $(module))
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import stat
+from pathlib import Path
 from typing import Any
 
 from dlscale.config import load_config
@@ -20,6 +22,7 @@ def _data_generate(args: argparse.Namespace) -> int:
         cfg.shard_size,
         seed=cfg.seed,
         progress=cfg.progress,
+        shared=args.shared,
     )
     speed = manifest["generation"]
     print(
@@ -27,7 +30,25 @@ def _data_generate(args: argparse.Namespace) -> int:
         f"{cfg.image_size}x{cfg.image_size} to {args.out} in {speed['seconds']:.2f} s "
         f"({speed['samples_per_s']:,.0f} maps/s)"
     )
+    print(_who_reads(Path(args.out)))
     return 0
+
+
+def _who_reads(out: Path) -> str:
+    """One line: whether other users can read the data set, and if not, why (its mode, or a folder above it)."""
+    mode = stat.S_IMODE(out.stat().st_mode)
+    if mode & 0o005 != 0o005:
+        return (
+            f"{out} has mode {mode:04o}: other users cannot read it (your umask); generate with --shared for a "
+            f"data set the room reads"
+        )
+    closed = next((p for p in out.resolve().parents if stat.S_IMODE(p.stat().st_mode) & 0o001 == 0), None)
+    if closed is not None:
+        return (
+            f"{out} is readable by everyone, but other users cannot pass through {closed} "
+            f"(mode {stat.S_IMODE(closed.stat().st_mode):04o}): chmod o+x it, or generate elsewhere"
+        )
+    return f"{out} is readable by every user of this machine (mode {mode:04o})"
 
 
 def _data_check(args: argparse.Namespace) -> int:
@@ -67,6 +88,12 @@ def add_data(commands: Any) -> None:
     )
     generate.add_argument("--out", required=True, help="folder to create")
     generate.add_argument("--config", default=None, help="config name or YAML path for the sizes")
+    generate.add_argument(
+        "--shared",
+        action="store_true",
+        help="make the data set readable by everyone, whatever your umask (a set generated once for a room); "
+        "without it the files get the modes your umask gives",
+    )
     generate.add_argument("overrides", nargs="*", metavar="key=value")
     generate.set_defaults(handler=_data_generate)
     check = data_commands.add_parser(

@@ -115,6 +115,7 @@ def generate_dataset(
     shard_size: int = 1024,
     seed: int = 0,
     progress: bool = True,
+    shared: bool = False,
 ) -> dict[str, Any]:
     """Generate the synthetic dataset into ``out_dir`` and return its manifest.
 
@@ -123,11 +124,16 @@ def generate_dataset(
     name and renamed into place, so a crash never leaves a half-written dataset that
     looks complete, and several processes may race to create it safely; a temporary folder that
     a killed generation left is removed by the next one (:mod:`dlscale.data.scratch`).
+
+    The folder and its files get the modes the user's umask gives (readable by others under the usual 022); with
+    ``shared`` they, and the parent folders this call makes, are readable by everyone whatever the umask (a data
+    set generated once for a room of attendees).
     """
     out_dir = Path(out_dir)
     check_generation_fits(
         out_dir, spec.image_size, train_samples + val_samples, min(shard_size, max(train_samples, val_samples))
     )
+    made = [folder for folder in (out_dir.parent, *out_dir.parent.parents) if not folder.exists()]
     tmp = make_temp_dir(out_dir.parent, out_dir.name)  # (and removes those a killed generation left)
     start = time.perf_counter()
     manifest: dict[str, Any] = {
@@ -156,10 +162,12 @@ def generate_dataset(
         manifest["generation"] = {"seconds": round(seconds, 3), "samples_per_s": round(total / seconds, 1)}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         try:
-            os.replace(release(tmp), out_dir)
+            os.replace(release(tmp, shared), out_dir)
         except OSError:
             if not (out_dir / MANIFEST).is_file():  # not a finished twin from another process
                 raise
+        for folder in made if shared else []:  # (made under this umask: the room must pass through them too)
+            folder.chmod(folder.stat().st_mode & 0o7777 | 0o555)
     except OSError as err:
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
