@@ -113,10 +113,12 @@ class _Patches:
 
 
 def collective_wait() -> datetime.timedelta:
-    """How long a checked stage's rank waits in a gloo collective before it gives up (``DLSCALE_CHECK_WAIT_S``, 120 s
-    by default): a rank that waits for a peer that skipped the collective (a save on rank 0 only) is named then,
-    not after the stage's own 5 minutes. (NCCL's watchdog ends the process on a timeout: its groups keep theirs.)"""
-    return datetime.timedelta(seconds=float(os.environ.get("DLSCALE_CHECK_WAIT_S", "120")))
+    """How long a checked stage's rank waits in a gloo collective before it gives up (``DLSCALE_CHECK_WAIT_S``; by
+    default 300 s, the recipes' own): a room that wants a rank waiting for a peer that skipped the collective (a save
+    on rank 0 only) named sooner sets it lower. (NCCL's watchdog ends the process on a timeout: its groups keep
+    theirs.) The default is the stages' own because a shorter one also cut short a busy machine's teardown, where a
+    rank can wait in gloo's group destructor."""
+    return datetime.timedelta(seconds=float(os.environ.get("DLSCALE_CHECK_WAIT_S", "300")))
 
 
 def _bounded(args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -79,13 +79,11 @@ def test_distributed_stage_on_two_ranks_trains_as_the_engine(stage, arguments, r
 
 def test_a_tensor_parallel_split_taken_out_is_named_on_two_ranks(ranks_folder):
     """Gap 10.b does nothing with tp=1, so tests/unit/test_stage_gaps.py cannot show it: here with tp=2."""
-    from tests.unit.test_stage_gaps import MUTANTS, _mutant
+    from dlscale.lessons.stage_record import Variant
+    from tests.unit.test_stage_gaps import variant_source
 
-    MUTANTS["10.b"] = lambda lines: ["pass"]
-    try:
-        (ranks_folder / "mutant_10_b.py").write_text(_mutant("10.b"))
-    finally:
-        del MUTANTS["10.b"]
+    taken_out = Variant("the split taken out", (('parallelize_module(block, mesh["tp"], split)', "pass"),))
+    (ranks_folder / "mutant_10_b.py").write_text(variant_source("10_fsdp_tp.py", taken_out))
     ranks = run_on_engines(
         run_stage,
         2,
