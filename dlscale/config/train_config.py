@@ -333,7 +333,12 @@ class TrainConfig:
         dev = self.device
         if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
             raise ConfigError(f"config key 'device' must be one of auto, cpu, cuda, cuda:N; got '{dev}'")
-        if not (_PLAIN_NAME.fullmatch(self.name) or (self.run_dir and not self.name)):  # (runs/<name> stays in runs/)
+        self._validate_name()
+
+    def _validate_name(self) -> None:
+        """The run's name is one folder in runs/ (as a recipe's name is one file in recipes/), never a path out of it;
+        empty only where run_dir names the folder."""
+        if not (_PLAIN_NAME.fullmatch(self.name) or (self.run_dir and not self.name)):
             raise ConfigError(
                 f"config key 'name' must be a plain name (letters, digits, _ . -, at most 100), the run's folder "
                 f"in runs/; got {_shown(self.name)}: to write the run elsewhere, set run_dir instead"
