@@ -1,7 +1,7 @@
 """Run the held-out answers (scripts/heldout/answers.py) through the lessons' own stage check, as the lessons run it,
 and count: the wrong ones caught, those named by their own gap alone, the right ones accepted, the slowest verdict.
 
-    .venv/bin/python scripts/check_heldout.py [--stages 01,02,03,04,05,07] [--out rows.json]
+    .venv/bin/python scripts/check_heldout.py [--stages 01,02,03,04,05,07] [--out rows.json] [--device cuda]
 
 Stages 01-04 run in this process (as a lesson's kernel runs them) on a small set; 05 and 07 run their file on two
 notebook engines with the lesson's settings and its tiny config, beside the engine's twin on the same engines.
@@ -84,7 +84,7 @@ def judged(info: dict, verdict: str | None) -> str:
     return "named" if alone else "misnamed"
 
 
-def run_all(written: list[tuple[Path, dict]]) -> list[dict]:
+def run_all(written: list[tuple[Path, dict]], device: str = "cpu") -> list[dict]:
     from dlscale.distributed import free_port
     from dlscale.lab import engine_twin, run_on_engines, run_stage
     from dlscale.lessons.stage_check import check_stage
@@ -99,13 +99,13 @@ def run_all(written: list[tuple[Path, dict]]) -> list[dict]:
         with contextlib.redirect_stdout(io.StringIO()):
             if lesson in KERNEL:
                 os.environ["MASTER_PORT"] = str(free_port())
-                settings = dict(KERNEL[lesson], config="micro.yaml", epochs=1, device="cpu")
+                settings = dict(KERNEL[lesson], config="micro.yaml", epochs=1, device=device)
                 mine = run_stage(str(path), checkpoint=f"runs/{path.stem}", **settings)
                 if stage not in twins:
                     twins[stage] = engine_twin(stage, name=f"twin-{lesson}", **settings)
             else:
                 settings = dict(RANKS[lesson], config="tiny", epochs=1, device="cpu")
-                mine = run_on_engines(run_stage, 2, str(path), checkpoint=f"runs/{path.stem}", **settings)[0]
+                mine = run_on_engines(run_stage, 2, str(path), checkpoint=f"runs/{path.stem}", **settings)
                 if stage not in twins:
                     twins[stage] = run_on_engines(engine_twin, 2, stage, name=f"twin-{lesson}", **settings)[0]
             verdict = verdict_of(check_stage, stage, mine, twins[stage])
@@ -145,6 +145,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stages", default="01,02,03,04,05,07", help="lessons, comma-separated")
     parser.add_argument("--out", help="write every row, its verdict included, to this JSON file")
+    parser.add_argument(
+        "--device", default="cpu", help="where stages 01-04 run (cuda on a GPU node: where pinned memory shows)"
+    )
     args = parser.parse_args()
     out = Path(args.out).resolve() if args.out else None
     with tempfile.TemporaryDirectory(prefix="dlscale-heldout-") as folder:
@@ -152,7 +155,7 @@ def main() -> int:
         os.chdir(folder)
         answers = Path(folder, "answers")
         answers.mkdir()
-        rows = run_all(write_answers(answers, set(args.stages.split(","))))
+        rows = run_all(write_answers(answers, set(args.stages.split(","))), args.device)
         if any(r["gap"][:2] in RANKS for r in rows):
             from dlscale.jobs.notebook_engines import stop_engines
 

@@ -42,7 +42,7 @@ PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 echo "gpu_checks: writing to $OUT (within $BUDGET s)"
 log() { echo "[$((SECONDS - START)) s] $*" | tee -a "$OUT/log.txt"; }
-ALL="horovod stop nccl_net probe ddp parity fsdp compile nsys gpu_tests kmeans_gpu profile kmeans2 kmeans_all"
+ALL="horovod stop nccl_net probe ddp parity heldout fsdp compile nsys gpu_tests kmeans_gpu profile kmeans2 kmeans_all"
 STEPS=${STEPS:-$ALL}
 # Without a CUDA GPU nothing here can show what it is for: every step says so and is skipped.
 no_gpu=$("$PY" -c 'import torch; print("" if torch.cuda.is_available() else f"no CUDA GPU: torch {torch.__version__} sees none")' \
@@ -148,6 +148,8 @@ step ddp.txt 120 bash -o pipefail -c 'status=0
 step parity.txt 150 "$PY" -m dlscale bench parity --stages 03,04 --config tiny --epochs 1 --rounds 1
 
 # shellcheck disable=SC2016
+# The held-out answers of stage 02 on the GPU: pinned memory and the copy show there (docs/stage-checks.md)
+step heldout.txt 120 "$PY" scripts/check_heldout.py --stages 02 --device cuda --out "$OUT/heldout.json"
 step fsdp.txt 120 bash -o pipefail -c '"$0" -m torch.distributed.run --standalone --nproc-per-node 1 \
         recipes/10_fsdp_tp.py --device cuda --epochs 1 --workers 2 --checkpoint "$1/dcp" &&
     "$0" -m torch.distributed.run --standalone --nproc-per-node 1 recipes/10_fsdp_tp.py \

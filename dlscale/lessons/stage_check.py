@@ -175,12 +175,12 @@ def _differs(a: float | None, b: float, tolerance: float) -> bool:
     return a is None or not math.isfinite(a) or not abs(a - b) <= tolerance * max(1.0, abs(b))
 
 
-def check_stage(stage: str, mine: dict, twin: dict | None, device: str | None = None) -> None:
-    """The attendee's stage (:func:`~dlscale.lessons.stage_probes.run_stage`'s result) gap by gap
-    (:func:`check_gaps`), then its losses per step and R² per epoch against ``dlscale.train`` with the same settings
-    (``twin``, from :func:`~dlscale.lessons.parity.engine_twin`), within :data:`STAGE_TOLERANCE` for ``device``
-    (default: CUDA where a GPU is visible). Every failure is one line naming the gap it points to, or the line
-    outside the gaps. In a notebook, a failure marks the lesson's stage unfinished: later cells that need it say so
+def check_stage(stage: str, mine: dict | list[dict], twin: dict | list[dict] | None, device: str | None = None) -> None:
+    """The attendee's stage (:func:`~dlscale.lessons.stage_probes.run_stage`'s result, or every rank's, rank 0 first)
+    gap by gap (:func:`check_gaps`), then its losses per step and R² per epoch against ``dlscale.train`` with the
+    same settings (``twin``, from :func:`~dlscale.lessons.parity.engine_twin`), within :data:`STAGE_TOLERANCE` for
+    ``device`` (default: CUDA where a GPU is visible). Every failure is one line naming the gap it points to, or the
+    line outside the gaps. In a notebook, a failure marks the lesson's stage unfinished: later cells that need it say so
     in one line (:mod:`~dlscale.lessons.unfinished`)."""
     from dlscale.lessons.unfinished import mark_finished, mark_unfinished
 
@@ -193,8 +193,14 @@ def check_stage(stage: str, mine: dict, twin: dict | None, device: str | None = 
     mark_finished(lesson)
 
 
-def _check_stage(stage: str, mine: dict, twin: dict | None, device: str | None) -> None:
-    check_gaps(stage, mine)
+def _check_stage(stage: str, mine: dict | list[dict], twin: dict | list[dict] | None, device: str | None) -> None:
+    ranks = mine if isinstance(mine, list) else [mine]
+    for rank, result in enumerate(ranks):  # (every rank's run: a mistake can show on one rank alone)
+        try:
+            check_gaps(stage, result)
+        except AssertionError as failed:
+            raise AssertionError(f"{failed} (seen on rank {rank})" if rank else str(failed)) from None
+    mine, twin = ranks[0], twin[0] if isinstance(twin, list) else twin
     record, source = stage_record(stage), mine.get("source")
     kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
     tolerance, lesson = STAGE_TOLERANCE[kind], record.lesson

@@ -4,7 +4,10 @@
 ranks) while :func:`watch` notes the calls each gap of :mod:`dlscale.lessons.gaps` is about: the loaders'
 workers and pinned memory, the non-blocking copies, the compiled module, the profiler's ranges, autocast's dtype
 and the scaler's order, the sampler and its epochs, DDP, Horovod's broadcast, the LR at every step, the FSDP
-units, the meta-device build and the DCP folder. Nothing is changed: each wrapper notes, then calls the original.
+units, the meta-device build and the DCP folder. Each wrapper notes, then calls the original; three change what a
+CPU could not show: a copy of a batch to the device it is on returns a new tensor (as a copy to a GPU does), a
+rank that joins under another number than its launcher's joins under the launcher's (noted), and gloo's wait is
+bounded (:func:`collective_wait`).
 
 A failure inside the stage does not end the cell: the result carries it, and the stage check names the gap
 (:func:`~dlscale.lessons.stage_check.check_stage`). What is noted is plain data, so it travels back from an engine.
@@ -37,6 +40,7 @@ def _new_record() -> dict[str, Any]:
         "loaders": [],
         "copies": 0,
         "non_blocking_copies": 0,
+        "uncopied_inputs": 0,
         "compiled": 0,
         "compile_backends": [],
         "loss_ranges": Counter(),
@@ -58,6 +62,7 @@ def _new_record() -> dict[str, Any]:
         "process_group": None,
         "all_reduced": Counter(),
         "validation_all_reduces": 0,
+        "validation_largest_reduce": 0,
         "samplers": [],
         "sampler_iterations": [],
         "set_epochs": [],
@@ -175,8 +180,8 @@ def watch(namespace: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
 
     seen = _new_record()
     patches = _Patches(namespace if namespace is not None else {})
-    _watch_loading(patches, seen)
-    hooks = _watch_step(patches, seen)
+    hooks = _watch_loading(patches, seen)
+    hooks += _watch_step(patches, seen)
     _watch_ranks(patches, seen)
     _watch_horovod(patches, seen)
     _watch_sharding(patches, seen)
@@ -193,8 +198,11 @@ def watch(namespace: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
         seen["range_events"] = {name: dict(events) for name, events in seen["range_events"].items()}
 
 
-def _watch_loading(patches: _Patches, seen: dict[str, Any]) -> None:
-    """The loaders' settings, the copies to the device, the samplers' settings and the epoch of each pass."""
+def _watch_loading(patches: _Patches, seen: dict[str, Any]) -> list[Any]:
+    """The loaders' settings, the copies to the device (and whether the model read the copy), the samplers' settings
+    and the epoch of each pass. Returns the hooks to remove."""
+    batches: dict[int, Any] = {}  # id -> weak reference: the tensors the loaders gave, not yet copied
+    hooks: list[Any] = []
     import torch.distributed as dist
     from torch.utils.data import DataLoader, DistributedSampler
 
@@ -227,8 +235,9 @@ def _watch_loading(patches: _Patches, seen: dict[str, Any]) -> None:
         seen["copies"] += 1
         seen["non_blocking_copies"] += bool(non_blocking)
 
-    patches.wrap(torch.Tensor, "to", lambda f: _noting(f, copied))
+    patches.wrap(torch.Tensor, "to", lambda f: _as_a_copy(_noting(f, copied), batches))
     patches.wrap(torch.Tensor, "cuda", lambda f: _noting(f, copied_to_gpu))
+    _watch_batches(patches, seen, batches, hooks)
 
     def sampler_made(self: Any, *args: Any, **kwargs: Any) -> None:
         grouped = dist.is_available() and dist.is_initialized()
@@ -255,6 +264,69 @@ def _watch_loading(patches: _Patches, seen: dict[str, Any]) -> None:
             seen["sampler_iterations"].append((getattr(self, "_dlscale_index", -1), int(self.epoch), self.shuffle))
 
     patches.wrap(DistributedSampler, "__iter__", lambda f: _noting(f, iterated))
+    return hooks
+
+
+def _is_batch(tensor: Any, batches: dict[int, Any]) -> bool:
+    reference = batches.get(id(tensor))
+    return reference is not None and reference() is tensor
+
+
+def _as_a_copy(to: Callable, batches: dict[int, Any]) -> Callable:
+    """``Tensor.to`` that returns a new tensor when it copies a loader's batch to the device it is already on (one
+    device, as here on CPUs), as a copy to a GPU does: so that a step that reads the batch instead of its copy
+    (``x.to(device)`` with its result dropped) is seen on a CPU too."""
+
+    def wrapper(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        result = to(self, *args, **kwargs)
+        if _WATCHING[0] and result is self and _is_batch(self, batches):
+            target = kwargs.get("device", args[0] if args else None)
+            if isinstance(target, (torch.device, str, int, torch.Tensor)):
+                result = self.clone()
+        return result
+
+    wrapper.__wrapped__ = to  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _watch_batches(patches: _Patches, seen: dict[str, Any], batches: dict[int, Any], hooks: list[Any]) -> None:
+    """The tensors each loader gives, and whether a model being trained read one of them itself, not its copy to the
+    device (``seen["uncopied_inputs"]``): a forward hook on each module moved with ``Module.to``."""
+    import weakref
+
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    def note_batch(batch: Any) -> None:
+        parts = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else [batch]
+        for part in parts:
+            if isinstance(part, torch.Tensor):
+                batches[id(part)] = weakref.ref(part)
+
+    def next_batch(original: Callable) -> Callable:
+        def wrapper(self: Any) -> Any:
+            batch = original(self)
+            if _WATCHING[0]:
+                note_batch(batch)
+            return batch
+
+        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+        return wrapper
+
+    patches.wrap(_BaseDataLoaderIter, "__next__", next_batch)
+
+    def read(module: torch.nn.Module, args: tuple) -> None:
+        if torch.compiler.is_compiling() or not _WATCHING[0] or not torch.is_grad_enabled():
+            return
+        seen["uncopied_inputs"] += any(_is_batch(arg, batches) for arg in args)
+
+    watched: set[int] = set()
+
+    def moved(module: Any, *args: Any, **kwargs: Any) -> None:
+        if isinstance(module, torch.nn.Module) and id(module) not in watched:
+            watched.add(id(module))
+            hooks.append(module.register_forward_pre_hook(read))
+
+    patches.wrap(torch.nn.Module, "to", lambda f: _after(f, moved))
 
 
 def _gradients(optimizers: list[torch.optim.Optimizer]) -> list[torch.Tensor]:
@@ -443,6 +515,7 @@ def _watch_ranks(patches: _Patches, seen: dict[str, Any]) -> None:
             "rank": kwargs.get("rank"),
             "world_size": kwargs.get("world_size"),
             "timeout_s": timeout.total_seconds() if timeout is not None else None,
+            "launcher_rank": int(os.environ["RANK"]) if os.environ.get("RANK", "").isdigit() else None,
         }
 
     def joining(original: Callable) -> Callable:
@@ -450,6 +523,9 @@ def _watch_ranks(patches: _Patches, seen: dict[str, Any]) -> None:
             if _WATCHING[0]:
                 joined(*args, **kwargs)
                 kwargs = _bounded(args, kwargs)
+                launcher = seen["process_group"]["launcher_rank"]
+                if kwargs.get("rank") is not None and launcher is not None and kwargs["rank"] != launcher:
+                    kwargs["rank"] = launcher  # (two ranks under one number would wait for a peer forever: noted)
             return original(*args, **kwargs)
 
         wrapper.__wrapped__ = original  # type: ignore[attr-defined]
@@ -460,12 +536,20 @@ def _watch_ranks(patches: _Patches, seen: dict[str, Any]) -> None:
     def reduced(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         # by kind, every one counted: the one that matters is never crowded out by the gradients' many
         seen["all_reduced"][f"{list(tensor.shape)} {tensor.dtype}"] += 1
-        seen["validation_all_reduces"] += not torch.is_grad_enabled()
+        if not torch.is_grad_enabled():
+            seen["validation_all_reduces"] += 1
+            seen["validation_largest_reduce"] = max(seen["validation_largest_reduce"], tensor.numel())
 
     patches.wrap(dist, "all_reduce", lambda f: _noting(f, reduced))
 
     def gathered(*args: Any, **kwargs: Any) -> None:  # (every rank gets every rank's part: a sum can follow)
-        seen["validation_all_reduces"] += not torch.is_grad_enabled()
+        if not torch.is_grad_enabled():
+            seen["validation_all_reduces"] += 1
+            part = next((a for a in reversed(args) if isinstance(a, torch.Tensor)), None)
+            # (an object gathered may hold any number of sums: counted as more than one)
+            seen["validation_largest_reduce"] = max(
+                seen["validation_largest_reduce"], part.numel() if part is not None else 2
+            )
 
     for name in ("all_gather", "all_gather_into_tensor", "all_gather_object"):
         patches.wrap(dist, name, lambda f: _noting(f, gathered))
@@ -631,7 +715,7 @@ def _watched_run(main: Callable[..., dict], arguments: dict[str, Any]) -> dict[s
     filename = main.__code__.co_filename
     result: dict[str, Any] = {"losses": [], "r2": [], "throughput": []}
     error = None
-    with watch(main.__globals__) as seen:
+    with watch(main.__globals__) as seen, one_rank_per_node():
         try:
             result = dict(main(**arguments))
         except KeyboardInterrupt:
@@ -646,6 +730,33 @@ def _watched_run(main: Callable[..., dict], arguments: dict[str, Any]) -> dict[s
             }
             leave_group()
     return {**result, "seen": seen, "arguments": effective_arguments(main, arguments), "error": error}
+
+
+#: The variables a stage may read its number on its node from (torchrun's, Slurm's, PMI's)
+_LOCAL_RANK = ("LOCAL_RANK", "SLURM_LOCALID", "PMI_LOCAL_RANK")
+
+
+@contextlib.contextmanager
+def one_rank_per_node() -> Iterator[None]:
+    """Ranks of CPUs that all run on this one host are watched as if each ran on a node of its own (number 0 on its
+    node, one rank there), the layout of a job of one GPU per node: on one host a rank's number in the job and on
+    its node are equal, so a stage that took one for the other would pass. GPU ranks keep theirs (each needs its
+    own device)."""
+    size = os.environ.get("WORLD_SIZE", "1")
+    same_host = os.environ.get("LOCAL_WORLD_SIZE") == size and size.isdigit() and int(size) > 1
+    if not same_host or torch.cuda.is_available():
+        yield
+        return
+    kept = {name: os.environ.get(name) for name in (*_LOCAL_RANK, "LOCAL_WORLD_SIZE")}
+    os.environ.update({name: "0" for name in _LOCAL_RANK if kept[name] is not None}, LOCAL_WORLD_SIZE="1")
+    try:
+        yield
+    finally:
+        for name, value in kept.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _switch_runs(stage: Any, main: Callable[..., dict], arguments: dict[str, Any]) -> list[dict[str, Any]]:

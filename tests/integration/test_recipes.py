@@ -9,7 +9,7 @@ import pytest
 from dlscale.jobs.notebook_engines import run_file, run_on_engines
 from dlscale.lessons.parity import engine_twin, largest_loss_gap
 from dlscale.lessons.recipe_folder import RECIPES
-from dlscale.lessons.stage_check import check_gaps
+from dlscale.lessons.stage_check import check_gaps, check_stage
 from dlscale.lessons.stage_probes import run_stage
 from tests.unit.test_recipes import _solution
 
@@ -99,6 +99,23 @@ def test_a_tensor_parallel_split_taken_out_is_named_on_two_ranks(ranks_folder):
         check_gaps("10_fsdp_tp.py", ranks[0])
 
 
+def test_a_rank_numbered_by_its_node_is_named_as_on_two_nodes(ranks_folder):
+    """On one host a rank's number on its node equals its number in the job; the check runs CPU ranks as on a node
+    each, so `rank=local_rank` in the group and in the sampler is named (on rank 1), and the job does not hang."""
+    from dlscale.lessons.stage_record import Variant
+    from tests.unit.test_stage_gaps import variant_source
+
+    group = "rank=rank, world_size=world_size,"
+    by_node = Variant("numbered by the node", ((group, "rank=local_rank, world_size=world_size,"),))
+    (ranks_folder / "by_node.py").write_text(variant_source("05_ddp.py", by_node))
+    settings = {"epochs": 1, "device": "cpu", "workers": 0, "precision": "fp32", "compile": False}
+    ranks = run_on_engines(run_stage, 2, str(ranks_folder / "by_node.py"), checkpoint="by-node", **settings)
+    with pytest.raises(
+        AssertionError, match=r"^TODO 05\.b .*joined as rank 0, but its launcher made it rank 1.*rank 1"
+    ):
+        check_stage("05_ddp.py", ranks, None)
+
+
 def test_sharded_stage_resumes_from_its_dcp_checkpoint_exactly(ranks_folder):
     """Epoch 1, then a second run that loads every rank's shards and trains epoch 2: the losses of one run of 2."""
     recipe = str(RECIPES / "10_fsdp_tp.py")
@@ -139,14 +156,14 @@ DATA_PARALLEL_MISTAKES = {
 
 
 def test_data_parallel_check_passes_the_solution(checks_folder):
-    from dlscale.lessons.recipe_checks import check_data_parallel_loop
+    from dlscale.lessons.lesson05 import check_data_parallel_loop
 
     check_data_parallel_loop(_solution("05_data_parallel.ipynb", "train_data_parallel"))
 
 
 @pytest.mark.parametrize("mistake", sorted(DATA_PARALLEL_MISTAKES))
 def test_data_parallel_check_names_the_mistake(mistake, checks_folder):
-    from dlscale.lessons.recipe_checks import check_data_parallel_loop
+    from dlscale.lessons.lesson05 import check_data_parallel_loop
 
     change, message = DATA_PARALLEL_MISTAKES[mistake]
     with pytest.raises(AssertionError, match=message):
@@ -164,7 +181,7 @@ FSDP_MISTAKES = {
 
 @pytest.mark.parametrize("mistake", [None, *sorted(FSDP_MISTAKES)])
 def test_fsdp_check_passes_the_solution_and_names_each_mistake(mistake, checks_folder):
-    from dlscale.lessons.recipe_checks import check_fsdp_sharding
+    from dlscale.lessons.lesson10 import check_fsdp_sharding
 
     if mistake is None:
         return check_fsdp_sharding(_solution("10_sharded_and_model_parallel.ipynb", "shard"))

@@ -28,13 +28,20 @@ def loader_settings(seen: dict[str, Any], args: dict[str, Any], result: dict[str
 
 
 def non_blocking_copies(seen: dict[str, Any], args: dict[str, Any], result: dict[str, Any]) -> str | None:
-    """Each step's inputs and targets reach the device by a non-blocking copy, whatever its spelling."""
+    """Each step's inputs and targets reach the device by a non-blocking copy, whatever its spelling, and the model
+    reads the copy."""
     needed = 2 * steps_of(result)
     if seen["non_blocking_copies"] < needed:
         return (
             f"{seen['non_blocking_copies']} non-blocking copies to the device in {steps_of(result)} steps (and "
             f"{seen['copies']} copies in all): each batch's inputs and targets are copied so that the host does "
             f"not wait for the copy"
+        )
+    if seen["uncopied_inputs"]:
+        return (
+            f"the model read the loader's batch itself, not its copy on the device, in {seen['uncopied_inputs']} "
+            f"call(s): `.to()` returns the copy and leaves the tensor where it was, so the step must use what it "
+            f"returns (the check copies as a GPU would, to a new tensor)"
         )
     return None
 
@@ -139,6 +146,15 @@ STAGE = Stage(
                         (
                             "x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)",
                             "x, y = x.to(device, non_blocking=True), y.to(device)",
+                        ),
+                    ),
+                ),
+                Variant(
+                    "the copy's result dropped",
+                    (
+                        (
+                            "x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)",
+                            "x.to(device, non_blocking=True)\ny.to(device, non_blocking=True)",
                         ),
                     ),
                 ),

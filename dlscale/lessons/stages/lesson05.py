@@ -15,6 +15,11 @@ def validation_sums(seen: dict[str, Any], args: dict[str, Any], result: dict[str
             "nothing was added over the ranks during validation: each rank computed the R² of its own share "
             "only (and a mean of the ranks' R² is not the R² of the whole set)"
         )
+    if seen["validation_largest_reduce"] <= 1:
+        return (
+            "during validation the ranks added single numbers only (each rank's R²?): R² is a ratio of sums, so "
+            "each target's sums are added over the ranks first, and the ratio taken after"
+        )
     return None
 
 
@@ -23,6 +28,12 @@ def joined(seen: dict[str, Any], args: dict[str, Any], result: dict[str, Any]) -
     group, want = seen["process_group"], "nccl" if device_kind(args) == "cuda" else "gloo"
     if group is None:
         return "the process never joined a process group"
+    if group["rank"] is not None and group["launcher_rank"] is not None and group["rank"] != group["launcher_rank"]:
+        return (
+            f"this process joined as rank {group['rank']}, but its launcher made it rank {group['launcher_rank']} "
+            f"of the job (RANK): the number on its node (LOCAL_RANK) is another one on more than one node, and the "
+            f"check runs each rank as on a node of its own"
+        )
     if group["backend"] not in (want, "None") and want not in group["backend"]:
         return f"the group's backend is {group['backend']} on {device_kind(args)}: {want} there"
     if group["timeout_s"] != 300:
