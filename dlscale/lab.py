@@ -5,14 +5,22 @@ recipe's own imports (the data set, ``dlscale.optim``'s layer-wise optimizers, t
 ``dlscale.train`` aside. So the package's insides can move or be renamed without touching a lesson:
 only the table below changes. The names are stable; a test keeps the notebooks to them.
 
+Two sources give the names. The table below names the rest of the kit, and what several lessons share.
+Each lesson's own questions, readings, conclusions and exercise checks live in its module,
+``dlscale/lessons/lessonNN.py``, whose ``__all__`` lists what its notebooks import: the door finds those
+modules by their file names and reads each ``__all__`` from its source (without importing it), the first
+time a name outside the table is asked for. Adding a lesson's module needs no change here; a name two
+lesson modules export, or one the table already gives, is an error naming both.
+
 What is here, by what a notebook does with it:
 
 - **train and set up**: the engine (``train``), configs, models, data, devices, optimizers;
 - **measure**: the benchmarks (``bench_*``), the profiler's tables, memory, throughput rounds;
 - **run elsewhere**: ipyparallel engines, torchrun, a Slurm queue or a cluster on this machine;
 - **read and show**: reports, tables and plots;
-- **ask and check**: the predictions asked before a measurement, the conclusions drawn from the
-  attendee's numbers, the exercises' checks, the recipe's engine twin;
+- **ask and check**: each lesson's module (the predictions asked before a measurement, the readings
+  and conclusions drawn from the attendee's numbers, the exercises' checks), the stage's run and check,
+  the recipe's engine twin;
 - **plan and search**: the scaling model and plans, the hyperparameter search, K-Means.
 
 Each name is imported when first used (PEP 562), so ``import dlscale.lab`` is cheap and a name
@@ -22,6 +30,9 @@ whose optional extra is missing fails only when a cell uses it, with the extra's
 from __future__ import annotations
 
 import importlib
+import re
+from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 #: name -> (module, attribute in it; None for the module itself)
@@ -110,56 +121,15 @@ _add(
 _add("dlscale.reporting.report", "collect", "format_report")
 _add("dlscale.reporting.tables", "markdown_table")
 
-# -- ask and check ------------------------------------------------------------------------------------------
-_add(
-    "dlscale.lessons.predictions",
-    "repeated_searches",
-    "BEST_PER_COST",
-    "COMPILE",
-    "CONVERGENCE",
-    "FSDP_MEMORY",
-    "HOROVOD_SAME",
-    "LARGEST_LOSS",
-    "LOADER",
-    "NOISE_SCALE",
-    "NO_SCALING",
-    "PRECISION",
-    "STRONG_SCALING",
-)
-_add(
-    "dlscale.lessons.conclusions",
-    "breakdown_conclusions",
-    "compare_spreads",
-    "convergence_conclusion",
-    "efficiency_conclusion",
-    "ladder_conclusions",
-    "loader_conclusion",
-    "memory_conclusion",
-    "noise_scale_conclusions",
-    "precision_conclusion",
-    "search_conclusions",
-    "sweep_conclusions",
-    "width_conclusions",
-)
+# -- ask and check: what several lessons share (each lesson's own names are in its module: _lesson_table) ------------
+_add("dlscale.lessons.lesson_tools", "compare_spreads")
 _add("dlscale.lessons.parity", "engine_twin")
 _add("dlscale.lessons.recipes", "recipe_path")
 _add("dlscale.lessons.recipes", "show_ours", "show_recipe_change", "use_ours")
 _add("dlscale.lessons.stage_probes", "run_stage")
+_add("dlscale.lessons.stage_check", "check_gaps", "check_stage")
 _add("dlscale.lessons.stage_measure", "checkpoint_shares", "final_r2", "measure_stage", "profile_stage")
-_add(
-    "dlscale.lessons.readings",
-    "FASTEST_BATCH",
-    "FEWEST_WORKERS",
-    "FP16_KEPT",
-    "LARGER_BATCH_KEPT",
-    "LARGEST_RANGE",
-    "SHARD_SHARE",
-    "TWO_RANK_EFFICIENCY",
-)
 _add("dlscale.lessons.gaps", "hint")
-for _module in ("checks", "plan_checks", "recipe_checks"):  # the exercises' checks, called as checks.check_x(...)
-    _WHERE[_module] = (f"dlscale.lessons.{_module}", None)
-_add("dlscale.lessons.search_checks", "baseline_value", "check_space", "values_over_seeds")
 
 # -- plan and search -----------------------------------------------------------------------------------------
 _add("dlscale.scaling.fit", "fit_link", "predictions", "worst_ratio")
@@ -199,7 +169,46 @@ _add("dlscale.kmeans.command", "load_sample_image", "quantize", "rank_block")
 _add("dlscale.kmeans.on_ranks", "launch_kmeans")
 _WHERE["daal4py_available"] = ("dlscale.kmeans.daal", "available")
 
-__all__ = sorted(_WHERE)
+#: The lessons' own modules: dlscale/lessons/lessonNN.py, each with an ``__all__ = [...]`` of string literals.
+_LESSONS = Path(__file__).with_name("lessons")
+_LESSON_FILE = re.compile(r"lesson\d\d\.py")
+_ALL = re.compile(r"^__all__\s*=\s*(\[[^\]]*\])", re.MULTILINE)
+
+
+def _lesson_exports(path: Path) -> list[str]:
+    """The ``__all__`` of the lesson module at ``path``, read from its source (the module is not imported)."""
+    import ast
+
+    found = _ALL.search(path.read_text(encoding="utf-8"))
+    try:
+        names = ast.literal_eval(found[1]) if found else None
+    except (ValueError, SyntaxError):
+        names = None
+    if not (isinstance(names, list) and all(isinstance(n, str) and n.isidentifier() for n in names)):
+        from dlscale.errors import DlscaleError
+
+        raise DlscaleError(f"{path}: a lesson's module lists the names it exports as __all__ = [...] of strings")
+    return names
+
+
+@cache
+def _lesson_table(folder: Path = _LESSONS) -> dict[str, tuple[str, str]]:
+    """name -> (its lesson module, name), for every name in the ``__all__`` of a ``lessonNN.py`` in ``folder``."""
+    table: dict[str, tuple[str, str]] = {}
+    for path in sorted(p for p in folder.iterdir() if _LESSON_FILE.fullmatch(p.name)):
+        module = f"dlscale.lessons.{path.stem}"
+        for name in _lesson_exports(path):
+            other = table.get(name) or _WHERE.get(name)
+            if other is not None:
+                from dlscale.errors import DlscaleError
+
+                raise DlscaleError(
+                    f"dlscale.lab: {module} exports {name!r}, which {other[0]} already gives; a name a notebook "
+                    f"imports has one home (a name several lessons use belongs in the door's table)"
+                )
+            table[name] = (module, name)
+    return table
+
 
 if TYPE_CHECKING:  # (editors and type checkers see where each name lives; nothing is imported at run time)
     from dlscale import distributed
@@ -252,48 +261,11 @@ if TYPE_CHECKING:  # (editors and type checkers see where each name lives; nothi
     from dlscale.kmeans.command import load_sample_image, quantize, rank_block
     from dlscale.kmeans.daal import available as daal4py_available
     from dlscale.kmeans.on_ranks import launch_kmeans
-    from dlscale.lessons import checks, plan_checks, recipe_checks
-    from dlscale.lessons.conclusions import (
-        breakdown_conclusions,
-        compare_spreads,
-        convergence_conclusion,
-        efficiency_conclusion,
-        ladder_conclusions,
-        loader_conclusion,
-        memory_conclusion,
-        noise_scale_conclusions,
-        precision_conclusion,
-        search_conclusions,
-        sweep_conclusions,
-        width_conclusions,
-    )
     from dlscale.lessons.gaps import hint
+    from dlscale.lessons.lesson_tools import compare_spreads
     from dlscale.lessons.parity import engine_twin
-    from dlscale.lessons.predictions import (
-        BEST_PER_COST,
-        COMPILE,
-        CONVERGENCE,
-        FSDP_MEMORY,
-        HOROVOD_SAME,
-        LARGEST_LOSS,
-        LOADER,
-        NO_SCALING,
-        NOISE_SCALE,
-        PRECISION,
-        STRONG_SCALING,
-        repeated_searches,
-    )
-    from dlscale.lessons.readings import (
-        FASTEST_BATCH,
-        FEWEST_WORKERS,
-        FP16_KEPT,
-        LARGER_BATCH_KEPT,
-        LARGEST_RANGE,
-        SHARD_SHARE,
-        TWO_RANK_EFFICIENCY,
-    )
     from dlscale.lessons.recipes import recipe_path, show_ours, show_recipe_change, use_ours
-    from dlscale.lessons.search_checks import baseline_value, check_space, values_over_seeds
+    from dlscale.lessons.stage_check import check_gaps, check_stage
     from dlscale.lessons.stage_measure import checkpoint_shares, final_r2, measure_stage, profile_stage
     from dlscale.lessons.stage_probes import run_stage
     from dlscale.metrics.evaluation import predict
@@ -350,12 +322,17 @@ if TYPE_CHECKING:  # (editors and type checkers see where each name lives; nothi
 
 
 def __getattr__(name: str) -> Any:
-    """Import the module behind ``name`` on first use and keep the value (PEP 562)."""
-    if name not in _WHERE:
+    """Import the module behind ``name`` on first use and keep the value (PEP 562); ``__all__`` is the table's
+    names and the lesson modules', listed when first asked for."""
+    if name == "__all__":
+        names = globals()["__all__"] = sorted({**_WHERE, **_lesson_table()})
+        return names
+    where = None if name.startswith("__") else _WHERE.get(name) or _lesson_table().get(name)
+    if where is None:
         raise AttributeError(
             f"module 'dlscale.lab' has no attribute {name!r}: the lessons' names are dlscale.lab.__all__"
         )
-    module, attribute = _WHERE[name]
+    module, attribute = where
     value = importlib.import_module(module)
     if attribute is not None:
         value = getattr(value, attribute)
@@ -364,4 +341,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return __all__
+    return __getattr__("__all__")

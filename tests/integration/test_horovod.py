@@ -239,13 +239,13 @@ def test_the_notebook_launcher_gives_its_ranks_the_engines_gloo_timeout(monkeypa
 
 @needs_horovod
 def test_the_horovod_exercise_check_rejects_a_loop_without_broadcast_or_sharding():
-    from dlscale.lessons import checks
+    from dlscale.lessons.lesson06 import check_horovod_loop
 
     def no_broadcast(steps, lr=0.1):
         import horovod.torch as hvd
         import torch
 
-        from dlscale.lessons.checks import regression_problem
+        from dlscale.lessons.lesson_tools import regression_problem
 
         hvd.init()
         x, y = regression_problem()
@@ -264,19 +264,20 @@ def test_the_horovod_exercise_check_rejects_a_loop_without_broadcast_or_sharding
     def every_sample_everywhere(steps, lr=0.1):
         import horovod.torch as hvd
 
-        from dlscale.lessons.checks import _one_process_loop, regression_problem
+        from dlscale.lessons.lesson06 import _one_process_loop
+        from dlscale.lessons.lesson_tools import regression_problem
 
         hvd.init()
         return {"samples": len(regression_problem()[0]), "weight": _one_process_loop(steps, lr).weight.detach()}
 
     with pytest.raises(AssertionError, match="broadcast rank 0's parameters"):
-        checks.check_horovod_loop(no_broadcast)
+        check_horovod_loop(no_broadcast)
     with pytest.raises(AssertionError, match="its own half"):
-        checks.check_horovod_loop(every_sample_everywhere)
+        check_horovod_loop(every_sample_everywhere)
 
 
 def test_the_compression_check_rejects_fp32_bytes_and_absolute_errors():
-    from dlscale.lessons import checks
+    from dlscale.lessons.lesson06 import check_fp16_compression
 
     def fp32_bytes(grad):
         back = grad.half().float()
@@ -286,9 +287,9 @@ def test_the_compression_check_rejects_fp32_bytes_and_absolute_errors():
         return {"bytes_sent": grad.numel() * 2, "max_relative_error": float((grad.half().float() - grad).abs().max())}
 
     with pytest.raises(AssertionError, match="2 bytes"):
-        checks.check_fp16_compression(fp32_bytes)
+        check_fp16_compression(fp32_bytes)
     with pytest.raises(AssertionError, match="relative"):
-        checks.check_fp16_compression(absolute)
+        check_fp16_compression(absolute)
 
 
 @needs_horovod

@@ -162,7 +162,7 @@ def test_cli_reads_one_npy_file_per_rank_and_reports_missing_files(in_tmp):
 
 @pytest.mark.extras  # (ipyparallel)
 def test_the_centre_update_check_rejects_a_mean_of_means_and_two_all_reduces():
-    from dlscale.lessons import checks
+    from dlscale.lessons.lesson08 import check_centre_update
 
     def mean_of_means(x_local, labels_local, previous):
         import torch.distributed as dist
@@ -187,9 +187,9 @@ def test_the_centre_update_check_rejects_a_mean_of_means_and_two_all_reduces():
         return torch.where(counts[:, None] > 0, sums / counts.clamp(min=1)[:, None], previous)
 
     with pytest.raises(AssertionError, match="mean of the ranks' means"):
-        checks.check_centre_update(mean_of_means)
+        check_centre_update(mean_of_means)
     with pytest.raises(AssertionError, match="all-reduce it once"):
-        checks.check_centre_update(two_messages)
+        check_centre_update(two_messages)
 
 
 def test_two_ranks_cover_every_distinct_point_once_each(in_tmp):

@@ -7,8 +7,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from dlscale import lab
 from dlscale.distributed import horovod_backend
-from dlscale.lessons import checks
 from dlscale.lessons.exercises import ExerciseError, generate, strip_solutions
 
 from ..browser import missing as browser_missing
@@ -363,36 +363,36 @@ def test_exercise_fails_every_check_until_filled_in(name, tmp_path):
 def test_epochs_check_trains_the_answer_and_the_run_one_epoch_shorter(in_tmp):
     # tiny: whole runs of 1, 2 and 3 epochs end near R² 0.28, 0.51 and 0.55 on this data
     with pytest.raises(AssertionError, match="below the target"):
-        checks.check_epochs_needed("tiny", 1, 0.4)
+        lab.check_epochs_needed("tiny", 1, 0.4)
     with pytest.raises(AssertionError, match="find the fewest"):
-        checks.check_epochs_needed("tiny", 3, 0.2)
+        lab.check_epochs_needed("tiny", 3, 0.2)
 
 
 def test_r2_check_rejects_common_slips():
     with pytest.raises(AssertionError, match="expected"):  # forgot to centre the targets
-        checks.check_r2_per_target(lambda p, t: 1 - ((t - p) ** 2).sum(0) / (t**2).sum(0))
+        lab.check_r2_per_target(lambda p, t: 1 - ((t - p) ** 2).sum(0) / (t**2).sum(0))
     with pytest.raises(AssertionError, match="one R² per target"):  # averaged over targets
-        checks.check_r2_per_target(lambda p, t: (1 - ((t - p) ** 2).sum(0) / ((t - t.mean(0)) ** 2).sum(0)).mean())
+        lab.check_r2_per_target(lambda p, t: (1 - ((t - p) ** 2).sum(0) / ((t - t.mean(0)) ** 2).sum(0)).mean())
 
 
 def test_throughput_check_rejects_counting_warmup():
     with pytest.raises(AssertionError, match="skip the first"):
-        checks.check_throughput(lambda seconds, batch, warmup: batch * len(seconds) / sum(seconds))
+        lab.check_throughput(lambda seconds, batch, warmup: batch * len(seconds) / sum(seconds))
 
 
 def test_break_and_rescue_check_wants_one_change_that_learns(in_tmp):
     broken = {"optimizer": "sgd", "lr": 0.5, "lr_scaling": "linear", "warmup_steps": 0}
     with pytest.raises(AssertionError, match="exactly one setting"):
-        checks.check_break_and_rescue("tiny", broken, {**broken, "optimizer": "lars", "grad_clip": 1.0})
+        lab.check_break_and_rescue("tiny", broken, {**broken, "optimizer": "lars", "grad_clip": 1.0})
     with pytest.raises(AssertionError, match="keep the LR"):
-        checks.check_break_and_rescue("tiny", broken, {**broken, "lr": 0.05})
+        lab.check_break_and_rescue("tiny", broken, {**broken, "lr": 0.05})
     with pytest.raises(AssertionError, match="fixed setting"):
-        checks.check_break_and_rescue("tiny", {**broken, "epochs": 1}, {**broken, "epochs": 1, "optimizer": "lars"})
+        lab.check_break_and_rescue("tiny", {**broken, "epochs": 1}, {**broken, "epochs": 1, "optimizer": "lars"})
     # warmup stops the blow-up, but the run at 8x the LR ends at R² ~0: not a rescue
     with pytest.raises(AssertionError, match="does not learn"):
-        checks.check_break_and_rescue("tiny", broken, {**broken, "warmup_steps": 32})
+        lab.check_break_and_rescue("tiny", broken, {**broken, "warmup_steps": 32})
     with pytest.raises(AssertionError, match="neither diverged"):
-        checks.check_break_and_rescue("tiny", {"optimizer": "sgd", "lr": 0.01}, {"optimizer": "lars", "lr": 0.01})
+        lab.check_break_and_rescue("tiny", {"optimizer": "sgd", "lr": 0.01}, {"optimizer": "lars", "lr": 0.01})
 
 
 def test_trust_ratio_check_rejects_common_slips():
@@ -404,12 +404,12 @@ def test_trust_ratio_check_rejects_common_slips():
 
     for wrong in (no_decay_term, zero_norm_gives_zero):
         with pytest.raises(AssertionError, match="exactly 1 when"):
-            checks.check_lars_trust_ratio(wrong)
+            lab.check_lars_trust_ratio(wrong)
 
 
 def test_loader_choice_check_rejects_the_fastest_setting_always():
     with pytest.raises(AssertionError, match="fewest workers"):
-        checks.check_loader_choice(lambda rates, training: max(rates, key=rates.get))
+        lab.check_loader_choice(lambda rates, training: max(rates, key=rates.get))
 
 
 def test_amp_check_rejects_a_step_without_the_scaler():
@@ -432,9 +432,9 @@ def test_amp_check_rejects_a_step_without_the_scaler():
         return loss.item()
 
     with pytest.raises(AssertionError, match="scale"):
-        checks.check_amp_step(unscaled)
+        lab.check_amp_step(unscaled)
     with pytest.raises(AssertionError, match="scaler.update"):
-        checks.check_amp_step(no_update)
+        lab.check_amp_step(no_update)
 
 
 def test_profiling_checks_reject_missing_ranges_and_self_time():
@@ -448,11 +448,11 @@ def test_profiling_checks_reject_missing_ranges_and_self_time():
                 torch.randn(8, 8).sum()
 
     with pytest.raises(AssertionError, match="ranges missing"):
-        checks.check_annotated_loop(forward_only)
+        lab.check_annotated_loop(forward_only)
     with pytest.raises(AssertionError, match="self time leaves out"):
-        checks.check_slowest_phase(lambda rows, device: max(rows, key=lambda r: r["self_cpu_ms_per_step"])["name"])
+        lab.check_slowest_phase(lambda rows, device: max(rows, key=lambda r: r["self_cpu_ms_per_step"])["name"])
     with pytest.raises(AssertionError, match="launch its kernels"):  # lesson 04's old mistake: CPU time on a GPU
-        checks.check_slowest_phase(lambda rows, device: max(rows, key=lambda r: r["cpu_ms_per_step"])["name"])
+        lab.check_slowest_phase(lambda rows, device: max(rows, key=lambda r: r["cpu_ms_per_step"])["name"])
 
 
 def test_time_to_solution_check_rejects_throughput_and_the_final_r2():
@@ -469,14 +469,14 @@ def test_time_to_solution_check_rejects_throughput_and_the_final_r2():
         )["label"]
 
     with pytest.raises(AssertionError, match="throughput is not time to solution"):
-        checks.check_time_to_solution(by_throughput)
+        lab.check_time_to_solution(by_throughput)
     with pytest.raises(AssertionError, match="not the final R²"):
-        checks.check_time_to_solution(by_final_r2)
+        lab.check_time_to_solution(by_final_r2)
 
 
 def test_data_parallel_checks_reject_overlap_and_the_mean_of_means():
     with pytest.raises(AssertionError, match="appears on two ranks"):
-        checks.check_shard_indices(lambda n, rank, world, epoch, seed: list(range(n // world)))
+        lab.check_shard_indices(lambda n, rank, world, epoch, seed: list(range(n // world)))
 
     def mean_of_means(local_sum, local_count):
         import torch.distributed as dist
@@ -486,7 +486,7 @@ def test_data_parallel_checks_reject_overlap_and_the_mean_of_means():
         return float(mean / dist.get_world_size())
 
     with pytest.raises(AssertionError, match="mean of the ranks' means is wrong"):
-        checks.check_global_mse(mean_of_means)
+        lab.check_global_mse(mean_of_means)
 
 
 def test_tensor_parallel_checks_reject_wrong_placements_and_a_missing_or_doubled_collective():
@@ -501,7 +501,7 @@ def test_tensor_parallel_checks_reject_wrong_placements_and_a_missing_or_doubled
         )
 
     with pytest.raises(AssertionError, match="column-wise w1 keeps whole rows"):
-        checks.check_shard_mlp(rows_not_columns)
+        lab.check_shard_mlp(rows_not_columns)
 
     def no_collective(x, w1, b1, w2, b2):
         import torch
@@ -518,7 +518,7 @@ def test_tensor_parallel_checks_reject_wrong_placements_and_a_missing_or_doubled
 
     for wrong in (no_collective, bias_on_every_rank):
         with pytest.raises(AssertionError, match="all-reduce \\(SUM\\) it before adding b2"):
-            checks.check_mlp_forward(wrong)
+            lab.check_mlp_forward(wrong)
 
 
 def test_lesson_06_without_horovod_says_how_to_get_it_and_still_shows_the_recipe(tmp_path, monkeypatch):
@@ -544,8 +544,6 @@ def test_lesson_06_without_horovod_says_how_to_get_it_and_still_shows_the_recipe
 
 
 def test_lesson_11_checks_name_the_usual_slips():
-    from dlscale.lessons import plan_checks
-
     def io_not_against_one_rank(t, ref):
         full = t["full"]
         return {
@@ -563,9 +561,9 @@ def test_lesson_11_checks_name_the_usual_slips():
         }
 
     with pytest.raises(AssertionError, match="one rank already waited"):
-        plan_checks.check_breakdown(io_not_against_one_rank)
+        lab.check_breakdown(io_not_against_one_rank)
     with pytest.raises(AssertionError, match="not of the one-rank step"):
-        plan_checks.check_breakdown(over_the_reference)
+        lab.check_breakdown(over_the_reference)
 
     def one_pass(step, n, p, alpha, beta, overlap):
         return step / (step + (1 - overlap) * ((p - 1) * alpha + (p - 1) / p * n * beta))
@@ -574,9 +572,9 @@ def test_lesson_11_checks_name_the_usual_slips():
         return step / (step + 2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta)
 
     with pytest.raises(AssertionError, match="reduce-scatter"):
-        plan_checks.check_predicted_efficiency(one_pass)
+        lab.check_predicted_efficiency(one_pass)
     with pytest.raises(AssertionError, match="1 - overlap"):
-        plan_checks.check_predicted_efficiency(no_overlap)
+        lab.check_predicted_efficiency(no_overlap)
 
     def fastest(runs, deadline):
         return min((r for r in runs if r["hours_to_target"] is not None), key=lambda r: r["hours_to_target"])["run"]
@@ -586,14 +584,14 @@ def test_lesson_11_checks_name_the_usual_slips():
         return min(reached, key=lambda r: r["nodes"] * r["hours_to_target"])["run"]
 
     with pytest.raises(AssertionError, match="the fastest run"):
-        plan_checks.check_cheapest(fastest)
+        lab.check_cheapest(fastest)
     with pytest.raises(AssertionError, match="the deadline is 6 h"):
-        plan_checks.check_cheapest(no_deadline)
+        lab.check_cheapest(no_deadline)
 
 
 def test_a_stub_left_in_an_answer_is_named_before_any_engine_starts():
     """The checks that run an answer on engines or ranks read it first: a stub fails at once, naming the exercise."""
-    from dlscale.lessons.checks import _require_filled_in
+    from dlscale.lessons.lesson_tools import require_filled_in
 
     namespace = {}
     exec(
@@ -618,13 +616,13 @@ def test_a_stub_left_in_an_answer_is_named_before_any_engine_starts():
         "<cell>",
     )
     with pytest.raises(NotImplementedError, match=r"^Exercise 10.3: shard it$"):
-        _require_filled_in(namespace["shard"])
-    _require_filled_in(print, lambda: None)  # no source, or no stub: nothing to say
+        require_filled_in(namespace["shard"])
+    require_filled_in(print, lambda: None)  # no source, or no stub: nothing to say
 
 
 def test_the_search_checks_rerun_allows_what_a_gpu_rounds_differently_and_names_a_seed_beyond():
     """12.1 re-runs the best trial: bit for bit on a CPU; on a GPU cuDNN's kernels may differ between processes."""
-    from dlscale.lessons.search_checks import RERUN_TOLERANCE, check_rerun
+    from dlscale.lessons.lesson12 import RERUN_TOLERANCE, check_rerun
 
     check_rerun(0.61, 0.61, device="cpu")
     check_rerun(0.61, 0.61 + RERUN_TOLERANCE["cuda"] / 2, device="cuda")  # rounding on a GPU, within its room

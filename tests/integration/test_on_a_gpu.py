@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from dlscale.lessons.recipe_checks import STAGE_TOLERANCE
+from dlscale.lessons.stage_check import STAGE_TOLERANCE
 from dlscale.training.loop import train_quietly
 
 pytestmark = pytest.mark.gpu

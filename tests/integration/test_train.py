@@ -141,10 +141,13 @@ def test_signal_checkpoints_and_exits_with_the_requeue_status(in_tmp, reference_
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # a hang guard: about 1 min on 2 quiet cores, 8 min on a machine busy three times over
-def test_demo_config_reaches_the_promised_r2(in_tmp):
-    """The README's demo, exactly as shipped, must reach R² >= 0.8 on held-out maps."""
-    result = train("demo", progress=False, plot=False)
-    assert result.config.name == "demo" and result.steps_done == result.total_steps
+@pytest.mark.timeout(900)  # a hang guard: about 20 s on 2 quiet cores
+def test_one_epoch_of_the_demo_learns_every_target(in_tmp):
+    """The README's demo in one epoch (its whole schedule, warmup to decay, in one pass: a sixth of the run) reaches
+    R² >= 0.8 on held-out maps, and every target 0.7: 0.88 and 0.82 on a 2-core EPYC (docs/benchmarks.md has the six
+    epochs' figures the README quotes). A loop that does not learn (no step, gradients never cleared, the wrong
+    targets) stays far below."""
+    result = train("demo", epochs=1, progress=False, plot=False)
+    assert result.config.name == "demo" and result.steps_done == result.total_steps == 8192 // 64
     assert result.final["r2"] >= 0.8, result.final
-    assert min(v for k, v in result.final.items() if k.startswith("r2_")) >= 0.75
+    assert min(v for k, v in result.final.items() if k.startswith("r2_")) >= 0.7, result.final

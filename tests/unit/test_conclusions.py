@@ -6,16 +6,13 @@ import pytest
 import torch
 
 from dlscale.bench.repeats import Spread, clearly_faster, measure_rounds
-from dlscale.lessons.conclusions import (
-    compare_spreads,
-    convergence_conclusion,
-    efficiency_conclusion,
-    ladder_conclusions,
-    loader_conclusion,
-    noise_scale_conclusions,
-    precision_conclusion,
-    sweep_conclusions,
-)
+from dlscale.lessons.lesson01 import convergence_conclusion
+from dlscale.lessons.lesson02 import loader_conclusion
+from dlscale.lessons.lesson03 import precision_conclusion
+from dlscale.lessons.lesson04 import ladder_conclusions
+from dlscale.lessons.lesson05 import efficiency_conclusion
+from dlscale.lessons.lesson07 import noise_scale_conclusions, sweep_conclusions
+from dlscale.lessons.lesson_tools import compare_spreads
 from dlscale.metrics.weight_difference import largest_weight_difference
 
 
@@ -132,7 +129,7 @@ def test_largest_weight_difference_over_every_tensor():
 
 
 def test_a_prediction_is_printed_beside_what_the_measurement_shows():
-    from dlscale.lessons.predictions import CONVERGENCE
+    from dlscale.lessons.lesson01 import CONVERGENCE
 
     assert (
         CONVERGENCE.verdict("a", [0.2, 0.4, 0.5])
@@ -148,7 +145,11 @@ def test_a_prediction_is_printed_beside_what_the_measurement_shows():
 
 def test_each_question_reads_its_answer_from_the_numbers():
     from dlscale.bench.repeats import Spread
-    from dlscale.lessons.predictions import FSDP_MEMORY, LOADER, NO_SCALING, NOISE_SCALE, PRECISION, STRONG_SCALING
+    from dlscale.lessons.lesson02 import LOADER
+    from dlscale.lessons.lesson03 import PRECISION
+    from dlscale.lessons.lesson05 import STRONG_SCALING
+    from dlscale.lessons.lesson07 import NO_SCALING, NOISE_SCALE
+    from dlscale.lessons.lesson10 import FSDP_MEMORY
 
     assert [
         LOADER.outcome(Spread([900, 950]), Spread([400, 420])),
@@ -183,8 +184,7 @@ def test_each_question_reads_its_answer_from_the_numbers():
 
 
 def test_the_search_verdict_reads_the_seeds_and_calls_a_tie_a_tie():
-    from dlscale.lessons.conclusions import search_conclusions
-    from dlscale.lessons.predictions import BEST_PER_COST, repeated_searches
+    from dlscale.lessons.lesson12 import BEST_PER_COST, repeated_searches, search_conclusions
 
     def study(*bests):  # (node-hours spent, best so far) after each of a study's trials, 1 node-second each
         return [((i + 1) / 3600, b) for i, b in enumerate(bests)]
@@ -210,7 +210,7 @@ def test_the_search_verdict_reads_the_seeds_and_calls_a_tie_a_tie():
 
 
 def test_the_breakdown_verdict_says_when_the_rounds_disagree():
-    from dlscale.lessons.predictions import LARGEST_LOSS
+    from dlscale.lessons.lesson11 import LARGEST_LOSS
 
     def result(rest_range, communication_range):
         row = {
@@ -227,7 +227,7 @@ def test_the_breakdown_verdict_says_when_the_rounds_disagree():
 
 
 def test_the_width_sentence_says_what_it_compares():
-    from dlscale.lessons.conclusions import width_conclusions
+    from dlscale.lessons.lesson12 import width_conclusions
 
     lines = width_conclusions(
         {

@@ -139,8 +139,8 @@ NO_DATA_SET = {
 #: The solutions that read the data set without data_dir: their checks train at `config` themselves (the check's
 #: own data), so the solution reads the set the check does.
 SOLUTIONS_WITHOUT = {
-    "01_single_device_baseline.ipynb": "checks.check_epochs_needed trains at config",
-    "07_large_batch.ipynb": "checks.check_break_and_rescue trains at demo_config",
+    "01_single_device_baseline.ipynb": "check_epochs_needed trains at config",
+    "07_large_batch.ipynb": "check_break_and_rescue trains at demo_config",
 }
 #: Calls that make a run (or its config) from the lesson's config name: each must be given data_dir.
 RUN_MAKERS = {"train", "train_quietly", "load_config", "run_on_engines", "run"}

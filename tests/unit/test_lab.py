@@ -41,15 +41,93 @@ def test_notebooks_reach_the_kit_through_one_door(folder):
                     assert {a.name for a in node.names} <= set(lab.__all__), where
 
 
+def _where(lab) -> dict:
+    """Every name of the door -> (its module, the attribute in it): the table's, then the lesson modules'."""
+    return {**lab._WHERE, **lab._lesson_table()}
+
+
 def test_every_name_of_the_door_resolves_to_what_its_module_holds():
     from dlscale import lab
 
+    where = _where(lab)
+    assert sorted(where) == lab.__all__ == dir(lab)
     for name in lab.__all__:
-        module, attribute = lab._WHERE[name]
+        module, attribute = where[name]
         held = importlib.import_module(module)
         assert getattr(lab, name) is (held if attribute is None else getattr(held, attribute)), name
     with pytest.raises(AttributeError, match="the lessons' names are dlscale.lab.__all__"):
         lab.no_such_name  # noqa: B018
+
+
+def _lesson_modules() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "dlscale/lessons").glob("lesson[0-9][0-9].py"))
+
+
+def test_the_door_gives_every_name_of_every_lesson_module_and_reads_them_without_importing_one():
+    """#75: each lesson's module lists what its notebooks use in ``__all__``; the door finds the modules by their
+    file names and reads that list from the source, so a new lessonNN.py needs no change to lab.py, and
+    ``import dlscale.lab`` (or its ``__all__``) imports no lesson module and no torch."""
+    import subprocess
+    import sys
+
+    from dlscale import lab
+
+    modules = _lesson_modules()
+    assert modules and all(list((ROOT / "notebooks").glob(f"{stem[-2:]}_*.ipynb")) for stem in modules), modules
+    for stem in modules:
+        module = importlib.import_module(f"dlscale.lessons.{stem}")
+        assert module.__all__ == lab._lesson_exports(ROOT / f"dlscale/lessons/{stem}.py") != [], stem
+        for name in module.__all__:
+            assert lab._lesson_table()[name] == (module.__name__, name)
+            assert getattr(lab, name) is getattr(module, name), f"{stem}.{name}"
+    cheap = (
+        "import sys, dlscale.lab as lab; names = lab.__all__; dir(lab); "
+        "print(sorted(m for m in sys.modules if m.startswith('dlscale.lessons') or m == 'torch'))"
+    )
+    done = subprocess.run([sys.executable, "-c", cheap], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_a_name_exported_twice_is_an_error_naming_both_homes(tmp_path):
+    """Two lesson modules exporting one name (or a lesson module exporting one of the table's) cannot both be its
+    home: the door says so instead of picking one."""
+    from dlscale import lab
+    from dlscale.errors import DlscaleError
+
+    assert not set(lab._lesson_table()) & set(lab._WHERE)  # (the real modules: each name once)
+    (tmp_path / "lesson01.py").write_text('__all__ = ["CONVERGENCE", "check_one"]\n')
+    (tmp_path / "lesson02.py").write_text('__all__ = [\n    "check_one",\n]\n')
+    with pytest.raises(DlscaleError, match="lesson02 exports 'check_one', which dlscale.lessons.lesson01 already"):
+        lab._lesson_table(tmp_path)
+    (tmp_path / "lesson02.py").write_text('__all__ = ["train"]\n')
+    with pytest.raises(DlscaleError, match="exports 'train', which dlscale.train already gives"):
+        lab._lesson_table(tmp_path)
+    (tmp_path / "lesson02.py").write_text("__all__ = NAMES\n")
+    with pytest.raises(DlscaleError, match="lesson02.py: a lesson's module lists the names it exports as __all__"):
+        lab._lesson_table(tmp_path)
+    (tmp_path / "lesson02.py").write_text('__all__ = ["check_two"]\n')
+    (tmp_path / "lesson_helpers.py").write_text('__all__ = ["check_one"]\n')  # (not a lesson's module: not read)
+    assert lab._lesson_table(tmp_path) == {
+        "CONVERGENCE": ("dlscale.lessons.lesson01", "CONVERGENCE"),
+        "check_one": ("dlscale.lessons.lesson01", "check_one"),
+        "check_two": ("dlscale.lessons.lesson02", "check_two"),
+    }
+
+
+def test_every_lesson_module_name_a_notebook_imports_comes_from_that_lessons_own_module():
+    """A lesson's notebooks (the lesson, its exercise and solution) import a lesson module's name only from their
+    own lesson's module: lesson 07's notebook reaching lesson 03's check means the name belongs in the table."""
+    from dlscale import lab
+
+    table = lab._lesson_table()
+    for folder in ("notebooks", "exercises", "solutions"):
+        for where, tree in _code_cells(folder):
+            lesson = where.split("/")[1][:2]
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module == "dlscale.lab":
+                    for alias in node.names:
+                        if alias.name in table:
+                            assert table[alias.name][0] == f"dlscale.lessons.lesson{lesson}", (where, alias.name)
 
 
 def test_the_attendees_prediction_is_never_overwritten_by_a_later_cell():
@@ -112,11 +190,11 @@ def test_every_name_of_the_door_is_used_by_a_lesson_or_named_to_its_readers():
 
 def test_the_doors_type_checking_imports_are_its_table():
     """#60: editors (and import-linter) see each name's module through the door's TYPE_CHECKING block; it names
-    exactly the table's names, each the object the door gives."""
+    exactly the table's names, each the object the door gives (the lesson modules' names are read from them)."""
     from dlscale import lab
 
     block = (ROOT / "dlscale/lab.py").read_text().split("if TYPE_CHECKING:", 1)[1].split("\n\n\n", 1)[0]
     namespace: dict = {}
     exec("\n".join(line.removeprefix("    ") for line in block.splitlines()[1:]), namespace)
-    assert sorted(n for n in namespace if not n.startswith("__")) == lab.__all__
-    assert all(namespace[name] is getattr(lab, name) for name in lab.__all__)
+    assert sorted(n for n in namespace if not n.startswith("__")) == sorted(lab._WHERE)
+    assert all(namespace[name] is getattr(lab, name) for name in lab._WHERE)

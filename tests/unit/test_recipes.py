@@ -15,9 +15,9 @@ import pytest
 
 from dlscale.distributed.process_group import free_port
 from dlscale.lessons.exercises import stage_source
-from dlscale.lessons.recipe_checks import check_stage
 from dlscale.lessons.recipe_folder import RECIPES, RecipeError
 from dlscale.lessons.recipes import recipe_cells, write_recipes
+from dlscale.lessons.stage_check import check_stage
 from dlscale.lessons.stages import all_stages, stage_record
 
 from ..conftest import ROOT
@@ -70,7 +70,7 @@ def _solution(notebook: str, name: str, mistake: tuple[str, str] | None = None):
 
 
 def test_mixed_precision_check_passes_the_solution_and_names_clipping_before_unscaling():
-    from dlscale.lessons.recipe_checks import check_mixed_precision_loop
+    from dlscale.lessons.lesson03 import check_mixed_precision_loop
 
     check_mixed_precision_loop(_solution("03_mixed_precision.ipynb", "train_fp16"))
     swapped = (
@@ -94,7 +94,7 @@ SCHEDULE_MISTAKES = {
 
 @pytest.mark.parametrize("mistake", [None, *sorted(SCHEDULE_MISTAKES)])
 def test_lr_schedule_check_passes_the_solution_and_names_each_mistake(mistake):
-    from dlscale.lessons.recipe_checks import check_lr_schedule
+    from dlscale.lessons.lesson07 import check_lr_schedule
 
     if mistake is None:
         return check_lr_schedule(_solution("07_large_batch.ipynb", "scaled_schedule"))

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from dlscale.bench.repeats import Spread
-from dlscale.lessons import readings
+from dlscale.lessons.lesson01 import FASTEST_BATCH
+from dlscale.lessons.lesson02 import FEWEST_WORKERS
+from dlscale.lessons.lesson03 import FP16_KEPT
+from dlscale.lessons.lesson04 import LARGEST_RANGE
+from dlscale.lessons.lesson05 import TWO_RANK_EFFICIENCY
+from dlscale.lessons.lesson07 import LARGER_BATCH_KEPT
+from dlscale.lessons.lesson10 import SHARD_SHARE
 from dlscale.lessons.stage_measure import (
     MEASURED,
     StageFailed,
@@ -104,32 +110,32 @@ def _spreads(**values: list[float]) -> StageMeasurement:
 
 def test_each_reading_accepts_what_the_numbers_show_and_names_them_otherwise():
     rates = _spreads(b16=[100, 110], b64=[300, 320], b256=[310, 330])  # 64 and 256 overlap: both "fastest"
-    assert "support it: 64" in readings.FASTEST_BATCH.check(64, rates)
-    assert "support it: 256" in readings.FASTEST_BATCH.check(256, rates)
-    wrong = readings.FASTEST_BATCH.check(16, rates)
+    assert "support it: 64" in FASTEST_BATCH.check(64, rates)
+    assert "support it: 256" in FASTEST_BATCH.check(256, rates)
+    wrong = FASTEST_BATCH.check(16, rates)
     assert wrong.startswith("Your numbers do not support 16: they show batch 256 fastest") and "batch 64" in wrong
-    assert readings.FASTEST_BATCH.check(None, rates).startswith("You left your conclusion empty")
+    assert FASTEST_BATCH.check(None, rates).startswith("You left your conclusion empty")
 
     workers = _spreads(w0=[50, 52], w1=[90, 95], w2=[92, 99])  # 1 is as fast as 2: the fewest that are
-    assert "support it" in readings.FEWEST_WORKERS.check(1, workers)
-    assert "do not support 2" in readings.FEWEST_WORKERS.check(2, workers)
+    assert "support it" in FEWEST_WORKERS.check(1, workers)
+    assert "do not support 2" in FEWEST_WORKERS.check(2, workers)
 
     r2 = {"fp32": 0.60, "bf16": 0.59, "fp16": 0.50}
-    assert "support it" in readings.FP16_KEPT.check(False, r2, 0.02)
-    assert "do not support True" in readings.FP16_KEPT.check(True, r2, 0.02)
-    assert "do not support 'no'" in readings.FP16_KEPT.check("no", r2, 0.02)  # True or False, not a word
+    assert "support it" in FP16_KEPT.check(False, r2, 0.02)
+    assert "do not support True" in FP16_KEPT.check(True, r2, 0.02)
+    assert "do not support 'no'" in FP16_KEPT.check("no", r2, 0.02)  # True or False, not a word
 
     times = {"forward": 5.0, "backward": 9.0, "optimizer step": 8.5}
-    assert "support it" in readings.LARGEST_RANGE.check("backward", times, list(times))
-    assert "support it" in readings.LARGEST_RANGE.check("optimizer step", times, list(times))  # within 10%
-    assert "do not support 'forward'" in readings.LARGEST_RANGE.check("forward", times, list(times))
+    assert "support it" in LARGEST_RANGE.check("backward", times, list(times))
+    assert "support it" in LARGEST_RANGE.check("optimizer step", times, list(times))  # within 10%
+    assert "do not support 'forward'" in LARGEST_RANGE.check("forward", times, list(times))
 
     scaling = StageMeasurement("your stage", {"1 rank": Spread([100, 100]), "2 ranks": Spread([150, 150])})
-    assert "support it" in readings.TWO_RANK_EFFICIENCY.check(75, scaling, "1 rank", "2 ranks", 2)
-    assert "do not support 150" in readings.TWO_RANK_EFFICIENCY.check(150, scaling, "1 rank", "2 ranks", 2)
+    assert "support it" in TWO_RANK_EFFICIENCY.check(75, scaling, "1 rank", "2 ranks", 2)
+    assert "do not support 150" in TWO_RANK_EFFICIENCY.check(150, scaling, "1 rank", "2 ranks", 2)
 
-    assert "support it" in readings.LARGER_BATCH_KEPT.check(False, {64: 0.5, 256: 0.3})
-    assert "do not support True" in readings.LARGER_BATCH_KEPT.check(True, {64: 0.5, 256: 0.3})
+    assert "support it" in LARGER_BATCH_KEPT.check(False, {64: 0.5, 256: 0.3})
+    assert "do not support True" in LARGER_BATCH_KEPT.check(True, {64: 0.5, 256: 0.3})
 
-    assert "support it" in readings.SHARD_SHARE.check(50, {"__0_0.distcp": 0.44, "__1_0.distcp": 0.56})
-    assert "do not support 100" in readings.SHARD_SHARE.check(100, {"__0_0.distcp": 0.44, "__1_0.distcp": 0.56})
+    assert "support it" in SHARD_SHARE.check(50, {"__0_0.distcp": 0.44, "__1_0.distcp": 0.56})
+    assert "do not support 100" in SHARD_SHARE.check(100, {"__0_0.distcp": 0.44, "__1_0.distcp": 0.56})

@@ -1,21 +1,90 @@
-"""Checks of lesson 11's exercises: the breakdown from raw timings, a predicted efficiency, the cheapest run.
-
-Each check runs the learner's function on cases built so that the usual mistakes give another
-answer, names the mistake it recognises, and prints a line when the answer is right.
-"""
+"""Lesson 11, how many nodes: its question, conclusion and exercise checks (11.1-11.3: the breakdown from raw
+timings, a predicted efficiency, the cheapest run)."""
 
 from __future__ import annotations
 
 import math
 import random
 from collections.abc import Callable
+from typing import Any
 
 from dlscale.bench.breakdown import ALONE, FULL, MEMORY, breakdown_parts
+from dlscale.lessons.lesson_tools import Question, passed
 from dlscale.scaling.collectives import Link, ring_allreduce
 
+#: What the lesson's notebooks import through dlscale.lab (the door reads it from here).
+__all__ = [
+    "LARGEST_LOSS",
+    "breakdown_conclusions",
+    "check_breakdown",
+    "check_cheapest",
+    "check_predicted_efficiency",
+]
 
-def _passed(exercise: str) -> None:
-    print(f"Exercise {exercise} passed ✓")
+# -- asked before the measurement ----------------------------------------------------------------------------
+
+
+def _largest_part(result: dict[str, Any]) -> str | None:
+    row = max(result["rows"], key=lambda r: r["size"])
+    if row["size"] == min(r["size"] for r in result["rows"]):
+        return None
+    top, second = sorted(("io", "communication", "rest"), key=lambda p: -row[p])[:2]
+    if result.get("rounds", 1) > 1 and row["range"][top][0] <= row["range"][second][1]:
+        return "d"  # (the rounds disagree on which part is largest: the same rule as breakdown_conclusions)
+    return {"io": "a", "communication": "b", "rest": "c"}[top]
+
+
+LARGEST_LOSS = Question(
+    "at the largest size of the breakdown, the largest part of the lost efficiency is...",
+    {
+        "a": "exposed I/O (the loader)",
+        "b": "exposed communication (the all-reduce)",
+        "c": "the rest (compute that does not scale: ranks sharing cores)",
+        "d": "too close to tell: the rounds disagree on which part is largest",
+    },
+    _largest_part,
+)
+
+# -- ours, from their numbers --------------------------------------------------------------------------------
+
+
+_PART_NAMES = {"io": "exposed I/O", "communication": "exposed communication", "rest": "the rest"}
+
+
+def breakdown_conclusions(result: dict[str, Any]) -> list[str]:
+    """The breakdown (``bench_breakdown``): per size, the loss and its largest part, whether the rounds agree on
+    which part that is, and the bucket size that hid the most communication."""
+    lines = []
+    for row in result["rows"][1:]:
+        parts = sorted(("io", "communication", "rest"), key=lambda p: -row[p])
+        top, second = parts[0], parts[1]
+        low_top, _ = row["range"][top]
+        _, high_second = row["range"][second]
+        sure = (
+            "one round only: run more to know how sure that is"
+            if result["rounds"] < 2
+            else "every round agrees"
+            if low_top > high_second
+            else f"but the rounds overlap with {_PART_NAMES[second]} ({100 * row['range'][second][0]:.0f} to "
+            f"{100 * high_second:.0f}%): run more rounds or steps before acting on it"
+        )
+        lines.append(
+            f"{row['size']} {result['unit']}: {100 * row['efficiency']:.0f}% efficient; of the "
+            f"{100 * row['loss']:.0f}% lost, {_PART_NAMES[top]} is the largest part "
+            f"({100 * row[top]:.0f}%), {sure}"
+        )
+        exposed = row.get("exposed_communication_ms")
+        if exposed and len(exposed) > 1:
+            best = min(exposed, key=exposed.get)
+            others = ", ".join(f"{mb} MiB {ms:.2f} ms" for mb, ms in exposed.items() if mb != best)
+            lines.append(
+                f"buckets of {best} MiB left the least communication exposed ({exposed[best]:.2f} ms per "
+                f"step; {others})"
+            )
+    return lines
+
+
+# -- the exercises' checks -----------------------------------------------------------------------------------
 
 
 def _close(a: float, b: float) -> bool:
@@ -57,7 +126,7 @@ def check_breakdown(breakdown: Callable[[dict, dict], dict]) -> None:
             f"for t={t} and ref={ref} your parts add up to {total:.4f}, but the lost efficiency is "
             f"{1 - ref[FULL] / t[FULL]:.4f}: each part must be the growth of one cost from one rank to n"
         )
-    _passed("11.1")
+    passed("11.1")
 
 
 def _formula(part: str) -> str:
@@ -108,7 +177,7 @@ def check_predicted_efficiency(predict: Callable[[float, float, int, float, floa
             f"step / (step + (1 - overlap) · (2(p-1)·α + 2(p-1)/p·n·β))"
         )
     assert _close(predict(step, gradient, 1, alpha, beta, 0.0), 1.0), "one rank sends nothing: its efficiency is 1"
-    _passed("11.2")
+    passed("11.2")
 
 
 def _run(name: str, nodes: int, hours: float | None) -> dict:
@@ -143,4 +212,4 @@ def check_cheapest(cheapest: Callable[[list[dict], float], str | None]) -> None:
     assert cheapest([dict(r) for r in runs], 24.0) == "1 node", (
         "with a day to spare, 1 node (10 node-hours) is cheapest"
     )
-    _passed("11.3")
+    passed("11.3")
