@@ -113,11 +113,13 @@ def execute(
     keep: Callable | None = None,
     mark: str | None = None,
     extra_cells: tuple[str, ...] = (),
+    then: list[nbformat.NotebookNode] | None = None,
 ) -> nbformat.NotebookNode:
     """Run every cell of ``path`` in a fresh kernel started in ``cwd`` and return the executed notebook.
 
     ``parameters`` are injected after the cell tagged ``parameters`` (papermill's convention).
-    With ``allow_errors`` a failing cell records its error and execution goes on.
+    With ``allow_errors`` a failing cell records its error and execution goes on. ``then``: cells run after the
+    notebook's own in the same kernel, their tags kept (a lesson's exercises, from its solution notebook).
     """
     # papermill only injects the parameters here (prepare_only); nbclient executes, so that
     # allow_errors can record every failing cell instead of stopping at the first one
@@ -127,6 +129,7 @@ def execute(
     if keep is not None:  # only the cells a test needs (markdown cells stay: they cost nothing)
         notebook.cells = [cell for cell in notebook.cells if cell.cell_type != "code" or keep(cell)]
     notebook.cells += [nbformat.v4.new_code_cell(source) for source in extra_cells]
+    notebook.cells += then or []
     client = NotebookClient(
         notebook,
         timeout=timeout,

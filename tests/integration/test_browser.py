@@ -20,7 +20,7 @@ import pytest
 
 from ..browser import Lab, missing, problems
 from ..conftest import ROOT
-from ..notebooks import STAGE_MARK, assert_measured_on_the_stage, stage_source_with_gaps, with_parameters
+from ..notebooks import STAGE_MARK, assert_measured_on_the_stage, with_parameters
 from .test_notebooks import IN_THE_BROWSER, LESSONS, MEASURED_ON_THE_STAGE
 
 pytestmark = pytest.mark.notebook
@@ -36,16 +36,6 @@ BROWSER_LESSONS = {
     "00_environment.ipynb": (None, True, False),
     "01_single_device_baseline.ipynb": (r"def train_step\(run: Run, batches: Iterator\)", False, True),
     "03_mixed_precision.ipynb": (None, False, False),  # (ends with our stage, to compare: it defines main)
-    # (the last cell runs a rank that skips a collective: plainly both time out, with the debug level both name it)
-    "05_data_parallel.ipynb": (
-        r"with TORCH_DISTRIBUTED_DEBUG=DETAIL:\nrank 0 after [\d.]+ s: Detected mismatch between "
-        r"collectives on ranks",
-        False,
-        True,
-    ),
-    "10_sharded_and_model_parallel.ipynb": (r"4 ranks, [\d,]+ parameters: each rank sends per step DDP", False, True),
-    "11_how_many_nodes.ipynb": (r"nodes: \d+ \(\d+ rank\(s\) per node|nothing to request", False, True),
-    "12_search_not_just_scale.ipynb": (r"re-run of trial \d+: R² (-?[\d.]+) \(the study's: \1\)", False, True),
 }
 
 
@@ -128,61 +118,6 @@ def test_a_lesson_runs_all_in_the_browser(lab, name, tmp_path):
         assert_measured_on_the_stage(page.notebook, name)
     assert page.outputs("image/png") >= 1  # every one of these lessons draws something
     assert page.screenshot.stat().st_size > 20_000
-    if name == "11_how_many_nodes.ipynb":
-        _assert_lesson_11_measured(lab.work / "runs")
-    if name == "12_search_not_just_scale.ipynb":
-        _assert_lesson_12_searched(lab.work / "runs/lesson12", LESSONS[name])
-
-
-def _assert_lesson_12_searched(folder: Path, parameters: dict) -> None:
-    """Lesson 12's studies, one per way and seed, reached their count with their own sampler, pruner and seed; the
-    worker it killed left a failed trial, retried with the same settings."""
-    from optuna.trial import TrialState
-
-    from dlscale.hpo import open_study
-
-    finished = (TrialState.COMPLETE, TrialState.PRUNED)
-    for way, sampler, pruner in (
-        ("grid", "grid", "none"),
-        ("random", "random", "none"),
-        ("tpe", "tpe", "none"),
-        ("tpe-hyperband", "tpe", "hyperband"),
-    ):
-        for seed in parameters["seeds"]:
-            study, settings = open_study(folder / f"{way}-seed{seed}")
-            assert sum(t.state in finished for t in study.trials) >= parameters["trials"], (way, seed)
-            assert (settings.sampler, settings.pruner, settings.seed, settings.grid_points) == (
-                sampler,
-                pruner,
-                seed,
-                3,
-            )
-    study, _ = open_study(folder / "tpe-hyperband-seed0")
-    [dead] = [t for t in study.trials if t.state == TrialState.FAIL]
-    [retry] = [t for t in study.trials if t.system_attrs.get("failed_trial") == dead.number]
-    assert retry.state in finished and retry.params == dead.params
-    assert sum(t.state in finished for t in study.trials) == parameters["trials"] + parameters["extra_trials"]
-    # the best settings and the defaults, each trained on the same three new seeds
-    assert len(list((folder / "best-new-seeds").glob("seed-*/summary.json"))) == 3
-    assert len(list((folder / "defaults-new-seeds").glob("seed-*/summary.json"))) == 3
-
-
-def _assert_lesson_11_measured(runs: Path) -> None:
-    """Lesson 11's breakdown, as it saved it, adds up at every size; its sweep ran on two nodes where it could."""
-    from dlscale.bench.breakdown import ADDS_UP_WITHIN
-    from dlscale.jobs.local_slurm import missing_programs, multi_node_unavailable
-
-    result = json.loads((runs / "lesson11_breakdown/breakdown.json").read_text())
-    assert [row["ranks"] for row in result["rows"]] == [1, 2] and result["rounds"] == 2
-    for row in result["rows"]:
-        assert abs(row["io"] + row["communication"] + row["rest"] - row["loss"]) <= ADDS_UP_WITHIN
-        assert row["range"]["loss"][0] <= row["loss"] <= row["range"]["loss"][1]
-    assert set(result["rows"][1]["exposed_communication_ms"]) == {"25", "0.05"}
-    two = json.loads((runs / "lesson11_sweep/weak-n2/summary.json").read_text())
-    on_two_nodes = not (missing_programs() or multi_node_unavailable())
-    assert (two["nodes"], two["applied"]["launcher"]) == ((2, "slurm") if on_two_nodes else (1, "ipyparallel"))
-    # (the breakdown across the cluster's nodes is off at this size: test_slurm runs it through the CLI)
-    assert not (runs / "lesson11_nodes").exists()
 
 
 #: What goes wrong at a workshop, made on purpose: a widget the page cannot draw (its model is
@@ -195,31 +130,6 @@ BROKEN_CELLS = (
     "raise RuntimeError('deliberately broken')",
     "print('never reached')",
 )
-
-
-def test_lesson_05_with_its_stage_left_empty_runs_to_the_end_on_ours(lab, tmp_path):
-    """An attendee who cannot finish the stage today: the stage as shipped (every TODO), then `use_ours`; the lesson
-    runs to its end, and every measurement says it ran our stage."""
-    name = "05_data_parallel.ipynb"
-    notebook = with_parameters(ROOT / "notebooks" / name, LESSONS[name])
-    stage = next(
-        i
-        for i, cell in enumerate(notebook.cells)
-        if "recipe" in cell.metadata and "attendee" in cell.metadata.get("tags", [])
-    )
-    notebook.cells[stage].source = stage_source_with_gaps(notebook.cells[stage])
-    assert 'raise NotImplementedError("TODO 05.' in notebook.cells[stage].source
-    notebook.cells.insert(
-        stage + 1, nbformat.v4.new_code_cell('from dlscale.lab import use_ours\n\nmy_stage = use_ours("05")')
-    )
-    page = lab.run_all(
-        _prepare(lab, name, {}, as_name="05_ours.ipynb", notebook=notebook), KERNEL, tmp_path / "05_ours.png"
-    )
-    last_output, figure_last, bar_expected = BROWSER_LESSONS[name]
-    assert problems(page, last_output, figure_last, bar_expected) == []
-    text = "\n".join(o.get("text", "") for cell in page.notebook.cells for o in cell.get("outputs", []))
-    assert "From here lesson 05 runs OUR stage" in text
-    assert "our stage (use_ours), 1 rank" in text and "your stage, " not in text
 
 
 def test_a_broken_lesson_fails_the_check(lab, tmp_path):
