@@ -88,7 +88,7 @@ _add("dlscale.metrics.tracking", "read_rows")
 _add("dlscale.metrics.weight_difference", "largest_weight_difference")
 
 # -- run elsewhere: engines, torchrun, Slurm --------------------------------------------------------------
-_add("dlscale.jobs.environment", "describe", "report")
+_add("dlscale.jobs.environment", "describe", "environment_report")
 _add("dlscale.jobs.local_ranks", "torchrun_command")
 _add("dlscale.jobs.local_slurm", "LocalSlurm", "missing_programs", "multi_node_unavailable", "stop_on_error")
 _add("dlscale.jobs.notebook_engines", "run_on_engines", "stop_engines", "train_rank")
@@ -151,7 +151,7 @@ _add("dlscale.scaling.sites", "FRONTIER", "PERLMUTTER", "here")
 _add("dlscale.hpo", "SearchSpaceError", "create_study", "load_space")
 _add("dlscale.hpo.space", "SEARCH_DIR")
 _add("dlscale.hpo.heartbeat", "wait_for_running")
-_add("dlscale.hpo.local_search", "rerun_best", "search", "start_workers", "wait_for_workers")
+_add("dlscale.hpo.local_search", "rerun_best", "run_search", "start_workers", "wait_for_workers")
 _add(
     "dlscale.hpo.results",
     "best_by_budget",
@@ -239,7 +239,7 @@ if TYPE_CHECKING:  # (editors and type checkers see where each name lives; nothi
     from dlscale.distributed import detect_launcher, horovod_backend
     from dlscale.hpo import SearchSpaceError, create_study, load_space
     from dlscale.hpo.heartbeat import wait_for_running
-    from dlscale.hpo.local_search import rerun_best, search, start_workers, wait_for_workers
+    from dlscale.hpo.local_search import rerun_best, run_search, start_workers, wait_for_workers
     from dlscale.hpo.results import (
         best_by_budget,
         best_trial,
@@ -251,7 +251,7 @@ if TYPE_CHECKING:  # (editors and type checkers see where each name lives; nothi
     )
     from dlscale.hpo.space import SEARCH_DIR
     from dlscale.hpo.worker import run_worker
-    from dlscale.jobs.environment import describe, report
+    from dlscale.jobs.environment import describe, environment_report
     from dlscale.jobs.local_ranks import torchrun_command
     from dlscale.jobs.local_slurm import LocalSlurm, missing_programs, multi_node_unavailable, stop_on_error
     from dlscale.jobs.notebook_engines import run_on_engines, stop_engines, train_rank

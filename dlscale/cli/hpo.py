@@ -10,7 +10,7 @@ from dlscale.cli.options import name_and_overrides, number
 
 
 def _hpo_start(args: argparse.Namespace) -> int:
-    from dlscale.hpo.local_search import SearchStopped, search
+    from dlscale.hpo.local_search import SearchStopped, run_search
 
     args.space, args.overrides = name_and_overrides(args.space, args.overrides)
     # (only the options given: an existing study keeps its own, and a different one given is refused by name)
@@ -20,7 +20,7 @@ def _hpo_start(args: argparse.Namespace) -> int:
         if getattr(args, key) is not None
     }
     try:
-        settings = search(args.dir, args.space, args.trials, args.workers, args.overrides, **given)
+        settings = run_search(args.dir, args.space, args.trials, args.workers, args.overrides, **given)
     except SearchStopped as stopped:  # (asked for, not an error: the status says which signal, as a shell's does)
         print(f"dlscale: {stopped}", file=sys.stderr)
         return 128 + stopped.signum

@@ -81,9 +81,9 @@ def add_export(commands: Any) -> None:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from dlscale.jobs.environment import report, task_line
+    from dlscale.jobs.environment import environment_report, task_line
 
-    print(task_line() if args.task else report(), flush=True)
+    print(task_line() if args.task else environment_report(), flush=True)
     return 0
 
 

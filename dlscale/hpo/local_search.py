@@ -120,7 +120,7 @@ def _run_workers(study_dir: Path, n: int, threads: int) -> list[int]:
     return [process.returncode for process in processes]
 
 
-def search(
+def run_search(
     study_dir: str | Path,
     space: str | Path | None = None,
     trials: int | None = None,

@@ -143,7 +143,7 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
-def report() -> str:
+def environment_report() -> str:
     """:func:`describe` as aligned text."""
     info = describe()
     width = max(map(len, info))

@@ -18,7 +18,7 @@ from dlscale.lessons.lesson_tools import Question, Reading, passed, regression_p
 #: What the lesson's notebooks import through dlscale.lab (the door reads it from here).
 __all__ = [
     "FP16_KEPT",
-    "PRECISION",
+    "ACCURACY_BY_PRECISION",
     "check_amp_step",
     "check_mixed_precision_loop",
     "precision_conclusion",
@@ -31,7 +31,7 @@ def _precision(r2: dict[str, float], spread: float) -> str:
     return "a" if max(r2.values()) - min(r2.values()) <= spread else "b"
 
 
-PRECISION = Question(
+ACCURACY_BY_PRECISION = Question(
     "after the same training, the validation R² of fp32, bf16 and fp16...",
     {
         "a": "agree within the spread fp32 shows between two seeds",

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from dlscale.hpo import SearchSpaceError, load_space
-from dlscale.hpo.local_search import rerun_best, search
+from dlscale.hpo.local_search import rerun_best, run_search
 from dlscale.lessons.lesson_tools import Question
 
 #: What the lesson's notebooks import through dlscale.lab (the door reads it from here).
@@ -278,7 +278,7 @@ def check_space(
     study_dir = Path(study_dir)
     shutil.rmtree(study_dir, ignore_errors=True)  # each check searches afresh
     baseline = baseline_value(loaded, study_dir / "defaults")
-    search(study_dir, loaded, trials=budget, workers=workers, sampler="tpe", pruner="hyperband")
+    run_search(study_dir, loaded, trials=budget, workers=workers, sampler="tpe", pruner="hyperband")
     best, again = rerun_best(study_dir)
     check_rerun(best, again)
     if best <= baseline:

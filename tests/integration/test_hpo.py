@@ -22,11 +22,11 @@ def _heartbeats(study_dir, count):
 
 
 def test_a_killed_worker_is_retried_a_killed_study_resumes_and_the_best_reruns_the_same(in_tmp):
-    from dlscale.hpo.local_search import rerun_best, search, start_workers, wait_for_workers
+    from dlscale.hpo.local_search import rerun_best, run_search, start_workers, wait_for_workers
     from dlscale.hpo.results import trial_rows
 
     TrialState = optuna.trial.TrialState
-    search("study", _space(), trials=4, workers=0, grace_s=6.0, heartbeat_s=0.3, pruner="none")
+    run_search("study", _space(), trials=4, workers=0, grace_s=6.0, heartbeat_s=0.3, pruner="none")
     workers = start_workers("study", 2)
     [(killed, pid)] = _heartbeats("study", 1)
     os.kill(pid, signal.SIGKILL)  # mid-trial: its trial stays RUNNING, and silent
@@ -41,12 +41,12 @@ def test_a_killed_worker_is_retried_a_killed_study_resumes_and_the_best_reruns_t
     kept = {t.number: t.value for t in study.trials if t.state == TrialState.COMPLETE}
 
     # every worker killed mid-study: started again, the study carries on from where it stood
-    search("study", trials=6, workers=0)
+    run_search("study", trials=6, workers=0)
     workers = start_workers("study", 2)
     for _, pid in _heartbeats("study", 2):
         os.kill(pid, signal.SIGKILL)
     wait_for_workers(workers, timeout=60)
-    search("study", workers=1)
+    run_search("study", workers=1)
     study, _ = open_study("study")
     complete = {t.number: t.value for t in study.trials if t.state == TrialState.COMPLETE}
     assert len(complete) == 6 and all(complete[n] == v for n, v in kept.items())  # nothing lost, nothing redone

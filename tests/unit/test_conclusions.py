@@ -146,7 +146,7 @@ def test_a_prediction_is_printed_beside_what_the_measurement_shows():
 def test_each_question_reads_its_answer_from_the_numbers():
     from dlscale.bench.repeats import Spread
     from dlscale.lessons.lesson02 import LOADER
-    from dlscale.lessons.lesson03 import PRECISION
+    from dlscale.lessons.lesson03 import ACCURACY_BY_PRECISION
     from dlscale.lessons.lesson05 import STRONG_SCALING
     from dlscale.lessons.lesson07 import NO_SCALING, NOISE_SCALE
     from dlscale.lessons.lesson10 import FSDP_MEMORY
@@ -156,8 +156,8 @@ def test_each_question_reads_its_answer_from_the_numbers():
         LOADER.outcome(Spread([400, 420]), Spread([900, 950])),
         LOADER.outcome(Spread([400, 950]), Spread([500, 900])),
     ] == ["a", "b", "c"]
-    assert PRECISION.outcome({"fp32": 0.80, "bf16": 0.79}, 0.02) == "a"
-    assert PRECISION.outcome({"fp32": 0.80, "fp16": 0.70}, 0.02) == "b"
+    assert ACCURACY_BY_PRECISION.outcome({"fp32": 0.80, "bf16": 0.79}, 0.02) == "a"
+    assert ACCURACY_BY_PRECISION.outcome({"fp32": 0.80, "fp16": 0.70}, 0.02) == "b"
     rows = [
         {"mode": "strong", "processes": 1, "efficiency": 1.0},
         {"mode": "weak", "processes": 2, "efficiency": 0.95},
