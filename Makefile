@@ -18,7 +18,8 @@
 #                   lessons' extras (on NERSC's JupyterHub: with the pytorch module loaded, the kernel loads it too)
 #   make exercises  regenerate exercises/ from solutions/
 #   make reset LESSON=05   start lesson 05 over: its runs removed, nothing else
-#   make slides     each lesson's talk as a reveal.js deck in slides/, from the lessons themselves
+#   make slides     each lesson's talk as a reveal.js deck in slides/, from the lessons themselves (offline: reveal.js
+#                   is copied beside them)
 #
 # Knobs: PYTHON (interpreter for the venv), VENV (its folder), TORCH (the torch to install
 # first; empty keeps the one the environment already has, e.g. with
@@ -39,7 +40,7 @@ TORCH       ?= $(if $(SITE_TORCH),,torch==2.13.0)
 # Where pip looks for TORCH: empty is PyPI (CUDA builds on Linux). AMD GPUs (Frontier) need PyTorch's
 # ROCm index, e.g. TORCH_INDEX=https://download.pytorch.org/whl/rocm6.4 (the README's Frontier guide).
 TORCH_INDEX ?=
-TEST_EXTRAS ?= dev,notebooks,tracking,profiling,kmeans,hpo
+TEST_EXTRAS ?= dev,notebooks,tracking,profiling,kmeans,hpo,slides
 PYTEST_ARGS ?=
 HOROVOD     ?= yes
 # The versions a green run installed (constraints.txt: on the Python that ran it; elsewhere pip chooses). CONSTRAINTS=
@@ -211,8 +212,14 @@ kernel: $(if $(wildcard $(VENV)/.installed-dev),$(VENV)/.installed,$(VENV)/.inst
 exercises: setup
 	$(BIN)/dlscale exercises
 
-# Each lesson's talk as a reveal.js deck in slides/ (dlscale/lessons/slides.py): the instructor talks from the lessons
-slides: $(if $(wildcard $(VENV)/.installed-dev),$(VENV)/.installed,$(VENV)/.installed-lessons)
+# Each lesson's talk as a reveal.js deck in slides/ (dlscale/lessons/slides.py): the instructor talks from the lessons.
+# The lessons' extras (the talk cells run for their pictures) and the slides extra: reveal.js, copied once into
+# slides/reveal.js/, and the maths as MathML, so that a deck opened from slides/ needs no network.
+$(VENV)/.installed-slides: pyproject.toml $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet $(PIP_CONSTRAINTS) -e ".[$(LESSON_EXTRAS),slides]"
+	touch $@
+
+slides: $(VENV)/.installed-slides
 	$(BIN)/python -m dlscale.lessons.slides --notebooks notebooks --out slides --run
 
 # make reset LESSON=05: lesson 05 starts over (its runs/lesson05* folders removed; your my_*.py kept; nothing else)

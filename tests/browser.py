@@ -352,3 +352,85 @@ class Lab:
         label = self._open_on_kernel(name, kernel)
         self._run_every_cell(name, seconds)
         return self._read_page(name, label, screenshot)
+
+
+#: Run in a deck once reveal.js is ready: every slide shown in turn through reveal.js's API, and what would not show on
+#: it at the window's size: content taller or wider than the slide, an element outside the slide's box or scrolling
+#: inside it, an image not drawn (no pixels) or not inside the window. The speaker notes are not shown, so not checked.
+SLIDE_CHECK = """
+const done = arguments[arguments.length - 1];
+function check() {
+  const {width, height} = Reveal.getConfig();
+  const slides = [];
+  for (const slide of Reveal.getSlides()) {
+    const {h, v} = Reveal.getIndices(slide);
+    Reveal.slide(h, v);
+    const box = document.querySelector('.reveal .slides').getBoundingClientRect();
+    const problems = [];
+    if (slide.scrollHeight > height + 1 || slide.scrollWidth > width + 1)
+      problems.push(`${slide.scrollWidth}x${slide.scrollHeight} px of content in a ${width}x${height} slide`);
+    for (const e of slide.querySelectorAll('*')) {
+      const r = e.getBoundingClientRect(), style = getComputedStyle(e);
+      if (e.closest('aside.notes') || (!r.width && !r.height)) continue;
+      if (r.left < box.left - 1 || r.top < box.top - 1 || r.right > box.right + 1 || r.bottom > box.bottom + 1)
+        problems.push(`a ${e.tagName} outside the slide: ${[r.left, r.top, r.right, r.bottom].map(Math.round)}`);
+      if ((style.overflowY != 'visible' && e.scrollHeight > e.clientHeight + 1)
+          || (style.overflowX != 'visible' && e.scrollWidth > e.clientWidth + 1))
+        problems.push(`a ${e.tagName} scrolls`);
+    }
+    const images = Array.from(slide.querySelectorAll('img'));
+    for (const img of images) {
+      const r = img.getBoundingClientRect();
+      if (!img.complete || !img.naturalWidth || !img.naturalHeight) problems.push('an image with no pixels');
+      else if (r.width < 100 || r.left < 0 || r.top < 0 || r.right > innerWidth || r.bottom > innerHeight)
+        problems.push(`an image not in the window: ${[r.left, r.top, r.right, r.bottom].map(Math.round)}`);
+    }
+    const title = slide.querySelector('h1, h2, h3, h4');
+    slides.push({h, v, title: title ? title.textContent.trim() : '', images: images.length,
+                 problems: Array.from(new Set(problems))});
+  }
+  done({ready: true, slides, window: [innerWidth, innerHeight]});
+}
+if (window.Reveal && Reveal.isReady()) check();
+else if (window.Reveal) Reveal.on('ready', check);
+else done({ready: false});
+"""
+
+
+def offline_chromium(width: int, height: int):
+    """A headless Chromium whose window is ``width`` × ``height`` and that resolves no host name: a page that fetches
+    anything but local files finds no network."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        f"--window-size={width},{height}",
+        "--host-resolver-rules=MAP * ~NOTFOUND",
+    ):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})  # (every request the page makes)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_script_timeout(60)
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+    )
+    return driver
+
+
+def deck_slides(driver, deck: Path) -> dict:
+    """``deck`` opened from its file and every slide checked (:data:`SLIDE_CHECK`): whether reveal.js started, each
+    slide's title, images and problems, and the address of every request the page made (``fetched``)."""
+    driver.get_log("performance")  # (the requests of the page before, left behind)
+    driver.get(deck.resolve().as_uri())
+    shown = driver.execute_async_script(SLIDE_CHECK)
+    events = [json.loads(entry["message"])["message"] for entry in driver.get_log("performance")]
+    shown["fetched"] = [
+        event["params"]["request"]["url"] for event in events if event["method"] == "Network.requestWillBeSent"
+    ]
+    return shown

@@ -151,20 +151,33 @@ def test_a_kernel_jupyterlab_does_not_offer_is_named(lab, tmp_path):
         lab.run_all(name, "dlscale-gpu", tmp_path / "no_kernel.png")
 
 
-def test_a_lessons_deck_opens_on_its_first_slide(lab, tmp_path):
+@pytest.fixture(scope="module")
+def decks(tmp_path_factory):
+    """`make slides`, as the instructor runs it: every lesson's deck, written without running its talk cells; and lesson
+    03's deck again with them run (its fp16 underflow is a picture on it), as `make slides` writes every deck."""
+    from dlscale.lessons.slides import write_slides
+
+    folder = tmp_path_factory.mktemp("slides")
+    written = write_slides(ROOT / "notebooks", folder / "plain")
+    lesson = folder / "one" / "notebooks"
+    lesson.mkdir(parents=True)
+    shutil.copy(ROOT / "notebooks/03_mixed_precision.ipynb", lesson)
+    [pictured] = write_slides(lesson, folder / "run", run=True)
+    return written, pictured
+
+
+def test_a_lessons_deck_opens_on_its_first_slide(lab, decks):
     """make slides: each lesson's talk as a reveal.js deck, from the lesson itself (#58)."""
     from selenium.webdriver.common.by import By
 
-    from dlscale.lessons.slides import write_slides
-
-    decks = write_slides(ROOT / "notebooks", tmp_path)
-    assert len(decks) == len(list((ROOT / "notebooks").glob("*.ipynb")))
+    written, pictured = decks
+    assert len(written) == len(list((ROOT / "notebooks").glob("*.ipynb")))
     # In a tab of its own, the lab's page left as it is: leaving a lesson an earlier test left open may meet
     # JupyterLab's "leave the site?" prompt, which the driver dismisses, staying there (once in CI: no slides found)
     lab_tab = lab.driver.current_window_handle
     lab.driver.switch_to.new_window("tab")
     try:
-        lab.driver.get((tmp_path / "05_data_parallel.slides.html").as_uri())
+        lab.driver.get(next(deck for deck in written if deck.name == "05_data_parallel.slides.html").as_uri())
         sections = lab.driver.find_elements(By.CSS_SELECTOR, ".reveal .slides section")
         assert len(sections) > 5 and "05 · Data-parallel training" in sections[0].get_attribute("textContent")
         assert "init_process_group(" not in lab.driver.page_source  # (the code stays on the attendees' screens)
@@ -172,9 +185,46 @@ def test_a_lessons_deck_opens_on_its_first_slide(lab, tmp_path):
         lab.driver.close()
         lab.driver.switch_to.window(lab_tab)
     # make slides runs each deck's talk cells first: lesson 03's fp16 underflow is a picture on its deck
-    lesson = tmp_path / "one" / "notebooks"
-    lesson.mkdir(parents=True)
-    shutil.copy(ROOT / "notebooks/03_mixed_precision.ipynb", lesson)
-    [deck] = write_slides(lesson, tmp_path / "run", run=True)
     picture = 'src="data:image/png;base64,'  # (an output's image: nbconvert's own CSS holds data URLs too)
-    assert picture in deck.read_text() and picture not in (tmp_path / "03_mixed_precision.slides.html").read_text()
+    plain = next(deck for deck in written if deck.name == pictured.name)
+    assert picture in pictured.read_text() and picture not in plain.read_text()
+
+
+#: The view the decks are made for: a projector's 16:9 at 720p (the slide is 1280 × 720; reveal.js scales it).
+VIEW = (1280, 720)
+
+
+# (about 50 s on 2 cores: the decks' fixture, 35 s of it running lesson 03's talk cells; the slides 10 s)
+def test_every_slide_of_every_deck_fits_the_view_and_needs_no_network(decks):
+    """#77: in a room without the CDNs the decks started as plain HTML, and a slide of lesson 03 was 1,498 px tall
+    in a 657-px view, its picture below the fold. Each deck opened from its folder, with no host name resolving:
+    reveal.js starts from the files beside it, nothing but local files is fetched, and every slide's content (its
+    maths as MathML) lies within the 1280 × 720 view, every picture drawn and inside it."""
+    reason = missing()
+    if reason:
+        pytest.skip(reason)
+    from ..browser import deck_slides, offline_chromium
+
+    written, pictured = decks
+    driver = offline_chromium(*VIEW)
+    try:
+        shown = {deck.name: deck_slides(driver, deck) for deck in written}
+        shown["03, its talk cells run"] = deck_slides(driver, pictured)
+    finally:
+        driver.quit()
+    for name, deck in shown.items():
+        assert deck["ready"], f"{name}: reveal.js did not start"
+        assert deck["window"] == list(VIEW)
+        assert all(url.startswith(("file:", "data:")) for url in deck["fetched"]), (name, deck["fetched"])
+        assert any(url.endswith("/reveal.js/dist/reveal.js") for url in deck["fetched"]), name  # (the copy beside)
+    problems = [
+        f"{name} #/{slide['h']}/{slide['v']} {slide['title']!r}: {problem}"
+        for name, deck in shown.items()
+        for slide in deck["slides"]
+        for problem in slide["problems"]
+    ]
+    assert problems == []
+    assert all(slide["title"] for deck in shown.values() for slide in deck["slides"])  # (every slide has a title)
+    pictures = [slide for slide in shown["03, its talk cells run"]["slides"] if slide["images"]]
+    assert pictures and all(slide["title"] == "Three formats" for slide in pictures)
+    assert sum(len(deck["slides"]) for deck in shown.values()) > 100
