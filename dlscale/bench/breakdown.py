@@ -23,6 +23,12 @@ computed from each way's median time they add up to the loss computed from the f
 to rounding (:data:`ADDS_UP_WITHIN`; the tests check it on real runs). How far to trust each part
 is the rounds' spread, which the table prints beside it.
 
+Under DDP the exposed communication holds three costs that the scaling model prices apart (issue 79): DDP's own
+work, the all-reduce left exposed, and the backward pass slowed by the part it hid.
+:func:`~dlscale.bench.breakdown_terms.add_communication_terms` splits it with the prices ``dlscale bench ddp-cost``
+and ``dlscale bench overlap`` measure (or the published ones) and a fitted link, and :func:`format_breakdown` prints
+the split beside the parts (``dlscale bench breakdown --allreduce allreduce.json``).
+
 FSDP and tensor parallelism cannot step without their collectives: for them the no-communication
 time is the data-in-memory time less the collectives' time per step that the profiler recorded
 in a run of its own (``profile_steps``; the profiler slows the steps it records). On a CPU, where gloo's collectives
@@ -137,12 +143,15 @@ def bench_breakdown(
     ranks_per_unit: int = 1,
     out_dir: str | Path = "runs/breakdown",
     progress: bool = True,
+    split: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Measure each way at each size (weak scaling: ``cfg``'s global batch is the smallest size's) and split the loss.
 
     ``runner`` trains one way at one size (:func:`local_runner`, :func:`engine_runner`,
     :func:`slurm_runner`); ``unit`` says what a size counts (ranks, or nodes of ``ranks_per_unit``
-    ranks each). Writes ``breakdown.json`` and ``breakdown.png`` into ``out_dir`` and returns what they hold.
+    ranks each); ``split``, if given, adds the exposed communication's terms to the result
+    (:func:`~dlscale.bench.breakdown_terms.add_communication_terms`). Writes ``breakdown.json`` and
+    ``breakdown.png`` into ``out_dir`` and returns what they hold.
     """
     from dlscale.distributed.parallelize import ParallelPlan  # (only its rule for what is sharded)
 
@@ -196,6 +205,8 @@ def bench_breakdown(
         "adds_up_within": ADDS_UP_WITHIN,
         "rows": rows,
     }
+    if split is not None:
+        result = split(result)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "breakdown.json").write_text(json.dumps(result, indent=1) + "\n")
     from dlscale.reporting.plots import breakdown_bars
@@ -290,7 +301,44 @@ def format_breakdown(result: dict[str, Any]) -> str:
         f"no communication from {result['no_communication_from']}. The parts add up to the lost efficiency "
         f"(to {result['adds_up_within']:g})."
     )
-    return f"{table}\n\n{notes}"
+    terms = format_terms(result)
+    return f"{table}\n\n{notes}" + (f"\n\n{terms}" if terms else "")
+
+
+def format_terms(result: dict[str, Any]) -> str:
+    """The exposed communication split into DDP's own cost, the overlap's slow-down and the exposed all-reduce
+    (:func:`~dlscale.bench.breakdown_terms.add_communication_terms`), as a Markdown table of the sizes that have one,
+    and what the split rests on; empty when the result was not split."""
+    rows = [row for row in result["rows"] if "terms" in row]
+    if not rows:
+        return ""
+    table = markdown_table(
+        [
+            result["unit"],
+            "communication (data in memory - alone)",
+            "of which DDP's own cost",
+            "overlap slow-down",
+            "exposed all-reduce",
+            "all-reduce hidden (ms)",
+        ],
+        [
+            (
+                row["size"],
+                f"{100 * row['terms']['measured']:.1f}%",
+                f"{100 * row['terms']['ddp']:.1f}%",
+                f"{100 * row['terms']['slowdown']:.1f}%",
+                f"{100 * row['terms']['allreduce']:.1f}%",
+                f"{row['terms']['hidden_ms']:.3g} of {row['terms']['allreduce_ms']:.3g}",
+            )
+            for row in rows
+        ],
+    )
+    where = result["terms_from"]
+    return (
+        f"{table}\n\nThe exposed communication split by the scaling model: DDP's own cost at {where['ddp_cost']}; "
+        f"the overlap's slow-down at {where['slowdown']}; the whole all-reduce from {where['allreduce']}. "
+        "The exposed all-reduce is what the other two leave of the measured part."
+    )
 
 
 # -- runners: one way at one size ----------------------------------------------------------------

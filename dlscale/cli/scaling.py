@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from dlscale.cli.bench_costs import add_term_options, step_terms
 from dlscale.cli.options import number, number_or
 from dlscale.scaling.sites import SITES
 
@@ -117,6 +118,7 @@ def _project(args: argparse.Namespace) -> int:
         per_sample, source = args.ms_per_sample / 1000, "entered on the command line"
     overlap = args.overlap
     layers = published_layers(args.layers) if args.layers else None
+    ddp_cost, slowdown = step_terms(args.ddp_cost, args.slowdown)
     if args.breakdown:  # (measured on this site: the exposed share of what the model says the step sends)
         overlap, where = overlap_from_breakdown_file(args.breakdown, site)
         print(f"overlap: {where}")
@@ -134,6 +136,9 @@ def _project(args: argparse.Namespace) -> int:
         args.algorithm,
         layers,
         f"torchvision's {args.layers}" if layers else "",
+        ddp_cost=ddp_cost,
+        slowdown=slowdown[0],
+        slowdown_source=slowdown[1],
     )
     rows = project(workload, site, baseline=args.baseline)
     print(format_projection(rows))
@@ -186,7 +191,10 @@ def add_project(commands: Any) -> None:
         "on a site's published links or your own machine's, plus one GPU's measured "
         "compute, with the share of communication hidden behind the backward pass (dlscale bench "
         "breakdown measures it; by default it is estimated from DDP's bucket schedule; it never hides more than "
-        "the backward pass). Prints the table and the assumptions; writes projection.png.",
+        "the backward pass). Two terms sit beside the communication in each step: DDP's own cost (a price per "
+        "bucket and per byte of gradient: --ddp-cost, measured by dlscale bench ddp-cost) and the slow-down of "
+        "the backward pass by the communication it hides (--slowdown, measured by dlscale bench overlap). "
+        "Prints the table and the assumptions; writes projection.png.",
     )
     _add_machine_options(project)
     compute = project.add_argument_group("one GPU's compute, measured (one of these)")
@@ -255,6 +263,7 @@ def add_project(commands: Any) -> None:
         help="all-reduce between nodes (auto: for each bucket, NCCL's own choice of ring or tree and LL, LL128 or "
         "Simple on an NCCL site, else the cheapest of ring and tree)",
     )
+    add_term_options(project)
     project.add_argument("--baseline", choices=BASELINES, default="gpu", help="efficiency against one GPU or one node")
     project.add_argument("--out", default="runs/projection")
     project.set_defaults(handler=_project)

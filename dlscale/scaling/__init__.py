@@ -7,6 +7,10 @@
 - :mod:`~dlscale.scaling.fit`: α and β fitted from ``dlscale bench allreduce``'s rows, and how well
   the fit predicts sizes and rank counts it did not see;
 - :mod:`~dlscale.scaling.sites`: Perlmutter's and Frontier's published link figures, with their sources;
+- :mod:`~dlscale.scaling.ddp_cost`: DDP's own cost per step, a price per bucket and per byte (PyTorch's DDP
+  benchmark on a V100, or ``dlscale bench ddp-cost`` here);
+- :mod:`~dlscale.scaling.slowdown`: what the communication hidden behind the backward pass costs it (Lee et al.
+  2025's 18.9%, or ``dlscale bench overlap`` here);
 - :mod:`~dlscale.scaling.projection`: a model's step time and efficiency from 1 to 1,024 nodes;
 - :mod:`~dlscale.scaling.plan`: ``dlscale plan``: a sweep's time and node-hours to a target, the
   fastest against the cheapest, a recommendation, and the next size up predicted.

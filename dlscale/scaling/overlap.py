@@ -17,8 +17,9 @@ backward pass done by then: each layer's backward time is taken in proportion to
 operations (a layer table: :func:`published_layers`, :func:`model_layers`), or, with no table, every byte of the
 gradient equally (:func:`uniform_layers`, said as an assumption wherever it is used).
 
-Not modelled: the all-reduce slowing the backward pass it overlaps (the two share the GPU's memory and SMs), and
-the optimizer step.
+What the hidden part still costs — the all-reduce slowing the backward pass it overlaps (the two share the GPU's
+memory and SMs) — is priced apart (:mod:`~dlscale.scaling.slowdown`), as the projection adds it; not modelled: the
+backward pass, slowed, hiding a little more, and the optimizer step.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from dlscale.reporting.tables import markdown_table
 from dlscale.scaling.collectives import layout_seconds
 from dlscale.scaling.projection import BACKWARD_SHARE
 from dlscale.scaling.sites import Site
+from dlscale.scaling.slowdown import OVERLAP_SLOWDOWN, slowdown_seconds
 
 #: DDP's default bucket_cap_mb, in bytes: the all-reduce goes out in buckets this size, each paying the latency.
 DDP_BUCKET_BYTES = 25 * 2**20
@@ -154,7 +155,9 @@ def _communication_growth(
     (the cheapest textbook algorithm between nodes elsewhere, as on a link fitted here);
     FSDP's all-gathers and reduce-scatter on two levels; tensor parallelism splits each layer inside the node, so the
     data-parallel ranks send 1/tp of the gradient each (TP's own activations are not priced here). The overlap hides
-    at most the backward pass (as dlscale project bounds it)."""
+    at most the backward pass (as dlscale project bounds it), and what it hides still slows the backward pass by the
+    published factor (:data:`~dlscale.scaling.slowdown.OVERLAP_SLOWDOWN`). DDP's own cost does not grow with the
+    nodes (its buckets and bytes stay the same): the measured step holds it already."""
     layout = "fsdp" if last.get("data_parallel") == "fsdp" else "ddp"
     tp = max(1, int(last.get("tensor_parallel") or 1))
     gradient = (last["gradient_bytes"] or 0) / tp
@@ -167,7 +170,8 @@ def _communication_growth(
     backward = BACKWARD_SHARE * step
 
     def exposed_of(comm: float) -> float:
-        return comm - min(overlap * comm, backward)
+        hidden = min(overlap * comm, backward)
+        return comm - hidden + slowdown_seconds(hidden, OVERLAP_SLOWDOWN)
 
     return layout, tp, then - now, exposed_of(then) - exposed_of(now)
 
@@ -239,7 +243,7 @@ def predict_next(
             f"{layout.upper()}{f' with tensor parallelism over {tp}' if tp > 1 else ''}: the communication of "
             f"{(last['gradient_bytes'] or 0) / 2**20:.3g} MiB of gradients grows by {grow * 1e3:.3g} ms per step "
             f"(between nodes {site.between.describe()}); {overlap:.0%} of it hidden, at most the backward pass "
-            f"({BACKWARD_SHARE:.0%} of the step)",
+            f"({BACKWARD_SHARE:.0%} of the step), each second hidden slowing it by {OVERLAP_SLOWDOWN:.3g} s",
             (
                 f"B_noise {noise_scale:,.0f}: the samples to the target grow {central:.2f}× (range: B_noise "
                 f"halved or doubled)"

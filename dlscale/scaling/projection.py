@@ -1,10 +1,11 @@
 """A model's step time and efficiency from 1 to 1,024 nodes: compute from a measurement, communication from the α–β
 model.
 
-Weak scaling, every GPU keeping its batch: a step is the compute of one GPU's batch plus the part
-of the communication that the compute does not hide,
+Weak scaling, every GPU keeping its batch: a step is the compute of one GPU's batch, DDP's own cost, the part of
+the communication that the compute does not hide, and what the hidden part costs the compute beside it,
 
-    step(N) = compute + comm(N) - hidden(N),    hidden(N) = min(overlap · comm(N), backward),
+    step(N) = compute + ddp + (comm(N) - hidden(N)) + slowdown · hidden(N),
+    hidden(N) = min(overlap · comm(N), backward),
 
 with ``comm`` the layout's collectives on the site's links, bucket by bucket — DDP's buckets as DDP
 fills them, whole layers each (:meth:`Workload.schedule`), at any overlap — each bucket with NCCL's
@@ -16,6 +17,14 @@ overlap hides more than the backward time (:attr:`Workload.backward_seconds`, tw
 compute by default: the backward pass is about twice the forward). ``dlscale bench breakdown``
 measures the overlap (:func:`overlap_from_breakdown`); ``overlap=AUTO`` estimates it at each size from DDP's
 bucket schedule of the model's layers (:mod:`dlscale.scaling.overlap`), the default of ``dlscale project``.
+
+The two terms beside the communication (issue 79), each with a published default and a bench that measures it:
+
+- ``ddp``: DDP's own cost per step, a price per bucket and per byte of gradient (:mod:`~dlscale.scaling.ddp_cost`;
+  PyTorch's DDP benchmark: 3-5% of a step on one V100; ``dlscale bench ddp-cost`` here), on every step of DDP on
+  more than one GPU;
+- ``slowdown``: the extra compute per second of hidden communication (:mod:`~dlscale.scaling.slowdown`; 0.189,
+  Lee et al. 2025; ``dlscale bench overlap`` here).
 
 Efficiency is against a baseline: one GPU, which communicates nothing (``compute / step(N)``), or
 one node (``step(1) / step(N)``: what a published weak-scaling curve that starts at one node
@@ -38,6 +47,7 @@ from dlscale.scaling.collectives import (
     hierarchical_allreduce,
     layout_communication,
 )
+from dlscale.scaling.ddp_cost import PUBLISHED_DDP_COST, DdpCost
 from dlscale.scaling.nccl import NCCL_VERSION
 from dlscale.scaling.overlap import (
     DDP_BUCKET_MB,
@@ -49,6 +59,7 @@ from dlscale.scaling.overlap import (
     uniform_layers,
 )
 from dlscale.scaling.sites import Site
+from dlscale.scaling.slowdown import OVERLAP_SLOWDOWN, OVERLAP_SLOWDOWN_SOURCE, slowdown_seconds
 
 #: Node counts of a projection: 1, 2, 4, ..., 1,024.
 NODES = tuple(2**i for i in range(11))
@@ -91,6 +102,9 @@ class Workload:
     # DDP's first bucket: AS_DDP (1 MiB at the default cap of 25 MiB, else as the others: an explicit 25 cannot be
     # told from the default and is read as it), a size in MiB, or None (as the others)
     first_bucket_mb: float | str | None = AS_DDP
+    ddp_cost: DdpCost = PUBLISHED_DDP_COST  # DDP's own cost per bucket and per byte (ddp layout, more than one GPU)
+    slowdown: float = OVERLAP_SLOWDOWN  # extra compute per second of communication hidden behind it
+    slowdown_source: str = OVERLAP_SLOWDOWN_SOURCE
 
     def __post_init__(self) -> None:
         check_range("parameters", self.parameters, 1)
@@ -101,6 +115,8 @@ class Workload:
         if self.overlap != AUTO:
             check_range("overlap (the share of communication hidden)", self.overlap, 0, 1)
         check_range("backward share (of the compute)", self.backward_share, 0, 1)
+        # (at 1 a hidden second costs what an exposed one does: above it, overlapping would be worse than not)
+        check_range("slow-down of the overlapped compute", self.slowdown, 0, 1)
         if self.bucket_mb is not None:
             check_range("bucket size (MiB)", self.bucket_mb, 0, above=True)
         if self.first_bucket_mb == AS_DDP or self.first_bucket_mb is None:
@@ -163,8 +179,9 @@ class Workload:
 
 
 def project(workload: Workload, site: Site, nodes: tuple[int, ...] = NODES, baseline: str = "gpu") -> list[dict]:
-    """One row per node count: compute, communication, the part hidden and the part exposed, step time, efficiency
-    against ``baseline`` (``gpu`` or ``node``), samples/s, the algorithm between nodes and the messages per step."""
+    """One row per node count: compute, communication, the part hidden and the part exposed, DDP's own cost and the
+    slow-down of the overlapped compute, step time, efficiency against ``baseline`` (``gpu`` or ``node``), samples/s,
+    the algorithm between nodes and the messages per step."""
     if baseline not in BASELINES:
         raise RangeError(f"baseline must be gpu or node, not {baseline!r}")
 
@@ -204,14 +221,24 @@ def project(workload: Workload, site: Site, nodes: tuple[int, ...] = NODES, base
             seconds, algorithm, messages = comm.seconds, comm.algorithm, comm.messages
             hidden = min(share * seconds, workload.backward_seconds)
             bounded = share * seconds > workload.backward_seconds
-        step = workload.compute_seconds + seconds - hidden
+        # DDP's own cost: on every step of DDP over more than one GPU (one GPU trains without DDP)
+        ddp = (
+            workload.ddp_cost.seconds(messages, workload.gradient_bytes)
+            if workload.layout == "ddp" and n * g > 1
+            else 0.0
+        )
+        slowdown = slowdown_seconds(hidden, workload.slowdown)
+        exposed = seconds - hidden
+        step = workload.compute_seconds + ddp + exposed + slowdown
         return {
             "nodes": n,
             "gpus": n * site.gpus_per_node,
             "compute_s": workload.compute_seconds,
             "communication_s": seconds,
             "hidden_s": hidden,
-            "exposed_s": step - workload.compute_seconds,
+            "exposed_s": exposed,
+            "ddp_s": ddp,
+            "slowdown_s": slowdown,
             "overlap": max(0.0, hidden / seconds) if seconds > 0 else 0.0,
             "overlap_bounded": bounded,
             "step_s": step,
@@ -291,6 +318,13 @@ def assumptions(workload: Workload, site: Site, baseline: str = "gpu") -> str:
             f"layout: {workload.layout}; overlap: {workload.describe_overlap()} (the backward pass: "
             f"{workload.backward_share:.0%} of the compute)",
             f"algorithm between nodes: {workload.algorithm}" + _describe_auto(workload, site),
+            (
+                f"DDP's own cost: {workload.ddp_cost.describe()}, on every step of DDP over more than one GPU"
+                if workload.layout == "ddp"
+                else "DDP's own cost: none (fsdp: its own bookkeeping is not priced)"
+            ),
+            f"overlap slow-down: each second of communication hidden costs the backward pass {workload.slowdown:.3g} "
+            f"s more ({workload.slowdown_source})",
             f"site: {site.name}, {site.gpus_per_node} GPUs per node; efficiency against one {baseline}",
             f"inside a node: {site.inside.describe()}",
             f"between nodes, per GPU: {site.between.describe()}",
@@ -313,10 +347,21 @@ def _describe_auto(workload: Workload, site: Site) -> str:
 
 
 def format_projection(rows: list[dict]) -> str:
-    """A projection as a Markdown table: per node count, compute, communication, its exposed part, the algorithm
-    between nodes, efficiency."""
+    """A projection as a Markdown table: per node count, compute, communication, its exposed part, DDP's own cost,
+    the slow-down of the overlapped compute, the algorithm between nodes, efficiency."""
     return markdown_table(
-        ["nodes", "GPUs", "compute (ms)", "communication (ms)", "overlap", "exposed (ms)", "algorithm", "efficiency"],
+        [
+            "nodes",
+            "GPUs",
+            "compute (ms)",
+            "communication (ms)",
+            "overlap",
+            "exposed (ms)",
+            "DDP's own (ms)",
+            "overlap slow-down (ms)",
+            "algorithm",
+            "efficiency",
+        ],
         [
             (
                 r["nodes"],
@@ -325,6 +370,8 @@ def format_projection(rows: list[dict]) -> str:
                 f"{r['communication_s'] * 1e3:.3g}",
                 f"{max(0.0, r['overlap']):.0%}" if r["communication_s"] > 0 else "-",
                 f"{r['exposed_s'] * 1e3:.3g}" + (" (overlap bounded)" if r["overlap_bounded"] else ""),
+                f"{r.get('ddp_s', 0.0) * 1e3:.3g}",
+                f"{r.get('slowdown_s', 0.0) * 1e3:.3g}",
                 r["algorithm"] if r["nodes"] > 1 else "-",
                 f"{r['efficiency']:.0%}",
             )

@@ -101,3 +101,56 @@ def test_the_model_fitted_here_predicts_message_sizes_it_was_not_fitted_on(tmp_p
     link = fit_link(measured.values())
     assert link.alpha > 0 and link.beta > 0
     assert worst_ratio(predictions(link, held_out)) <= HELD_OUT_WITHIN
+
+
+def test_ddp_cost_is_measured_on_one_rank_and_read_back_as_the_projections_prices(in_tmp):
+    """#79: the engine's step with and without DDP over a gloo group of one, at two bucket caps: more buckets as the
+    cap shrinks, a fit written beside the times, and dlscale project taking it (and a factor for the slow-down)."""
+    from dlscale.scaling.ddp_cost import measured_ddp_cost
+
+    from ..conftest import run_cli
+
+    done = run_cli(
+        "bench", "ddp-cost", "tiny", "--buckets", "25,0.001", "--blocks", "2", "--steps", "1", "--out", "dc", cwd=in_tmp
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "DDP's own cost:" in done.stdout and "gradient_as_bucket_view=true" in done.stdout
+    result = json.loads((in_tmp / "dc/ddp_cost.json").read_text())
+    (model,) = result["models"]
+    assert [way["way"] for way in model["ways"]] == ["no DDP", "25 MiB", "0.001 MiB"]
+    assert [way["buckets"] for way in model["ways"]][:2] == [0, 1] and model["ways"][2]["buckets"] > 1
+    assert measured_ddp_cost(in_tmp / "dc/ddp_cost.json").source.startswith("measured: ")
+    shown = run_cli(
+        "project",
+        "--samples-per-s",
+        "2600",
+        "--ddp-cost",
+        "dc/ddp_cost.json",
+        "--slowdown",
+        "0.5",
+        "--out",
+        "p",
+        cwd=in_tmp,
+    )
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert "DDP's own cost: " in shown.stdout and "(measured: " in shown.stdout
+    assert "costs the backward pass 0.5 s more (entered on the command line)" in shown.stdout
+
+
+def test_the_overlap_slowdown_is_measured_beside_a_real_allreduce(in_tmp):
+    """#79: two local ranks time the backward pass alone, the all-reduce alone and the two together (gloo)."""
+    from dlscale.bench.overlap_slowdown import ALLREDUCE, ALONE, BESIDE
+    from dlscale.scaling.slowdown import measured_slowdown
+
+    from ..conftest import run_cli
+
+    done = run_cli("bench", "overlap", "tiny", "--nproc", "2", "--blocks", "2", "--out", "ov", cwd=in_tmp)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "slow-down of the overlapped backward pass" in done.stdout
+    result = json.loads((in_tmp / "ov/overlap.json").read_text())
+    assert result["backend"] == "gloo" and result["ranks"] == 2 and set(result["ms"]) == {ALONE, ALLREDUCE, BESIDE}
+    assert all(ms > 0 for ms in result["ms"].values()) and result["slowdown"] >= 0
+    factor, where = measured_slowdown(in_tmp / "ov/overlap.json")
+    assert 0 <= factor <= 1 and "gloo on 2 ranks" in where
+    alone = run_cli("bench", "overlap", "tiny", "--nproc", "1", cwd=in_tmp)
+    assert alone.returncode == 2 and "needs several ranks" in alone.stderr

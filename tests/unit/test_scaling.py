@@ -36,8 +36,17 @@ from dlscale.scaling.overlap import (
 )
 from dlscale.scaling.plan import predict_next, recommend, samples_factor
 from dlscale.scaling.projection import AUTO, Workload, assumptions, project
-from dlscale.scaling.published import CASES, format_validation, validate
+from dlscale.scaling.published import (
+    CASES,
+    DDP_BENCHMARK_1MIB_SLOWER,
+    FAST_NETWORK_CASES,
+    SLOW_NETWORK_CASES,
+    bucket_direction,
+    format_validation,
+    validate,
+)
 from dlscale.scaling.sites import FRONTIER, PERLMUTTER, MachineError, here, load_machine, machine
+from dlscale.scaling.slowdown import OVERLAP_SLOWDOWN
 
 from ..conftest import ROOT
 
@@ -188,19 +197,41 @@ def test_a_machine_of_ones_own_from_a_file_or_figures(tmp_path):
 
 def test_published_weak_scaling_results_are_predicted_from_their_inputs():
     rows = validate()
-    in_range = [r for r in rows if 64 <= r["gpus"] <= 2000]
-    assert len(in_range) >= 3
-    assert sum(abs(r["points_off"]) <= 10 for r in rows) >= 6
-    # #63: the three held out while the overlap estimate was built, at the model's own overlap (none tuned)
+    assert len(rows) == len(CASES) == len(SLOW_NETWORK_CASES) + len(FAST_NETWORK_CASES) == 12
+    assert sum(64 <= r["gpus"] <= 2000 for r in rows) >= 3
+    # #79: the estimate within 10 points of every published figure, old and new, but one: Akiba et al.'s 80%, below
+    # even the model's no-overlap bound (docs/scaling-validation.md says why; no term was added to reach it)
+    off = {r["case"]: r["points_off"] for r in rows}
+    assert all(abs(points) <= 10 for case, points in off.items() if case != "Akiba et al. 2017"), off
+    assert 10 < off["Akiba et al. 2017"] < 11
+    # #63: the three held out while the overlap estimate was built; #79: the fast networks, where the model said
+    # 99-100% before it priced DDP's own work and the overlap's slow-down (the U-Net was fitted to nothing)
     held_out = [r for r in rows if r["case"].startswith("Horovod")]
-    assert len(held_out) == 3 and all(abs(r["points_off"]) <= 10 for r in held_out), held_out
+    fast = [r for r in rows if r["case"] in {case.name for case in FAST_NETWORK_CASES}]
+    assert len(held_out) == 3 and len(fast) == 5
+    assert all(abs(r["points_off"]) <= 10 and r["predicted"] < 0.97 for r in held_out + fast)
     for row, case in zip(rows, CASES):
         low, high = row["compute_range"]
         assert low < row["predicted"] < high  # faster compute leaves more communication exposed
-        assert case.inputs and "arXiv:" in case.source
+        assert case.inputs and ("arXiv:" in case.source or "README" in case.source)
         assert (row["overlap"] > 0) == case.overlaps  # (ChainerMN all-reduces after the backward pass)
+        # the estimate lies between its bounds: nothing hidden, and all the backward pass allows hidden for free
+        assert row["no_overlap"] <= row["predicted"] + 1e-12 and row["predicted"] <= row["perfect_overlap"]
+        assert 0 < row["ddp_share"] < 0.2 and 0 <= row["slowdown_share"] < 0.1
     # the docs carry the same table (docs/scaling-validation.md): it cannot drift from the model
     assert format_validation(rows) in (ROOT / "docs" / "scaling-validation.md").read_text()
+
+
+def test_the_bucket_size_has_the_published_direction_on_the_ddp_benchmarks_machine():
+    """#79: PyTorch's DDP benchmark measured 1 MiB buckets slower than 25 MiB for ResNet-50 and ResNet-101 on its
+    DGX-1s (p75: 2.6% and 3.8% for ResNet-50 on 8 and 16 GPUs); the model at its own overlap said 1 MiB was faster
+    (smaller buckets leave less exposed after the backward pass). DDP's price per bucket and the slow-down of the
+    hidden all-reduce turn it."""
+    for model, slower in DDP_BENCHMARK_1MIB_SLOWER.items():
+        for gpus, measured in slower.items():
+            default, small = bucket_direction(model, gpus)
+            assert measured > 0 and default > small, (model, gpus, default, small)
+            assert default / small - 1 < 0.05  # (a few percent, as measured; not a cliff)
 
 
 def test_the_bucket_schedule_hides_what_the_backward_pass_leaves_room_for():
@@ -401,8 +432,11 @@ def test_the_next_size_up_grows_by_the_allreduce_and_the_noise_scale():
     plain = predict_next(rows, here(link))
     assert plain["nodes"] == 2 and plain["global_batch_size"] == 64
     assert plain["hours_to_target"] * 3600 == pytest.approx(3200 / (64 / (step + grow)))
-    hidden = predict_next(rows, here(link), overlap=1.0)  # all of the all-reduce hidden: twice the ranks, half the time
-    assert hidden["hours_to_target"] * 3600 == pytest.approx(0.5)
+    # all of the all-reduce hidden: twice the ranks, about half the time; #79: what it hides still slows the backward
+    # pass, by the published factor per second hidden
+    hidden = predict_next(rows, here(link), overlap=1.0)
+    assert hidden["hours_to_target"] * 3600 == pytest.approx(3200 / (64 / (step + OVERLAP_SLOWDOWN * grow)))
+    assert 0.5 < hidden["hours_to_target"] * 3600 < plain["hours_to_target"] * 3600
     noisy = predict_next(rows, here(link), noise_scale=32.0)  # B = B_noise: doubling it needs 1.5x the samples
     assert samples_factor(32, 64, 32.0) == pytest.approx(1.5)
     assert noisy["hours_to_target"] == pytest.approx(1.5 * plain["hours_to_target"])
@@ -411,7 +445,7 @@ def test_the_next_size_up_grows_by_the_allreduce_and_the_noise_scale():
     # #63: an all-reduce longer than the backward pass (2/3 of the 10 ms step) is hidden only up to it
     slow = Link(alpha=1e-2, beta=1e-9)
     bounded = predict_next(rows, here(slow), overlap=1.0)
-    exposed = ring_allreduce(1e6, 2, slow) - step * 2 / 3
+    exposed = ring_allreduce(1e6, 2, slow) - step * 2 / 3 + OVERLAP_SLOWDOWN * step * 2 / 3
     assert bounded["hours_to_target"] * 3600 == pytest.approx(3200 / (64 / (step + exposed)))
     # an FSDP sweep is priced as FSDP of the whole gradient (it was DDP of rank 0's shard)
     site = here(link)
