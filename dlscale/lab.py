@@ -132,9 +132,17 @@ _add("dlscale.lessons.stage_measure", "checkpoint_shares", "final_r2", "measure_
 _add("dlscale.lessons.gaps", "hint")
 
 # -- plan and search -----------------------------------------------------------------------------------------
-_add("dlscale.scaling.fit", "fit_link", "predictions", "worst_ratio")
+_add("dlscale.scaling.fit", "fit_link", "predict_allreduce", "worst_ratio")
 _add("dlscale.scaling.overlap", "published_layers")
-_add("dlscale.scaling.plan", "allocation_request", "compare", "cost_rows", "format_plan", "predict_next", "recommend")
+_add(
+    "dlscale.scaling.plan",
+    "allocation_request",
+    "compare_with_measured",
+    "cost_rows",
+    "format_plan",
+    "predict_next",
+    "recommend",
+)
 _add(
     "dlscale.scaling.projection",
     "AUTO",
@@ -144,10 +152,10 @@ _add(
     "assumptions",
     "largest_efficient",
     "overlap_from_breakdown",
-    "project",
+    "project_efficiency",
     "workload_for",
 )
-_add("dlscale.scaling.sites", "FRONTIER", "PERLMUTTER", "here")
+_add("dlscale.scaling.sites", "FRONTIER", "PERLMUTTER", "site_from_link")
 _add("dlscale.hpo", "SearchSpaceError", "create_study", "load_space")
 _add("dlscale.hpo.space", "SEARCH_DIR")
 _add("dlscale.hpo.heartbeat", "wait_for_running")
@@ -302,9 +310,16 @@ if TYPE_CHECKING:  # (editors and type checkers see where each name lives; nothi
     from dlscale.runtime.devices import device_for_ranks, resolve_device
     from dlscale.runtime.precision import Precision, gradient_underflow
     from dlscale.runtime.threads import affinity_cpus, busy_cpus, fair_threads
-    from dlscale.scaling.fit import fit_link, predictions, worst_ratio
+    from dlscale.scaling.fit import fit_link, predict_allreduce, worst_ratio
     from dlscale.scaling.overlap import published_layers
-    from dlscale.scaling.plan import allocation_request, compare, cost_rows, format_plan, predict_next, recommend
+    from dlscale.scaling.plan import (
+        allocation_request,
+        compare_with_measured,
+        cost_rows,
+        format_plan,
+        predict_next,
+        recommend,
+    )
     from dlscale.scaling.projection import (
         AUTO,
         RESNET50_A100_IMAGES_PER_S,
@@ -313,10 +328,10 @@ if TYPE_CHECKING:  # (editors and type checkers see where each name lives; nothi
         assumptions,
         largest_efficient,
         overlap_from_breakdown,
-        project,
+        project_efficiency,
         workload_for,
     )
-    from dlscale.scaling.sites import FRONTIER, PERLMUTTER, here
+    from dlscale.scaling.sites import FRONTIER, PERLMUTTER, site_from_link
     from dlscale.train import train, train_quietly
     from dlscale.training.step import train_step
 

@@ -94,7 +94,7 @@ def _project(args: argparse.Namespace) -> int:
         assumptions,
         format_projection,
         overlap_from_breakdown_file,
-        project,
+        project_efficiency,
     )
     from dlscale.scaling.sites import SITES, load_machine, machine
 
@@ -140,7 +140,7 @@ def _project(args: argparse.Namespace) -> int:
         slowdown=slowdown[0],
         slowdown_source=slowdown[1],
     )
-    rows = project(workload, site, baseline=args.baseline)
+    rows = project_efficiency(workload, site, baseline=args.baseline)
     print(format_projection(rows))
     print("\nassumptions:\n" + assumptions(workload, site, args.baseline))
     Path(args.out).mkdir(parents=True, exist_ok=True)

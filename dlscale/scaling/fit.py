@@ -89,7 +89,7 @@ def fit_link(rows: Iterable[dict], algorithm: str = "ring", name: str = "fitted"
     return Link(alpha=float(alpha), beta=max(float(beta), 1e-15), name=name)
 
 
-def predictions(link: Link, rows: Iterable[dict], algorithm: str = "ring") -> list[dict]:
+def predict_allreduce(link: Link, rows: Iterable[dict], algorithm: str = "ring") -> list[dict]:
     """Each measured row beside the model's time: bytes, ranks, measured and predicted ms, and their ratio."""
     out = []
     for r in rows:

@@ -113,13 +113,15 @@ def links_for(
     """The links a prediction uses, and how far their model missed: α and β fitted to a ``dlscale bench allreduce``
     result (``allreduce.json``; the miss measured on every other size, held out of a first fit), or a site's
     published links (miss 1: unknown until measured), or None."""
-    from dlscale.scaling.fit import fit_link, predictions, read_allreduce, worst_ratio
-    from dlscale.scaling.sites import SITES, here
+    from dlscale.scaling.fit import fit_link, predict_allreduce, read_allreduce, worst_ratio
+    from dlscale.scaling.sites import SITES, site_from_link
 
     if allreduce:
         measured = read_allreduce(allreduce)
-        held_out = worst_ratio(predictions(fit_link(measured[::2]), measured[1::2])) if len(measured) >= 4 else 1.0
-        return here(fit_link(measured), max(r["ranks"] // r["nodes"] for r in rows)), held_out
+        held_out = (
+            worst_ratio(predict_allreduce(fit_link(measured[::2]), measured[1::2])) if len(measured) >= 4 else 1.0
+        )
+        return site_from_link(fit_link(measured), max(r["ranks"] // r["nodes"] for r in rows)), held_out
     if site:
         return SITES[site], 1.0
     return None, 1.0
@@ -260,7 +262,7 @@ def _weak_group(rows: list[dict]) -> str:
     return next((g for g in groups if "weak" in g), groups[0])
 
 
-def compare(prediction: dict, measured: dict) -> str:
+def compare_with_measured(prediction: dict, measured: dict) -> str:
     """One sentence: the measured run of the predicted size against the prediction and its range."""
     hours = measured["hours_to_target"]
     if not measured.get("samples_per_s", 1) > 0:

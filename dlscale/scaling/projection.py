@@ -178,7 +178,9 @@ class Workload:
         )
 
 
-def project(workload: Workload, site: Site, nodes: tuple[int, ...] = NODES, baseline: str = "gpu") -> list[dict]:
+def project_efficiency(
+    workload: Workload, site: Site, nodes: tuple[int, ...] = NODES, baseline: str = "gpu"
+) -> list[dict]:
     """One row per node count: compute, communication, the part hidden and the part exposed, DDP's own cost and the
     slow-down of the overlapped compute, step time, efficiency against ``baseline`` (``gpu`` or ``node``), samples/s,
     the algorithm between nodes and the messages per step."""

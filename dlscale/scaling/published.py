@@ -33,7 +33,7 @@ from dlscale.reporting.tables import markdown_table
 from dlscale.scaling.ddp_cost import DDP_BENCHMARK_ONE_GPU
 from dlscale.scaling.nccl import NcclNode
 from dlscale.scaling.overlap import published_layers
-from dlscale.scaling.projection import AUTO, Workload, project
+from dlscale.scaling.projection import AUTO, Workload, project_efficiency
 from dlscale.scaling.sites import machine
 
 #: ImageNet-1k's training images: 90 epochs of them in a published wall time give a throughput.
@@ -92,7 +92,7 @@ class PublishedCase:
             first_bucket_mb=self.first_bucket_mb,
             **({} if slowdown is None else {"slowdown": slowdown}),
         )
-        return project(workload, site, nodes=(self.gpus // self.gpus_per_node,), baseline=self.baseline)[0]
+        return project_efficiency(workload, site, nodes=(self.gpus // self.gpus_per_node,), baseline=self.baseline)[0]
 
     def bounds(self) -> tuple[float, float]:
         """The efficiency with no overlap and with the most overlap the backward pass allows, hidden for free (no

@@ -88,7 +88,7 @@ FRONTIER = Site(
 SITES = {"perlmutter": PERLMUTTER, "frontier": FRONTIER}
 
 
-def here(link: Link, ranks_per_node: int = 1) -> Site:
+def site_from_link(link: Link, ranks_per_node: int = 1) -> Site:
     """This machine as a site: one fitted link for both levels (the local cluster's nodes share one loopback)."""
     return Site(
         "this machine", ranks_per_node, inside=link, between=link, source="fitted here from dlscale bench allreduce"

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from dlscale.bench.breakdown import ADDS_UP_WITHIN, ALONE, FULL, MEMORY
-from dlscale.scaling.fit import fit_link, predictions, worst_ratio
+from dlscale.scaling.fit import fit_link, predict_allreduce, worst_ratio
 
 
 def test_an_fsdp_breakdown_takes_the_communication_from_the_profiler_and_adds_up(tmp_path, monkeypatch):
@@ -100,7 +100,7 @@ def test_the_model_fitted_here_predicts_message_sizes_it_was_not_fitted_on(tmp_p
     held_out = [measured.pop(64 * 1024), measured.pop(256 * 1024)]
     link = fit_link(measured.values())
     assert link.alpha > 0 and link.beta > 0
-    assert worst_ratio(predictions(link, held_out)) <= HELD_OUT_WITHIN
+    assert worst_ratio(predict_allreduce(link, held_out)) <= HELD_OUT_WITHIN
 
 
 def test_ddp_cost_is_measured_on_one_rank_and_read_back_as_the_projections_prices(in_tmp):

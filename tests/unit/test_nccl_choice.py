@@ -61,7 +61,7 @@ import pytest
 
 from dlscale.scaling.collectives import allreduce_choice, hierarchical_allreduce, nccl_bus_gbs
 from dlscale.scaling.nccl import NcclNode, nccl_allreduce_times, nccl_choice, nccl_tables
-from dlscale.scaling.projection import Workload, project
+from dlscale.scaling.projection import Workload, project_efficiency
 from dlscale.scaling.sites import PERLMUTTER, machine
 
 KIB, MIB = 2**10, 2**20
@@ -157,11 +157,11 @@ def test_before_ampere_the_ring_plateau_is_1_9_and_an_intel_cpus_overhead_1_us()
 
 
 def test_a_projection_on_an_nccl_site_reports_and_prices_nccls_choice():
-    rows = project(Workload("yardstick", 25_000_000, 2e-4, 64), PERLMUTTER)
+    rows = project_efficiency(Workload("yardstick", 25_000_000, 2e-4, 64), PERLMUTTER)
     assert {r["algorithm"] for r in rows} <= {f"{a}/{p}" for a, p in ORDER}
     # a machine that does not run NCCL keeps the textbook algorithms, on its own α and β
     textbook = machine("no NCCL", 4, 100, 25, nccl=None)
-    assert {r["algorithm"] for r in project(Workload("yardstick", 25_000_000, 2e-4, 64), textbook)} <= {
+    assert {r["algorithm"] for r in project_efficiency(Workload("yardstick", 25_000_000, 2e-4, 64), textbook)} <= {
         "ring",
         "tree",
         "double_tree",

@@ -25,7 +25,7 @@ from dlscale.scaling.collectives import (
     tree_allreduce,
     tree_bandwidth_share,
 )
-from dlscale.scaling.fit import fit_link, predictions, worst_ratio
+from dlscale.scaling.fit import fit_link, predict_allreduce, worst_ratio
 from dlscale.scaling.overlap import (
     Layer,
     bucket_schedule,
@@ -35,7 +35,7 @@ from dlscale.scaling.overlap import (
     uniform_layers,
 )
 from dlscale.scaling.plan import predict_next, recommend, samples_factor
-from dlscale.scaling.projection import AUTO, Workload, assumptions, project
+from dlscale.scaling.projection import AUTO, Workload, assumptions, project_efficiency
 from dlscale.scaling.published import (
     CASES,
     DDP_BENCHMARK_1MIB_SLOWER,
@@ -45,7 +45,7 @@ from dlscale.scaling.published import (
     format_validation,
     validate,
 )
-from dlscale.scaling.sites import FRONTIER, PERLMUTTER, MachineError, here, load_machine, machine
+from dlscale.scaling.sites import FRONTIER, PERLMUTTER, MachineError, load_machine, machine, site_from_link
 from dlscale.scaling.slowdown import OVERLAP_SLOWDOWN
 
 from ..conftest import ROOT
@@ -136,11 +136,11 @@ def test_the_algorithm_is_chosen_per_message_and_scale_and_said():
     for n, p in ((4096, 8), (1e6, 64), (1e8, 1024)):
         assert allreduce(n, p, link, "auto") == min(allreduce(n, p, link, a) for a in ("ring", "tree", "double_tree"))
     # Perlmutter runs NCCL: a projection reports NCCL's own algorithm and protocol for the largest bucket
-    rows = project(Workload("yardstick", 25_000_000, 2e-4, 64), PERLMUTTER)
+    rows = project_efficiency(Workload("yardstick", 25_000_000, 2e-4, 64), PERLMUTTER)
     assert rows[1]["algorithm"] == "ring/Simple" and rows[-1]["algorithm"].startswith("tree/")
     # at 1,024 nodes the ring's latency alone was 20.5 ms of a ResNet-50 gradient's 24 ms
-    ring = project(Workload("yardstick", 25_557_032, 1 / 2600, 64, algorithm="ring"), PERLMUTTER)[-1]
-    auto = project(Workload("yardstick", 25_557_032, 1 / 2600, 64), PERLMUTTER)[-1]
+    ring = project_efficiency(Workload("yardstick", 25_557_032, 1 / 2600, 64, algorithm="ring"), PERLMUTTER)[-1]
+    auto = project_efficiency(Workload("yardstick", 25_557_032, 1 / 2600, 64), PERLMUTTER)[-1]
     assert auto["communication_s"] < ring["communication_s"] / 2 and auto["efficiency"] > ring["efficiency"]
 
 
@@ -159,14 +159,14 @@ def test_each_bucket_pays_the_latency():
 def test_no_overlap_hides_more_than_the_backward_pass():
     # a 0.04 ms step cannot hide milliseconds of all-reduce, whatever the overlap says
     tiny = Workload("tiny", 100_000, 1e-6, 32, overlap=1.0)
-    row = project(tiny, PERLMUTTER)[-1]
+    row = project_efficiency(tiny, PERLMUTTER)[-1]
     assert row["hidden_s"] == pytest.approx(tiny.backward_seconds) and row["overlap_bounded"]
     assert row["exposed_s"] == pytest.approx(row["communication_s"] - tiny.backward_seconds)
-    assert all(r["efficiency"] <= 1 for r in project(tiny, PERLMUTTER))
+    assert all(r["efficiency"] <= 1 for r in project_efficiency(tiny, PERLMUTTER))
     with pytest.raises(RangeError, match="at most 1"):
         Workload("tiny", 100_000, 1e-6, 32, overlap=1.5)
     # against one node, the node's own communication is in the baseline: one node is 100% by definition
-    node = project(Workload("yardstick", 25_000_000, 2e-4, 64), PERLMUTTER, baseline="node")
+    node = project_efficiency(Workload("yardstick", 25_000_000, 2e-4, 64), PERLMUTTER, baseline="node")
     assert node[0]["efficiency"] == pytest.approx(1.0) and node[-1]["efficiency"] < 1
 
 
@@ -287,12 +287,12 @@ def test_nccls_tree_correction_keeps_the_ring_for_large_buckets_on_few_nodes():
 def test_project_estimates_the_overlap_of_a_models_layers():
     resnet = published_layers("resnet50")
     auto = Workload("ResNet-50", 25_557_032, 1 / 2600, 64, overlap=AUTO, layers=resnet, layers_source="table")
-    rows = project(auto, PERLMUTTER)
+    rows = project_efficiency(auto, PERLMUTTER)
     assert all(0 < r["overlap"] < 1 and r["hidden_s"] <= auto.backward_seconds for r in rows)
-    none = project(Workload("ResNet-50", 25_557_032, 1 / 2600, 64), PERLMUTTER)
+    none = project_efficiency(Workload("ResNet-50", 25_557_032, 1 / 2600, 64), PERLMUTTER)
     assert all(a["efficiency"] > n["efficiency"] for a, n in zip(rows, none))
     assert "bucket schedule of table" in assumptions(auto, PERLMUTTER)
-    fsdp = project(Workload("ResNet-50", 25_557_032, 1 / 2600, 64, layout="fsdp", overlap=AUTO), PERLMUTTER)
+    fsdp = project_efficiency(Workload("ResNet-50", 25_557_032, 1 / 2600, 64, layout="fsdp", overlap=AUTO), PERLMUTTER)
     assert all(r["hidden_s"] == 0 for r in fsdp)  # (no estimate for FSDP's prefetch: none hidden, and said so)
 
 
@@ -319,7 +319,7 @@ def test_at_a_fixed_overlap_ddp_sends_whole_layers_as_under_auto():
     parameters = sum(layer.parameters for layer in resnet)
     for bucket_mb, buckets in ((1, 35), (25, 5)):
         messages = {
-            project(
+            project_efficiency(
                 Workload("ResNet-50", parameters, 1 / 2600, 64, overlap=overlap, bucket_mb=bucket_mb, layers=resnet),
                 PERLMUTTER,
                 nodes=(1, 8),
@@ -330,7 +330,10 @@ def test_at_a_fixed_overlap_ddp_sends_whole_layers_as_under_auto():
     # and the communication they cost is the schedule's, bucket by bucket, at a fixed overlap as under auto
     fixed = Workload("ResNet-50", parameters, 1 / 2600, 64, overlap=0.0, bucket_mb=1, layers=resnet)
     auto = Workload("ResNet-50", parameters, 1 / 2600, 64, overlap=AUTO, bucket_mb=1, layers=resnet)
-    assert project(fixed, PERLMUTTER)[5]["communication_s"] == project(auto, PERLMUTTER)[5]["communication_s"]
+    assert (
+        project_efficiency(fixed, PERLMUTTER)[5]["communication_s"]
+        == project_efficiency(auto, PERLMUTTER)[5]["communication_s"]
+    )
 
 
 def test_the_docstrings_ranges_are_the_tables():
@@ -354,7 +357,7 @@ def test_no_overlap_is_printed_as_minus_zero():
     for parameters in (1_000_000, 7_777_777, 25_557_032, 123_456_789):
         for per_sample in (1e-4, 3e-4, 1 / 2600):
             workload = Workload("x", parameters, per_sample, 64, overlap=AUTO, bucket_mb=None)
-            rows = project(workload, PERLMUTTER)
+            rows = project_efficiency(workload, PERLMUTTER)
             assert all(r["overlap"] >= 0 and r["hidden_s"] >= 0 for r in rows)
             assert "-0%" not in format_projection(rows)
     row = {**rows[3], "overlap": -1e-16}
@@ -370,7 +373,7 @@ def test_the_fit_recovers_alpha_and_beta_and_never_goes_negative():
     ]
     fitted = fit_link(rows)
     assert fitted.alpha == pytest.approx(true.alpha, rel=1e-6) and fitted.beta == pytest.approx(true.beta, rel=1e-6)
-    assert worst_ratio(predictions(fitted, rows)) == pytest.approx(1.0)
+    assert worst_ratio(predict_allreduce(fitted, rows)) == pytest.approx(1.0)
     # large messages alone, measured a little noisily, would give a negative latency: it is held at zero
     noisy = [{"bytes": n, "world_size": 2, "ms": 1000 * n / 2e9 * f} for n, f in ((2**24, 1.0), (2**26, 1.05))]
     assert fit_link(noisy).alpha == 0.0 and fit_link(noisy).beta > 0
@@ -383,14 +386,14 @@ def test_the_fit_recovers_alpha_and_beta_and_never_goes_negative():
 
 def test_a_projection_loses_efficiency_as_nodes_grow_and_hides_what_the_overlap_hides():
     workload = Workload("yardstick", 25_000_000, 2e-4, 64)
-    rows = project(workload, PERLMUTTER)
+    rows = project_efficiency(workload, PERLMUTTER)
     assert [r["nodes"] for r in rows] == [2**i for i in range(11)]
     efficiencies = [r["efficiency"] for r in rows]
     assert all(a >= b for a, b in zip(efficiencies, efficiencies[1:])) and efficiencies[-1] < efficiencies[0] < 1
-    hidden = project(Workload("yardstick", 25_000_000, 2e-4, 64, overlap=0.5), PERLMUTTER)
+    hidden = project_efficiency(Workload("yardstick", 25_000_000, 2e-4, 64, overlap=0.5), PERLMUTTER)
     assert hidden[5]["exposed_s"] == pytest.approx(rows[5]["exposed_s"] / 2)
     # Frontier's GCDs share a NIC and its ring crosses 50 GB/s pairs: the same gradient costs more there per GPU
-    assert project(workload, FRONTIER)[4]["communication_s"] > rows[4]["communication_s"]
+    assert project_efficiency(workload, FRONTIER)[4]["communication_s"] > rows[4]["communication_s"]
 
 
 def test_the_recommendation_is_the_cheapest_run_that_meets_the_deadline_and_the_budget():
@@ -429,26 +432,28 @@ def test_the_next_size_up_grows_by_the_allreduce_and_the_noise_scale():
     ]
     step = 32 / 3200
     grow = ring_allreduce(1e6, 2, link)
-    plain = predict_next(rows, here(link))
+    plain = predict_next(rows, site_from_link(link))
     assert plain["nodes"] == 2 and plain["global_batch_size"] == 64
     assert plain["hours_to_target"] * 3600 == pytest.approx(3200 / (64 / (step + grow)))
     # all of the all-reduce hidden: twice the ranks, about half the time; #79: what it hides still slows the backward
     # pass, by the published factor per second hidden
-    hidden = predict_next(rows, here(link), overlap=1.0)
+    hidden = predict_next(rows, site_from_link(link), overlap=1.0)
     assert hidden["hours_to_target"] * 3600 == pytest.approx(3200 / (64 / (step + OVERLAP_SLOWDOWN * grow)))
     assert 0.5 < hidden["hours_to_target"] * 3600 < plain["hours_to_target"] * 3600
-    noisy = predict_next(rows, here(link), noise_scale=32.0)  # B = B_noise: doubling it needs 1.5x the samples
+    noisy = predict_next(
+        rows, site_from_link(link), noise_scale=32.0
+    )  # B = B_noise: doubling it needs 1.5x the samples
     assert samples_factor(32, 64, 32.0) == pytest.approx(1.5)
     assert noisy["hours_to_target"] == pytest.approx(1.5 * plain["hours_to_target"])
-    low, high = predict_next(rows, here(link), noise_scale=32.0, model_error=2.0)["range_hours"]
+    low, high = predict_next(rows, site_from_link(link), noise_scale=32.0, model_error=2.0)["range_hours"]
     assert low < noisy["hours_to_target"] < high
     # #63: an all-reduce longer than the backward pass (2/3 of the 10 ms step) is hidden only up to it
     slow = Link(alpha=1e-2, beta=1e-9)
-    bounded = predict_next(rows, here(slow), overlap=1.0)
+    bounded = predict_next(rows, site_from_link(slow), overlap=1.0)
     exposed = ring_allreduce(1e6, 2, slow) - step * 2 / 3 + OVERLAP_SLOWDOWN * step * 2 / 3
     assert bounded["hours_to_target"] * 3600 == pytest.approx(3200 / (64 / (step + exposed)))
     # an FSDP sweep is priced as FSDP of the whole gradient (it was DDP of rank 0's shard)
-    site = here(link)
+    site = site_from_link(link)
     fsdp = predict_next([{**rows[0], "data_parallel": "fsdp"}], site)
     grow = layout_seconds("fsdp", 1e6, 1, 2, site.inside, site.between, "auto", 25 * 2**20) - layout_seconds(
         "fsdp", 1e6, 1, 1, site.inside, site.between, "auto", 25 * 2**20
@@ -544,7 +549,7 @@ def test_the_breakdown_takes_the_slowest_rank():
 
 def test_a_run_that_trained_nothing_is_refused_not_divided_by():
     # a second pass of lesson 11 once resumed its finished runs: 0 samples/s, then a ZeroDivisionError
-    from dlscale.scaling.plan import PlanError, compare
+    from dlscale.scaling.plan import PlanError, compare_with_measured
 
     rows = [
         {
@@ -562,8 +567,8 @@ def test_a_run_that_trained_nothing_is_refused_not_divided_by():
         }
     ]
     with pytest.raises(PlanError, match="weak-n1 trained no step .* fresh folder"):
-        predict_next(rows, here(Link(1e-3, 1e-9)))
-    assert "trained no step" in compare({"hours_to_target": 1.0, "range_hours": (0.5, 2.0)}, rows[0])
+        predict_next(rows, site_from_link(Link(1e-3, 1e-9)))
+    assert "trained no step" in compare_with_measured({"hours_to_target": 1.0, "range_hours": (0.5, 2.0)}, rows[0])
 
 
 def test_a_cell_that_fails_stops_the_cluster_it_was_using():

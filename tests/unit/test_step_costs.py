@@ -22,7 +22,7 @@ from dlscale.scaling.ddp_cost import (
     published_points,
 )
 from dlscale.scaling.overlap import published_layers
-from dlscale.scaling.projection import AUTO, Workload, assumptions, format_projection, project
+from dlscale.scaling.projection import AUTO, Workload, assumptions, format_projection, project_efficiency
 from dlscale.scaling.sites import PERLMUTTER, machine
 from dlscale.scaling.slowdown import OVERLAP_SLOWDOWN, measured_slowdown
 
@@ -73,8 +73,10 @@ def test_a_step_is_compute_ddp_exposed_and_the_slowdown_of_what_is_hidden():
     resnet = published_layers("resnet50")
     size = sum(layer.parameters for layer in resnet)
     base = dict(overlap=AUTO, layers=resnet, layers_source="table")
-    old = project(Workload("r50", size, 1 / 2600, 64, ddp_cost=NO_DDP_COST, slowdown=0.0, **base), PERLMUTTER)
-    new = project(Workload("r50", size, 1 / 2600, 64, **base), PERLMUTTER)
+    old = project_efficiency(
+        Workload("r50", size, 1 / 2600, 64, ddp_cost=NO_DDP_COST, slowdown=0.0, **base), PERLMUTTER
+    )
+    new = project_efficiency(Workload("r50", size, 1 / 2600, 64, **base), PERLMUTTER)
     for before, now in zip(old, new):
         assert before["step_s"] == pytest.approx(before["compute_s"] + before["exposed_s"])  # (the model before #79)
         assert now["ddp_s"] == pytest.approx(PUBLISHED_DDP_COST.seconds(now["messages"], 4 * size))
@@ -82,13 +84,15 @@ def test_a_step_is_compute_ddp_exposed_and_the_slowdown_of_what_is_hidden():
         assert now["step_s"] == pytest.approx(now["compute_s"] + now["ddp_s"] + now["exposed_s"] + now["slowdown_s"])
         assert now["efficiency"] < before["efficiency"]
     # hiding still pays while a hidden second costs less than an exposed one
-    none = project(Workload("r50", size, 1 / 2600, 64, layers=resnet), PERLMUTTER)
+    none = project_efficiency(Workload("r50", size, 1 / 2600, 64, layers=resnet), PERLMUTTER)
     assert all(a["efficiency"] >= b["efficiency"] for a, b in zip(new, none))
     # one GPU trains without DDP; FSDP's own bookkeeping is not priced
     alone = machine("one GPU", 1, 100, 25)
-    assert project(Workload("r50", size, 1 / 2600, 64), alone, nodes=(1, 2))[0]["ddp_s"] == 0
-    assert project(Workload("r50", size, 1 / 2600, 64), alone, nodes=(1, 2))[1]["ddp_s"] > 0
-    assert all(r["ddp_s"] == 0 for r in project(Workload("r50", size, 1 / 2600, 64, layout="fsdp"), PERLMUTTER))
+    assert project_efficiency(Workload("r50", size, 1 / 2600, 64), alone, nodes=(1, 2))[0]["ddp_s"] == 0
+    assert project_efficiency(Workload("r50", size, 1 / 2600, 64), alone, nodes=(1, 2))[1]["ddp_s"] > 0
+    assert all(
+        r["ddp_s"] == 0 for r in project_efficiency(Workload("r50", size, 1 / 2600, 64, layout="fsdp"), PERLMUTTER)
+    )
     said = assumptions(Workload("r50", size, 1 / 2600, 64), PERLMUTTER)
     assert "DDP's own cost: 35 µs per bucket + 33 ps per byte" in said and "arXiv:2507.03114" in said
     assert "DDP's own (ms)" in format_projection(new) and "overlap slow-down (ms)" in format_projection(new)
