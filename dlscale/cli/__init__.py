@@ -15,7 +15,7 @@ import sys
 import warnings
 from typing import Any
 
-from dlscale.cli import bench, data, hpo, kmeans, lessons, scaling, train
+from dlscale.cli import bench, data, hpo, kmeans, lessons, plan, project, report, train
 from dlscale.errors import DlscaleError
 
 
@@ -57,9 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
         bench.add_bench,
         kmeans.add_kmeans,
         train.add_export,
-        scaling.add_report,
-        scaling.add_plan,
-        scaling.add_project,
+        report.add_report,
+        plan.add_plan,
+        project.add_project,
         bench.add_experiment,
         hpo.add_hpo,
         train.add_info,
