@@ -75,6 +75,7 @@ _add("dlscale.distributed", "detect_launcher", "horovod_backend")
 # -- measure ---------------------------------------------------------------------------------------------
 _add("dlscale.bench.allreduce", "ALLREDUCE_SIZES", "bench_allreduce")
 _add("dlscale.bench.breakdown", "bench_breakdown", "engine_runner", "format_breakdown", "slurm_runner")
+_add("dlscale.bench.breakdown_terms", "add_communication_terms")
 _add("dlscale.bench.kmeans", "bench_kmeans", "format_kmeans")
 _add("dlscale.bench.ladder", "bench_ladder", "format_ladder", "ladder_chart")
 _add("dlscale.bench.large_batch", "format_table", "large_batch_sweep", "sweep_figure")
@@ -134,6 +135,8 @@ _add("dlscale.lessons.gaps", "hint")
 # -- plan and search -----------------------------------------------------------------------------------------
 _add("dlscale.scaling.fit", "fit_link", "predict_allreduce", "worst_ratio")
 _add("dlscale.scaling.overlap", "published_layers")
+_add("dlscale.scaling.ddp_cost", "PUBLISHED_DDP_COST")
+_add("dlscale.scaling.slowdown", "OVERLAP_SLOWDOWN")
 _add(
     "dlscale.scaling.plan",
     "allocation_request",
@@ -222,6 +225,7 @@ if TYPE_CHECKING:  # (editors and type checkers see where each name lives; nothi
     from dlscale import distributed
     from dlscale.bench.allreduce import ALLREDUCE_SIZES, bench_allreduce
     from dlscale.bench.breakdown import bench_breakdown, engine_runner, format_breakdown, slurm_runner
+    from dlscale.bench.breakdown_terms import add_communication_terms
     from dlscale.bench.concurrent_trials import concurrent_or_wide
     from dlscale.bench.kmeans import bench_kmeans, format_kmeans
     from dlscale.bench.ladder import bench_ladder, format_ladder, ladder_chart
@@ -310,6 +314,7 @@ if TYPE_CHECKING:  # (editors and type checkers see where each name lives; nothi
     from dlscale.runtime.devices import device_for_ranks, resolve_device
     from dlscale.runtime.precision import Precision, gradient_underflow
     from dlscale.runtime.threads import affinity_cpus, busy_cpus, fair_threads
+    from dlscale.scaling.ddp_cost import PUBLISHED_DDP_COST
     from dlscale.scaling.fit import fit_link, predict_allreduce, worst_ratio
     from dlscale.scaling.overlap import published_layers
     from dlscale.scaling.plan import (
@@ -332,6 +337,7 @@ if TYPE_CHECKING:  # (editors and type checkers see where each name lives; nothi
         workload_for,
     )
     from dlscale.scaling.sites import FRONTIER, PERLMUTTER, site_from_link
+    from dlscale.scaling.slowdown import OVERLAP_SLOWDOWN
     from dlscale.train import train, train_quietly
     from dlscale.training.step import train_step
 

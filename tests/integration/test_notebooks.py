@@ -184,6 +184,8 @@ def test_lesson_runs_top_to_bottom_and_shows_its_figures(name, tmp_path):
         _assert_each_rung_applied(tmp_path / "runs/lesson04_ladder")
     if name == "11_how_many_nodes.ipynb":
         _assert_lesson_11_measured(tmp_path / "runs")
+        shown = "".join(o.get("data", {}).get("text/markdown", "") for c in lesson for o in c.get("outputs", []))
+        assert "| of which DDP's own cost | overlap slow-down | exposed all-reduce |" in shown  # (the terms split)
     if name == "12_search_not_just_scale.ipynb":
         _assert_lesson_12_searched(tmp_path / "runs/lesson12", LESSONS[name])
 
