@@ -7,6 +7,7 @@ import os
 import sys
 from typing import Any
 
+from dlscale.cli.bench_costs import add_bench_ddp_cost, add_bench_overlap, add_term_options, breakdown_split
 from dlscale.cli.options import MIN_MEASURED_STEPS, config_arguments, counts_or_none, number, positive_list, sizes
 from dlscale.config import load_config
 from dlscale.errors import RangeError
@@ -23,6 +24,8 @@ def add_bench(commands: Any) -> None:
         add_bench_allreduce,
         add_bench_scaling,
         add_bench_breakdown,
+        add_bench_ddp_cost,
+        add_bench_overlap,
         add_bench_memory,
         add_bench_kmeans,
         add_bench_parity,
@@ -239,6 +242,7 @@ def _bench_breakdown(args: argparse.Namespace) -> int:
         unit="nodes" if args.slurm else "ranks",
         ranks_per_unit=args.tasks_per_node if args.slurm else 1,
         out_dir=args.out,
+        split=breakdown_split(args),
     )
     print(format_breakdown(result))
     print(f"breakdown.json and breakdown.png in {args.out}/")
@@ -280,6 +284,14 @@ def add_bench_breakdown(bench_commands: Any) -> None:
         help="submit each run as a job of SIZE nodes with this script (slurm/SITE/train.sbatch)",
     )
     breakdown.add_argument("--tasks-per-node", type=number(int, 1), default=1, help="with --slurm: ranks per node")
+    breakdown.add_argument(
+        "--allreduce",
+        default=None,
+        metavar="JSON",
+        help="allreduce.json of dlscale bench allreduce here: split the exposed communication into DDP's own cost, "
+        "the overlap's slow-down and the exposed all-reduce (the whole all-reduce priced on the link fitted to it)",
+    )
+    add_term_options(breakdown)
     breakdown.add_argument("--out", default="runs/breakdown")
     breakdown.set_defaults(handler=_bench_breakdown)
 
@@ -368,7 +380,7 @@ def add_bench_kmeans(bench_commands: Any) -> None:
 
 
 def _bench_parity(args: argparse.Namespace) -> int:
-    from dlscale.lessons.parity import SINGLE_PROCESS, format_parity, time_stage
+    from dlscale.lessons.parity import SINGLE_PROCESS, format_parity, parity_threads, time_stage
 
     stages = {name[:2]: name for name in SINGLE_PROCESS}
     unknown = [number for number in args.stages.split(",") if number.strip() not in stages]
@@ -379,8 +391,9 @@ def _bench_parity(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    threads = parity_threads(args.threads)  # (once, for both sides of every stage)
     rows = [
-        time_stage(stages[number.strip()], rounds=args.rounds, config=args.config, epochs=args.epochs)
+        time_stage(stages[number.strip()], args.rounds, threads, config=args.config, epochs=args.epochs)
         for number in args.stages.split(",")
     ]
     print(format_parity(rows))
@@ -400,6 +413,12 @@ def add_bench_parity(bench_commands: Any) -> None:
     parity.add_argument("--epochs", type=number(int, 1), default=3)
     parity.add_argument(
         "--rounds", type=number(int, 1), default=3, help="timed runs of each, in turns (the median is reported)"
+    )
+    parity.add_argument(
+        "--threads",
+        type=number(int, 0),
+        default=0,
+        help="torch threads of both sides (default 0: chosen once as the engine chooses, and printed)",
     )
     parity.set_defaults(handler=_bench_parity)
 

@@ -4,7 +4,7 @@
 - :mod:`~dlscale.kmeans.lloyd`: the torch engine (Lloyd's algorithm, in one process or over a job's ranks);
 - :mod:`~dlscale.kmeans.scoring`: scoring rows against centres (a GEMM per chunk, or on CPUs the compiled loops of
   :mod:`~dlscale.kmeans.compiled_scoring`);
-- :mod:`~dlscale.kmeans.cpu_pass`: Lloyd's pass on CPUs, chosen per fit by time between
+- :mod:`~dlscale.kmeans.cpu_pass`: Lloyd's pass on CPUs, chosen per fit (counted work, a probed ratio) between
   :mod:`~dlscale.kmeans.hamerly` (the compiled pass that skips rows by Hamerly's bounds) and
   :mod:`~dlscale.kmeans.blas_pass` (every row scored by a GEMM; the same labels and sums, bit for bit);
 - :mod:`~dlscale.kmeans.initialization`: k-means++, k-means|| and random initial centres, over ranks;

@@ -23,8 +23,8 @@ The GEMM is SciPy's BLAS, which numba's ``np.dot`` calls; each thread of the loo
 own block, so the BLAS's own threads are limited to one meanwhile (by threadpoolctl, as
 scikit-learn does: without it OpenBLAS starts its threads inside each of the loop's and warns
 that this can hang). SciPy and threadpoolctl come with scikit-learn, in the ``kmeans`` extra;
-without them the compiled pass runs alone. Which of the two passes runs is chosen by time, per
-fit (:mod:`dlscale.kmeans.cpu_pass`).
+without them the compiled pass runs alone. Which of the two passes runs is chosen per pass, from counted
+work and a ratio of their costs probed once a fit (:mod:`dlscale.kmeans.cpu_pass`).
 """
 
 from __future__ import annotations
@@ -53,6 +53,11 @@ def _blas_threads():
     return ThreadpoolController()
 
 
+def limited_blas():
+    """A context in which the BLAS runs one thread per call (each thread of the BLAS pass calls it on its own block)."""
+    return _blas_threads().limit(limits=1, user_api="blas")
+
+
 class BlasPass:
     """The GEMM pass over a fit's rows, sharing the bounds of its :class:`~dlscale.kmeans.hamerly.HamerlyPass`."""
 
@@ -70,7 +75,7 @@ class BlasPass:
         c_max = float((centers.double() ** 2).sum(1).max())
         part_sums, part_totals = bounds.part_sums(k, d)
         changed, near = (torch.zeros(bounds.parts, dtype=torch.int64) for _ in range(2))
-        with _blas_threads().limit(limits=1, user_api="blas"):
+        with limited_blas():
             bounds.loops.blas_pass(
                 x.numpy(),
                 bounds.weights.numpy(),

@@ -9,8 +9,8 @@ and ``make test``) runs this once after installing, so those processes load the 
 (docs/testing.md; docs/benchmarks.md, "Over the budget at landing").
 
 It fits small data sets of each kind, so it compiles exactly what a fit, ``predict`` and ``score``
-call: both CPU passes (a fit by time runs the BLAS pass first, then the compiled one), the rescoring of
-rows tied between two centres, the compiled pass's estimate from a sample, the initialisations and the inertia;
+call: both CPU passes (a fit of more than 4 × ``SAMPLE_ROWS`` rows probes both on a block of rows, then runs one),
+the rescoring of rows tied between two centres, the initialisations and the inertia;
 and it counts the rows the compiled pass's bounds would leave (what a fit does while the GEMM is the faster, which
 these small fits need not reach).
 """
@@ -36,13 +36,13 @@ def compile_ahead() -> float:
 
     started = time.perf_counter()
     # rows of ones lie exactly halfway between the centres of zeros and of twos: the BLAS pass scores them again;
-    # and enough rows that a fit by time estimates the compiled pass from a sample (cpu_pass.SAMPLE_ROWS)
+    # and enough rows that a fit probes both passes on a block of rows (cpu_pass.SAMPLE_ROWS)
     rows = np.concatenate([np.random.default_rng(0).normal(size=(4 * SAMPLE_ROWS, 8)), np.ones((64, 8))])
     tied = np.array([[0.0] * 8, [2.0] * 8, [-3.0] * 8, [5.0] * 8])
     for dtype in (np.float32, np.float64):
         x = rows.astype(dtype)
         for init in ("k-means++", "random", tied.astype(dtype)):
-            # max_iter 4 and tol 0: the BLAS pass, then the compiled one, then the faster of the two
+            # max_iter 4 and tol 0: both passes probed, then the passes the probe and the count choose
             model = KMeans(
                 4, init=init, n_init=1, max_iter=4, tol=0.0, random_state=0, backend="torch", device="cpu"
             ).fit(x)

@@ -349,25 +349,3 @@ def blas_pass(x, w, cm2, cm2t, c_sq, c_max, labels, upper, lower, x_sq, scale, t
                 if labels[i] != best[r]:
                     _move_row(x, w, weighted, i, best[r], labels, part_sums, part_totals)
                     changed[p] += 1
-
-
-@njit(parallel=True, cache=True)
-def nearest_two_of_rows(x, rows, cm2, c_sq, best, first, second):
-    """The rows ``rows`` of ``x`` scored by :func:`lloyd_pass`'s arithmetic: nearest centre, first and second values."""
-    n = rows.shape[0]
-    d = x.shape[1]
-    tiles = (n + TILE - 1) // TILE
-    for tile in prange(tiles):
-        rows_t = np.empty((d, TILE), x.dtype)
-        tile_best = np.empty(TILE, np.int32)
-        tile_first = np.empty(TILE, x.dtype)
-        tile_second = np.empty(TILE, x.dtype)
-        acc = np.empty(TILE, x.dtype)
-        start = tile * TILE
-        m = min(n, start + TILE) - start
-        for r in range(m):
-            for t in range(d):
-                rows_t[t, r] = x[rows[start + r], t]
-        _nearest_two(rows_t, m, cm2, c_sq, tile_best, tile_first, tile_second, acc)
-        for r in range(m):
-            best[start + r], first[start + r], second[start + r] = tile_best[r], tile_first[r], tile_second[r]

@@ -8,7 +8,9 @@ themselves are in :mod:`dlscale.kmeans.compiled`.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from types import ModuleType
 
 import torch
@@ -39,6 +41,19 @@ def loops() -> ModuleType:
     # numba's own pool, sized as torch's (the kit's thread choice for this process)
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
     return compiled
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """The compiled loops on this thread alone meanwhile (numba's count put back after)."""
+    import numba
+
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(threads)
 
 
 def weights_for_loops(weights: torch.Tensor | None) -> torch.Tensor:

@@ -137,7 +137,7 @@ default="k-means++"
     timings_ : dict
         Seconds of the kept fit: ``init``, ``iterations``, ``per_iteration`` and ``total``.
     pass_ : str
-        The pass the fit ran (on CPUs with numba, chosen per fit by time; the one that ran most passes):
+        The pass the fit ran (on CPUs with numba, chosen per pass from counted work; the one that ran most passes):
         ``"compiled"`` (Hamerly's bounds, scoring and sums in one compiled loop), ``"blas"`` (every row scored by
         a GEMM, with the compiled pass's labels and sums: faster at many features on many CPUs), ``"gemm"`` (every
         row scored by a GEMM, the sums by a one-hot GEMM: GPUs, or CPUs without numba) or ``"daal4py"``. The

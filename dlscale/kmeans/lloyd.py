@@ -71,7 +71,7 @@ class LloydFit:
     #: Distances computed, in rows (each row against every centre), over all passes on this rank:
     #: how much of the work the bounds saved.
     rows_scored: int
-    #: The pass that ran (most of the passes, on CPUs, where it is chosen by time): ``"compiled"`` (Hamerly's bounds,
+    #: The pass that ran (most of the passes, on CPUs, where it is chosen per pass): ``"compiled"`` (Hamerly's bounds,
     #: the scoring and the sums in one numba loop), ``"blas"`` (every row scored by a GEMM, the labels and sums
     #: those of the compiled pass) or ``"gemm"`` (every row scored by a GEMM per chunk, the sums by a one-hot GEMM:
     #: GPUs, or CPUs without numba).
@@ -153,8 +153,8 @@ def lloyd(
     ``skip_rows`` chooses Hamerly's bounds in one compiled pass (default on CPUs where numba,
     of the ``kmeans`` extra, is installed) or the one-hot pass that re-scores every row
     (default on GPUs); both give the same labels. With the bounds, ``cpu_pass`` chooses how the rows the bounds
-    leave are scored: "auto" (by time, per fit: :mod:`~dlscale.kmeans.cpu_pass`), "compiled" or "blas"; the results
-    are bit for bit the same. ``verbose`` prints each iteration's inertia and why it stopped, as
+    leave are scored: "auto" (from counted work and a probed ratio: :mod:`~dlscale.kmeans.cpu_pass`), "compiled" or
+    "blas"; the results are bit for bit the same. ``verbose`` prints each iteration's inertia and why it stopped, as
     scikit-learn's ``verbose=1`` does (on the first rank; the inertia costs one more scoring pass per iteration).
     """
     started = time.perf_counter()

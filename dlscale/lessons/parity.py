@@ -4,6 +4,11 @@ Every stage of ``recipes/`` has a twin: ``dlscale.train`` with the settings that
 ``main(**arguments)`` computes (:func:`engine_settings`), step for step (the tests hold the losses equal). Timing
 the two in turns, in one process, on the same data, shows what the engine costs over the plain loop: its set-up
 (the FLOP count, the checks), its step log, its checkpoints and summary. ``docs/benchmarks.md`` has the figures.
+
+Both sides run with the same torch threads, chosen once (:func:`parity_threads`) and given to each: the recipe through
+``OMP_NUM_THREADS`` (its ``use_free_cpus`` keeps it), the engine through its config's ``threads``. Left to count the
+busy CPUs at their own start, the two chose different counts beside a busy process, and their losses parted by
+4-9e-2 (#80).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 
 from dlscale.bench.repeats import Spread, measure_rounds
 from dlscale.lessons.recipe_folder import RecipeError, recipe_path
+from dlscale.runtime.threads import ThreadChoice, choose_threads, pinned_threads
 
 #: Recipe arguments whose config key has another name.
 _CONFIG_KEYS = {
@@ -68,12 +74,15 @@ def engine_settings(stage: str, **arguments) -> tuple[str, dict]:
     return values.get("config", "tiny"), overrides
 
 
-def engine_twin(stage: str, name: str | None = None, **arguments) -> dict:
+def engine_twin(stage: str, name: str | None = None, threads: int | None = None, **arguments) -> dict:
     """``dlscale.train`` with the settings of a stage's ``main(**arguments)``, its results shaped as the recipe's:
-    ``{"losses": [per step], "r2": [per epoch]}`` (on engines too: nothing in it holds a sharded model)."""
+    ``{"losses": [per step], "r2": [per epoch]}`` (on engines too: nothing in it holds a sharded model). ``threads``:
+    the config's ``threads`` (the count the stage ran with, for a comparison); None: the engine chooses."""
     from dlscale.training.loop import train_quietly
 
     config, settings = engine_settings(stage, **arguments)
+    if threads:
+        settings["threads"] = threads
     result = train_quietly(config, name=name or f"engine-twin-{stage[:-3]}", progress=False, plot=False, **settings)
     return {"losses": [row["loss"] for row in result.steps], "r2": [row["r2"] for row in result.history]}
 
@@ -105,19 +114,33 @@ def _in_folder(folder: Path) -> Iterator[None]:
         os.chdir(before)
 
 
-def time_stage(stage: str, rounds: int = 3, **arguments: Any) -> dict[str, Any]:
+def parity_threads(requested: int = 0) -> ThreadChoice:
+    """The torch threads both sides of a comparison get, chosen once: ``requested`` if given, else as the engine
+    chooses (:func:`~dlscale.runtime.threads.choose_threads`: ``OMP_NUM_THREADS``, Slurm's CPUs, or the CPUs of the
+    affinity mask that no other process keeps busy now)."""
+    return choose_threads(requested=requested)
+
+
+def time_stage(
+    stage: str, rounds: int = 3, threads: int | ThreadChoice | None = None, **arguments: Any
+) -> dict[str, Any]:
     """The recipe's ``main(**arguments)`` and its engine twin, each run ``rounds`` times in turns after one untimed run
-    of each (it makes the data set and warms the caches), in a fresh folder. Returns both spreads (seconds), the
-    engine-to-recipe ratio of each round, and the largest loss gap seen (0 when the two computed the same)."""
+    of each (it makes the data set and warms the caches), in a fresh folder, both with ``threads`` torch threads (a
+    count, or :func:`parity_threads`'s choice for several stages; None: chosen here, once). Returns both spreads
+    (seconds), the engine-to-recipe ratio of each round, the largest loss gap seen (0 when the two computed the same)
+    and the threads both used, with where the count came from."""
+    choice = threads if isinstance(threads, ThreadChoice) else parity_threads(threads or 0)
+    count = choice.count
     arguments = {"device": "cpu", **SINGLE_PROCESS.get(stage, {}), **arguments}
     main = runpy.run_path(str(recipe_path(stage)), run_name="recipe")["main"]
     gaps: list[float] = []
     last: dict[str, dict] = {}
 
     def run(which: str) -> float:
-        with contextlib.redirect_stdout(io.StringIO()):  # (the recipe prints its steps; the table is what counts)
+        # (the recipe prints its steps; the table is what counts)
+        with contextlib.redirect_stdout(io.StringIO()), pinned_threads(count):
             start = time.perf_counter()
-            out = main(**arguments) if which == "recipe" else engine_twin(stage, **arguments)
+            out = main(**arguments) if which == "recipe" else engine_twin(stage, threads=count, **arguments)
             seconds = time.perf_counter() - start
         last[which] = out
         if len(last) == 2:
@@ -134,16 +157,24 @@ def time_stage(stage: str, rounds: int = 3, **arguments: Any) -> dict[str, Any]:
         "engine": spreads["engine"],
         "ratio": ratios,
         "loss_gap": max(gaps),
+        "threads": count,
+        "threads_source": "asked for" if choice.source == "config threads" else choice.source,
     }
 
 
 def format_parity(rows: list[dict[str, Any]]) -> str:
-    """A Markdown table of :func:`time_stage`'s rows."""
-    lines = ["| stage | recipe s | engine s | engine / recipe | largest loss gap |", "|---|---|---|---|---|"]
+    """A Markdown table of :func:`time_stage`'s rows, after a line with the threads both sides used."""
+    counts = sorted({(row["threads"], row["threads_source"]) for row in rows})
+    lines = [
+        "threads, the same on both sides: " + "; ".join(f"{count} ({source})" for count, source in counts),
+        "",
+        "| stage | threads | recipe s | engine s | engine / recipe | largest loss gap |",
+        "|---|---|---|---|---|---|",
+    ]
     for row in rows:
         recipe, engine, ratio = row["recipe"], row["engine"], row["ratio"]
         lines.append(
-            f"| {row['stage'][:-3]} | {recipe.median:.2f} ({recipe.low:.2f}–{recipe.high:.2f}) | "
+            f"| {row['stage'][:-3]} | {row['threads']} | {recipe.median:.2f} ({recipe.low:.2f}–{recipe.high:.2f}) | "
             f"{engine.median:.2f} ({engine.low:.2f}–{engine.high:.2f}) | {ratio.median:.3f}× "
             f"({ratio.low:.3f}–{ratio.high:.3f}) | {row['loss_gap']:.1e} |"
         )

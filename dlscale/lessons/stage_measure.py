@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.bench.repeats import Spread, measure_rounds
+from dlscale.runtime.threads import choose_threads, pinned_threads
 
 #: Every result of a stage run that a measurement used, in this process (the marked-stage test reads it).
 MEASURED: list[dict[str, Any]] = []
@@ -62,6 +63,8 @@ class StageMeasurement:
     spreads: dict[Hashable, Spread]
     results: dict[Hashable, list[dict[str, Any]]] = field(default_factory=dict)
     unit: str = "samples/s"
+    #: torch's threads of the runs in this process (one count for every setting, or one per setting); None: not set
+    threads: int | Mapping[Hashable, int] | None = None
 
     def __getitem__(self, key: Hashable) -> Spread:
         return self.spreads[key]
@@ -89,12 +92,10 @@ def run_quietly(stage: str | Callable, arguments: Mapping[str, Any], threads: in
     from dlscale.lessons.stage_probes import stage_main
 
     main, kept, printed = stage_main(stage), torch.get_num_threads(), io.StringIO()
-    omp = os.environ.get("OMP_NUM_THREADS")
-    if threads:  # (and in the environment: the recipe's use_free_cpus keeps what OMP_NUM_THREADS says)
-        torch.set_num_threads(threads)
-        os.environ["OMP_NUM_THREADS"] = str(threads)
+    # (threads: in the environment too, where the recipe's use_free_cpus keeps what OMP_NUM_THREADS says)
+    pinned = pinned_threads(threads) if threads else contextlib.nullcontext()
     try:
-        with contextlib.redirect_stdout(printed):
+        with contextlib.redirect_stdout(printed), pinned:
             result = dict(main(**arguments))
     except Exception as err:  # noqa: BLE001 - the attendee's code: any failure becomes one line
         from dlscale.lessons.stage_probes import leave_group
@@ -107,10 +108,6 @@ def run_quietly(stage: str | Callable, arguments: Mapping[str, Any], threads: in
         ) from None
     finally:
         torch.set_num_threads(kept)
-        if threads and omp is None:
-            del os.environ["OMP_NUM_THREADS"]
-        elif threads:
-            os.environ["OMP_NUM_THREADS"] = omp
     for key in ("losses", "r2", "throughput"):
         if key not in result:
             raise StageFailed(
@@ -138,9 +135,16 @@ def measure_stage(
 
     ``ranks``: per setting, on how many notebook engines the stage's file runs (a data-parallel stage); left out, it
     runs in this process. ``threads``: torch's threads in each process, the same on both sides of a comparison —
-    or, per setting, the thread counts compared (a shared node's lesson).
+    or, per setting, the thread counts compared (a shared node's lesson). Left out, the settings that run in this
+    process get one count, chosen once before the first run as the engine chooses
+    (:func:`~dlscale.runtime.threads.choose_threads`; recorded in the measurement's ``threads``): left to each run,
+    the stage counted the busy CPUs at its own start, and beside a busy process two settings could run with
+    different counts (#80).
     """
     results: dict[Hashable, list[dict[str, Any]]] = {key: [] for key in settings}
+    here = threads
+    if threads is None and any(not (ranks and ranks.get(key)) for key in settings):
+        here = choose_threads().count  # (for the runs in this process; ranks choose their own)
 
     def once(key: Hashable) -> Callable[[], float]:
         def measure() -> float:
@@ -151,7 +155,7 @@ def measure_stage(
 
                 result = run_on_engines(run_rank, ranks[key], str(stage), arguments, count, show=False)[0]
             else:
-                result = run_quietly(stage, arguments, count)
+                result = run_quietly(stage, arguments, here if threads is None else count)
             results[key].append(result)
             MEASURED.append(result)
             return value(result)
@@ -159,7 +163,7 @@ def measure_stage(
         return measure
 
     spreads = measure_rounds({key: once(key) for key in settings}, rounds)
-    return StageMeasurement(whose(stage), spreads, results, unit)
+    return StageMeasurement(whose(stage), spreads, results, unit, here)
 
 
 @dataclass

@@ -24,9 +24,10 @@ chosen again; with fewer threads than CPUs it looks again now and then, for a ne
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -153,6 +154,24 @@ def apply_threads(environ: dict[str, str] | None = None, requested: int = 0) -> 
     if torch.get_num_threads() != choice.count:
         torch.set_num_threads(choice.count)
     return choice
+
+
+@contextlib.contextmanager
+def pinned_threads(count: int) -> Iterator[None]:
+    """torch's threads and ``OMP_NUM_THREADS`` set to ``count`` meanwhile, both put back after: what the two sides of a
+    comparison in one process run with, so neither counts the busy CPUs for itself (the plain recipe's
+    ``use_free_cpus`` and the engine's :func:`choose_threads` keep what ``OMP_NUM_THREADS`` says)."""
+    kept, omp = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(count)
+    os.environ["OMP_NUM_THREADS"] = str(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(kept)
+        if omp is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = omp
 
 
 def per_process_env(threads: int, environ: dict[str, str] | None = None) -> dict[str, str]:
