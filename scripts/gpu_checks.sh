@@ -147,9 +147,10 @@ step ddp.txt 120 bash -o pipefail -c 'status=0
 
 step parity.txt 150 "$PY" -m dlscale bench parity --stages 03,04 --config tiny --epochs 1 --rounds 1
 
-# shellcheck disable=SC2016
 # The held-out answers of stage 02 on the GPU: pinned memory and the copy show there (docs/stage-checks.md)
 step heldout.txt 120 "$PY" scripts/check_heldout.py --stages 02 --device cuda --out "$OUT/heldout.json"
+
+# shellcheck disable=SC2016
 step fsdp.txt 120 bash -o pipefail -c '"$0" -m torch.distributed.run --standalone --nproc-per-node 1 \
         recipes/10_fsdp_tp.py --device cuda --epochs 1 --workers 2 --checkpoint "$1/dcp" &&
     "$0" -m torch.distributed.run --standalone --nproc-per-node 1 recipes/10_fsdp_tp.py \

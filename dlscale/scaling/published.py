@@ -183,20 +183,21 @@ SLOW_NETWORK_CASES = (
         images_per_s=P100_IMAGES_PER_S,
         bytes_per_value=2,
         inside_gbs=12,
-        between_gbs=56 / 8 / 8,
+        between_gbs=2 * 56 / 8 / 8,
         baseline="gpu",
         published_efficiency=0.80,
         inputs=(
-            "128 nodes of 8 P100, InfiniBand FDR (56 Gbit/s, 0.875 GB/s per GPU), batch 32,768 = 32 per GPU; "
-            "compute: 138 images/s per P100, the same GPU and batch as Goyal et al."
+            "128 MN-1 nodes of 8 P100, two InfiniBand FDR links per node (2 × 56 Gbit/s: 14 GB/s, 1.75 per GPU; "
+            "PFN's blog on MN-1, tech.preferred.jp/en/blog/mn-1-a-gpu-cluster-behind-15-min-imagenet), batch 32,768 "
+            "= 32 per GPU, NCCL 2.0.5 and Open MPI 1.10.2, gradients sent in half precision (the paper); compute: "
+            "138 images/s per P100, the same GPU and batch as Goyal et al."
         ),
         assumed=(
-            "one FDR port per node",
-            "fp16 gradients sent",
             "PCIe 3 between the GPUs of a node, 12 GB/s",
             "one GPU's throughput taken from Goyal et al.'s baseline (the paper gives none)",
             "ChainerMN's multi-node optimizer (the paper's framework) runs the backward pass, then all-reduces the "
-            "whole gradient packed in one buffer: one message, nothing hidden",
+            "whole gradient packed in one buffer: one message, nothing hidden (as every communicator of ChainerMN "
+            "1.1.0 does)",
         ),
         bucket_mb=None,
         first_bucket_mb=None,
