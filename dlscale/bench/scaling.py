@@ -49,7 +49,7 @@ def bench_scaling(
     comparison comes from the Slurm scripts. Efficiency is throughput over
     ``processes × single-process throughput``. Every process of every run gets the same
     ``threads`` (default: the CPUs shared by the largest run's processes), and each row
-    reports the threads its run's summary says it used.
+    reports the threads its run's summary says it used. On one process the two modes are one run, launched once.
     """
     from tqdm.auto import tqdm
 
@@ -63,6 +63,9 @@ def bench_scaling(
     rows = []
     for mode, n in tqdm(jobs, desc="scaling", unit="run", disable=not progress):
         batch = base if mode == "strong" else base * n
+        if mode == "weak" and n == 1:  # one process, the same global batch: strong scaling's run, not launched again
+            rows += [{**row, "mode": "weak"} for row in rows if row["mode"] == "strong" and row["processes"] == 1]
+            continue
         summary = run_training(
             cfg,
             n,

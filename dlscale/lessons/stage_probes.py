@@ -430,6 +430,21 @@ def _watch_gradients(patches: _Patches, seen: dict[str, Any], step: _Step) -> li
     return [register_optimizer_step_pre_hook(before_step), register_optimizer_step_post_hook(after_step)]
 
 
+def _traced_only(compile_: Callable) -> Callable:
+    """``torch.compile`` that, while a watch is on, traces with dynamo's ``eager`` backend where inductor was asked
+    for: the same compiled module, calls and ``_orig_mod.`` names the check reads, without inductor generating and
+    building C++ for every answer (10-30 CPU-s a stage on a CPU). The backend asked for is noted before."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _WATCHING[0] and kwargs.get("backend", "inductor") == "inductor":
+            kwargs = {key: value for key, value in kwargs.items() if key not in ("mode", "options")}
+            kwargs["backend"] = "eager"  # (inductor's mode and options mean nothing to another backend)
+        return compile_(*args, **kwargs)
+
+    wrapper.__wrapped__ = compile_  # type: ignore[attr-defined]
+    return wrapper
+
+
 def _watch_compiling(patches: _Patches, seen: dict[str, Any]) -> None:
     """``torch.compile``'s calls and backends, and the compiled modules' calls."""
     from torch._dynamo.eval_frame import OptimizedModule
@@ -438,7 +453,7 @@ def _watch_compiling(patches: _Patches, seen: dict[str, Any]) -> None:
         seen["compiled"] += 1
         seen["compile_backends"].append(str(kwargs.get("backend", "inductor")))
 
-    patches.wrap(torch, "compile", lambda f: _noting(f, compiling))
+    patches.wrap(torch, "compile", lambda f: _noting(_traced_only(f), compiling))
     patches.wrap(
         OptimizedModule,
         "__call__",

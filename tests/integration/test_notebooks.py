@@ -180,6 +180,7 @@ def test_lesson_runs_top_to_bottom_and_shows_its_figures(name, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name not in ("runs", "data")) == [], name
     if name == "09_scaling_out.ipynb":
         _assert_two_nodes_ran(notebook)
+        _assert_lesson_09_swept(tmp_path)
     if name == "04_profiling.ipynb":
         _assert_each_rung_applied(tmp_path / "runs/lesson04_ladder")
     if name == "11_how_many_nodes.ipynb":
@@ -304,6 +305,37 @@ def _assert_each_rung_applied(out_dir: Path) -> None:
     assert (out_dir / "ladder.png").read_bytes()[:4] == b"\x89PNG"
     table = format_ladder(rows)
     assert "| + torch.compile |" in table and "skipped: CUDA graphs need a GPU" in table
+
+
+def _assert_lesson_09_swept(folder: Path) -> None:
+    """Lesson 09's weak and strong series (slurm/sweep.sh on the one-node cluster, sizes 1 and 2, per-rank batch 16),
+    read back by ``dlscale report``: one job per run, the first size's two series one run, each job's output beside
+    its run and none where the sweep was started."""
+    import csv
+
+    from dlscale.jobs.local_slurm import missing_programs
+
+    from ..conftest import run_cli
+
+    sweep = folder / "runs/lesson09_sweep"
+    report = run_cli("report", "runs/lesson09_sweep", "--target-r2", "0.0", cwd=folder)
+    assert report.returncode == 0, report.stderr
+    with open(sweep / "report.csv", newline="") as handle:
+        rows = {row["run"]: row for row in csv.DictReader(handle)}
+    assert set(rows) == {"weak-n1", "weak-n2", "strong-n1", "strong-n2"}
+    runs = ("weak-n1", "weak-n2", "strong-n1", "strong-n2")
+    assert [rows[r]["global_batch_size"] for r in runs] == ["16", "32", "16", "16"]
+    assert [rows[r]["ranks"] for r in ("weak-n1", "weak-n2")] == ["1", "2"]
+    assert float(rows["weak-n1"]["efficiency"]) == pytest.approx(1.0)
+    # (a ratio of two short runs' rates: finite and positive; its size depends on what else the machine runs)
+    assert 0 < float(rows["strong-n2"]["efficiency"]) < float("inf")
+    assert (sweep / "report.png").stat().st_size > 10_000
+    assert "| weak-n2 | 1 | 2 | 32 |" in report.stdout
+    if missing_programs():  # (the lesson ran the same series with torchrun)
+        return
+    # at size 1 the weak and the strong series are one run (strong-n1 links to weak-n1): three jobs, not four
+    assert (sweep / "strong-n1").resolve() == (sweep / "weak-n1").resolve()
+    assert len(list(sweep.glob("slurm-*-n*-*.out"))) == 3 and not list(folder.glob("*.out"))
 
 
 def _assert_two_nodes_ran(notebook):

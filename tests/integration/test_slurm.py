@@ -4,7 +4,6 @@ The cluster needs Debian's slurmctld, slurmd, slurm-client and munge (``make slu
 ``.ci/run`` installs them). Without them these tests skip, which fails CI.
 """
 
-import csv
 import json
 import os
 import re
@@ -544,43 +543,6 @@ def test_each_task_of_a_job_gets_the_cpus_per_task_it_asked_for(cluster, tmp_pat
     assert sorted(tasks) == ["0", "1"], output
     assert len(set(tasks.values())) == 2  # each task on its own core
     assert "OMP_NUM_THREADS=1" in output
-
-
-def test_a_sweep_submits_weak_and_strong_series_and_the_report_reads_them(cluster, tmp_path):
-    env = {**_env(cluster), "DLSCALE_SWEEP_DIR": "runs/sweep"}
-    done = subprocess.run(
-        ["bash", str(ROOT / "slurm/sweep.sh"), "local", "1 2", "16", *TRAIN, "max_steps=20"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    jobs = re.findall(r"job (\d+)", done.stdout)
-    assert len(jobs) == 3  # at size 1 the weak and the strong series are one run (strong-n1 links to weak-n1)
-    assert (tmp_path / "runs/sweep/strong-n1").resolve() == (tmp_path / "runs/sweep/weak-n1").resolve()
-    for job in jobs:
-        _wait_for_state(cluster, job, "COMPLETED")
-    report = run_cli("report", "runs/sweep", "--target-r2", "0.0", cwd=tmp_path)
-    assert report.returncode == 0, report.stderr
-    with open(tmp_path / "runs/sweep/report.csv", newline="") as handle:
-        rows = {row["run"]: row for row in csv.DictReader(handle)}
-    assert set(rows) == {"weak-n1", "weak-n2", "strong-n1", "strong-n2"}
-    assert [rows[r]["global_batch_size"] for r in ("weak-n1", "weak-n2", "strong-n1", "strong-n2")] == [
-        "16",
-        "32",
-        "16",
-        "16",
-    ]
-    assert [rows[r]["ranks"] for r in ("weak-n1", "weak-n2")] == ["1", "2"]
-    assert float(rows["weak-n1"]["efficiency"]) == pytest.approx(1.0)
-    # (a ratio of two short runs' rates: finite and positive; its size depends on what else the machine runs)
-    assert 0 < float(rows["strong-n2"]["efficiency"]) < float("inf")
-    assert (tmp_path / "runs/sweep/report.png").stat().st_size > 10_000
-    # each job's output beside its run, none in the folder the sweep was started from
-    assert len(list((tmp_path / "runs/sweep").glob("slurm-*-n*-*.out"))) == 3 and not list(tmp_path.glob("*.out"))
-    assert "| weak-n2 | 1 | 2 | 32 |" in report.stdout
 
 
 def test_waiting_for_jobs_fails_with_the_failed_jobs_own_output(cluster, tmp_path):
