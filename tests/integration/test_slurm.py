@@ -326,7 +326,7 @@ def test_a_breakdown_over_nodes_and_a_plan_from_a_two_node_sweep(two_nodes, tmp_
         "--sizes",
         "1,2",
         "--steps",
-        "30",
+        "12",
         "--rounds",
         "1",
         "--buckets",
@@ -345,7 +345,7 @@ def test_a_breakdown_over_nodes_and_a_plan_from_a_two_node_sweep(two_nodes, tmp_
     assert "| 2 | 2 | 1 |" in done.stdout  # nodes, ranks, threads each
 
     sweep = subprocess.run(
-        ["bash", str(ROOT / "slurm/sweep.sh"), "local", "1 2", "8", *TRAIN, "epochs=2"],
+        ["bash", str(ROOT / "slurm/sweep.sh"), "local", "1 2", "8", *TRAIN, "epochs=1"],
         cwd=tmp_path,
         env={**env, "DLSCALE_SWEEP_DIR": "runs/sweep"},
         capture_output=True,
