@@ -15,7 +15,8 @@
 #   make test-fast  the unit tier (no clusters, notebooks, browsers or launched ranks): the edit-test loop
 #   make lab        JupyterLab on the lessons
 #   make kernel     register this environment as the Jupyter kernel `dlscale` the lessons name, with only the
-#                   lessons' extras (on NERSC's JupyterHub: with the pytorch module loaded, the kernel loads it too)
+#                   lessons' extras (on NERSC's JupyterHub: with the pytorch module loaded, the kernel loads it too);
+#                   with IMAGE=... RUNTIME=podman-hpc|shifter|apptainer|podman, a kernel that runs inside the image
 #   make exercises  regenerate exercises/ from solutions/
 #   make reset LESSON=05   start lesson 05 over: its runs removed, nothing else
 #   make slides     each lesson's talk as a reveal.js deck in slides/, from the lessons themselves (offline: reveal.js
@@ -204,10 +205,19 @@ $(VENV)/.installed-lessons: pyproject.toml $(VENV)/.installed
 # First K-Means's loops are compiled ahead into numba's cache beside the package (NUMBA_CACHE_DIR's, where it is set:
 # the kernel is given it), for this node's CPU: the kernel's first fit (lesson 08) loads them instead of compiling
 # (~25 s on 2 cores, and a room's kernels all at once on a shared node). Seconds where they are there already.
+# make kernel IMAGE=dlscale RUNTIME=podman-hpc (or shifter, apptainer with IMAGE=dlscale.sif, podman; GPU=nvidia, amd
+# or none): a kernel that runs inside the image (the Containerfile's), started by the hub's Jupyter through the
+# runtime; registered in seconds, with no venv here (the module needs only a Python 3.10+). docs/sites.md.
+ifeq ($(strip $(IMAGE)),)
 kernel: $(if $(wildcard $(VENV)/.installed-dev),$(VENV)/.installed,$(VENV)/.installed-lessons)
 	$(BIN)/python -m dlscale.kmeans.compile_ahead
 	$(BIN)/python -m dlscale.jobs.kernel --display-name "dlscale ($(shell cd $(VENV) && pwd))" \
 	  $(foreach module,$(KERNEL_MODULES),--module $(module))
+else
+kernel:
+	@[ -n "$(RUNTIME)" ] || { echo "make kernel IMAGE=$(IMAGE): name the runtime, RUNTIME=podman-hpc, shifter, apptainer or podman"; exit 2; }
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m dlscale.jobs.kernel --image "$(IMAGE)" --runtime "$(RUNTIME)" $(if $(GPU),--gpu $(GPU))
+endif
 
 exercises: setup
 	$(BIN)/dlscale exercises

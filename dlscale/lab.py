@@ -67,6 +67,7 @@ _add("dlscale.runtime.threads", "affinity_cpus", "busy_cpus", "fair_threads")
 _add("dlscale.bench.threads", "busy_neighbours")
 _add("dlscale.optim", "LAMB", "LARS")
 _add("dlscale.training.step", "train_step")
+_add("dlscale.training.passes", "whole_model")
 _add("dlscale.metrics.evaluation", "predict")
 _add("dlscale.metrics.steplog", "DivergedError")
 _WHERE["distributed"] = ("dlscale.distributed", None)
@@ -339,6 +340,7 @@ if TYPE_CHECKING:  # (editors and type checkers see where each name lives; nothi
     from dlscale.scaling.sites import FRONTIER, PERLMUTTER, site_from_link
     from dlscale.scaling.slowdown import OVERLAP_SLOWDOWN
     from dlscale.train import train, train_quietly
+    from dlscale.training.passes import whole_model
     from dlscale.training.step import train_step
 
 

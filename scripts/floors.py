@@ -47,7 +47,9 @@ def pins(pyproject: Path) -> list[str]:
         )
         if not match:
             raise SystemExit(f"floors.py: {requirement!r} has no plain floor (name>=version) to pin")
-        out.append(f"{match[1]}=={match[2]}")
+        # (a floor that admits the pre-releases of its version, torch>=2.6.0a0 for NVIDIA's images, pins the release)
+        floor = re.sub(r"(?:a|b|rc)\d+$", "", match[2])
+        out.append(f"{match[1]}=={floor}")
     return out
 
 

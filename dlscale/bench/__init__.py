@@ -9,5 +9,6 @@
   all-reduce beside it);
 - :mod:`~dlscale.bench.breakdown_terms`: the breakdown's exposed communication split into the scaling model's terms;
 - :mod:`~dlscale.bench.large_batch`: lesson 07's large-batch sweep (``dlscale experiment large-batch``);
+- :mod:`~dlscale.bench.pipeline`: the pipeline's bubble and held activations per stage, beside the textbook's;
 - :mod:`~dlscale.bench.repeats`: rounds that take turns, and their spread.
 """

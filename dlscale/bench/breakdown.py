@@ -157,7 +157,7 @@ def bench_breakdown(
 
     sizes = sorted(set(sizes))
     out_dir = Path(out_dir)
-    sharded = ParallelPlan(cfg.data_parallel, cfg.tensor_parallel, 0, 1).sharded
+    sharded = ParallelPlan(cfg.data_parallel, cfg.tensor_parallel, 0, 1, pipeline=cfg.pipeline_parallel).sharded
     buckets = list(buckets)
     communicates = lambda n: n * ranks_per_unit > 1  # noqa: E731  (only then is there communication to remove)
     plan = {(n, way.name): way for n in sizes for way in ways(communicates(n), sharded, buckets, static_graph, steps)}
@@ -180,6 +180,9 @@ def bench_breakdown(
 
         return run
 
+    start = getattr(runner, "start", None)
+    if start is not None:  # (engines: the largest size's set first, or the smallest size starts a set of its own)
+        start(max(sizes) * ranks_per_unit)
     spreads = measure_rounds({key: measure(key[0], way) for key, way in plan.items()}, rounds, progress)
     seconds = {key: spread.values for key, spread in spreads.items()}
     if sharded:  # no step without collectives: take off what the profiler saw in them
@@ -364,13 +367,21 @@ def local_runner(cfg, threads: int) -> Runner:
 
 
 def engine_runner(cfg, threads: int = 1) -> Runner:
-    """Ranks on the notebook's ipyparallel engines (lesson 11): started once, kept for every run."""
+    """Ranks on the notebook's ipyparallel engines (lesson 11): started once, kept for every run. Its ``start(n)``
+    starts n of them before the first run (:func:`bench_breakdown` gives its largest size): a set started for one rank
+    would be stopped again when the first run of two comes."""
+    import os
+
     from dlscale.jobs.notebook_engines import run_on_engines, train_rank
 
     def run(n: int, overrides: dict[str, Any], run_dir: Path) -> dict:
         done = run_on_engines(train_rank, n, cfg, **_quiet(overrides), threads=threads, run_dir=str(run_dir))
         return json.loads((Path(done[0]["run_dir"]) / "summary.json").read_text())
 
+    def start(n: int) -> None:
+        run_on_engines(os.getpid, n, as_ranks=False, show=False)  # (kept up: a smaller job runs on the first ones)
+
+    run.start = start  # type: ignore[attr-defined]
     return run
 
 

@@ -166,45 +166,46 @@ FLOAT64_REFERENCE = "scikit-learn, the data in float64"
 
 
 def _scaling_run(
-    launcher: str, procs: int, data: Path, init: Path, k: int, iterations: int, out: Path, threads: int
-) -> dict:
+    launcher: str, procs: int, data: list[Path], init: Path, k: int, iterations: int, out: Path, threads: int
+) -> list[dict]:
+    """One launch of ``procs`` ranks that fits each of ``data`` in turn, after a warm-up fit: one summary each."""
     from dlscale.kmeans.on_ranks import launch_kmeans
 
-    return launch_kmeans(
-        data, k, out, procs, launcher, "torch" if launcher == "torchrun" else "daal4py", init, iterations, 0.0, threads
-    )
+    backend = "torch" if launcher == "torchrun" else "daal4py"
+    return launch_kmeans(data, k, out, procs, launcher, backend, init, iterations, 0.0, threads, warm_up=True)
 
 
 def _scaling(
     x: np.ndarray, init: np.ndarray, procs: list[int], iterations: int, out_dir: Path, seed: int
 ) -> list[dict]:
-    """Strong scaling (the same data over more ranks) and weak scaling (each rank keeps its share's size). On one
-    process the two are the same run, launched once."""
+    """Strong scaling (the same data over more ranks) and weak scaling (each rank keeps its share's size). One launch
+    per process count and launcher fits both, strong then weak, each rank warmed up first (no timing holds a
+    first-call cost, whichever fit comes first); on one process the two are the same fit."""
     from dlscale.kmeans.daal import available as daal_available
     from dlscale.runtime.threads import fair_threads
 
     rows = []
     threads = fair_threads(max(procs))  # every run, the single process included, gets the same threads per rank
     np.save(out_dir / "init.npy", init)
-    for mode in ("strong", "weak"):
-        for count in procs:
-            if mode == "weak" and count == 1:  # one process holds all the data either way: strong scaling's run
-                rows += [{**row, "mode": "weak"} for row in rows if row["mode"] == "strong" and row["processes"] == 1]
-                continue
-            data = out_dir / f"data-{mode}-{count}.npy"
-            size = len(x) * (count if mode == "weak" else 1)
-            np.save(data, x if size == len(x) else np.tile(x, (count, 1)))  # (weak: each rank as much as one had)
-            for launcher in ["torchrun"] + (["mpirun"] if daal_available() else []):
-                summary = _scaling_run(
-                    launcher,
-                    count,
-                    data,
-                    out_dir / "init.npy",
-                    len(init),
-                    iterations,
-                    out_dir / f"{launcher}-{mode}-{count}",
-                    threads,
-                )
+    np.save(out_dir / "data-strong.npy", x)
+    for count in procs:
+        modes = {"strong": out_dir / "data-strong.npy"}
+        if count > 1:  # (one process holds all the data either way: strong scaling's fit is weak scaling's too)
+            modes["weak"] = out_dir / f"data-weak-{count}.npy"
+            np.save(modes["weak"], np.tile(x, (count, 1)))  # (weak: each rank as much as one had)
+        for launcher in ["torchrun"] + (["mpirun"] if daal_available() else []):
+            summaries = _scaling_run(
+                launcher,
+                count,
+                list(modes.values()),
+                out_dir / "init.npy",
+                len(init),
+                iterations,
+                out_dir / f"{launcher}-{count}",
+                threads,
+            )
+            for mode, summary in zip(modes, summaries):
+                size = len(x) * (count if mode == "weak" else 1)
                 rows.append(
                     {
                         "engine": f"{summary['backend']} via {launcher}",
@@ -219,7 +220,12 @@ def _scaling(
                         "samples_per_s": size / summary["seconds_per_iteration"],
                     }
                 )
-            data.unlink()
+                if count == 1:
+                    rows.append({**rows[-1], "mode": "weak"})
+        if count > 1:
+            modes["weak"].unlink()
+    (out_dir / "data-strong.npy").unlink()
+    rows.sort(key=lambda row: row["mode"] == "weak")  # strong first, as the table reads
     for row in rows:  # efficiency against the same engine and mode at the smallest count
         first = min(
             (r for r in rows if r["engine"] == row["engine"] and r["mode"] == row["mode"]), key=lambda r: r["processes"]

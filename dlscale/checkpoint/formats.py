@@ -100,14 +100,16 @@ def _saved_shapes(path: Path, state: dict[str, Any]) -> dict[str, tuple[int, ...
 def misfit(saved: dict[str, tuple[int, ...]], model: nn.Module) -> str | None:
     """How the saved weights differ from ``model``'s (a name missing or extra, a shape), or None where they fit.
 
-    The shapes are global ones (a DTensor's ``shape`` is the whole tensor's), so a sharded model compares alike."""
+    The shapes are global ones (a DTensor's ``shape`` is the whole tensor's), so a sharded model compares alike. A
+    pipeline's part of a model (``pipeline_part``: this rank's stages, under the whole model's names) takes its own
+    weights from a checkpoint that holds them all: the others' are not extra."""
     live = {name: tuple(value.shape) for name, value in model.state_dict().items()}
     for name in live:
         if name not in saved:
             return f"it has no weight {name}"
         if tuple(saved[name]) != live[name]:
             return f"its {name} is {list(saved[name])} where the model's is {list(live[name])}"
-    extra = sorted(saved.keys() - live.keys())
+    extra = [] if getattr(model, "pipeline_part", False) else sorted(saved.keys() - live.keys())
     return f"it holds {len(extra)} weight(s) the model has not ({extra[0]})" if extra else None
 
 

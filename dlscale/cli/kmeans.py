@@ -26,9 +26,10 @@ def add_kmeans(commands: Any) -> None:
     source = kmeans.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--input",
-        nargs=1,
+        action="append",
         default=[],
-        help="a .npy/.csv file split by rank, or a pattern such as data_{rank}.npy with one file per rank",
+        help="a .npy/.csv file split by rank, or a pattern such as data_{rank}.npy with one file per rank; given "
+        "again, the same ranks fit each in turn in one launch, each one's outputs in OUT/0, OUT/1, ...",
     )
     source.add_argument("--image", help="'sample' (scikit-learn's photo) or an image file: quantize its colours")
     kmeans.add_argument("--k", type=number(int, 1), default=8, help="clusters (colours for an image)")
@@ -45,6 +46,12 @@ def add_kmeans(commands: Any) -> None:
     kmeans.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     kmeans.add_argument(
         "--chunk-size", type=number(int, 1), default=None, help="rows scored at a time (default from memory)"
+    )
+    kmeans.add_argument(
+        "--warm-up",
+        action="store_true",
+        help="first fit each rank's first rows once, untimed: no first-call cost (numba's loading, the first "
+        "collectives) in the timings, as dlscale bench kmeans's scaling runs",
     )
     kmeans.add_argument("--out", default="runs/kmeans")
     kmeans.set_defaults(handler=_kmeans)

@@ -8,6 +8,7 @@ from typing import Any
 
 from dlscale.cli.bench_costs import add_term_options, step_terms
 from dlscale.cli.options import number, number_or
+from dlscale.cli.project_layouts import add_layout_options, project_layouts
 from dlscale.scaling.sites import SITES
 
 
@@ -36,6 +37,8 @@ def _project(args: argparse.Namespace) -> int:
             site.between.alpha * 1e6 if args.between_latency_us is None else args.between_latency_us,
             f"entered on the command line; the rest from {site.source}",
         )
+    if args.layouts:  # (a model that may not fit one GPU: its layouts, not a data-parallel curve)
+        return project_layouts(args, site)
     if args.samples_per_s:
         per_sample, source = 1 / args.samples_per_s, f"{args.samples_per_s:g} samples/s measured on one GPU"
     elif args.step_ms:
@@ -53,7 +56,7 @@ def _project(args: argparse.Namespace) -> int:
         sum(layer.parameters for layer in layers) if layers else args.parameters or RESNET50_PARAMETERS,
         per_sample,
         args.batch,
-        args.bytes_per_value,
+        args.bytes_per_value or 4,
         args.layout,
         overlap,
         source,
@@ -106,6 +109,7 @@ def _add_machine_options(parser: Any) -> None:
 
 def add_project(commands: Any) -> None:
     from dlscale.scaling.collectives import ALGORITHMS
+    from dlscale.scaling.model_size import PRESETS
     from dlscale.scaling.overlap import PUBLISHED_MODELS
     from dlscale.scaling.projection import BASELINES
 
@@ -120,10 +124,14 @@ def add_project(commands: Any) -> None:
         "the backward pass). Two terms sit beside the communication in each step: DDP's own cost (a price per "
         "bucket and per byte of gradient: --ddp-cost, measured by dlscale bench ddp-cost) and the slow-down of "
         "the backward pass by the communication it hides (--slowdown, measured by dlscale bench overlap). "
-        "Prints the table and the assumptions; writes projection.png.",
+        "Prints the table and the assumptions; writes projection.png. With --layouts MODEL instead: a model that may "
+        "not fit one GPU laid out as DP, FSDP, TP×DP and PP×TP×DP on --gpus GPUs, each priced (a pipeline's bubble "
+        "and the activations sent between its stages included) and the cheapest that fits chosen.",
     )
     _add_machine_options(project)
-    compute = project.add_argument_group("one GPU's compute, measured (one of these)")
+    compute = project.add_argument_group(
+        "one GPU's compute, measured (one of these), or --layouts: a model that may not fit one GPU"
+    )
     given = compute.add_mutually_exclusive_group(required=True)
     given.add_argument(
         "--samples-per-s",
@@ -136,6 +144,14 @@ def add_project(commands: Any) -> None:
     )
     given.add_argument(
         "--ms-per-sample", type=number(float, 0, above=True), default=None, help="one GPU's compute per sample, in ms"
+    )
+    given.add_argument(
+        "--layouts",
+        choices=sorted(PRESETS),
+        default=None,
+        metavar="MODEL",
+        help=f"a GPT-3-shaped model ({', '.join(sorted(PRESETS))}): price DP, FSDP, TP×DP and PP×TP×DP on --gpus "
+        "GPUs of the site and print the table and the cheapest, instead of the projection",
     )
     project.add_argument("--name", default=None, help="the model's name in the table and the plot")
     model = project.add_mutually_exclusive_group()
@@ -153,7 +169,10 @@ def add_project(commands: Any) -> None:
     )
     project.add_argument("--batch", type=number(int, 1), default=64, help="batch per GPU")
     project.add_argument(
-        "--bytes-per-value", type=number(int, 1, 8), default=4, help="4 for fp32 gradients, 2 for bf16"
+        "--bytes-per-value",
+        type=number(int, 1, 8),
+        default=None,
+        help="4 for fp32 gradients (the default), 2 for bf16 (the default with --layouts)",
     )
     project.add_argument("--layout", choices=("ddp", "fsdp"), default="ddp")
     hidden = project.add_mutually_exclusive_group()
@@ -192,4 +211,5 @@ def add_project(commands: Any) -> None:
     add_term_options(project)
     project.add_argument("--baseline", choices=BASELINES, default="gpu", help="efficiency against one GPU or one node")
     project.add_argument("--out", default="runs/projection")
+    add_layout_options(project)
     project.set_defaults(handler=_project)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import textwrap
 from typing import Any
 
@@ -81,8 +82,23 @@ def add_export(commands: Any) -> None:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from dlscale.jobs.environment import environment_report, task_line
+    from dlscale.jobs.environment import environment_report, missing_engines, task_line
 
+    if args.require is not None:
+        try:
+            present, missing = missing_engines(args.require)
+        except ValueError as err:
+            print(f"dlscale info --require: {err}", file=sys.stderr, flush=True)
+            return 2
+        if missing:
+            print(
+                f"dlscale info: the lessons' engines missing here: {'; '.join(missing)} (python {sys.executable})",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 1
+        print(f"the lessons' engines of {args.require or 'the kit alone'} import: {' '.join(present) or 'none named'}")
+        return 0
     print(task_line() if args.task else environment_report(), flush=True)
     return 0
 
@@ -93,5 +109,12 @@ def add_info(commands: Any) -> None:
         "--task",
         action="store_true",
         help="one line: this task's rank, host, CPUs and binding settings (launch.sh SITE probe)",
+    )
+    info.add_argument(
+        "--require",
+        metavar="EXTRAS",
+        default=None,
+        help="import every engine these extras give the lessons (notebooks,kmeans,...) and fail with one line naming "
+        "those missing (the Containerfile's last step)",
     )
     info.set_defaults(handler=_info)

@@ -151,6 +151,28 @@ class TrainConfig:
         "ViT: split every block's attention heads and MLP over this many ranks "
         "(consecutive ranks, so inside a node); the rest of the ranks are data-parallel.",
     )
+    pipeline_parallel: int = _parallel(
+        1,
+        "ViT: cut the blocks into this many pipeline stages, one rank each (the embedding on the first, the head "
+        "and the loss on the last); the ranks form a (pipeline x data-parallel x tensor-parallel) mesh, the "
+        "pipeline outermost. 1 = off.",
+    )
+    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved-1f1b"] = _parallel(
+        "1f1b",
+        "Pipeline: the order of the micro-batches' forwards and backwards (torch.distributed.pipelining): gpipe "
+        "(all forwards, then all backwards), 1f1b (one forward, one backward: at most pipeline_parallel "
+        "micro-batches' activations held), interleaved-1f1b (pipeline_virtual_stages stages per rank).",
+    )
+    pipeline_microbatches: int = _parallel(
+        4,
+        "Pipeline: micro-batches each rank's batch is cut into per step; more fill the pipeline better (its idle "
+        "share is (p-1)/(m+p-1)). Must divide the per-rank batch; 1f1b needs at least pipeline_parallel.",
+    )
+    pipeline_virtual_stages: int = _parallel(
+        1,
+        "Pipeline: stages per rank with pipeline_schedule=interleaved-1f1b (the blocks cut into pipeline_parallel x "
+        "this many stages, dealt round-robin); 1 for gpipe and 1f1b.",
+    )
     horovod_fp16_compression: bool = _parallel(
         False, "Horovod: send gradients as fp16 (half the bytes, rounded gradients)."
     )
@@ -261,6 +283,9 @@ class TrainConfig:
             "heads",
             "patch_size",
             "tensor_parallel",
+            "pipeline_parallel",
+            "pipeline_microbatches",
+            "pipeline_virtual_stages",
             "grad_accumulation",
             "epochs",
             "global_batch_size",
@@ -364,8 +389,19 @@ class TrainConfig:
                     f"tensor_parallel={self.tensor_parallel} must divide heads={self.heads}: each rank "
                     f"computes whole heads"
                 )
-        elif self.model == "cnn" and (self.tensor_parallel > 1 or self.activation_checkpointing):
-            key = "tensor_parallel" if self.tensor_parallel > 1 else "activation_checkpointing"
+            stages = self.pipeline_parallel * self.pipeline_virtual_stages
+            if stages > self.depth:
+                raise ConfigError(
+                    f"config key 'pipeline_parallel'={self.pipeline_parallel} x pipeline_virtual_stages="
+                    f"{self.pipeline_virtual_stages} makes {stages} stages of depth={self.depth} blocks: each stage "
+                    f"needs a block; raise depth or lower them"
+                )
+        elif self.model == "cnn" and (
+            self.tensor_parallel > 1 or self.pipeline_parallel > 1 or self.activation_checkpointing
+        ):
+            key = next(
+                key for key in ("tensor_parallel", "pipeline_parallel", "activation_checkpointing") if self._on(key)
+            )
             raise ConfigError(
                 f"config key '{key}' needs model=vit: the CNN has no transformer blocks to split or recompute"
             )
@@ -374,11 +410,49 @@ class TrainConfig:
                 f"tensor_parallel={self.tensor_parallel} needs data_parallel=fsdp or auto: DDP and "
                 f"Horovod do not average gradients of sharded (DTensor) parameters"
             )
-        if (self.data_parallel == "fsdp" or self.tensor_parallel > 1) and (self.noise_scale_every or self.compile):
+        if self.pipeline_parallel > 1 and self.data_parallel in ("horovod", "ddp", "none"):
+            raise ConfigError(
+                f"pipeline_parallel={self.pipeline_parallel} needs data_parallel=fsdp or auto: the stages' "
+                f"data-parallel ranks average their gradients with FSDP here (not DDP, Horovod or none)"
+            )
+        split = self.data_parallel == "fsdp" or self.tensor_parallel > 1 or self.pipeline_parallel > 1
+        if split and (self.noise_scale_every or self.compile):
             key = "noise_scale_every" if self.noise_scale_every else "compile"
             raise ConfigError(
-                f"config key '{key}' is not supported with data_parallel=fsdp or tensor_parallel > 1 "
-                f"in this kit; set {key}=0/false"
+                f"config key '{key}' is not supported with data_parallel=fsdp, tensor_parallel > 1 or "
+                f"pipeline_parallel > 1 in this kit; set {key}=0/false"
+            )
+        self._validate_pipeline()
+
+    def _on(self, key: str) -> bool:
+        """Whether a parallelism or a switch is on (a number above 1, or true)."""
+        value = getattr(self, key)
+        return value is True or (not isinstance(value, bool) and value > 1)
+
+    def _validate_pipeline(self) -> None:
+        """The pipeline's schedule against its stages and micro-batches (the batch is checked with the world size)."""
+        schedule, stages, micro = self.pipeline_schedule, self.pipeline_parallel, self.pipeline_microbatches
+        if self.pipeline_virtual_stages > 1 and schedule != "interleaved-1f1b":
+            raise ConfigError(
+                f"config key 'pipeline_virtual_stages'={self.pipeline_virtual_stages} needs "
+                f"pipeline_schedule=interleaved-1f1b (gpipe and 1f1b run one stage per rank)"
+            )
+        if stages == 1:
+            return
+        if schedule == "1f1b" and micro < stages:
+            raise ConfigError(
+                f"config key 'pipeline_microbatches'={micro} must be >= pipeline_parallel={stages} with "
+                f"pipeline_schedule=1f1b (its warm-up puts a micro-batch in every stage)"
+            )
+        if schedule == "interleaved-1f1b" and micro > stages and micro % stages:
+            raise ConfigError(
+                f"config key 'pipeline_microbatches'={micro} must be at most pipeline_parallel={stages} or a multiple "
+                f"of it with pipeline_schedule=interleaved-1f1b (it runs the micro-batches in rounds of {stages})"
+            )
+        if self.grad_accumulation > 1:
+            raise ConfigError(
+                f"config key 'grad_accumulation' must be 1 with pipeline_parallel > 1 (got {self.grad_accumulation}): "
+                f"pipeline_microbatches already cuts each rank's batch into micro-batches"
             )
 
     # ------------------------------------------------------------------------

@@ -9,7 +9,8 @@
 - :mod:`~dlscale.distributed.dtensors`: tensors that FSDP or tensor parallelism split (DTensors),
   their whole-tensor norms and clipping;
 - :mod:`~dlscale.distributed.parallelize`: the parallel plan (DDP, Horovod, FSDP2, tensor
-  parallelism on a 2-D mesh) and the functions that apply it to the model;
+  parallelism on a 2-D mesh, a pipeline on a 3-D one) and the functions that apply it to the model;
+- :mod:`~dlscale.distributed.pipeline`: the model cut into pipeline stages, and the schedule that runs them;
 - :mod:`~dlscale.distributed.grad_sync`: the one object the training step asks to keep inner
   micro-batches local, synchronize, clip and step.
 

@@ -12,6 +12,7 @@ dimension the tensors are split along.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -71,26 +72,32 @@ def _index_on(indices: tuple[int, ...], device: torch.device) -> Tensor:
     return torch.tensor(indices, device=device)
 
 
-def clip_factor(grads: list[Tensor], max_norm: float) -> Tensor:
+def clip_factor(grads: list[Tensor], max_norm: float, across: Any = None) -> Tensor:
     """The factor (at most 1) that brings the global norm of ``grads`` (whole tensors) down to ``max_norm``.
 
-    torch's formula, ``max_norm / (norm + 1e-6)``; also LAMB's optional global clip.
+    torch's formula, ``max_norm / (norm + 1e-6)``; also LAMB's optional global clip. ``across`` is a process group
+    whose ranks hold *other* parameters (a pipeline's stages): their squared norms are added to this rank's.
     """
     total = torch.linalg.vector_norm(full_norms(grads))
+    if across is not None:
+        squares = total**2
+        torch.distributed.all_reduce(squares, group=across)
+        total = squares.sqrt()
     return (max_norm / (total + 1e-6)).clamp(max=1.0)
 
 
-def clip_grad_norm_(parameters: list[nn.Parameter], max_norm: float) -> None:
+def clip_grad_norm_(parameters: list[nn.Parameter], max_norm: float, across: Any = None) -> None:
     """Scale the gradients in place so that their global norm is at most ``max_norm``.
 
-    ``torch.nn.utils.clip_grad_norm_`` when no gradient is split; with DTensors it takes the
-    norm of the whole gradients (:func:`full_norms`), also when split and plain tensors mix
-    (tensor parallelism leaves norms and the head whole).
+    ``torch.nn.utils.clip_grad_norm_`` when no gradient is split and no other rank holds other parameters; with
+    DTensors it takes the norm of the whole gradients (:func:`full_norms`), also when split and plain tensors mix
+    (tensor parallelism leaves norms and the head whole), and with ``across`` (a pipeline's ranks: a process group)
+    the norm of every stage's gradients together.
     """
     params = [p for p in parameters if p.grad is not None]
     grads = [p.grad for p in params]
-    if not any(is_sharded(g) for g in grads):
+    if across is None and not any(is_sharded(g) for g in grads):
         nn.utils.clip_grad_norm_(params, max_norm)
         return
-    factor = clip_factor(grads, max_norm)
+    factor = clip_factor(grads, max_norm, across)
     torch._foreach_mul_([local(g) for g in grads], factor.to(local(grads[0]).dtype))

@@ -15,7 +15,8 @@ The training step does not branch on the parallelism (torchtitan's habit). It as
   Horovod without waiting a second time).
 
 Horovod counts micro-batches itself (``backward_passes_per_step``), so it keeps the default
-:meth:`micro_batch`.
+:meth:`micro_batch`. A pipeline's schedule runs its micro-batches itself and has FSDP reduce after the
+last one (:class:`PipelineSync`).
 """
 
 from __future__ import annotations
@@ -79,6 +80,21 @@ class FSDPSync(GradientSync):
         yield
 
 
+class PipelineSync(GradientSync):
+    """Pipeline parallelism (its stages sharded by FSDP, or not): the schedule keeps its micro-batches' gradients
+    local and has FSDP reduce-scatter them after the last (torch's ``PipelineStage``), before the step's
+    gradients are read. The stages hold different parameters, so the global norm that clipping takes adds
+    their squares over the pipeline's ranks (``across_stages``)."""
+
+    kind = "pipeline"
+
+    def __init__(self, across_stages: Any):
+        self.across_stages = across_stages
+
+    def clip_(self, parameters: Iterable[nn.Parameter], max_norm: float) -> None:
+        clip_grad_norm_(list(parameters), max_norm, across=self.across_stages)
+
+
 class HorovodSync(GradientSync):
     """Horovod: the optimizer all-reduces each gradient as it is ready and waits in ``synchronize()``."""
 
@@ -102,11 +118,15 @@ def gradient_sync(
     model: nn.Module,
     fp16_compression: bool = False,
     accumulation: int = 1,
+    across_stages: Any = None,
 ) -> tuple[torch.optim.Optimizer, GradientSync]:
-    """The optimizer the step uses and the :class:`GradientSync` for ``data_parallel`` (a plan's kind).
+    """The optimizer the step uses and the :class:`GradientSync` for ``data_parallel`` (a plan's kind), or for a
+    pipeline when ``across_stages`` (the process group of this rank's pipeline) is given.
 
     Under Horovod the optimizer comes back behind ``hvd.DistributedOptimizer``; otherwise unchanged.
     """
+    if across_stages is not None:
+        return optimizer, PipelineSync(across_stages)
     if data_parallel == "horovod":
         wrapped = horovod_backend.distributed_optimizer(optimizer, model, fp16_compression, accumulation)
         return wrapped, HorovodSync(wrapped)

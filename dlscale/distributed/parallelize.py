@@ -19,7 +19,10 @@ optimizer instead (:func:`dlscale.distributed.grad_sync.gradient_sync`), and the
 
 The mesh is (data-parallel × tensor-parallel), tensor-parallel ranks consecutive, so
 ``tensor_parallel=4`` on Perlmutter's 4-GPU nodes keeps each layer's collectives inside a
-node (NVLink) and FSDP's across nodes.
+node (NVLink) and FSDP's across nodes. With pipeline parallelism it is (pipeline × data-parallel ×
+tensor-parallel): the pipeline outermost, since a stage sends only a micro-batch's activations
+to the next. Each of a rank's stages (:mod:`dlscale.distributed.pipeline`) is then prepared as a
+model is: :func:`build_step_model` on each.
 """
 
 from __future__ import annotations
@@ -43,30 +46,48 @@ class ParallelPlan:
     data_parallel: str  # "none" (one rank, or each rank alone), "ddp", "horovod" or "fsdp"
     tensor_parallel: int  # ranks that split each layer (1 = off)
     data_rank: int  # this rank's index among the data-parallel ranks (which samples it reads)
-    data_ranks: int  # how many ranks read different samples: world size / tensor_parallel
-    mesh: Any = None  # the (dp, tp) DeviceMesh when FSDP or TP runs, else None
+    data_ranks: int  # how many ranks read different samples: world size / (tensor_parallel × pipeline)
+    mesh: Any = None  # the (dp, tp) DeviceMesh when FSDP or TP runs, (pp, dp, tp) with a pipeline, else None
+    pipeline: int = 1  # pipeline stages, a rank each (1 = off)
+    pipeline_rank: int = 0  # this rank's place in its pipeline (which stages it holds)
 
     @property
     def sharded(self) -> bool:
-        """Whether parameters are DTensors split over ranks (FSDP or TP): checkpoints are then sharded too."""
-        return self.data_parallel == "fsdp" or self.tensor_parallel > 1
+        """Whether no rank holds the whole model, as plain tensors (FSDP, TP or a pipeline): checkpoints are then
+        sharded too (every rank writes its part)."""
+        return self.data_parallel == "fsdp" or self.tensor_parallel > 1 or self.pipeline > 1
+
+    @property
+    def model_ranks(self) -> int:
+        """The ranks that share one sample's work (its FLOPs): tensor parallel × pipeline stages."""
+        return self.tensor_parallel * self.pipeline
 
     def describe(self) -> str:
+        if self.tensor_parallel == 1 and self.pipeline == 1:
+            return self.data_parallel
+        words = [] if self.data_parallel == "none" else [f"{self.data_parallel} over {self.data_ranks}"]
         if self.tensor_parallel > 1:
-            return f"{self.data_parallel} over {self.data_ranks} × tensor parallel over {self.tensor_parallel}"
-        return self.data_parallel
+            words.append(f"tensor parallel over {self.tensor_parallel}")
+        if self.pipeline > 1:
+            words.append(f"pipeline of {self.pipeline} stages")
+        return " × ".join(words)
 
 
 def plan_parallelism(cfg: ParallelSection, env: DistEnv) -> ParallelPlan:
     """The :class:`ParallelPlan` for the config's parallel section (``cfg.sections.parallel``) on this job; a
     :class:`ConfigError` if the world does not fit it."""
-    tp = cfg.tensor_parallel
+    tp, pp = cfg.tensor_parallel, cfg.pipeline_parallel
     if env.world_size % tp:
         raise ConfigError(
             f"tensor_parallel={tp} does not divide the {env.world_size} ranks of this job; launch a "
             f"multiple of {tp} ranks, or change tensor_parallel"
         )
-    dp = env.world_size // tp
+    if env.world_size % (tp * pp):
+        raise ConfigError(
+            f"pipeline_parallel={pp} x tensor_parallel={tp} does not divide the {env.world_size} ranks of this job; "
+            f"launch a multiple of {tp * pp} ranks, or change pipeline_parallel"
+        )
+    dp = env.world_size // (tp * pp)
     if cfg.data_parallel == "none":  # every rank alone (the breakdown's run without communication)
         if tp > 1:
             raise ConfigError(
@@ -74,22 +95,31 @@ def plan_parallelism(cfg: ParallelSection, env: DistEnv) -> ParallelPlan:
                 "layer must communicate; set tensor_parallel=1"
             )
         return ParallelPlan("none", 1, env.rank, env.world_size)
+    if env.backend == "horovod" and pp > 1:
+        raise ConfigError(
+            f"pipeline_parallel={pp} needs torch.distributed's ranks (torchrun, srun or mpirun), not Horovod's: "
+            f"its stages send to one another with torch's point-to-point calls"
+        )
     if env.backend == "horovod":
         kind = "horovod"
-    elif cfg.data_parallel == "fsdp" or (cfg.data_parallel == "auto" and tp > 1):
+    elif cfg.data_parallel == "fsdp" or (cfg.data_parallel == "auto" and (tp > 1 or pp > 1)):
         kind = "fsdp"
     else:
         kind = "ddp"
-    if (kind == "ddp" and dp == 1) or (kind == "fsdp" and env.world_size == 1):
+    if (kind == "ddp" and dp == 1) or (kind == "fsdp" and dp == 1 and tp == 1):
         kind = "none"  # one data-parallel rank: nothing to average or shard over
     # (with tensor parallelism FSDP stays on, also over one data-parallel rank: it makes every parameter a
     # DTensor of the one mesh, which the optimizers' multi-tensor kernels and gradient clipping need)
     mesh = None
-    if kind == "fsdp" or tp > 1:
+    if kind == "fsdp" or tp > 1 or pp > 1:
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh(torch.device(env.device).type, (dp, tp), mesh_dim_names=("dp", "tp"))
-    return ParallelPlan(kind, tp, env.rank // tp, dp, mesh)
+        device = torch.device(env.device).type
+        if pp > 1:  # (rank = (stage × dp + data rank) × tp + tensor rank: tensor-parallel ranks consecutive)
+            mesh = init_device_mesh(device, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+        else:
+            mesh = init_device_mesh(device, (dp, tp), mesh_dim_names=("dp", "tp"))
+    return ParallelPlan(kind, tp, (env.rank // tp) % dp, dp, mesh, pp, env.rank // (tp * dp))
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: Any) -> None:
@@ -188,11 +218,12 @@ def build_step_model(
     if plan is not None and plan.sharded:
         if policy is not None and policy.name == "fp16":
             raise ConfigError(
-                "precision=fp16 is not supported with data_parallel=fsdp or tensor_parallel > 1 (its "
-                "loss scaler does not handle sharded gradients here); use precision=bf16 or fp32"
+                "precision=fp16 is not supported with data_parallel=fsdp, tensor_parallel > 1 or pipeline_parallel > 1 "
+                "(its loss scaler does not handle sharded gradients here); use precision=bf16 or fp32"
             )
         if plan.tensor_parallel > 1:
             apply_tensor_parallel(model, plan.mesh["tp"])
+        # (a pipeline stage is a model to FSDP: its own root, so that its forward gathers the embedding or the head)
         if plan.data_parallel == "fsdp":
             apply_fsdp(model, plan.mesh["dp"], bf16=policy is not None and policy.name == "bf16")
         return model

@@ -29,6 +29,67 @@ OPTIONAL = {
     "jupyterlab": "notebooks",
 }
 
+#: What each of the lessons' extras gives them, by import name, or a command they run (``mpirun``), with the machines
+#: it installs on (pyproject.toml's markers: Intel's packages on x86-64 Linux only, no NVTX on macOS).
+#: ``dlscale info --require EXTRAS`` imports each: the image's build stops there when a lesson's engine is missing.
+LESSON_ENGINES: dict[str, tuple[str, ...]] = {
+    "notebooks": ("jupyterlab", "ipykernel", "ipywidgets", "ipyparallel", "nbclient", "papermill"),
+    "kmeans": ("sklearn", "numba", "scipy", "threadpoolctl", "daal4py", "mpi4py", "mpirun"),
+    "mpi": ("mpi4py", "mpirun"),
+    "hpo": ("optuna",),
+    "tracking": ("wandb",),
+    "profiling": ("nvtx",),
+    "slides": ("sphinx_revealjs", "latex2mathml"),
+}
+#: Engines installed only on some machines, and the test of this one
+_ONLY_ON = {
+    "daal4py": lambda: platform.machine() in ("x86_64", "AMD64"),
+    "mpirun": lambda: platform.machine() in ("x86_64", "AMD64"),
+    "nvtx": lambda: sys.platform != "darwin",
+}
+
+
+def missing_engines(extras: str | list[str]) -> tuple[list[str], list[str]]:
+    """(present, missing) of the engines the named extras (``"notebooks,kmeans"``) give the lessons on this machine:
+    each module imported (a library it cannot load counts as missing), ``mpirun`` beside the interpreter. A missing
+    one reads ``"daal4py (kmeans: ImportError: ...)"``."""
+    import importlib
+    import importlib.metadata
+
+    names = [extra.strip() for extra in (extras.split(",") if isinstance(extras, str) else extras) if extra.strip()]
+    if "all" in names:  # (pyproject's `all`: every extra)
+        names = [*names, *LESSON_ENGINES]
+    try:  # (the kit's other extras, dev and bench, give the lessons no engine)
+        provided = set(importlib.metadata.metadata("dlscale").get_all("Provides-Extra") or [])
+    except importlib.metadata.PackageNotFoundError:  # (the kit on PYTHONPATH, not installed)
+        provided = set()
+    unknown = [extra for extra in names if extra not in LESSON_ENGINES and extra not in provided | {"all"}]
+    if unknown:
+        raise ValueError(f"no extra named {', '.join(unknown)} (the lessons' extras: {', '.join(LESSON_ENGINES)})")
+    names = [extra for extra in dict.fromkeys(names) if extra in LESSON_ENGINES]
+    present: list[str] = []
+    missing: list[str] = []
+    for extra in names:
+        for engine in LESSON_ENGINES[extra]:
+            if engine in present or any(m.startswith(f"{engine} ") for m in missing):
+                continue
+            if not _ONLY_ON.get(engine, lambda: True)():
+                continue
+            if engine == "mpirun":  # (where lesson 08 starts it: Intel MPI's wheel puts it beside the interpreter)
+                beside = Path(sys.executable).with_name("mpirun")
+                found, why = beside.exists(), f"not beside the interpreter ({beside})"
+            else:
+                try:
+                    importlib.import_module(engine)
+                    found, why = True, ""
+                except Exception as err:  # (an ImportError, or a library the module cannot load)
+                    found, why = False, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            if found:
+                present.append(engine)
+            else:
+                missing.append(f"{engine} ({extra}: {why})")
+    return present, missing
+
 
 def detect_site(environ: dict[str, str] | None = None, hostname: str | None = None) -> str:
     """A best guess at the computing site, from variables the sites set in every login."""

@@ -142,13 +142,21 @@ def initial_centers(init: str) -> str | np.ndarray:
     return init
 
 
-def run(args: Any) -> dict:
-    """Fit as the CLI arguments say and write the outputs; returns the summary (on every rank)."""
+def run(args: Any) -> list[dict]:
+    """Fit as the CLI arguments say and write the outputs; returns the summaries (on every rank), one per ``--input``.
+
+    Several inputs are fitted in turn by the same ranks, in one launch (one process start and one process group for
+    all of them: ``dlscale bench kmeans`` measures strong and weak scaling so); each one's outputs go to ``OUT/<n>/``.
+    With ``--warm-up`` each rank first fits its first rows once, untimed, so the timings hold no first-call costs
+    (numba loading its compiled loops, the first collectives).
+    """
     from dlscale.kmeans.backend import resolve_backend
     from dlscale.kmeans.daal import spmd_ranks
-    from dlscale.kmeans.estimator import KMeans
     from dlscale.runtime.threads import apply_threads
 
+    inputs = [[path] for path in args.input] or [[]]  # (no --input: --image)
+    if len(inputs) > 1 and args.sample_weight:
+        raise InputError("--sample-weight goes with one --input (one weight per sample of that file)")
     threads = apply_threads()
     launcher = distributed.detect_launcher()
     backend = args.backend
@@ -161,11 +169,29 @@ def run(args: Any) -> dict:
     else:
         env = distributed.detect()
         rank, world = env.rank, spmd_ranks()
-    x, picture = load_input(args.input, args.image, rank, world)
+    job = {"backend": backend, "ranks": world, "launcher": launcher, "device": str(device)}
+    summaries = []
+    for number, source in enumerate(inputs):
+        x, picture = load_input(source, args.image, rank, world)
+        weights = load_weights(args.sample_weight, rank, world, len(x))
+        if args.warm_up and number == 0:
+            _fit(args, backend, x[: 10 * args.k], None if weights is None else weights[: 10 * args.k], max_iter=1)
+        model, seconds = _fit(args, backend, x, weights)
+        out = Path(args.out) / str(number) if len(inputs) > 1 else Path(args.out)
+        summaries.append(_write_outputs(args, model, seconds, x, picture, out, rank, {**job}, threads.to_dict()))
+    if backend == "torch":
+        distributed.shutdown()
+    return summaries
+
+
+def _fit(args: Any, backend: str, x: np.ndarray, weights: np.ndarray | None, max_iter: int | None = None) -> tuple:
+    """The fitted model and the fit's seconds."""
+    from dlscale.kmeans.estimator import KMeans
+
     model = KMeans(
         args.k,
         init=initial_centers(args.init),
-        max_iter=args.max_iter,
+        max_iter=max_iter or args.max_iter,
         tol=args.tol,
         backend=backend,
         device=args.device,
@@ -174,41 +200,50 @@ def run(args: Any) -> dict:
     )
     started = time.perf_counter()
     try:
-        model.fit(x, sample_weight=load_weights(args.sample_weight, rank, world, len(x)))
+        model.fit(x, sample_weight=weights)
     except ValueError as err:  # scikit-learn's checks (a bad --k, NaN in the data): one line, no traceback
         raise KMeansError(str(err)) from None
-    seconds = time.perf_counter() - started
-    out = Path(args.out)
+    return model, time.perf_counter() - started
+
+
+def _write_outputs(
+    args: Any,
+    model: Any,
+    seconds: float,
+    x: np.ndarray,
+    picture: Any,
+    out: Path,
+    rank: int,
+    summary: dict,
+    threads: dict,
+) -> dict:
+    """Each rank's labels; on rank 0 the centres, the quantized picture and ``summary.json``. The summary, the job's
+    facts (``summary``) completed by the fit's."""
+    world = summary["ranks"]
     out.mkdir(parents=True, exist_ok=True)
     np.save(out / (f"labels_rank{rank}.npy" if world > 1 else "labels.npy"), model.labels_)
-    summary = {
-        "backend": backend,
-        "ranks": world,
-        "launcher": launcher,
-        "device": str(device),
-        "n_samples_rank0": int(len(x)),
-        "n_features": int(x.shape[1]),
-        "n_clusters": args.k,
-        "inertia": model.inertia_,
-        "n_iter": model.n_iter_,
-        "seconds": seconds,
-        "seconds_per_iteration": model.timings_["per_iteration"],
-        "init_seconds": model.timings_["init"],
-        "threads": threads.to_dict(),
-    }
+    summary.update(
+        n_samples_rank0=int(len(x)),
+        n_features=int(x.shape[1]),
+        n_clusters=args.k,
+        inertia=model.inertia_,
+        n_iter=model.n_iter_,
+        seconds=seconds,
+        seconds_per_iteration=model.timings_["per_iteration"],
+        init_seconds=model.timings_["init"],
+        threads=threads,
+    )
     if rank == 0:
         np.save(out / "centers.npy", model.cluster_centers_)
         if picture is not None:
             _write_quantized(model, picture, out)
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         print(
-            f"K-Means ({backend}, {world} rank{'s' if world > 1 else ''}): k={args.k}, inertia "
+            f"K-Means ({summary['backend']}, {world} rank{'s' if world > 1 else ''}): k={args.k}, inertia "
             f"{model.inertia_:.6g}, {model.n_iter_} iterations, {summary['seconds_per_iteration'] * 1e3:.1f} ms "
             f"per iteration, {seconds:.2f} s in all; outputs in {out}/",
             flush=True,
         )
-    if backend == "torch":
-        distributed.shutdown()
     return summary
 
 

@@ -33,7 +33,7 @@ def kmeans_command(launcher: Literal["torchrun", "mpirun", "none"], procs: int, 
 
 
 def launch_kmeans(
-    input: str | Path | np.ndarray,
+    input: str | Path | np.ndarray | list,
     k: int,
     out: str | Path,
     procs: int = 2,
@@ -43,23 +43,27 @@ def launch_kmeans(
     max_iter: int = 300,
     tol: float = 1e-4,
     threads: int | None = None,
-) -> dict:
+    warm_up: bool = False,
+) -> dict | list[dict]:
     """Run ``dlscale kmeans`` on ``procs`` ranks and return its ``summary.json``.
 
     ``input`` (and an ``init`` of starting centres) may be arrays: they are saved into ``out`` as
     ``.npy`` files, which the ranks read. Each rank gets ``threads`` CPU threads (default: the
-    machine's CPUs shared by the ranks), which the summary reports as ``threads``.
+    machine's CPUs shared by the ranks), which the summary reports as ``threads``. A list of inputs is fitted in turn
+    by the same ranks, in one launch, and gives a list of summaries; with ``warm_up`` each rank first fits its first
+    rows once, untimed (``dlscale kmeans --warm-up``).
     """
     Path(out).mkdir(parents=True, exist_ok=True)
-    if isinstance(input, np.ndarray):
-        np.save(Path(out) / "input.npy", input)
-        input = Path(out) / "input.npy"
+    inputs = list(input) if isinstance(input, list) else [input]
+    for number, data in enumerate(inputs):
+        if isinstance(data, np.ndarray):
+            inputs[number] = Path(out) / ("input.npy" if len(inputs) == 1 else f"input-{number}.npy")
+            np.save(inputs[number], data)
     if isinstance(init, np.ndarray):
         np.save(Path(out) / "init.npy", init)
         init = Path(out) / "init.npy"
     args = [
-        "--input",
-        str(input),
+        *(item for data in inputs for item in ("--input", str(data))),
         "--k",
         str(k),
         "--init",
@@ -74,7 +78,10 @@ def launch_kmeans(
         "cpu",
         "--out",
         str(out),
+        *(["--warm-up"] if warm_up else []),
     ]
     argv = kmeans_command(launcher, procs, args)
     run_local(argv, f"{' '.join(argv[:6])} ...", threads or fair_threads(procs))
-    return json.loads((Path(out) / "summary.json").read_text())
+    folders = [Path(out)] if len(inputs) == 1 else [Path(out) / str(number) for number in range(len(inputs))]
+    summaries = [json.loads((folder / "summary.json").read_text()) for folder in folders]
+    return summaries if isinstance(input, list) else summaries[0]

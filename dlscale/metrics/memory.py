@@ -3,12 +3,15 @@
 The bytes are counted from the tensors this rank really holds (a DTensor's local shard,
 not the whole tensor), so the table of ``dlscale bench memory`` shows what FSDP and tensor
 parallelism save, not an estimate. The peak is CUDA's allocator peak on a GPU and the
-process's peak resident set (``ru_maxrss``) on a CPU, which also counts the interpreter
-and torch's libraries.
+process's peak resident set on a CPU, which also counts the interpreter and torch's libraries:
+on Linux since :func:`reset_peak` (``VmHWM``, reset through ``/proc/self/clear_refs``), so that a
+process that trains several runs in turn (a notebook's engine) reports each run's own; elsewhere
+since the process started (``ru_maxrss``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import sys
 from typing import Any
@@ -40,15 +43,24 @@ def peak_bytes(device: torch.device) -> int:
     """The peak memory of this rank: CUDA's allocator peak, or the process's peak resident set on a CPU."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)  # (Linux reports KiB, macOS bytes)
+    try:  # Linux: the high-water mark since reset_peak
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak if sys.platform == "darwin" else peak * 1024)  # (Linux reports KiB, macOS bytes)
 
 
 def reset_peak(device: torch.device) -> None:
-    """Start the peak afresh on a GPU, once the model is in its final layout (the whole model that FSDP
-    or TP shard in place was on the device until then). A CPU's resident-set peak cannot be reset."""
+    """Start the peak afresh, once the model is in its final layout (the whole model that FSDP or TP shard in place
+    was on the device until then): CUDA's allocator peak on a GPU; on a CPU under Linux the resident set's
+    high-water mark (then the current resident set: the interpreter, torch, the data), so that an engine that
+    trained before reports this run's peak. Elsewhere a CPU's peak cannot be reset."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        return
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")  # (5: the peak resident set size reset to the current one; Linux 4.0 and later)
 
 
 def memory_row(model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> dict[str, int]:
@@ -97,6 +109,65 @@ def saved_activation_bytes(model: nn.Module, x: torch.Tensor) -> int:
         model(x).sum().backward()  # (the backward runs the recomputation, which saves again: counted once)
     model.zero_grad(set_to_none=True)
     return total
+
+
+class HeldActivations:
+    """The bytes autograd holds for backward passes still to come: now (``held``) and at most (``peak``).
+
+    A context manager: inside it, every tensor autograd saves (an activation) is counted when saved and uncounted when
+    autograd lets it go (its backward has run, or its graph was dropped); a storage saved several times counts once,
+    and the parameters of ``model`` (held anyway) not at all. It measures what a pipeline's schedule keeps alive on a
+    stage (GPipe: every micro-batch's activations before the first backward; 1F1B: a few) on any device, the CPU
+    included, where no allocator peak tells activations from the rest.
+    """
+
+    def __init__(self, model: nn.Module):
+        self._parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self._saved: dict[int, int] = {}  # storage -> how many saved tensors share it
+        self.held = self.peak = 0
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+
+    def __enter__(self) -> "HeldActivations":
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._hooks.__exit__(*exc)
+
+    def _pack(self, tensor: torch.Tensor) -> Any:
+        storage = tensor.untyped_storage()
+        key, size = storage.data_ptr(), storage.nbytes()
+        if key in self._parameters or size == 0:
+            return tensor
+        if not self._saved.get(key):
+            self.held += size
+            self.peak = max(self.peak, self.held)
+        self._saved[key] = self._saved.get(key, 0) + 1
+        # (detached: a saved output keeps its own graph node alive through its grad_fn, a cycle through C++ that
+        # Python's collector cannot break; the storage, what is counted, is the same)
+        return _Saved(tensor.detach(), self, key, size)
+
+    def _release(self, key: int, size: int) -> None:
+        self._saved[key] -= 1
+        if not self._saved[key]:
+            del self._saved[key]
+            self.held -= size
+
+
+class _Saved:
+    """One saved tensor while autograd holds it; autograd drops it after its backward, and then it is uncounted."""
+
+    __slots__ = ("tensor", "counter", "key", "size")
+
+    def __init__(self, tensor: torch.Tensor, counter: HeldActivations, key: int, size: int):
+        self.tensor, self.counter, self.key, self.size = tensor, counter, key, size
+
+    def __del__(self) -> None:
+        self.counter._release(self.key, self.size)
+
+
+def _unpack(saved: Any) -> torch.Tensor:
+    return saved.tensor if isinstance(saved, _Saved) else saved
 
 
 def checkpointing_trade(cfg: Any, batch: int = 32, repeats: int = 5) -> dict[bool, dict[str, float]]:

@@ -11,7 +11,11 @@ A model brings everything the rest of the kit needs to know about it, so that ad
   each submodule path inside a unit, ``"colwise"`` or ``"rowwise"``. ``distributed/`` reads these
   and knows no attribute name of any model;
 - ``meta_init``: whether a sharded run may build it on the meta device, shard it, then allocate
-  its shards (``to_empty``) and initialise them with its ``init_weights(seed)``, as the ViT does.
+  its shards (``to_empty``) and initialise them with its ``init_weights(seed)``, as the ViT does;
+- for pipeline parallelism, ``pipeline_stage(blocks, first, last)``: a module of those units (with the input
+  layers if ``first``, the output layers if ``last``) whose parameters keep the whole model's names and whose
+  ``init_weights(seed)`` draws the whole model's values, and ``together(stages)`` on its class (a rank's stages as
+  one module), as the ViT's ``ViTStage`` gives (:mod:`dlscale.distributed.pipeline`).
 """
 
 from __future__ import annotations

@@ -121,7 +121,8 @@ def mfu(samples_per_s: float, flops_per_sample_: float, peak: float | None, tens
     """Model FLOPs utilisation of one device: achieved training FLOP/s over its peak (None if unknown).
 
     ``samples_per_s`` is one rank's rate. Under tensor parallelism ``tensor_parallel`` ranks share each
-    sample's FLOPs (each computes its share of every layer), so one device does 1/``tensor_parallel`` of them.
+    sample's FLOPs (each computes its share of every layer), so one device does 1/``tensor_parallel`` of them; the
+    engine passes tensor parallel × pipeline stages (a stage computes its blocks' share).
     """
     if not peak:
         return None

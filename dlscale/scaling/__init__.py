@@ -12,6 +12,10 @@
 - :mod:`~dlscale.scaling.slowdown`: what the communication hidden behind the backward pass costs it (Lee et al.
   2025's 18.9%, or ``dlscale bench overlap`` here);
 - :mod:`~dlscale.scaling.projection`: a model's step time and efficiency from 1 to 1,024 nodes;
+- :mod:`~dlscale.scaling.model_size`, :mod:`~dlscale.scaling.pipeline_cost`, :mod:`~dlscale.scaling.layouts`: a
+  model that may not fit one GPU (its weights, operations and activations), a pipeline's step (the schedule's bubble,
+  the activations sent between stages), and ``dlscale project --layouts``: DP, FSDP, TP×DP and PP×TP×DP priced, the
+  cheapest that fits chosen; :mod:`~dlscale.scaling.published_pipeline` checks it against Megatron-LM's runs;
 - :mod:`~dlscale.scaling.plan`: ``dlscale plan``: a sweep's time and node-hours to a target, the
   fastest against the cheapest, a recommendation, and the next size up predicted.
 """

@@ -30,6 +30,7 @@ from dlscale.errors import DlscaleError, check_range
 from dlscale.reporting.report import collect, read_summary
 from dlscale.reporting.tables import markdown_table
 from dlscale.scaling.collectives import layout_seconds
+from dlscale.scaling.layouts import group_placement
 from dlscale.scaling.projection import BACKWARD_SHARE
 from dlscale.scaling.sites import Site
 from dlscale.scaling.slowdown import OVERLAP_SLOWDOWN, slowdown_seconds
@@ -56,6 +57,7 @@ def cost_rows(paths: list[str | Path], target_r2: float) -> list[dict]:
         )
         row["data_parallel"] = parallel.get("data_parallel", "ddp")
         row["tensor_parallel"] = int(parallel.get("tensor_parallel") or 1)
+        row["pipeline_parallel"] = int(parallel.get("pipeline_parallel") or 1)
         row["noise_scale"] = summary.get("noise_scale")
         row["hours_to_target"] = None if seconds is None else seconds / 3600
         row["node_hours"] = None if seconds is None else row["nodes"] * seconds / 3600
@@ -151,31 +153,36 @@ def samples_factor(batch: float, next_batch: float, noise_scale: float | None) -
 
 def _communication_growth(
     last: dict, per_node: int, nodes: int, site: Site, overlap: float, step: float
-) -> tuple[str, int, float, float]:
-    """(layout, tensor-parallel size, the communication's growth from ``last``'s nodes to ``nodes``, its exposed
-    part), priced as dlscale project prices it: 25 MiB buckets, each with NCCL's own choice on a site that runs NCCL
-    (the cheapest textbook algorithm between nodes elsewhere, as on a link fitted here);
-    FSDP's all-gathers and reduce-scatter on two levels; tensor parallelism splits each layer inside the node, so the
-    data-parallel ranks send 1/tp of the gradient each (TP's own activations are not priced here). The overlap hides
-    at most the backward pass (as dlscale project bounds it), and what it hides still slows the backward pass by the
-    published factor (:data:`~dlscale.scaling.slowdown.OVERLAP_SLOWDOWN`). DDP's own cost does not grow with the
-    nodes (its buckets and bytes stay the same): the measured step holds it already."""
+) -> tuple[str, int, int, float, float]:
+    """(layout, tensor-parallel size, pipeline stages, the communication's growth from ``last``'s nodes to ``nodes``,
+    its exposed part), priced as dlscale project prices it: 25 MiB buckets, each with NCCL's own choice on a site that
+    runs NCCL (the cheapest textbook algorithm between nodes elsewhere, as on a link fitted here);
+    FSDP's all-gathers and reduce-scatter on two levels; tensor parallelism splits each layer inside the node and a
+    pipeline cuts the layers into stages, so the data-parallel ranks send 1/(tp·pp) of the gradient each, in groups
+    placed as the kit's mesh places them (:func:`~dlscale.scaling.layouts.group_placement`; TP's own activations and
+    the pipeline's sends and bubble are in the measured step, and do not change: each rank keeps its micro-batches).
+    The overlap hides at most the backward pass (as dlscale project bounds it), and what it hides still slows the
+    backward pass by the published factor (:data:`~dlscale.scaling.slowdown.OVERLAP_SLOWDOWN`). DDP's own cost does
+    not grow with the nodes (its buckets and bytes stay the same): the measured step holds it already."""
     layout = "fsdp" if last.get("data_parallel") == "fsdp" else "ddp"
     tp = max(1, int(last.get("tensor_parallel") or 1))
-    gradient = (last["gradient_bytes"] or 0) / tp
-    now, then = (
-        layout_seconds(
-            layout, gradient, max(1, per_node // tp), n, site.inside, site.between, "auto", DDP_BUCKET_BYTES, site.nccl
+    pp = max(1, int(last.get("pipeline_parallel") or 1))
+    gradient = (last["gradient_bytes"] or 0) / (tp * pp)
+
+    def seconds(n: int) -> float:
+        members, groups = group_placement(max(1, n * per_node // (tp * pp)), tp, per_node)
+        return layout_seconds(
+            layout, gradient, members, groups, site.inside, site.between, "auto", DDP_BUCKET_BYTES, site.nccl
         )
-        for n in (last["nodes"], nodes)
-    )
+
+    now, then = seconds(last["nodes"]), seconds(nodes)
     backward = BACKWARD_SHARE * step
 
     def exposed_of(comm: float) -> float:
         hidden = min(overlap * comm, backward)
         return comm - hidden + slowdown_seconds(hidden, OVERLAP_SLOWDOWN)
 
-    return layout, tp, then - now, exposed_of(then) - exposed_of(now)
+    return layout, tp, pp, then - now, exposed_of(then) - exposed_of(now)
 
 
 def predict_next(
@@ -217,7 +224,7 @@ def predict_next(
     step = last["global_batch_size"] / last["samples_per_s"]  # a rank's seconds per step
     if not weak:
         step /= 2  # (strong scaling: each rank's share of the batch halves, and its compute with it)
-    layout, tp, grow, exposed = _communication_growth(last, per_node, nodes, site, overlap, step)
+    layout, tp, pp, grow, exposed = _communication_growth(last, per_node, nodes, site, overlap, step)
 
     def time_to_target(step_growth: float, factor: float) -> float:
         samples = last["samples_to_target"] * factor
@@ -242,7 +249,8 @@ def predict_next(
             f"from {last['run']}: {last['nodes']} node(s), {last['ranks']} ranks, {step * 1e3:.3g} ms per step, "
             f"{last['samples_to_target']:,.0f} samples to the target; "
             f"{'weak scaling: each rank keeps its batch' if weak else 'strong scaling: the step halves'}",
-            f"{layout.upper()}{f' with tensor parallelism over {tp}' if tp > 1 else ''}: the communication of "
+            f"{layout.upper()}{f' with tensor parallelism over {tp}' if tp > 1 else ''}"
+            f"{f' and a pipeline of {pp} stages' if pp > 1 else ''}: the communication of "
             f"{(last['gradient_bytes'] or 0) / 2**20:.3g} MiB of gradients grows by {grow * 1e3:.3g} ms per step "
             f"(between nodes {site.between.describe()}); {overlap:.0%} of it hidden, at most the backward pass "
             f"({BACKWARD_SHARE:.0%} of the step), each second hidden slowing it by {OVERLAP_SLOWDOWN:.3g} s",

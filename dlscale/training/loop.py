@@ -222,7 +222,9 @@ def _stop_reason(stopped: bool, stop: StopFlag, on_epoch: EpochCallback | None) 
 
 def _validate(run: Run, epoch: int, say: Any) -> dict[str, float]:
     run.step_log.flush()
-    metrics = evaluate(run.model, run.val_loader, run.device, run.cfg.channels_last, run.names)
+    # (run.eval_model: the model, or under a pipeline its stages forward, the predictions on every rank)
+    model = run.model if run.eval_model is None else run.eval_model
+    metrics = evaluate(model, run.val_loader, run.device, run.cfg.channels_last, run.names)
     # The error (mse) is the test: a NaN or infinite map or target makes it so. R² alone may be infinite on honest
     # data (one validation map, or a target that is constant: no variance to explain).
     broken = [key for key, value in metrics.items() if not key.startswith("r2") and not math.isfinite(value)]
@@ -301,6 +303,13 @@ def _finish(run: Run, meter: ThroughputMeter, stopped: tuple[str, str], started:
     memory = distributed.all_gather_object(memory_row(run.model, run.optimizer, device))
     # Every rank's own samples/s: a straggler shows as the slowest, which the breakdown takes (dlscale.bench.breakdown).
     each_rank = distributed.all_gather_object(meter.samples_per_s)
+    # The whole model's gradient bytes, by name from every rank (a pipeline's stages hold different parameters; a
+    # DTensor's numel is the whole parameter's, so FSDP's and TP's shards count whole, and once).
+    gradient_bytes = {}
+    for held in distributed.all_gather_object(
+        {n: p.numel() * p.element_size() for n, p in run.model.named_parameters() if p.requires_grad}
+    ):
+        gradient_bytes.update(held)
     # Rank 0 wrote the files; it hands their rows to the others (which may not share its file system).
     history, step_rows, kept = distributed.broadcast_object(
         (read_rows(run_dir / VAL_FILE), read_rows(run_dir / TRAIN_FILE), _kept_summary(run)) if env.is_main else None
@@ -310,7 +319,7 @@ def _finish(run: Run, meter: ThroughputMeter, stopped: tuple[str, str], started:
     # matmuls do not (cuBLAS's): MFU is against the peak of the kernels that do most of the FLOPs.
     peak_name = peak_precision(device, run.policy.name, convolutions=run.flops.convolution_share >= 0.5)
     peak = peak_flops(device, peak_name)
-    utilisation = mfu(meter.samples_per_s, run.flops.per_sample, peak, run.plan.tensor_parallel)  # per device
+    utilisation = mfu(meter.samples_per_s, run.flops.per_sample, peak, run.plan.model_ranks)  # per device
     result = Result(
         config=cfg,
         run_dir=run_dir,
@@ -355,7 +364,7 @@ def _finish(run: Run, meter: ThroughputMeter, stopped: tuple[str, str], started:
                 {
                     "recomputed_flops_per_sample": run.flops.recomputed,  # (activation checkpointing's)
                     "hardware_utilisation": mfu(
-                        meter.samples_per_s, run.flops.per_sample + run.flops.recomputed, peak, run.plan.tensor_parallel
+                        meter.samples_per_s, run.flops.per_sample + run.flops.recomputed, peak, run.plan.model_ranks
                     ),
                 }
                 if run.flops.recomputed
@@ -365,12 +374,12 @@ def _finish(run: Run, meter: ThroughputMeter, stopped: tuple[str, str], started:
             "applied": applied,
             "threads": {**run.threads.to_dict(), "changes": [list(change) for change in run.thread_changes]},
             "memory_per_rank": memory,
-            # (what dlscale plan prices: the whole gradient and how the ranks share it; a DTensor's numel is the
-            # whole parameter's, so FSDP's and TP's shards count whole)
+            # (what dlscale plan prices: the whole gradient and how the ranks share it)
             "parallel": {
                 "data_parallel": run.plan.data_parallel,
                 "tensor_parallel": run.plan.tensor_parallel,
-                "gradient_bytes": sum(p.numel() * p.element_size() for p in run.model.parameters() if p.requires_grad),
+                "pipeline_parallel": run.plan.pipeline,
+                "gradient_bytes": sum(gradient_bytes.values()),
             },
             **({"noise_scale": run.noise_scale.b_simple} if cfg.noise_scale_every else {}),
             **final,

@@ -4,7 +4,8 @@ First the checks that need the job (the parallel plan, the device), so a config 
 run stops before any data is read or model built; then construction in PyTorch's order:
 threads, seed, data, model, precision, the step model (tensor parallelism and FSDP in place,
 or DDP then compiled: before the optimizer, because FSDP and TP replace the parameters by
-DTensors), optimizer and gradient sync, schedule; then resume or a fresh start, and the logs.
+DTensors; with a pipeline, each of this rank's stages so, and the schedule that runs them),
+optimizer and gradient sync, schedule; then resume or a fresh start, and the logs.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from dlscale.distributed.parallelize import (
     plan_parallelism,
     uncompiled,
 )
+from dlscale.distributed.pipeline import Pipeline, PipelineForward, build_pipeline, pipeline_stages, rank_part
 from dlscale.metrics.memory import reset_peak
 from dlscale.metrics.noise_scale import NoiseScaleEstimator, NoiseScaleProbe
 from dlscale.metrics.steplog import StepLog
@@ -57,6 +59,7 @@ from dlscale.profiling import FlopCount, count_flops, nvtx_backend
 from dlscale.runtime.devices import to_device
 from dlscale.runtime.precision import Precision
 from dlscale.runtime.threads import ThreadChoice, apply_threads
+from dlscale.training.passes import ForwardBackward, pipelined, whole_model
 
 
 @dataclass
@@ -65,10 +68,10 @@ class Run:
 
     cfg: TrainConfig
     env: DistEnv
-    plan: ParallelPlan  # how the ranks share the work (DDP, Horovod, FSDP, tensor parallel)
+    plan: ParallelPlan  # how the ranks share the work (DDP, Horovod, FSDP, tensor parallel, pipeline)
     device: torch.device
-    model: nn.Module  # for checkpoints and evaluation: plain, or itself sharded under FSDP/TP
-    step_model: nn.Module  # what the step calls: compiled and/or DDP-wrapped; the model under FSDP/TP
+    model: nn.Module  # for checkpoints and evaluation: plain, or itself sharded under FSDP/TP; a pipeline's: its stages
+    step_model: nn.Module  # what the step calls: compiled and/or DDP-wrapped; the model under FSDP/TP (and a pipeline)
     loss_fn: nn.Module
     optimizer: torch.optim.Optimizer
     grad_sync: GradientSync  # what the step asks to keep micro-batches local, synchronize, clip and step
@@ -93,6 +96,10 @@ class Run:
     resumed_from: Path | None = None
     graph_skips: int = 0  # inductor's CUDA-graph skips before the first step
     noise_probe: NoiseScaleProbe | None = None
+    #: one micro-batch's forward and backward (dlscale.training.passes): the whole model's, or a pipeline's schedule
+    forward_backward: ForwardBackward = whole_model
+    pipeline: Pipeline | None = None  # this rank's stages and their schedule, with pipeline_parallel > 1
+    eval_model: nn.Module | None = None  # what validation calls for predictions: the model, or the pipeline forward
     applied: dict[str, Any] = field(default_factory=dict)
     thread_changes: list[tuple[int, int, int, int]] = field(default_factory=list)  # (step, from, to, busy CPUs)
 
@@ -147,6 +154,13 @@ def check_fits(cfg: TrainConfig, device: torch.device, plan: ParallelPlan) -> No
             "noise_scale_every works with DDP only: under Horovod its extra backward pass would set "
             "off an all-reduce; launch with torchrun/srun/mpirun, or set noise_scale_every=0"
         )
+    if plan.pipeline > 1 and cfg.per_rank_batch(plan.data_ranks) % cfg.pipeline_microbatches:
+        batch = cfg.per_rank_batch(plan.data_ranks)
+        raise ConfigError(
+            f"config key 'pipeline_microbatches'={cfg.pipeline_microbatches} must divide the per-rank batch {batch} "
+            f"(global_batch_size={cfg.global_batch_size} over {plan.data_ranks} data-parallel rank(s)); choose a "
+            f"divisor of {batch}"
+        )
 
 
 def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
@@ -183,10 +197,15 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
     loss_fn = nn.MSELoss()
     flops = model_flops(model_spec(cfg.model), cfg.sections.model, tuple(dataset.input_shape), dataset.num_targets)
     # (before the optimizer: FSDP and TP make DTensors of the parameters)
-    step_model = build_step_model(model, env, cfg.sections.parallel, cfg.sections.model, plan, policy)
-    if on_meta:
-        model.to_empty(device=device)
-        model.init_weights(cfg.seed)
+    pipeline = None
+    if plan.pipeline > 1:  # this rank's stages, each prepared as a model is; the model is then the rank's part
+        model, pipeline = _pipeline_part(cfg, env, plan, policy, model, on_meta, device, loss_fn)
+        step_model = model
+    else:
+        step_model = build_step_model(model, env, cfg.sections.parallel, cfg.sections.model, plan, policy)
+        if on_meta:
+            model.to_empty(device=device)
+            model.init_weights(cfg.seed)
     reset_peak(device)  # the memory table's peak is the sharded layout's, not the whole model's before it
     peak_lr = scale_lr(cfg.lr, cfg.base_batch, cfg.global_batch_size, cfg.lr_scaling)
     optimizer, grad_sync = gradient_sync(
@@ -196,6 +215,7 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
         model,
         cfg.horovod_fp16_compression,
         cfg.grad_accumulation,
+        across_stages=pipeline.group if pipeline else None,
     )
     steps_per_epoch = len(train_loader) // cfg.grad_accumulation
     total_steps = min(cfg.epochs * steps_per_epoch, cfg.max_steps or cfg.epochs * steps_per_epoch)
@@ -264,11 +284,45 @@ def build_run(cfg: TrainConfig, env: DistEnv) -> Run:
             if cfg.noise_scale_every
             else None
         ),
+        forward_backward=pipelined(pipeline) if pipeline else whole_model,
+        pipeline=pipeline,
+        eval_model=PipelineForward(model, pipeline) if pipeline else model,
     )
     run.applied = applied_settings(run)
     if env.is_main:
         print(_start_line(run), flush=True)
     return run
+
+
+def _pipeline_part(
+    cfg: TrainConfig,
+    env: DistEnv,
+    plan: ParallelPlan,
+    policy: Precision,
+    model: nn.Module,
+    on_meta: bool,
+    device: torch.device,
+    loss_fn: nn.Module,
+) -> tuple[nn.Module, Pipeline]:
+    """This rank's stages of ``model``, each split, sharded and materialized as a whole model is, then as one module
+    (the rank's part: what the optimizer, the clipping and the checkpoint hold) and the pipeline that runs them."""
+    stages = pipeline_stages(model, plan.pipeline, plan.pipeline_rank, cfg.pipeline_virtual_stages)
+    for stage in stages:
+        build_step_model(stage, env, cfg.sections.parallel, cfg.sections.model, plan, policy)
+        if on_meta:  # (each stage draws its parameters' values in the whole model: the same start as one process)
+            stage.to_empty(device=device)
+            stage.init_weights(cfg.seed)
+    pipeline = build_pipeline(
+        stages,
+        plan.mesh,
+        cfg.pipeline_schedule,
+        cfg.pipeline_microbatches,
+        cfg.pipeline_virtual_stages,
+        cfg.per_rank_batch(plan.data_ranks),
+        device,
+        loss_fn,
+    )
+    return rank_part(stages), pipeline
 
 
 def _resume_or_start_afresh(
@@ -304,7 +358,7 @@ def _resume_or_start_afresh(
             if plan.sharded and "model" in ckpt:
                 raise CheckpointError(
                     f"{resumed_from} was written by a run whose ranks each held the whole "
-                    f"model; resume it without FSDP/tensor parallelism, or start afresh with "
+                    f"model; resume it without FSDP, tensor or pipeline parallelism, or start afresh with "
                     f"resume=false"
                 )
             step = restore_training(ckpt, model, optimizer, scheduler, scaler, noise_scale)
@@ -352,6 +406,9 @@ def applied_settings(run: Run) -> dict[str, Any]:
         "horovod": horovod,
         "fsdp": plan.data_parallel == "fsdp",
         "tensor_parallel": plan.tensor_parallel,
+        "pipeline_parallel": plan.pipeline,
+        "pipeline_schedule": run.cfg.pipeline_schedule if plan.pipeline > 1 else None,
+        "pipeline_microbatches": run.cfg.pipeline_microbatches if plan.pipeline > 1 else None,
         "data_parallel_ranks": plan.data_ranks,
         "model": run.cfg.model,
         "activation_checkpointing": run.cfg.activation_checkpointing and run.cfg.model == "vit",
@@ -370,8 +427,9 @@ def _start_line(run: Run) -> str:
     cfg, plan, dataset = run.cfg, run.plan, run.train_loader.dataset
     where = f"resuming from {run.resumed_from.name} at step {run.step}" if run.resumed_from else "starting afresh"
     split = f" ({plan.describe()})" if plan.sharded else ""
+    held = " in rank 0's stages" if plan.pipeline > 1 else ""
     return (
-        f"dlscale: {cfg.name} on {run.env.describe()}{split}, {count_parameters(run.model):,} parameters, "
+        f"dlscale: {cfg.name} on {run.env.describe()}{split}, {count_parameters(run.model):,} parameters{held}, "
         f"{len(dataset):,} maps {tuple(dataset.input_shape)} from {run.data_root}, {run.total_steps} steps of "
         f"batch {cfg.global_batch_size}, {cfg.optimizer} at peak lr {run.peak_lr:.3g}, {run.policy.name}"
         f"{', compiled' if cfg.compile else ''}; {where}; writing to {run.run_dir}"

@@ -1,7 +1,8 @@
 """One optimizer step: ``train_step(run, batches)``, the function a reader looks for first.
 
-Zero the gradients; forward and backward on each micro-batch (the plan's
-:class:`~dlscale.distributed.grad_sync.GradientSync` keeps inner micro-batches local); then,
+Zero the gradients; forward and backward on each micro-batch (``run.forward_backward``: through the whole
+model, or a pipeline's schedule; the plan's :class:`~dlscale.distributed.grad_sync.GradientSync` keeps inner
+micro-batches local); then,
 through the grad scaler (a pass-through unless fp16): synchronize, unscale, clip, step the
 optimizer and the LR schedule. The step does not branch on the parallelism.
 """
@@ -32,13 +33,9 @@ def train_step(run: Run, batches: Iterator) -> tuple[torch.Tensor, int] | None:
         if measuring:
             run.noise_probe.measure_small_batch(run.model, run.loss_fn, x, y, run.policy.autocast, run.scaler)
         with sync.micro_batch(last=micro == accumulation - 1):
-            with nvtx_range("forward"), run.policy.autocast():
-                micro_loss = run.loss_fn(run.step_model(x), y)
-                if accumulation > 1:
-                    micro_loss = micro_loss / accumulation
-            with nvtx_range("backward"):
-                run.scaler.scale(micro_loss).backward()
-        loss = micro_loss.detach() if loss is None else loss + micro_loss.detach()
+            # (the whole model's forward and backward, or a pipeline's schedule: dlscale.training.passes)
+            micro_loss = run.forward_backward(run, x, y, accumulation)
+        loss = micro_loss if loss is None else loss + micro_loss
     with nvtx_range("optimizer"):
         sync.synchronize()  # (Horovod: wait for the all-reduce before the gradients are read)
         if cfg.grad_clip or measuring:

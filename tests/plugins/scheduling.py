@@ -21,7 +21,15 @@ INTEGRATION = ROOT / "tests" / "integration"
 #: The files whose tests share a module fixture (a Slurm cluster, JupyterLab and its browser, a reference run,
 #: folders of ipyparallel engines): one test process takes each of them whole, so the fixture is made once. Every
 #: other test goes to whichever process is free (tests/unit/test_suite_order.py checks the list).
-ONE_PROCESS = ("test_browser.py", "test_slurm.py", "test_sharded.py", "test_train.py", "test_recipes.py")
+ONE_PROCESS = (
+    "test_browser.py",
+    "test_slurm.py",
+    "test_sharded.py",
+    "test_train.py",
+    "test_recipes.py",
+    "test_pipeline.py",
+    "test_pinned_torch.py",
+)
 
 #: The files whose tests take longest, longest first. make test's processes take work in collection order, so
 #: these go first, the rest of the integration tier next and the unit tier last: its short tests fill the gaps
@@ -32,6 +40,7 @@ LONGEST_FIRST = (
     "test_notebooks.py",
     "test_experiments.py",
     "test_sharded.py",
+    "test_pipeline.py",
     "test_train.py",
     "test_distributed.py",
     "test_recipes.py",

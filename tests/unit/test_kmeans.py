@@ -1,6 +1,7 @@
 """Distributed K-Means: scikit-learn's semantics and estimator checks, weights, the bounds that skip rows,
 chunking, empty clusters, init, ranks, daal4py, CLI."""
 
+import json
 import re
 import sys
 
@@ -203,31 +204,31 @@ def test_the_benchmark_fits_each_kind_of_data_in_both_phases_beside_scikit_learn
     assert (tmp_path / "kmeans.png").stat().st_size > 10_000
 
 
-def test_the_scaling_runs_launch_one_process_once_for_strong_and_weak(tmp_path, monkeypatch):
-    """One process holds all the data in both modes: the same run, so it is launched once and given to both."""
+def test_the_scaling_runs_launch_each_process_count_once_for_strong_and_weak(tmp_path, monkeypatch):
+    """One launch per process count fits both modes, strong then weak (a process start costs more than the fit); one
+    process holds all the data in both modes: the same fit, so it is fitted once and given to both."""
     import dlscale.bench.kmeans as bench
 
     launched = []
 
     def fake_run(launcher, procs, data, init, k, iterations, out, threads):
-        launched.append((launcher, out.name, len(np.load(data))))
-        return {
-            "backend": "torch",
-            "threads": {"count": threads},
-            "seconds": 1.0,
-            "n_iter": iterations,
-            "seconds_per_iteration": 0.5 * procs if "weak" in out.name else 0.5 / procs,
-        }
+        launched.append((launcher, out.name, [len(np.load(path)) for path in data]))
+        return [
+            {
+                "backend": "torch",
+                "threads": {"count": threads},
+                "seconds": 1.0,
+                "n_iter": iterations,
+                "seconds_per_iteration": 0.5 * procs if "weak" in path.name else 0.5 / procs,
+            }
+            for path in data
+        ]
 
     monkeypatch.setattr(bench, "_scaling_run", fake_run)
     monkeypatch.setattr("dlscale.kmeans.daal.available", lambda: False)
     x = np.zeros((10, 3), dtype=np.float32)
     rows = bench._scaling(x, x[:2], [1, 2], 3, tmp_path, 0)
-    assert launched == [
-        ("torchrun", "torchrun-strong-1", 10),
-        ("torchrun", "torchrun-strong-2", 10),
-        ("torchrun", "torchrun-weak-2", 20),
-    ]
+    assert launched == [("torchrun", "torchrun-1", [10]), ("torchrun", "torchrun-2", [10, 20])]
     assert [(r["mode"], r["processes"], r["samples"]) for r in rows] == [
         ("strong", 1, 10),
         ("strong", 2, 10),
@@ -235,6 +236,27 @@ def test_the_scaling_runs_launch_one_process_once_for_strong_and_weak(tmp_path, 
         ("weak", 2, 20),
     ]
     assert [r["efficiency"] for r in rows] == [1.0, 1.0, 1.0, 0.5]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["init.npy"]  # (the data sets removed after their runs)
+
+
+def test_the_command_fits_several_inputs_in_one_launch_after_a_warm_up(in_tmp, capfd):
+    """`dlscale kmeans --input a --input b --warm-up`: each input fitted in turn, its outputs in OUT/0, OUT/1 (what the
+    benchmark's scaling runs use: one process start for strong and weak scaling); weights go with one input only."""
+    from dlscale.cli import main
+
+    x, _ = make_blobs(600, n_features=3, centers=4, random_state=0)
+    np.save("a.npy", x.astype(np.float32))
+    np.save("b.npy", np.tile(x, (2, 1)).astype(np.float32))
+    args = ["kmeans", "--input", "a.npy", "--input", "b.npy", "--k", "4", "--backend", "torch", "--device", "cpu"]
+    assert main([*args, "--warm-up", "--out", "both"]) == 0
+    summaries = [json.loads((in_tmp / f"both/{n}/summary.json").read_text()) for n in (0, 1)]
+    assert [s["n_samples_rank0"] for s in summaries] == [600, 1200]
+    assert np.load(in_tmp / "both/1/labels.npy").shape == (1200,)
+    np.save("w.npy", np.ones(600))
+    assert main([*args, "--sample-weight", "w.npy", "--out", "weighted"]) == 2
+    refused = capfd.readouterr().err.strip().splitlines()[-1]
+    assert refused.endswith("--sample-weight goes with one --input (one weight per sample of that file)"), refused
+    assert not (in_tmp / "weighted").exists()  # (refused before any fit)
 
 
 def test_the_gpu_chunk_counts_the_float64_copy_of_its_rows():

@@ -1,13 +1,16 @@
 """Beyond data parallel: FSDP and tensor parallelism of the ViT equal one process; sharded checkpoints; bad
 combinations."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
 from dlscale.config import ConfigError, load_config
 from dlscale.distributed import DistEnv, DistributedError, resolve_data_parallel
 from dlscale.distributed.parallelize import ParallelPlan, build_step_model, plan_parallelism
-from dlscale.metrics.memory import saved_activation_bytes
+from dlscale.metrics.memory import peak_bytes, reset_peak, saved_activation_bytes
 from dlscale.models import build_model
 from dlscale.runtime.precision import Precision
 
@@ -23,6 +26,74 @@ def test_activation_checkpointing_computes_the_same_gradients_from_fewer_saved_b
         grads.append([p.grad for p in model.parameters()])
     assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(*grads))
     assert saved[1] < saved[0] / 3  # each block keeps only its input
+
+
+def test_a_cpu_peak_restarts_at_reset_so_an_engine_reports_each_run_its_own():
+    """The memory table's peak on a CPU: after reset_peak, a process that once held more (an engine that trained
+    before) reports what it holds from then on, not its old high-water mark (Linux; elsewhere it cannot fall)."""
+    cpu = torch.device("cpu")
+    block = torch.ones(64 * 2**20, dtype=torch.uint8)  # 64 MiB, touched
+    high = peak_bytes(cpu)
+    del block
+    reset_peak(cpu)
+    after = peak_bytes(cpu)
+    assert 0 < after <= high
+    if Path("/proc/self/clear_refs").exists():
+        assert after < high - 32 * 2**20
+
+
+@pytest.mark.parametrize("on_engines", [False, True])
+def test_bench_memory_runs_each_layout_with_the_same_settings_under_torchrun_or_on_the_engines(
+    on_engines, tmp_path, monkeypatch
+):
+    """`dlscale bench memory` launches each layout under torchrun; lesson 10 runs the same layouts on its engines:
+    each run gets the layout's settings, the steps, a small validation set and the quiet flags either way."""
+    from dlscale.bench import memory, scaling
+    from dlscale.jobs import notebook_engines
+
+    seen = []
+
+    def summary(processes: int, settings: dict, run_dir) -> dict:
+        seen.append((processes, settings))
+        share = 2 if settings.get("data_parallel") == "fsdp" else 1
+        rank = {"parameters": 400 // share, "gradients": 400 // share, "optimizer_state": 800 // share, "peak": 7}
+        return {"memory_per_rank": [rank] * processes, "global_batch_size": 32, "samples_per_s": 320.0 / processes}
+
+    def torchrun(cfg, processes, run_dir, overrides, threads, label):
+        return summary(processes, dict(o.split("=", 1) for o in overrides), run_dir)
+
+    def engines(function, n, cfg, run_dir, show, threads, **settings):
+        Path(run_dir).mkdir(parents=True)
+        Path(run_dir, "summary.json").write_text(json.dumps(summary(n, settings, run_dir)))
+        return [{"run_dir": run_dir}] * n
+
+    monkeypatch.setattr(scaling, "run_training", torchrun)
+    monkeypatch.setattr(notebook_engines, "run_on_engines", engines)
+    rows = memory.bench_memory(
+        load_config("vit-tiny"),
+        steps=7,
+        out_dir=tmp_path,
+        layouts=memory.LAYOUTS[:3],
+        progress=False,
+        on_engines=on_engines,
+    )
+    assert [processes for processes, _ in seen] == [1, 2, 2]
+    assert [settings.get("data_parallel") for _, settings in seen] == [None, "ddp", "fsdp"]
+    for _, settings in seen:
+        assert (settings["max_steps"], settings["val_samples"]) == ("7", "64")
+        if on_engines:  # (under torchrun run_training adds them itself)
+            assert not settings["checkpoint_every"] and not settings["progress"] and not settings["resume"]
+    assert [round(row["held_vs_ddp"], 2) for row in rows] == [1.0, 1.0, 0.5]
+    assert [round(row["step_vs_ddp"], 2) for row in rows] == [1.0, 1.0, 1.0]
+
+
+def test_stage_config_is_the_config_itself_at_its_own_size_and_a_smaller_set_otherwise(tmp_path, monkeypatch):
+    from dlscale.lessons.lesson10 import stage_config
+
+    monkeypatch.chdir(tmp_path)
+    assert stage_config(load_config("tiny").train_samples) == "tiny"
+    small = load_config(stage_config(128))
+    assert (small.train_samples, small.val_samples, small.image_size) == (128, 64, load_config("tiny").image_size)
 
 
 # -- what cannot run is one clear error ---------------------------------------------------------------
