@@ -69,7 +69,11 @@ def test_the_lessons_extras_are_pyprojects_and_name_the_engines_dlscale_info_lis
     """Each extra the table names is pyproject's, and every optional engine `dlscale info` reports (but Horovod's
     build) is one an extra's check imports."""
     from ..conftest import ROOT
-    from .test_pinned_torch import tomllib
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert set(environment.LESSON_ENGINES) <= set(extras)
