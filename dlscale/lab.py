@@ -138,6 +138,8 @@ _add("dlscale.scaling.fit", "fit_link", "predict_allreduce", "worst_ratio")
 _add("dlscale.scaling.overlap", "published_layers")
 _add("dlscale.scaling.ddp_cost", "PUBLISHED_DDP_COST")
 _add("dlscale.scaling.slowdown", "OVERLAP_SLOWDOWN")
+_add("dlscale.scaling.layouts", "GPUS", "Training", "choose_layout", "format_layouts")
+_add("dlscale.scaling.model_size", "PRESETS")
 _add(
     "dlscale.scaling.plan",
     "allocation_request",
@@ -317,6 +319,8 @@ if TYPE_CHECKING:  # (editors and type checkers see where each name lives; nothi
     from dlscale.runtime.threads import affinity_cpus, busy_cpus, fair_threads
     from dlscale.scaling.ddp_cost import PUBLISHED_DDP_COST
     from dlscale.scaling.fit import fit_link, predict_allreduce, worst_ratio
+    from dlscale.scaling.layouts import GPUS, Training, choose_layout, format_layouts
+    from dlscale.scaling.model_size import PRESETS
     from dlscale.scaling.overlap import published_layers
     from dlscale.scaling.plan import (
         allocation_request,
