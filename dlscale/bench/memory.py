@@ -1,7 +1,8 @@
 """``dlscale bench memory``: what each rank holds under DDP, FSDP and tensor parallelism, side by side.
 
 The same model trains a few steps in each layout on this machine (torchrun for the
-multi-rank ones); each run's ``summary.json`` carries every rank's parameter, gradient
+multi-rank ones; with ``on_engines`` the notebook's ipyparallel engines, as lesson 10 runs it); each
+run's ``summary.json`` carries every rank's parameter, gradient
 and optimizer-state bytes counted from the tensors it holds, its peak memory and the
 step time (:mod:`dlscale.metrics.memory`). The table puts each layout beside DDP on as many ranks:
 FSDP divides the first three by the number of ranks (ZeRO-3), tensor parallelism divides
@@ -37,11 +38,18 @@ def bench_memory(
     layouts: list | None = None,
     progress: bool = True,
     threads: int | None = None,
+    on_engines: bool = False,
 ) -> list[dict[str, Any]]:
-    """Train ``steps`` steps of ``cfg`` in each layout and return one row per layout (the largest rank's figures)."""
+    """Train ``steps`` steps of ``cfg`` in each layout and return one row per layout (the largest rank's figures).
+
+    ``on_engines``: each layout on the notebook's ipyparallel engines, kept up between runs (a notebook's own ranks,
+    :func:`~dlscale.jobs.notebook_engines.run_on_engines`), instead of new processes under torchrun for each: the
+    same training, counted and timed the same way (the peak since the model was laid out), without starting Python
+    and torch again for every layout."""
     from tqdm.auto import tqdm
 
-    from dlscale.bench.scaling import run_training
+    from dlscale.bench.scaling import QUIET, run_training
+    from dlscale.jobs.notebook_engines import run_on_engines, train_rank
     from dlscale.runtime.threads import fair_threads
 
     if steps < 7:  # the throughput meter leaves out the first 5 steps (allocation, warm-up)
@@ -52,14 +60,15 @@ def bench_memory(
     rows = []
     for name, processes, overrides in tqdm(layouts, desc="memory", unit="run", disable=not progress):
         run_dir = out_dir / name.replace(" ", "").replace("×", "x").replace("+", "-")
-        summary = run_training(
-            cfg,
-            processes,
-            run_dir,
-            [*overrides, f"max_steps={steps}", "epochs=1000000", "val_samples=64"],
-            threads,
-            f"memory run '{name}'",
-        )
+        settings = [*overrides, f"max_steps={steps}", "epochs=1000000", "val_samples=64"]
+        if on_engines:  # (quiet, as under torchrun: the table says what each run did)
+            changes = dict(setting.split("=", 1) for setting in settings)
+            done = run_on_engines(
+                train_rank, processes, cfg, **changes, **QUIET, threads=threads, run_dir=str(run_dir), show=False
+            )
+            summary = json.loads((Path(done[0]["run_dir"]) / "summary.json").read_text())
+        else:
+            summary = run_training(cfg, processes, run_dir, settings, threads, f"memory run '{name}'")
         ranks = summary["memory_per_rank"]
         row = {
             "layout": name,

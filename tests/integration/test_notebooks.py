@@ -65,14 +65,20 @@ LESSONS = {
         "preempt_seconds": 4,
         "node_sweep": False,
     },  # (tests/integration/test_slurm.py sweeps the two nodes)
-    "10_sharded_and_model_parallel.ipynb": {"steps": 12, "memory_width": 32, "memory_steps": 7, "memory_ranks": 2},
+    "10_sharded_and_model_parallel.ipynb": {
+        "steps": 12,  # FSDP and TP against one process in fp64: equal at any length
+        "memory_width": 32,
+        "memory_steps": 7,  # bench_memory's minimum: 5 untimed steps and 2 timed
+        "memory_ranks": 2,  # DDP and FSDP on 2: the rows FSDP_MEMORY's verdict reads
+        "stage_samples": 128,  # the stage's runs: 4 steps of 32 an epoch, compared with the twin step by step
+    },
     "07_large_batch.ipynb": {
         "sweep_size": "smoke",
         "sweep_recipes": ["no scaling", "LARS + warmup"],
         "sweep_multiples": [8, 32],
     },
     "11_how_many_nodes.ipynb": {
-        "steps": 80,
+        "steps": 30,  # 25 timed steps: the breakdown at sizes 1 and 2, its rounds and buckets, adds up
         "rounds": 2,
         "allreduce_max_kib": 1024,
         "sweep_epochs": 1,
@@ -97,7 +103,7 @@ SOLUTION_PARAMETERS = {
     "08_distributed_kmeans.ipynb": {},
     "09_scaling_out.ipynb": {"batches": [32, 128], "epochs": 2},
     "10_sharded_and_model_parallel.ipynb": {},
-    "11_how_many_nodes.ipynb": {},
+    "11_how_many_nodes.ipynb": {"steps": 30},  # exercise 11.1's breakdown: 5 runs of 25 timed steps
     "12_search_not_just_scale.ipynb": {"budget": 3, "workers": 1},  # TPE proposes one trial; one process start
 }
 EXERCISES = {
