@@ -286,6 +286,17 @@ def _as_config(cfg: TrainConfig | str | None, overrides: Mapping[str, Any]) -> T
 # -- the end -------------------------------------------------------------------------------------------
 
 
+def _whole_gradient_bytes(run: Run) -> int:
+    """The whole model's gradient bytes, by name from every rank (a pipeline's stages hold different parameters; a
+    DTensor's numel is the whole parameter's, so FSDP's and TP's shards count whole, and once)."""
+    by_name: dict[str, int] = {}
+    for held in distributed.all_gather_object(
+        {n: p.numel() * p.element_size() for n, p in run.model.named_parameters() if p.requires_grad}
+    ):
+        by_name.update(held)
+    return sum(by_name.values())
+
+
 def _finish(run: Run, meter: ThroughputMeter, stopped: tuple[str, str], started: float) -> Result:
     """Read back what was applied, hand rank 0's rows to every rank, write summary.json and the plot."""
     cfg, env, device, run_dir = run.cfg, run.env, run.device, run.run_dir
@@ -303,13 +314,7 @@ def _finish(run: Run, meter: ThroughputMeter, stopped: tuple[str, str], started:
     memory = distributed.all_gather_object(memory_row(run.model, run.optimizer, device))
     # Every rank's own samples/s: a straggler shows as the slowest, which the breakdown takes (dlscale.bench.breakdown).
     each_rank = distributed.all_gather_object(meter.samples_per_s)
-    # The whole model's gradient bytes, by name from every rank (a pipeline's stages hold different parameters; a
-    # DTensor's numel is the whole parameter's, so FSDP's and TP's shards count whole, and once).
-    gradient_bytes = {}
-    for held in distributed.all_gather_object(
-        {n: p.numel() * p.element_size() for n, p in run.model.named_parameters() if p.requires_grad}
-    ):
-        gradient_bytes.update(held)
+    gradient_bytes = _whole_gradient_bytes(run)
     # Rank 0 wrote the files; it hands their rows to the others (which may not share its file system).
     history, step_rows, kept = distributed.broadcast_object(
         (read_rows(run_dir / VAL_FILE), read_rows(run_dir / TRAIN_FILE), _kept_summary(run)) if env.is_main else None
@@ -379,7 +384,7 @@ def _finish(run: Run, meter: ThroughputMeter, stopped: tuple[str, str], started:
                 "data_parallel": run.plan.data_parallel,
                 "tensor_parallel": run.plan.tensor_parallel,
                 "pipeline_parallel": run.plan.pipeline,
-                "gradient_bytes": sum(gradient_bytes.values()),
+                "gradient_bytes": gradient_bytes,
             },
             **({"noise_scale": run.noise_scale.b_simple} if cfg.noise_scale_every else {}),
             **final,
