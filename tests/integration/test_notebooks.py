@@ -50,7 +50,8 @@ LESSONS = {
         "ladder_rounds": 2,
         "compile_rounds": 1,
     },
-    "05_data_parallel.ipynb": {"allreduce_max_kib": 256, "scaling_rounds": 1},
+    # (run_from_terminal: the stage under torchrun from a shell is tests/integration/test_recipes.py's)
+    "05_data_parallel.ipynb": {"allreduce_max_kib": 256, "scaling_rounds": 1, "run_from_terminal": False},
     "06_horovod.ipynb": {"steps": 20, "allreduce_max_kib": 256},
     "08_distributed_kmeans.ipynb": {
         "colours": [4],  # one palette draws the quantized-images figure
@@ -71,11 +72,13 @@ LESSONS = {
         "memory_steps": 7,  # bench_memory's minimum: 5 untimed steps and 2 timed
         "memory_ranks": 2,  # DDP and FSDP on 2: the rows FSDP_MEMORY's verdict reads
         "stage_samples": 128,  # the stage's runs: 4 steps of 32 an epoch, compared with the twin step by step
+        "run_from_terminal": False,
     },
     "07_large_batch.ipynb": {
         "sweep_size": "smoke",
         "sweep_recipes": ["no scaling", "LARS + warmup"],
         "sweep_multiples": [8, 32],
+        "run_from_terminal": False,
     },
     "11_how_many_nodes.ipynb": {
         "steps": 30,  # 25 timed steps: the breakdown at sizes 1 and 2, its rounds and buckets, adds up

@@ -6,7 +6,7 @@ import runpy
 
 import pytest
 
-from dlscale.jobs.notebook_engines import run_file, run_on_engines
+from dlscale.jobs.notebook_engines import run_file, run_on_engines, stop_engines
 from dlscale.lessons.parity import engine_twin, largest_loss_gap
 from dlscale.lessons.recipe_folder import RECIPES
 from dlscale.lessons.stage_check import check_gaps, check_stage
@@ -21,6 +21,7 @@ def _folder(tmp_path_factory, name):
     folder, before = tmp_path_factory.mktemp(name), os.getcwd()
     os.chdir(folder)
     yield folder
+    stop_engines()  # (the engines started there: kept for the folder's next test, not for the session's end)
     os.chdir(before)
 
 
