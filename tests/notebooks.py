@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import papermill
@@ -114,12 +115,15 @@ def execute(
     mark: str | None = None,
     extra_cells: tuple[str, ...] = (),
     then: list[nbformat.NotebookNode] | None = None,
+    kernel: Any = None,
 ) -> nbformat.NotebookNode:
     """Run every cell of ``path`` in a fresh kernel started in ``cwd`` and return the executed notebook.
 
     ``parameters`` are injected after the cell tagged ``parameters`` (papermill's convention).
     With ``allow_errors`` a failing cell records its error and execution goes on. ``then``: cells run after the
     notebook's own in the same kernel, their tags kept (a lesson's exercises, from its solution notebook).
+    ``kernel``: a running kernel's manager (:func:`shared_kernel`) to run in instead of a fresh kernel: a first cell
+    empties its namespace and moves it to ``cwd``.
     """
     # papermill only injects the parameters here (prepare_only); nbclient executes, so that
     # allow_errors can record every failing cell instead of stopping at the first one
@@ -130,8 +134,11 @@ def execute(
         notebook.cells = [cell for cell in notebook.cells if cell.cell_type != "code" or keep(cell)]
     notebook.cells += [nbformat.v4.new_code_cell(source) for source in extra_cells]
     notebook.cells += then or []
+    if kernel is not None:
+        notebook.cells.insert(0, nbformat.v4.new_code_cell(f"%reset -f\nimport os\nos.chdir({str(cwd)!r})"))
     client = NotebookClient(
         notebook,
+        km=kernel,
         timeout=timeout,
         kernel_name="python3",
         allow_errors=allow_errors,
@@ -139,6 +146,17 @@ def execute(
     )
     client.execute()
     return notebook
+
+
+def shared_kernel(cwd: Path) -> Any:
+    """A started kernel's manager, for notebooks that stop at their first checks: several of them run in one kernel
+    (:func:`execute`'s ``kernel``), each in an empty namespace, instead of each paying a kernel's start and the kit's
+    imports (seconds of CPU each). Shut it down with ``shutdown_kernel(now=True)``."""
+    from jupyter_client.manager import KernelManager
+
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel(cwd=str(cwd))
+    return manager
 
 
 def errors(notebook: nbformat.NotebookNode) -> list[tuple[int, str, str]]:

@@ -2,12 +2,26 @@
 
 Horovod is built by ``make horovod`` (scripts/build_horovod.sh), which ``make test`` runs;
 without it these tests skip, and in CI a skip fails the run.
+
+The trainings share two launches of the same 2 ranks (the module fixture :func:`launched`): starting them costs
+each rank its imports of torch and Horovod's start (~6 CPU-s), more than the few steps it then trains. The first
+launch is ``horovodrun --gloo python -m dlscale.train`` as a user types it; the second is the notebooks' launcher,
+:func:`dlscale.distributed.horovod_backend.run`, with one function that runs on each rank every other training in
+turn (Horovod stays up between them: ``train`` leaves it up), resumes the first launch's run (a fresh launch, as a
+requeued job) and runs the exercise check's wrong loops. The one-process references train in this process. Each
+test keeps its assertions and reads what the launches left; the tests that start something of their own (the bench
+command, srun's tasks) still do.
 """
 
+import contextlib
+import io
 import json
 import os
+import shutil
 import subprocess
 import sys
+from multiprocessing import resource_tracker
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,18 +30,24 @@ from dlscale import distributed
 from dlscale.checkpoint import list_checkpoints
 from dlscale.distributed import DistEnv, DistributedError, detect, horovod_backend, resolve_data_parallel
 from dlscale.metrics.tracking import read_rows
+from dlscale.train import train
 
 from ..conftest import ROOT, SAME_STEPS_FP64
 
 needs_horovod = pytest.mark.skipif(not horovod_backend.available(), reason="Horovod is not built (make horovod)")
 # float64, so that Horovod's summation order and one process agree to rounding on any CPU (conftest).
-SETTINGS = ["tiny", "norm=group", "progress=false", "plot=false", "precision=fp64"]
+SETTINGS = {"norm": "group", "progress": False, "plot": False, "precision": "fp64"}
+LARC = {"optimizer": "larc", "lr": 0.05, "max_steps": 20}
+# The command-line run: 20 steps, a checkpoint every 10 (the resume test resumes it from the first).
+CLI_RUN = {"max_steps": 20, "checkpoint_every": 10, "keep_checkpoints": 10}
+# (steps, lr): what check_horovod_loop (lesson06) passes the loop it checks; the shared launch runs the wrong loops
+# with them ahead of the check.
+CHECK_ARGS = (10, 0.1)
 
 
-def _single(cwd, *extra):
-    return subprocess.run(
-        [sys.executable, "-m", "dlscale.train", *SETTINGS, *extra], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
+def _as_arguments(settings):
+    """``key=value`` words for ``python -m dlscale.train``."""
+    return [f"{key}={str(value).lower() if isinstance(value, bool) else value}" for key, value in settings.items()]
 
 
 def _horovodrun(cwd, *extra, ranks=2):
@@ -44,7 +64,8 @@ def _horovodrun(cwd, *extra, ranks=2):
             sys.executable,
             "-m",
             "dlscale.train",
-            *SETTINGS,
+            "tiny",
+            *_as_arguments(SETTINGS),
             *extra,
         ],
         cwd=cwd,
@@ -71,6 +92,91 @@ def _weights(run_dir):
 def _max_difference(a, b):
     one, two = _weights(a), _weights(b)
     return max(float((one[k] - two[k]).abs().max()) for k in one)
+
+
+def _no_broadcast(steps, lr=0.1):
+    """06.1's loop without hvd.broadcast_parameters: each rank starts from its own model."""
+    import horovod.torch as hvd
+    import torch
+
+    from dlscale.lessons.lesson_tools import regression_problem
+
+    hvd.init()
+    x, y = regression_problem()
+    x, y = x[hvd.rank() :: hvd.size()], y[hvd.rank() :: hvd.size()]
+    torch.manual_seed(hvd.rank())
+    model = torch.nn.Linear(8, 1)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), named_parameters=model.named_parameters()
+    )
+    for _ in range(steps):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return {"samples": len(x), "weight": model.weight.detach().clone()}
+
+
+def _every_sample_everywhere(steps, lr=0.1):
+    """06.1's loop without sharding: each rank trains on all the data."""
+    import horovod.torch as hvd
+
+    from dlscale.lessons.lesson06 import _one_process_loop
+    from dlscale.lessons.lesson_tools import regression_problem
+
+    hvd.init()
+    return {"samples": len(regression_problem()[0]), "weight": _one_process_loop(steps, lr).weight.detach()}
+
+
+def _on_each_rank():
+    """The shared launch, on each of its ranks: every training but the command line's, one after another."""
+    seen = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS")  # (as the launcher set it, before any training here)
+    trainings = {
+        "larc": {**LARC, "grad_accumulation": 2},  # (backward_passes_per_step = 2)
+        "fp32": LARC,
+        "fp16": {**LARC, "horovod_fp16_compression": True},
+    }
+    for name, settings in trainings.items():
+        train("tiny", **SETTINGS, **settings, run_dir=f"runs/{name}", data_parallel="horovod")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):  # (what the resume says is the resume test's to read)
+        train("tiny", **SETTINGS, **CLI_RUN, run_dir="runs/resumed", resume=True, data_parallel="horovod")
+    loops = {loop.__name__: loop(*CHECK_ARGS) for loop in (_no_broadcast, _every_sample_everywhere)}
+    return {"timeout_seen": seen, "resume_printed": printed.getvalue(), "loops": loops}
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """One folder, two launches of 2 ranks and the one-process references (the module's docstring says why)."""
+    folder = tmp_path_factory.mktemp("horovod")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)  # (data/ and runs/ land here, for this process and the ranks alike)
+        patch.delenv("HOROVOD_GLOO_TIMEOUT_SECONDS", raising=False)  # (the launcher's own value is under test)
+        patch.setenv("OMP_NUM_THREADS", "1")  # the ranks share the cores: one thread each, as under horovodrun
+        # one process, here: the references the ranks are held to
+        train("tiny", **SETTINGS, max_steps=20, run_dir="runs/one")
+        train("tiny", **SETTINGS, **LARC, run_dir="runs/larc_one")
+        cli = _horovodrun(folder, "run_dir=runs/hvd", *_as_arguments(CLI_RUN))
+        assert cli.returncode == 0, (cli.stdout[-2000:], _why(cli))
+        # the command line's run as a job killed after its checkpoint of step 10 left it, resumed by the next launch
+        shutil.copytree(folder / "runs/hvd", folder / "runs/resumed")
+        for path in list_checkpoints(folder / "runs/resumed"):
+            if int(path.name[5:13]) > 10:
+                path.unlink()
+        import cloudpickle  # (Horovod's: how horovod.run sends the function to its ranks)
+
+        module = sys.modules[__name__]
+        cloudpickle.register_pickle_by_value(module)  # by value: the ranks cannot import this test module
+        try:
+            ranks = horovod_backend.run(_on_each_rank, 2)
+        finally:
+            cloudpickle.unregister_pickle_by_value(module)
+        timeout_left = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS")
+        # horovod.run's events started multiprocessing's resource tracker in this process: stopped, so that this file
+        # run alone does not leave it running at the session's end (the reaper would count it, and fail CI)
+        stop_tracker = getattr(resource_tracker._resource_tracker, "_stop", None)  # (Python 3.11.7 and later)
+        if stop_tracker:
+            stop_tracker()
+    return SimpleNamespace(folder=folder, cli=cli, ranks=ranks, timeout_left=timeout_left)
 
 
 @pytest.mark.parametrize(
@@ -135,11 +241,8 @@ def test_a_missing_horovod_says_how_to_build_it(monkeypatch):
 
 
 @needs_horovod
-def test_two_ranks_under_horovodrun_equal_one_process_and_only_rank0_writes(in_tmp):
-    one = _single(in_tmp, "run_dir=runs/one", "max_steps=20")
-    assert one.returncode == 0, _why(one)
-    two = _horovodrun(in_tmp, "run_dir=runs/hvd", "max_steps=20")
-    assert two.returncode == 0, (two.stdout[-2000:], _why(two))
+def test_two_ranks_under_horovodrun_equal_one_process_and_only_rank0_writes(launched):
+    in_tmp, two = launched.folder, launched.cli  # (horovodrun from the command line, and one process)
     assert "rank 0/2" in two.stdout and "via horovodrun, horovod" in two.stdout
     assert _max_difference(in_tmp / "runs/one", in_tmp / "runs/hvd") < SAME_STEPS_FP64
     rows_one, rows_two = read_rows(in_tmp / "runs/one/metrics.csv"), read_rows(in_tmp / "runs/hvd/metrics.csv")
@@ -152,23 +255,17 @@ def test_two_ranks_under_horovodrun_equal_one_process_and_only_rank0_writes(in_t
 
 
 @needs_horovod
-def test_larc_with_accumulation_under_horovod_equals_one_process(in_tmp):
+def test_larc_with_accumulation_under_horovod_equals_one_process(launched):
     """LARC wraps the optimizer Horovod makes distributed; backward_passes_per_step = grad_accumulation."""
-    common = ("optimizer=larc", "lr=0.05", "max_steps=20")
-    one = _single(in_tmp, "run_dir=runs/one", *common)
-    two = _horovodrun(in_tmp, "run_dir=runs/hvd", *common, "grad_accumulation=2")
-    assert one.returncode == 0 and two.returncode == 0, _why(two)
-    assert _max_difference(in_tmp / "runs/one", in_tmp / "runs/hvd") < SAME_STEPS_FP64
-    ratios = read_rows(in_tmp / "runs/hvd/trust_ratios.csv")
+    in_tmp = launched.folder  # (runs/larc: 2 ranks, grad_accumulation=2; runs/larc_one: one process)
+    assert _max_difference(in_tmp / "runs/larc_one", in_tmp / "runs/larc") < SAME_STEPS_FP64
+    ratios = read_rows(in_tmp / "runs/larc/trust_ratios.csv")
     assert ratios and ratios[-1]["step"] == 20  # the distributed LARC still reports its trust ratios
 
 
 @needs_horovod
-def test_fp16_compression_rounds_the_gradients_a_little(in_tmp):
-    common = ("optimizer=larc", "lr=0.05", "max_steps=20")
-    exact = _horovodrun(in_tmp, "run_dir=runs/fp32", *common)
-    rounded = _horovodrun(in_tmp, "run_dir=runs/fp16", *common, "horovod_fp16_compression=true")
-    assert exact.returncode == 0 and rounded.returncode == 0, _why(rounded)
+def test_fp16_compression_rounds_the_gradients_a_little(launched):
+    in_tmp = launched.folder  # (runs/fp32 and runs/fp16: the same LARC run on 2 ranks, without and with compression)
     difference = _max_difference(in_tmp / "runs/fp32", in_tmp / "runs/fp16")
     assert 1e-5 < difference < 1e-2  # the gradients really travelled as fp16, and it cost little
     loss = lambda run: read_rows(in_tmp / f"runs/{run}/metrics.csv")[-1]["loss"]  # noqa: E731
@@ -176,18 +273,15 @@ def test_fp16_compression_rounds_the_gradients_a_little(in_tmp):
 
 
 @needs_horovod
-def test_a_two_rank_horovod_run_resumes_exactly(in_tmp):
-    common = ("max_steps=40", "checkpoint_every=10", "keep_checkpoints=10")
-    full = _horovodrun(in_tmp, "run_dir=runs/r", *common)
-    assert full.returncode == 0, _why(full)
-    losses = [r["loss"] for r in read_rows(in_tmp / "runs/r/metrics.csv")]
-    for path in list_checkpoints(in_tmp / "runs/r"):
-        if int(path.name[5:13]) > 20:
-            path.unlink()
-    again = _horovodrun(in_tmp, "run_dir=runs/r", *common, "resume=true")
-    assert again.returncode == 0, _why(again)
-    assert "resuming from ckpt-00000020.pt" in again.stdout
-    assert [r["loss"] for r in read_rows(in_tmp / "runs/r/metrics.csv")] == losses
+def test_a_two_rank_horovod_run_resumes_exactly(launched):
+    """The command line's run (runs/hvd), copied without its checkpoints after step 10 (runs/resumed), resumed by
+    the next launch of the ranks, logs the same losses."""
+    in_tmp = launched.folder
+    losses = [r["loss"] for r in read_rows(in_tmp / "runs/hvd/metrics.csv")]
+    assert len(losses) == CLI_RUN["max_steps"]
+    assert "resuming from ckpt-00000010.pt" in launched.ranks[0]["resume_printed"]
+    # (steps 11 to 20 trained again after the resume, and logged in place of the copied rows)
+    assert [r["loss"] for r in read_rows(in_tmp / "runs/resumed/metrics.csv")] == losses
 
 
 def test_noise_scale_is_refused_under_horovod():
@@ -222,15 +316,11 @@ def test_bench_allreduce_times_horovod_on_two_local_ranks(in_tmp):
 
 
 @needs_horovod
-def test_the_notebook_launcher_gives_its_ranks_the_engines_gloo_timeout(monkeypatch):
-    # Horovod's own 30 s, not the engine's dist_timeout_s, once ended lesson 06's stage in CI
-    monkeypatch.delenv("HOROVOD_GLOO_TIMEOUT_SECONDS", raising=False)
-
-    def timeout_seen():
-        return os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS")
-
-    assert horovod_backend.run(timeout_seen, 2) == [str(horovod_backend.COLLECTIVE_TIMEOUT_S)] * 2
-    assert "HOROVOD_GLOO_TIMEOUT_SECONDS" not in os.environ  # the notebook's own environment as it was
+def test_the_notebook_launcher_gives_its_ranks_the_engines_gloo_timeout(launched, monkeypatch):
+    # Horovod's own 30 s, not the engine's dist_timeout_s, once ended lesson 06's stage in CI. The shared launch
+    # started its ranks without the variable set; each read it before anything else.
+    assert [rank["timeout_seen"] for rank in launched.ranks] == [str(horovod_backend.COLLECTIVE_TIMEOUT_S)] * 2
+    assert launched.timeout_left is None  # the notebook's own environment as it was
     monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "45")  # a user's choice stands
     with horovod_backend._environment(HOROVOD_GLOO_TIMEOUT_SECONDS="300"):
         assert os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "45"
@@ -238,42 +328,20 @@ def test_the_notebook_launcher_gives_its_ranks_the_engines_gloo_timeout(monkeypa
 
 
 @needs_horovod
-def test_the_horovod_exercise_check_rejects_a_loop_without_broadcast_or_sharding():
+def test_the_horovod_exercise_check_rejects_a_loop_without_broadcast_or_sharding(launched, monkeypatch):
     from dlscale.lessons.lesson06 import check_horovod_loop
 
-    def no_broadcast(steps, lr=0.1):
-        import horovod.torch as hvd
-        import torch
+    def ranks_ran(loop, n, *args, **kwargs):
+        """The check's own launch, answered from the shared one, which ran each wrong loop on its 2 ranks with the
+        arguments the check passes."""
+        assert (n, args, kwargs) == (2, CHECK_ARGS, {}), "check_horovod_loop's launch changed: update CHECK_ARGS"
+        return [rank["loops"][loop.__name__] for rank in launched.ranks]
 
-        from dlscale.lessons.lesson_tools import regression_problem
-
-        hvd.init()
-        x, y = regression_problem()
-        x, y = x[hvd.rank() :: hvd.size()], y[hvd.rank() :: hvd.size()]
-        torch.manual_seed(hvd.rank())
-        model = torch.nn.Linear(8, 1)
-        optimizer = hvd.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), named_parameters=model.named_parameters()
-        )
-        for _ in range(steps):
-            optimizer.zero_grad()
-            torch.nn.functional.mse_loss(model(x), y).backward()
-            optimizer.step()
-        return {"samples": len(x), "weight": model.weight.detach().clone()}
-
-    def every_sample_everywhere(steps, lr=0.1):
-        import horovod.torch as hvd
-
-        from dlscale.lessons.lesson06 import _one_process_loop
-        from dlscale.lessons.lesson_tools import regression_problem
-
-        hvd.init()
-        return {"samples": len(regression_problem()[0]), "weight": _one_process_loop(steps, lr).weight.detach()}
-
+    monkeypatch.setattr(horovod_backend, "run", ranks_ran)
     with pytest.raises(AssertionError, match="broadcast rank 0's parameters"):
-        check_horovod_loop(no_broadcast)
+        check_horovod_loop(_no_broadcast)
     with pytest.raises(AssertionError, match="its own half"):
-        check_horovod_loop(every_sample_everywhere)
+        check_horovod_loop(_every_sample_everywhere)
 
 
 def test_the_compression_check_rejects_fp32_bytes_and_absolute_errors():

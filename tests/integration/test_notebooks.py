@@ -19,11 +19,22 @@ from ..notebooks import (
     errors,
     execute,
     has_image,
+    shared_kernel,
     stage_source_with_gaps,
     with_parameters,
 )
 
 pytestmark = pytest.mark.notebook
+
+
+@pytest.fixture(scope="session")
+def stub_kernel(tmp_path_factory):
+    """One kernel per test process for the notebooks that run only to their first checks (the lessons as shipped,
+    the exercises with their stubs): each runs in an empty namespace of its own folder, and the ~20 of them do not
+    each pay a kernel's start and the kit's imports. (Session-scoped: the file's tests still go to any process.)"""
+    manager = shared_kernel(tmp_path_factory.mktemp("stub-kernel"))
+    yield manager
+    manager.shutdown_kernel(now=True)
 
 
 def _needs(name: str) -> None:
@@ -40,7 +51,7 @@ LESSONS = {
         "worker_counts": [0, 1],
         "loader_batches": 10,
         "train_steps": 20,
-        "rounds": 2,
+        "rounds": 1,  # one round a setting: every cell, chart and conclusion runs on one (the spreads are a point)
     },
     "03_mixed_precision.ipynb": {"epochs": 1},
     "04_profiling.ipynb": {
@@ -442,10 +453,16 @@ def test_each_attendee_cell_is_the_stub_of_its_exercise_and_the_tests_fill_it_wi
 
 
 @pytest.mark.parametrize("name", sorted(ATTENDEE_CELLS))
-def test_a_lesson_as_shipped_stops_at_its_check_naming_the_missing_part(name, tmp_path):
+def test_a_lesson_as_shipped_stops_at_its_check_naming_the_missing_part(name, tmp_path, stub_kernel):
     _needs(name)
     notebook = execute(
-        ROOT / "notebooks" / name, tmp_path, LESSONS[name], allow_errors=True, answers=False, to_first_check=True
+        ROOT / "notebooks" / name,
+        tmp_path,
+        LESSONS[name],
+        allow_errors=True,
+        answers=False,
+        to_first_check=True,
+        kernel=stub_kernel,
     )
     [(index, _, message)] = errors(notebook)
     assert "check" in notebook.cells[index].metadata["tags"] and f"Exercise {ATTENDEE_CELLS[name]}:" in message
@@ -512,7 +529,7 @@ def test_solution_passes_every_check(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", sorted(SOLUTION_PARAMETERS))
-def test_exercise_fails_every_check_until_filled_in(name, tmp_path):
+def test_exercise_fails_every_check_until_filled_in(name, tmp_path, stub_kernel):
     """Only the cells a check needs run: the parameters, the learner's cells (with their stubs) and the checks.
     The measurements between them (a breakdown, a search) would only feed numbers to a stub that raises."""
     _needs(name)
@@ -522,7 +539,14 @@ def test_exercise_fails_every_check_until_filled_in(name, tmp_path):
             {"check", "parameters", "injected-parameters"} & set(cell.metadata.get("tags", []))
         )
 
-    notebook = execute(ROOT / "exercises" / name, tmp_path, SOLUTION_PARAMETERS[name], allow_errors=True, keep=needed)
+    notebook = execute(
+        ROOT / "exercises" / name,
+        tmp_path,
+        SOLUTION_PARAMETERS[name],
+        allow_errors=True,
+        keep=needed,
+        kernel=stub_kernel,
+    )
     failed = {index for index, _, _ in errors(notebook)}
     checks_at = [i for i, c in enumerate(notebook.cells) if "check" in c.metadata.get("tags", [])]
     assert checks_at and set(checks_at) <= failed
