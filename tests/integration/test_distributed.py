@@ -1,8 +1,18 @@
 """Data-parallel training: the tests that launch ranks, engines or runs beside them (tests/unit/test_distributed.py
-has the rest)."""
+has the rest).
+
+The tests that only compare results share one launch (:func:`two_ranks`): a script that joins the process group
+first, then trains each run in turn (``train`` leaves up a group it did not start), because starting ranks costs
+more on this machine than their few steps: each process of a launch (torchrun's agent too) pays torch's import, and
+each rank its first calls. The one-process runs they are held to train in this process (:func:`one_process`). The
+tests about a launch itself (a rank killed, torchrun killed, a shutdown, the waits for rank 0's data, Intel MPI, the
+engines) keep launches of their own, as small as their assertions allow.
+"""
 
 import contextlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,8 +22,10 @@ import pytest
 import torch
 
 from dlscale.checkpoint import list_checkpoints
+from dlscale.config import load_config
 from dlscale.distributed import free_port
 from dlscale.metrics.tracking import read_rows
+from dlscale.train import train
 
 from ..conftest import SAME_STEPS_FP64
 
@@ -30,32 +42,117 @@ SETTINGS = [
     "keep_checkpoints=10",
     "precision=fp64",
 ]
+#: The gradient accumulation runs: 16 SGD steps (40 before: the suite's budget; 16 steps still move).
+ACCUMULATION = [*SETTINGS, "optimizer=sgd", "lr=0.05", "max_steps=16"]
 
 
-def _single(cwd, *extra):
-    return subprocess.run(
-        [sys.executable, "-m", "dlscale.train", *SETTINGS, *extra], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
+def _train_here(folder, arguments):
+    """``dlscale train ARGUMENTS`` in this process, from ``folder`` (no launch to pay for), on one thread as each
+    rank has (torchrun's default)."""
+    here = os.getcwd()
+    os.chdir(folder)
+    try:
+        train(load_config(arguments[0], [*arguments[1:], "threads=1"]))  # (what `dlscale train` does with them)
+    finally:
+        os.chdir(here)
 
 
-def _torchrun(cwd, *extra, ranks=2):
-    return subprocess.run(
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The one-process runs the ranks are held to, trained once for the module in this process; the data set they
+    write to ``data/`` serves the ranks launched from the same folder, and is copied for the others (:func:`_data`)."""
+    folder = tmp_path_factory.mktemp("distributed")
+    _train_here(folder, [*SETTINGS, "run_dir=runs/one"])
+    _train_here(folder, [*ACCUMULATION, "run_dir=runs/sgd"])
+    _train_here(folder, [*ACCUMULATION, "run_dir=runs/sgd-acc4", "grad_accumulation=4"])
+    return folder
+
+
+def _data(one_process, folder):
+    """The module's data set in ``folder`` too: rank 0 does not spend seconds writing it again."""
+    shutil.copytree(one_process / "data", folder / "data")
+
+
+#: Every run of the shared launch: its name (it trains into runs/NAME), then its `dlscale train` arguments.
+RUNS = {
+    "two": SETTINGS,
+    "sgd-acc2": [*ACCUMULATION, "grad_accumulation=2"],
+}
+
+RANKS = """
+import contextlib, json, sys
+from dlscale import distributed
+from dlscale.config import load_config
+from dlscale.train import train
+
+env = distributed.init("cpu", timeout_s=120)  # (the group outlives each run: train leaves up a group it did not start)
+for name, arguments in json.loads(sys.argv[1]).items():
+    # each run's lines in a file per rank, as the test reads them (torchrun's output would mix the runs)
+    with open(f"{name}.rank{env.rank}.txt", "w") as out, contextlib.redirect_stdout(out):
+        train(load_config(arguments[0], [*arguments[1:], f"run_dir=runs/{name}"]))
+distributed.shutdown()
+"""
+
+
+@pytest.fixture(scope="module")
+def two_ranks(one_process):
+    """Two ranks under torchrun, launched once for the module, train every run of :data:`RUNS` beside the
+    one-process runs; returns the folder and what both ranks printed during each run."""
+    (one_process / "ranks.py").write_text(RANKS)
+    done = subprocess.run(
         [
             sys.executable,
             "-m",
             "torch.distributed.run",
-            f"--nproc-per-node={ranks}",
+            "--nproc-per-node=2",
             f"--master-port={free_port()}",
-            "-m",
-            "dlscale.train",
-            *SETTINGS,
-            *extra,
+            "ranks.py",
+            json.dumps(RUNS),
         ],
-        cwd=cwd,
+        cwd=one_process,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=400,
     )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    printed = {name: "".join((one_process / f"{name}.rank{rank}.txt").read_text() for rank in (0, 1)) for name in RUNS}
+    return one_process, printed
+
+
+def _rank_env(rank, port):
+    """The variables torchrun gives rank ``rank`` of 2 on this machine (one thread each unless set, as it does): the
+    tests about the ranks rather than the launcher start them without its agent, one import of torch less."""
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
+def _two_ranks_of(command, cwd, timeout):
+    """Run ``command`` as ranks 0 and 1 from ``cwd``; each one's (exit status, output), its output through a file
+    (a full pipe would stall a rank). Past ``timeout`` both are killed and it raises, as ``subprocess.run`` does."""
+    port, procs = free_port(), []
+    for rank in range(2):
+        with open(cwd / f"rank{rank}.log", "w") as log:
+            procs.append(
+                subprocess.Popen(command, cwd=cwd, env=_rank_env(rank, port), stdout=log, stderr=subprocess.STDOUT)
+            )
+    deadline = time.monotonic() + timeout
+    try:
+        for proc in procs:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return [(proc.returncode, (cwd / f"rank{rank}.log").read_text()) for rank, proc in enumerate(procs)]
 
 
 def _weights(run_dir):
@@ -71,20 +168,18 @@ def _assert_same_weights(reference, other):
         assert difference < SAME_STEPS_FP64, (key, difference)
 
 
-def test_two_ranks_under_torchrun_equal_one_process_and_only_rank0_writes(in_tmp):
-    one = _single(in_tmp, "run_dir=runs/one")
-    assert one.returncode == 0, one.stderr
-    two = _torchrun(in_tmp, "run_dir=runs/two")
-    assert two.returncode == 0, two.stderr[-3000:]
-    assert "rank 0/2" in two.stdout and "via torchrun, gloo" in two.stdout
-    _assert_same_weights(in_tmp / "runs/one", in_tmp / "runs/two")
-    steps_one, steps_two = read_rows(in_tmp / "runs/one/metrics.csv"), read_rows(in_tmp / "runs/two/metrics.csv")
+def test_two_ranks_under_torchrun_equal_one_process_and_only_rank0_writes(two_ranks):
+    folder, printed = two_ranks
+    two = printed["two"]  # (both ranks' lines)
+    assert "rank 0/2" in two and "via torchrun, gloo" in two
+    _assert_same_weights(folder / "runs/one", folder / "runs/two")
+    steps_one, steps_two = read_rows(folder / "runs/one/metrics.csv"), read_rows(folder / "runs/two/metrics.csv")
     assert [r["step"] for r in steps_two] == [r["step"] for r in steps_one]  # one writer: each step once
     # (the logged loss is reduced in float32, so it agrees to float32's rounding)
     assert [r["loss"] for r in steps_two] == pytest.approx([r["loss"] for r in steps_one], rel=1e-6)
-    val_one, val_two = read_rows(in_tmp / "runs/one/validation.csv"), read_rows(in_tmp / "runs/two/validation.csv")
+    val_one, val_two = read_rows(folder / "runs/one/validation.csv"), read_rows(folder / "runs/two/validation.csv")
     assert val_two[-1]["r2"] == pytest.approx(val_one[-1]["r2"], abs=1e-9)  # reduced over both ranks' slices
-    assert two.stdout.count("run tiny finished") == 1  # only rank 0 reports
+    assert two.count("run tiny finished") == 1  # only rank 0 reports
 
 
 def _torchrun_popen(cwd, *extra):
@@ -128,74 +223,65 @@ def _process_or_none(pid):
         return None
 
 
-def test_two_ranks_killed_twice_resume_bit_for_bit(in_tmp):
-    """A 2-rank job killed after step 32, resumed, killed again right after every rank has loaded, resumed.
+def test_two_ranks_killed_twice_resume_bit_for_bit(two_ranks, in_tmp):
+    """A 2-rank job killed after step 48 of 64, resumed, killed again right after every rank has loaded, resumed.
 
-    The first kill is staged (an uninterrupted run's later checkpoints removed). The second run
-    is given 1000 epochs and no checkpoint before its end, so the kill, sent as soon as it says
-    where it resumed from, lands long before it could write one, however busy the machine is.
+    The first kill is staged: the shared launch's uninterrupted run, copied, with its checkpoint after the last
+    (step 64) removed, leaves what a kill between steps 48 and 64 leaves; its last 16 steps are all the resumes train.
+    The second run is given 1000 epochs and no checkpoint before its end, so the kill, sent as soon as it says where
+    it resumed from, lands long before it could write one, however busy the machine is.
     """
-    full = _torchrun(in_tmp, "run_dir=runs/r")
-    assert full.returncode == 0, full.stderr[-3000:]
-    trajectory = lambda: [(r["step"], r["loss"], r["lr"]) for r in read_rows(in_tmp / "runs/r/metrics.csv")]  # noqa: E731
+    folder, _ = two_ranks
+    shutil.copytree(folder / "runs/two", in_tmp / "runs/two")
+    _data(folder, in_tmp)
+    trajectory = lambda: [(r["step"], r["loss"], r["lr"]) for r in read_rows(in_tmp / "runs/two/metrics.csv")]  # noqa: E731
     reference = trajectory()
-    for path in list_checkpoints(in_tmp / "runs/r"):
-        if int(path.name[5:13]) > 32:
+    assert reference[-1][0] == 64  # (the uninterrupted run's steps)
+    for path in list_checkpoints(in_tmp / "runs/two"):
+        if int(path.name[5:13]) > 48:
             path.unlink()
 
-    proc = _torchrun_popen(in_tmp, "run_dir=runs/r", "resume=true", "epochs=1000", "checkpoint_every=0")
+    proc = _torchrun_popen(in_tmp, "run_dir=runs/two", "resume=true", "epochs=1000", "checkpoint_every=0")
     for line in proc.stdout:
         if "resuming from" in line:
             _kill_job(proc)
             break
     else:
         raise AssertionError("the resumed run never said where it resumed from")
-    assert list_checkpoints(in_tmp / "runs/r")[-1].name == "ckpt-00000032.pt"  # still there
+    assert list_checkpoints(in_tmp / "runs/two")[-1].name == "ckpt-00000048.pt"  # still there
 
-    again = _torchrun(in_tmp, "run_dir=runs/r", "resume=true")
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resuming from ckpt-00000032.pt" in again.stdout
+    # (the job that resumes is any 2 ranks: started without torchrun's agent)
+    (status0, out0), (status1, out1) = _two_ranks_of(
+        [sys.executable, "-m", "dlscale.train", *SETTINGS, "run_dir=runs/two", "resume=true"], in_tmp, timeout=300
+    )
+    assert status0 == status1 == 0, out0[-3000:] + out1[-3000:]
+    assert "resuming from ckpt-00000048.pt" in out0
     assert trajectory() == reference  # bit for bit
 
 
-def test_a_dead_rank_stops_the_other_with_a_clear_message(in_tmp):
+def test_a_dead_rank_stops_the_other_with_a_clear_message(one_process, in_tmp):
+    _data(one_process, in_tmp)
     port = free_port()
-    procs = []
-    for rank in range(2):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": "2",
-            "LOCAL_WORLD_SIZE": "2",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "dlscale.train",
-                    *SETTINGS,
-                    "epochs=50",
-                    "dist_timeout_s=30",
-                    "run_dir=runs/dead",
-                ],
-                cwd=in_tmp,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "dlscale.train", *SETTINGS, "epochs=50", "dist_timeout_s=30", "run_dir=runs/dead"],
+            cwd=in_tmp,
+            env=_rank_env(rank, port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
+        for rank in range(2)
+    ]
     deadline = time.time() + 120
-    while time.time() < deadline and len(read_rows(in_tmp / "runs/dead/metrics.csv")) < 20:
+    # killed once its first block of steps is logged (rows come in blocks of 10): the ranks are then well into training
+    while time.time() < deadline and len(read_rows(in_tmp / "runs/dead/metrics.csv")) < 10:
         assert all(p.poll() is None for p in procs), procs[0].stderr.read()
         time.sleep(0.05)
     killed_at = time.time()
     procs[1].send_signal(signal.SIGKILL)
     _, stderr = procs[0].communicate(timeout=90)
+    procs[1].communicate()
     assert time.time() - killed_at < 60  # well within the 30 s timeout plus shutdown
     assert procs[0].returncode == 2, stderr[-2000:]
     assert "rank 0 of 2 stopped: a collective operation failed" in stderr and "Another rank probably died" in stderr
@@ -222,24 +308,10 @@ def test_a_normal_shutdown_waits_for_every_rank_and_a_failed_one_does_not(in_tmp
     # exits (otherwise an occasional SIGABRT at exit); after a failure it must not wait.
     # The test compares the order of two events on one clock, not durations, so load cannot sway it.
     (in_tmp / "leave.py").write_text(LEAVING)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node=2",
-            f"--master-port={free_port()}",
-            "leave.py",
-            mode,
-        ],
-        cwd=in_tmp,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    left = float(done.stdout.split("rank 0 left at ")[1].split()[0])
-    woke = float(done.stdout.split("rank 1 woke at ")[1].split()[0])
+    (status0, out0), (status1, out1) = _two_ranks_of([sys.executable, "leave.py", mode], in_tmp, timeout=120)
+    assert status0 == status1 == 0, out0[-2000:] + out1[-2000:]
+    left = float(out0.split("rank 0 left at ")[1].split()[0])
+    woke = float(out1.split("rank 1 woke at ")[1].split()[0])
     if mode == "drain":
         assert left > woke  # rank 0 waited for the late rank
     else:
@@ -283,26 +355,13 @@ def test_ranks_wait_for_rank_0s_data_as_long_as_setup_timeout_s_not_dist_timeout
     that took longer to write ended the job. The setup's own wait outlasts it, and names a rank that never came."""
     script = tmp_path / "setup_wait.py"
     script.write_text(SETUP_WAIT)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node=2",
-            f"--master-port={free_port()}",
-            str(script),
-            mode,
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    (_, out0), (_, out1) = _two_ranks_of([sys.executable, str(script), mode], tmp_path, timeout=120)
+    logs = out0[-2000:] + out1[-2000:]
     lines = sorted(path.read_text() for path in tmp_path.glob("rank*.txt"))
     if mode == "setup":
-        assert lines == ["rank 0 passed", "rank 1 passed"], done.stdout + done.stderr[-2000:]
+        assert lines == ["rank 0 passed", "rank 1 passed"], logs
     elif mode == "plain":  # what the data's wait did before: rank 1 gives up after the group's 1 s
-        assert any(line.startswith("rank 1 failed") for line in lines), done.stdout + done.stderr[-2000:]
+        assert any(line.startswith("rank 1 failed") for line in lines), logs
     else:
         assert lines[0].startswith(
             "rank 0 failed: DistributedError: rank 0: not every rank finished the data set's "
@@ -332,7 +391,10 @@ def test_bench_allreduce_runs_on_two_local_ranks(in_tmp):
 def test_weak_and_strong_scaling_runs_report_efficiency(tiny, in_tmp):
     from dlscale.bench.scaling import bench_scaling, format_scaling
 
-    rows = bench_scaling(tiny(), procs=(1, 2), steps=12, out_dir="scaling", progress=False)
+    # (a quarter of tiny's maps: the first run writes them in a second; the runs only time 12 steps)
+    rows = bench_scaling(
+        tiny(train_samples=256, val_samples=64), procs=(1, 2), steps=12, out_dir="scaling", progress=False
+    )
     assert [(r["mode"], r["processes"], r["global_batch"]) for r in rows] == [
         ("strong", 1, 32),
         ("strong", 2, 32),
@@ -391,12 +453,20 @@ def test_ipyparallel_engines_run_one_job_and_return_every_rank(in_tmp, monkeypat
     """One job on two engines; the engines stay up for the next call from the same folder, which finds no process
     group left up; a call from another folder gets engines started there, the others stop; a failed call stops its."""
     from dlscale.jobs.notebook_engines import EngineError, run_on_engines, stop_engines
-    from dlscale.train import train
 
     probe = _as_if_in_a_notebook(PROBE, "probe")
     stop_engines()  # none kept from an earlier test: this one starts its own
-    results = run_on_engines(
-        train, 2, "tiny", norm="group", epochs=1, progress=False, plot=False, run_dir=str(in_tmp / "runs/engines")
+    results = run_on_engines(  # (a quarter of tiny's maps: 8 steps, and rank 0 writes them in a second)
+        train,
+        2,
+        "tiny",
+        norm="group",
+        epochs=1,
+        train_samples=256,
+        val_samples=64,
+        progress=False,
+        plot=False,
+        run_dir=str(in_tmp / "runs/engines"),
     )
     assert len(results) == 2
     assert [r.applied["launcher"] for r in results] == ["ipyparallel", "ipyparallel"]
@@ -486,13 +556,13 @@ def test_engines_stop_when_their_kernel_is_killed_instead_of_exiting(tmp_path):
     assert not any(_running(pid) for pid in engines), "the killed kernel's engines are still running"
 
 
-def test_two_ranks_under_intel_mpi_equal_one_process(in_tmp):
-    """mpirun from the impi-rt wheel; no MASTER_ADDR, so rank 0's host is broadcast with mpi4py."""
+def test_two_ranks_under_intel_mpi_equal_one_process(one_process, in_tmp):
+    """mpirun from the impi-rt wheel; no MASTER_ADDR, so rank 0's host is broadcast with mpi4py. The ranks take the
+    16 SGD steps of the module's one-process run ``runs/sgd``: a missing or wrong all-reduce shows in the first."""
     bin_dir = os.path.dirname(sys.executable)
     env = {k: v for k, v in os.environ.items() if k != "MASTER_ADDR"}
     env.update(PATH=f"{bin_dir}:{env.get('PATH', '')}", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
-    one = _single(in_tmp, "run_dir=runs/one")
-    assert one.returncode == 0, one.stderr
+    _data(one_process, in_tmp)
     two = subprocess.run(
         [
             os.path.join(bin_dir, "mpirun"),
@@ -501,7 +571,7 @@ def test_two_ranks_under_intel_mpi_equal_one_process(in_tmp):
             sys.executable,
             "-m",
             "dlscale.train",
-            *SETTINGS,
+            *ACCUMULATION,
             "run_dir=runs/mpi",
         ],
         cwd=in_tmp,
@@ -512,19 +582,14 @@ def test_two_ranks_under_intel_mpi_equal_one_process(in_tmp):
     )
     assert two.returncode == 0, (two.stdout[-2000:], two.stderr[-2000:])
     assert "via mpi, gloo" in two.stdout
-    _assert_same_weights(in_tmp / "runs/one", in_tmp / "runs/mpi")
+    _assert_same_weights(one_process / "runs/sgd", in_tmp / "runs/mpi")
 
 
-def test_gradient_accumulation_takes_the_same_steps(in_tmp):
-    common = ("optimizer=sgd", "lr=0.05", "max_steps=16")  # (40 before: the suite's budget; 16 steps still move)
-    one = _single(in_tmp, "run_dir=runs/one", *common)
-    accumulated = _single(in_tmp, "run_dir=runs/acc", *common, "grad_accumulation=4")
-    ranks = _torchrun(in_tmp, "run_dir=runs/acc2", *common, "grad_accumulation=2")
-    for done in (one, accumulated, ranks):
-        assert done.returncode == 0, done.stderr[-2000:]
-    for run in ("acc", "acc2"):
-        _assert_same_weights(in_tmp / "runs/one", in_tmp / "runs" / run)
-    assert [r["step"] for r in read_rows(in_tmp / "runs/acc/metrics.csv")] == list(range(1, 17))
-    assert read_rows(in_tmp / "runs/acc/metrics.csv")[0]["loss"] == pytest.approx(
-        read_rows(in_tmp / "runs/one/metrics.csv")[0]["loss"], rel=1e-6
+def test_gradient_accumulation_takes_the_same_steps(two_ranks):
+    folder, _ = two_ranks  # (runs/sgd and runs/sgd-acc4 in one process, runs/sgd-acc2 on two ranks)
+    for run in ("sgd-acc4", "sgd-acc2"):
+        _assert_same_weights(folder / "runs/sgd", folder / "runs" / run)
+    assert [r["step"] for r in read_rows(folder / "runs/sgd-acc4/metrics.csv")] == list(range(1, 17))
+    assert read_rows(folder / "runs/sgd-acc4/metrics.csv")[0]["loss"] == pytest.approx(
+        read_rows(folder / "runs/sgd/metrics.csv")[0]["loss"], rel=1e-6
     )  # the logged loss is the whole batch's

@@ -1,9 +1,17 @@
 """The training loop as a launched run: killed and resumed, and the demo's promised R² (tests/unit/test_train.py has
-the rest)."""
+the rest).
+
+Each run that is killed or signalled is a ``dlscale train`` process of its own, and each such process pays torch's
+import and first calls, which cost more than its steps. So only those runs are launched: the uninterrupted run they
+are held to trains once for the module in this process (:func:`reference_run`), the killed twice test resumes a copy
+of it, the resumes after a kill or a signal run in this process too (:func:`_resume_here`), and every run is as short
+as a kill or a signal after its first checkpoint and before its end allows (:data:`RUN`).
+"""
 
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,16 +20,23 @@ import time
 import pytest
 
 from dlscale.checkpoint import list_checkpoints
+from dlscale.config import load_config
 from dlscale.train import train
 from dlscale.training.preemption import PREEMPTED_EXIT_CODE
 from tests.unit.test_train import _step_of
 
 # -- in a separate process: a hard kill, and a polite signal --------------------------------------
 
+#: Every run of this module: tiny for 2 epochs, 64 steps (32 an epoch). The kills and the signals come once step 20 is
+#: logged (rows come in blocks of 10; a checkpoint at 16 is before it), which leaves them 44 steps and a validation to
+#: land in before the end however busy the machine is, and the resumed runs an epoch's end to cross. One thread each,
+#: whatever the load: a run's float32 sums depend on its thread count, and these runs are compared bit for bit.
+RUN = ["tiny", "progress=false", "plot=false", "epochs=2", "threads=1"]
+
 
 def _start(cwd, *overrides):
     return subprocess.Popen(
-        [sys.executable, "-m", "dlscale", "train", "tiny", "progress=false", "plot=false", "epochs=6", *overrides],
+        [sys.executable, "-m", "dlscale", "train", *RUN, *overrides],
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -59,6 +74,16 @@ def _start_and_kill_after_resume(cwd, *overrides):
     return "".join(seen)
 
 
+def _resume_here(capsys, *overrides):
+    """Resume the run in this process, from the test's folder (the process that died is the subject: any process may
+    resume its run, and this one has paid torch's import). Returns what it printed, and whether it trained to its end,
+    as `dlscale train`'s exit status 0 says: an error raises, and a stop on a signal is ``preempted`` (the command's
+    PREEMPTED_EXIT_CODE)."""
+    capsys.readouterr()  # (only this run's lines)
+    result = train(load_config(RUN[0], [*RUN[1:], *overrides, "resume=true"]))  # (what `dlscale train` does)
+    return capsys.readouterr().out, not result.preempted
+
+
 def _rows(path):
     with open(path) as handle:
         return list(csv.DictReader(handle))
@@ -66,25 +91,41 @@ def _rows(path):
 
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory):
-    """An uninterrupted run, once for the module: the killed and the signalled runs are compared with it."""
+    """An uninterrupted run (a checkpoint every 16 steps, all kept), once for the module and in this process (no
+    launch to pay for): the killed and the signalled runs are compared with it, the killed twice test resumes a copy
+    of it, and the data set it writes is copied for every test (:func:`_data`)."""
     folder = tmp_path_factory.mktemp("reference")
-    proc = _start(folder, "run_dir=runs/ref")
-    assert proc.wait(timeout=300) == 0, proc.stdout.read()
+    here = os.getcwd()
+    os.chdir(folder)
+    try:  # (what `dlscale train` does with its arguments)
+        train(load_config(RUN[0], [*RUN[1:], "checkpoint_every=16", "keep_checkpoints=10", "run_dir=runs/ref"]))
+    finally:
+        os.chdir(here)
+    return folder
+
+
+def _reference(folder):
+    """The reference run's logged steps and validation rows."""
     return _rows(folder / "runs/ref/metrics.csv"), _rows(folder / "runs/ref/validation.csv")
 
 
-def test_killed_run_resumes_bit_for_bit(in_tmp, reference_run):
-    ref_steps, ref_val = reference_run
-    proc = _start(in_tmp, "run_dir=runs/cut", "checkpoint_every=25")
-    _wait_for_step(in_tmp / "runs/cut", 60, proc)
+def _data(reference_folder, folder):
+    """The reference's data set in ``folder`` too: the run does not spend seconds writing it again."""
+    shutil.copytree(reference_folder / "data", folder / "data")
+
+
+def test_killed_run_resumes_bit_for_bit(in_tmp, reference_run, capsys):
+    ref_steps, ref_val = _reference(reference_run)
+    _data(reference_run, in_tmp)
+    proc = _start(in_tmp, "run_dir=runs/cut", "checkpoint_every=16")
+    _wait_for_step(in_tmp / "runs/cut", 20, proc)
     proc.kill()
     assert proc.wait() == -signal.SIGKILL
     last_ckpt = list_checkpoints(in_tmp / "runs/cut")[-1]
-    assert 50 <= _step_of(last_ckpt) < len(ref_steps)  # it really was cut short, however busy the machine
+    assert 16 <= _step_of(last_ckpt) < len(ref_steps)  # it really was cut short, however busy the machine
 
-    proc = _start(in_tmp, "run_dir=runs/cut", "checkpoint_every=25", "resume=true")
-    output = proc.communicate(timeout=300)[0]
-    assert proc.returncode == 0, output
+    output, finished = _resume_here(capsys, "run_dir=runs/cut", "checkpoint_every=16")
+    assert finished, output
     assert f"resuming from {last_ckpt.name}" in output
     # every logged step, before and after the kill, matches the uninterrupted run exactly
     assert [(r["step"], r["loss"]) for r in _rows(in_tmp / "runs/cut/metrics.csv")] == [
@@ -93,50 +134,56 @@ def test_killed_run_resumes_bit_for_bit(in_tmp, reference_run):
     assert _rows(in_tmp / "runs/cut/validation.csv") == ref_val
 
 
-def test_a_run_killed_twice_resumes_bit_for_bit(in_tmp):
-    """Killed after step 50, resumed, killed again before its next checkpoint, resumed: nothing is lost.
+def test_a_run_killed_twice_resumes_bit_for_bit(in_tmp, reference_run, capsys):
+    """Killed after step 48 of 64, resumed, killed again before its next checkpoint, resumed: nothing is lost.
 
-    The first kill is staged: an uninterrupted run with its later checkpoints removed leaves
-    what a kill after step 50 leaves (test_killed_run_resumes_bit_for_bit kills for real).
+    The first kill is staged: the uninterrupted reference run, copied, with its checkpoint after the last (step 64)
+    removed, leaves what a kill between steps 48 and 64 leaves (test_killed_run_resumes_bit_for_bit kills for real);
+    its last 16 steps are all the resumes train.
     """
     run = in_tmp / "runs/twice"
-    proc = _start(in_tmp, "run_dir=runs/twice", "checkpoint_every=25", "keep_checkpoints=10")
-    assert proc.wait(timeout=300) == 0, proc.stdout.read()
+    shutil.copytree(reference_run / "runs/ref", run)
+    _data(reference_run, in_tmp)
     ref_steps, ref_val = _rows(run / "metrics.csv"), _rows(run / "validation.csv")
+    assert len(ref_steps) == 64
     for path in list_checkpoints(run):
-        if _step_of(path) > 50:
+        if _step_of(path) > 48:
             path.unlink()
 
     output = _start_and_kill_after_resume(in_tmp, "run_dir=runs/twice")
-    assert "resuming from ckpt-00000050.pt" in output, output
-    assert [p.name for p in list_checkpoints(run)] == ["ckpt-00000025.pt", "ckpt-00000050.pt"]  # both still there
+    assert "resuming from ckpt-00000048.pt" in output, output
+    assert [p.name for p in list_checkpoints(run)] == [
+        "ckpt-00000016.pt",
+        "ckpt-00000032.pt",
+        "ckpt-00000048.pt",
+    ]  # all still there
 
-    proc = _start(in_tmp, "run_dir=runs/twice", "checkpoint_every=25", "resume=true")
-    output = proc.communicate(timeout=300)[0]
-    assert proc.returncode == 0, output
-    assert "resuming from ckpt-00000050.pt" in output  # not from step 0
+    output, finished = _resume_here(capsys, "run_dir=runs/twice", "checkpoint_every=16")
+    assert finished, output
+    assert "resuming from ckpt-00000048.pt" in output  # not from step 0
     assert [(r["step"], r["loss"]) for r in _rows(run / "metrics.csv")] == [(r["step"], r["loss"]) for r in ref_steps]
     assert _rows(run / "validation.csv") == ref_val
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
-def test_signal_checkpoints_and_exits_with_the_requeue_status(in_tmp, reference_run, sig):
-    ref_steps, _ = reference_run
+def test_signal_checkpoints_and_exits_with_the_requeue_status(in_tmp, reference_run, sig, capsys):
+    ref_steps, _ = _reference(reference_run)
+    _data(reference_run, in_tmp)
     proc = _start(in_tmp, "run_dir=runs/sig", "checkpoint_every=0")
-    _wait_for_step(in_tmp / "runs/sig", 30, proc)
+    _wait_for_step(in_tmp / "runs/sig", 20, proc)
     os.kill(proc.pid, sig)
     output = proc.communicate(timeout=120)[0]
     assert proc.returncode == PREEMPTED_EXIT_CODE, output
     assert f"{signal.Signals(sig).name} received; checkpointing at step" in output
     stopped_at = int(list_checkpoints(in_tmp / "runs/sig")[-1].name[5:13])
-    assert 30 <= stopped_at < len(ref_steps)
+    assert 20 <= stopped_at < len(ref_steps)
     assert len(_rows(in_tmp / "runs/sig/metrics.csv")) == stopped_at  # every step up to the checkpoint is logged
     assert f"stopped on a signal, {signal.Signals(sig).name} received (resume with resume=true)" in output
     stopped = json.loads((in_tmp / "runs/sig/summary.json").read_text())
     assert (stopped["stop_reason"], stopped["preempted"]) == ("signal", True)
 
-    proc = _start(in_tmp, "run_dir=runs/sig", "resume=true")
-    assert proc.wait(timeout=300) == 0
+    output, finished = _resume_here(capsys, "run_dir=runs/sig")
+    assert finished, output
     assert [r["loss"] for r in _rows(in_tmp / "runs/sig/metrics.csv")] == [r["loss"] for r in ref_steps]
 
 

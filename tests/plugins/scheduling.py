@@ -30,6 +30,7 @@ ONE_PROCESS = (
     "test_pipeline.py",
     "test_pinned_torch.py",
     "test_horovod.py",
+    "test_distributed.py",
 )
 
 #: The files whose tests take longest, longest first. make test's processes take work in collection order, so
