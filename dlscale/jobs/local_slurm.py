@@ -13,7 +13,8 @@ It needs Debian's (or your distribution's) ``slurmctld slurmd slurm-client munge
 root in a container or CI, where it was checked; a non-root user can run them too, as
 ``SlurmUser`` is set to that user. Tasks are bound to their CPUs (``task/affinity``), as the
 sites bind them, so a job shows what ``--cpus-per-task`` really gives each task
-(``bash slurm/launch.sh local probe`` prints it).
+(``bash slurm/launch.sh local probe`` prints it); on several nodes, which share the machine's
+cores, they are not (``task/none``: every node would bind its first task to the same core).
 
 With ``nodes=N`` (N > 1, root and util-linux's ``unshare`` needed) each node is a slurmd in its own
 UTS and mount namespace: its own hostname (``node1``, ``node2``...), its own loopback address
@@ -53,7 +54,7 @@ AuthType=auth/munge
 AuthInfo=socket={sockets}/munge.socket
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/affinity
+TaskPlugin={task_plugin}
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
@@ -64,6 +65,7 @@ ReturnToService=2
 JobRequeue=1
 FirstJobId={first_job_id}
 SlurmdTimeout={slurmd_timeout}
+MessageTimeout={message_timeout}
 MinJobAge=600
 SlurmctldPort={ctld_port}
 StateSaveLocation={root}/state
@@ -165,6 +167,9 @@ class LocalSlurm:
         self.nodes = nodes
         # How long a silent slurmd may be before its node is DOWN and its jobs end (Slurm's default is 300 s).
         self.slurmd_timeout = 30
+        # How long a message between the daemons may take (Slurm's default, 10 s). A dead node's pings each take this
+        # long to fail, and the controller declares it DOWN only after two of them: a test that kills a node lowers it.
+        self.message_timeout = 10
         self.processes: list[subprocess.Popen] = []
         self.sockets: Path | None = None  # a short folder of its own (start): munge's and slurmstepd's sockets
 
@@ -234,9 +239,15 @@ class LocalSlurm:
         self.conf.write_text(
             _CONF.format(
                 controller=controller,
+                # Several nodes share this machine's cores, and task/affinity would confine each node's first task to
+                # the same one, CPU 0 (each node allocates its CPUs from the first): the two ranks of a job of one task
+                # per node took turns on one core while the other idled. Unbound, the machine spreads them (each still
+                # runs the threads of its --cpus-per-task: launch.sh sets OMP_NUM_THREADS).
+                task_plugin="task/affinity" if self.nodes == 1 else "task/none",
                 user=getpass.getuser(),
                 root=self.root,
                 slurmd_timeout=self.slurmd_timeout,
+                message_timeout=self.message_timeout,
                 first_job_id=first_job_id(),
                 sockets=self.sockets,
                 ctld_port=free_port(),
