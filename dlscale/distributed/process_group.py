@@ -143,22 +143,24 @@ def _loopback_store(env: DistEnv, timeout: datetime.timedelta, environ: Mapping[
     """
     if environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" or not _is_loopback(env.master_addr):
         return None
-    if env.rank != 0:
-        return dist.TCPStore(env.master_addr, env.master_port, env.world_size, False, timeout)
+    return tcp_store(env.master_addr, env.master_port, env.world_size, env.rank == 0, timeout)
+
+
+def tcp_store(host: str, port: int, size: int, is_master: bool, timeout: datetime.timedelta) -> Any:
+    """A TCP store of ``size`` processes on ``host:port``; the master's listens on the loopback only when ``host``
+    names it (torch's listens on every interface)."""
+    if not is_master:
+        return dist.TCPStore(host, port, size, False, timeout)
+    if not _is_loopback(host):
+        return dist.TCPStore(host, port, size, True, timeout, wait_for_workers=False)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        listener.bind((env.master_addr, env.master_port))
+        listener.bind((host, port))
         listener.listen(socket.SOMAXCONN)
         # The store takes the socket over; Python must not close it under the store.
         return dist.TCPStore(
-            env.master_addr,
-            env.master_port,
-            env.world_size,
-            True,
-            timeout,
-            wait_for_workers=False,
-            master_listen_fd=listener.detach(),
+            host, port, size, True, timeout, wait_for_workers=False, master_listen_fd=listener.detach()
         )
     except BaseException:
         listener.close()
@@ -341,9 +343,16 @@ def _all_reduce(tensor: torch.Tensor, op: str) -> torch.Tensor:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` now (for a master, a daemon or an engine to listen on)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` different TCP ports that are free on ``host`` now (held together while chosen: none twice)."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
 
 
 def collective_device() -> torch.device:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import time
 import warnings
@@ -39,7 +40,13 @@ _RANK_VARIABLES = (
     "MASTER_ADDR",
     "MASTER_PORT",
     "DLSCALE_LAUNCHER",
+    "DLSCALE_SPARE_PORTS",
 )
+
+#: Ports besides MASTER_PORT that the ranks of one call share: for the further process groups a call makes (a stage
+#: run again at its other settings: on the first one's port, a store that the first group left alive would serve
+#: stale keys) and, the last, for the ranks to agree without a group (dlscale.lessons.stage_probes)
+SPARE_PORTS = 8
 
 
 class _NoCleanupRace(logging.Filter):
@@ -57,25 +64,68 @@ class EngineError(DlscaleError):
     """The engines could not start, or a rank failed; the message names the rank and its error."""
 
 
-def _host_and_port() -> tuple[str, int]:
-    """Run on an engine: its hostname and a free TCP port there."""
-    from dlscale.distributed import free_port  # (this runs on the engine, which imports it there)
+def _engine_facts() -> tuple[str, list[int], int]:
+    """Run on an engine: its hostname, free TCP ports there (the master's and :data:`SPARE_PORTS` more) and its
+    process id (which names the file of its stacks, :data:`STACKS`)."""
+    from dlscale.distributed import free_ports  # (this runs on the engine, which imports it there)
 
-    return socket.gethostname(), free_port("")
+    return socket.gethostname(), free_ports(1 + SPARE_PORTS, ""), os.getpid()
 
 
-def _run_as_rank(environment: dict[str, str], function: Callable, args: tuple, kwargs: dict) -> Any:
-    """Run on an engine: ``function(*args, **kwargs)`` with the rank's variables set for the call only."""
+#: Where an engine writes the stacks of its threads when a call outlasts its time (the caller's folder's runs/)
+STACKS = "runs/engines/engine-{id}-stacks.txt"
+
+
+def _run_as_rank(
+    environment: dict[str, str], function: Callable, args: tuple, kwargs: dict, stacks_after: float | None = None
+) -> Any:
+    """Run on an engine: ``function(*args, **kwargs)`` with the rank's variables set for the call only. After
+    ``stacks_after`` seconds the engine writes where each of its threads is to :data:`STACKS` (the call goes on:
+    the caller, about to give up, reads the file and names the line it waits in)."""
+    import faulthandler
+    import threading
+
     saved = {name: os.environ.get(name) for name in _RANK_VARIABLES}
     os.environ.update(environment)
+    stacks = None
+    if stacks_after is not None:
+        path = STACKS.format(id=os.getpid())
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        stacks = open(path, "w")  # noqa: SIM115 - open while faulthandler may write to it; closed below
+        stacks.write(f"call thread 0x{threading.get_ident():x}\n")
+        stacks.flush()
+        faulthandler.dump_traceback_later(stacks_after, file=stacks)
     try:
         return function(*args, **kwargs)
     finally:
+        if stacks is not None:
+            faulthandler.cancel_dump_traceback_later()
+            stacks.close()
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def where_it_waits(path: str, frames: int = 3) -> str:
+    """From a stacks file an engine wrote (:func:`_run_as_rank`): the innermost ``frames`` lines of the call's
+    thread, innermost first ("" when the file is missing or holds no dump)."""
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        return ""
+    if not lines or not lines[0].startswith("call thread 0x"):
+        return ""
+    ident = int(lines[0].split("0x")[1], 16)
+    found, frames_seen = False, []
+    for line in lines[1:]:
+        header = re.match(r"(?:Current thread|Thread) 0x([0-9a-f]+)", line)
+        if header:
+            found = int(header[1], 16) == ident
+        elif found and line.strip().startswith("File "):
+            frames_seen.append(line.strip())
+    return " < ".join(frames_seen[:frames])
 
 
 def run_file(path: str, function: str = "main", /, **kwargs: Any) -> Any:
@@ -105,8 +155,9 @@ def train_rank(config: Any, **overrides: Any) -> dict[str, Any]:
     return {"run_dir": str(result.run_dir), "r2": result.final.get("r2"), "applied": result.applied}
 
 
-def rank_environments(hosts: list[str], master_port: int) -> list[dict[str, str]]:
-    """torchrun's variables for each engine, given the host each engine runs on (engine order = rank order)."""
+def rank_environments(hosts: list[str], master_port: int, spare_ports: list[int] = ()) -> list[dict[str, str]]:
+    """torchrun's variables for each engine, given the host each engine runs on (engine order = rank order), and
+    ``DLSCALE_SPARE_PORTS``: ports on rank 0's host for the call's further groups (:data:`SPARE_PORTS`)."""
     environments = []
     for rank, host in enumerate(hosts):
         same_host = [i for i, h in enumerate(hosts) if h == host]
@@ -119,6 +170,7 @@ def rank_environments(hosts: list[str], master_port: int) -> list[dict[str, str]
                 "MASTER_ADDR": hosts[0] if len(set(hosts)) > 1 else "127.0.0.1",
                 "MASTER_PORT": str(master_port),
                 "DLSCALE_LAUNCHER": "ipyparallel",
+                "DLSCALE_SPARE_PORTS": ",".join(map(str, spare_ports)),
             }
         )
     return environments
@@ -242,9 +294,9 @@ def run_on_engines(
     return results
 
 
-def _relay(task: Any, timeout: float | None) -> None:
-    """Print what ``task`` (one engine's call) prints while it runs, as it arrives."""
-    seen, deadline = 0, None if timeout is None else time.monotonic() + timeout
+def _relay(task: Any, deadline: float | None) -> None:
+    """Print what ``task`` (one engine's call) prints while it runs, as it arrives, until it ends or ``deadline``."""
+    seen = 0
     while True:
         task.wait(0.5)
         done = task.ready() or (deadline is not None and time.monotonic() > deadline)
@@ -254,6 +306,15 @@ def _relay(task: Any, timeout: float | None) -> None:
             seen = len(text)
         if done:
             return
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+#: Seconds before a call's time is up at which its engines write their stacks (one dump is quick; a busy engine
+#: takes a moment to be scheduled)
+STACKS_BEFORE_S = 5.0
 
 
 def _run_job(
@@ -267,28 +328,34 @@ def _run_job(
     as_ranks: bool = True,
     show: bool = False,
 ) -> list[Any]:
-    """The job on the first ``n`` engines of ``client``: the rank variables, the call, the results or one error."""
+    """The job on the first ``n`` engines of ``client``: the rank variables, the call, the results or one error.
+    ``timeout`` bounds the whole call; a rank still running then is named with the line it waits in."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     ids = sorted(client.ids)[:n]
+    facts = client[ids].apply_async(_engine_facts).get(timeout=_left(deadline))
     if as_ranks:
-        hosts_ports = client[ids].apply_sync(_host_and_port)
-        environments = rank_environments([host for host, _ in hosts_ports], hosts_ports[0][1])
+        ports = facts[0][1]
+        environments = rank_environments([host for host, _, _ in facts], ports[0], ports[1:])
     else:
         environments = [{"DLSCALE_LAUNCHER": "single"}] * n
+    stacks_after = None if timeout is None else max(1.0, _left(deadline) - min(STACKS_BEFORE_S, timeout / 10))
     pending = [
-        client[engine].apply_async(_run_as_rank, environment, function, args, kwargs)
+        client[engine].apply_async(_run_as_rank, environment, function, args, kwargs, stacks_after)
         for engine, environment in zip(ids, environments)
     ]
     if show:
-        _relay(pending[0], timeout)
+        _relay(pending[0], deadline)
     results, failures = [], []
     for rank, task in enumerate(pending):
+        who = f"{'rank' if as_ranks else 'engine'} {rank}"
         try:
-            results.append(task.get(timeout=timeout))
+            results.append(task.get(timeout=_left(deadline)))
         except ipp.error.RemoteError as err:
-            failures.append(f"{'rank' if as_ranks else 'engine'} {rank}: {err.ename}: {err.evalue}")
+            failures.append(f"{who}: {err.ename}: {err.evalue}")
             results.append(None)
         except ipp.error.TimeoutError:
-            failures.append(f"rank {rank}: no result after {timeout} s")
+            where = where_it_waits(STACKS.format(id=facts[rank][2]))
+            failures.append(f"{who}: no result after {timeout:g} s" + (f", waiting in {where}" if where else ""))
             results.append(None)
     if failures:
         raise EngineError("the job failed on " + "; ".join(failures))

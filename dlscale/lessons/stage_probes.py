@@ -774,26 +774,69 @@ def one_rank_per_node() -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _switch_runs(stage: Any, main: Callable[..., dict], arguments: dict[str, Any]) -> list[dict[str, Any]]:
+def _switch_runs(stage: Any, main: Callable[..., dict], arguments: dict[str, Any], ran: bool) -> list[dict[str, Any]]:
     """The stage run briefly with each of its record's other settings (:attr:`Stage.switches`), on a small set of its
     data: so that a switch the lesson's own run left at one value (``compile``, ``precision``, ``scaling``) is tried
-    at the others. Each run writes its checkpoint beside the lesson's, never over it."""
-    ran = effective_arguments(main, arguments)
+    at the others. Each run writes its checkpoint beside the lesson's, never over it. None run unless the lesson's
+    run (``ran``) ended well on every rank: the ranks go on together or not at all (:func:`_every_rank_ran`)."""
+    settled = effective_arguments(main, arguments)
+    if not _every_rank_ran(ran):
+        return []
     runs = []
     for index, switch in enumerate(stage.switches):
-        if all(ran.get(key) == value for key, value in switch.items()):
+        if all(settled.get(key) == value for key, value in switch.items()):
             continue
         settings = {
             **arguments,
             **switch,
-            "config": small_config(str(ran.get("config", "tiny")), stage.switch_samples),
+            "config": small_config(str(settled.get("config", "tiny")), stage.switch_samples),
             "resume": False,
-            "checkpoint": f"{ran.get('checkpoint', 'checkpoint.pt')}-switch{index}",
+            "checkpoint": f"{settled.get('checkpoint', 'checkpoint.pt')}-switch{index}",
         }
         settings.setdefault("epochs", 1)
-        with contextlib.redirect_stdout(io.StringIO()):  # (the attendee reads the lesson's run, not these)
-            runs.append(_watched_run(main, {k: v for k, v in settings.items() if k in ran or k in switch}))
+        # (the attendee reads the lesson's run, not these) on a port of its own: see _spare_ports
+        with contextlib.redirect_stdout(io.StringIO()), _master_port(len(runs)):
+            runs.append(_watched_run(main, {k: v for k, v in settings.items() if k in settled or k in switch}))
     return runs
+
+
+def _spare_ports() -> list[int]:
+    """The ports run_on_engines set aside for this call (none: a run of its own): one for each switch run's
+    process group, and the last for the ranks' agreement before them.
+
+    Every run of a stage on the ranks makes its group on a port of its own: a stage that left a reference to its
+    group (a DDP model the watch keeps, a cycle not yet collected) keeps the group's TCP store alive in rank 0, and
+    a group made again on that port reuses that store and its keys: a peer then reads the last run's addresses and
+    waits minutes for ranks that are gone (a lesson's cell hung in CI).
+    """
+    return [int(port) for port in os.environ.get("DLSCALE_SPARE_PORTS", "").split(",") if port]
+
+
+@contextlib.contextmanager
+def _master_port(run: int) -> Iterator[None]:
+    """``MASTER_PORT`` is the ``run``-th switch run's spare port inside the block."""
+    groups = _spare_ports()[:-1]
+    if run >= len(groups):
+        yield
+        return
+    kept = os.environ["MASTER_PORT"]
+    os.environ["MASTER_PORT"] = str(groups[run])
+    try:
+        yield
+    finally:
+        os.environ["MASTER_PORT"] = kept
+
+
+def _every_rank_ran(ran: bool) -> bool:
+    """Whether the lesson's run of the stage ended well on every rank (a run of its own: whether it did here). A rank
+    that went on to the switch runs alone would wait in each one's start, the stage's timeout, for peers that
+    stopped."""
+    spare = _spare_ports()
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not spare:
+        return ran
+    from dlscale.distributed.agreement import every_rank_says_yes
+
+    return every_rank_says_yes(ran, spare[-1])
 
 
 def small_config(config: str, samples: int) -> str:
@@ -843,7 +886,7 @@ def run_stage(stage: str | Callable[..., dict], **arguments: Any) -> dict[str, A
     record = None
     with contextlib.suppress(KeyError):
         record = stage_record(header[1] if header else Path(filename).name.removeprefix("my_"))
-    switches = _switch_runs(record, main, arguments) if record is not None and not error else []
+    switches = _switch_runs(record, main, arguments, error is None) if record is not None else []
     ours = is_ours(main)
     if ours:
         print("(this run is OUR stage, recipes/" + Path(filename).name + ", not yours: use_ours)", flush=True)

@@ -526,6 +526,68 @@ def test_what_rank_0_prints_on_the_engines_shows_while_it_runs(in_tmp):
     assert len(arrivals) == 1 and returned - arrivals[0] > 2  # as it came, not at the end
 
 
+#: A stage (its record: lesson 05's, one switch run) whose group is made, marked and left referenced, as a DDP model
+#: the watch keeps leaves it; ``fail_on``'s rank fails after its group is gone
+LEAVES_ITS_STORE = """
+import datetime, os
+
+import torch.distributed as dist
+
+KEPT = []
+
+
+def main(config="tiny", epochs=1, seed=0, checkpoint="c.pt", resume=False, fail_on=-1):
+    rank = int(os.environ["RANK"])
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=int(os.environ["WORLD_SIZE"]), timeout=datetime.timedelta(seconds=20)
+    )
+    store = dist.distributed_c10d._get_default_store()
+    fresh = not store.check([f"run/{rank}"])
+    store.set(f"run/{rank}", "done")
+    KEPT.append(store)
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == fail_on:
+        raise RuntimeError("this rank failed after its group")
+    return {"losses": [], "r2": [], "throughput": [], "fresh": fresh, "port": os.environ["MASTER_PORT"]}
+"""
+
+#: Run on an engine: a call that outlasts its time, in a function of its own name
+OUTLASTS = """
+def outlasts():
+    import time
+
+    time.sleep(60)
+"""
+
+
+def test_a_stage_run_again_on_the_engines_meets_a_fresh_group_and_no_call_outlasts_its_time(in_tmp):
+    """Lesson 07's stage cell hung 25 minutes in CI: a stage's switch runs made their groups on the lesson run's port,
+    where rank 0's store, kept alive, served the last run's keys. Each run now gets a port of its own; the ranks go
+    on to the switches together or not at all; and a call that outlasts its time ends, naming the line it waits in."""
+    from dlscale.jobs.notebook_engines import EngineError, run_on_engines, stop_engines
+    from dlscale.lessons.stage_probes import run_stage
+
+    stage = in_tmp / "my_05_ddp.py"
+    stage.write_text(LEAVES_ITS_STORE)
+    try:
+        ranks = run_on_engines(run_stage, 2, str(stage), show=False, timeout=120)
+        assert [r["error"] for r in ranks] == [None, None]
+        switches = [run for rank in ranks for run in rank["switches"]]
+        assert len(switches) == 2 and [run["error"] for run in switches] == [None, None]
+        assert all(run["fresh"] for run in switches), "a switch run met the lesson run's store"
+        assert switches[0]["port"] != ranks[0]["port"]
+        started = time.monotonic()
+        ranks = run_on_engines(run_stage, 2, str(stage), fail_on=1, show=False, timeout=120)
+        assert ranks[0]["error"] is None and "failed after its group" in ranks[1]["error"]["message"]
+        assert ranks[0]["switches"] == ranks[1]["switches"] == []  # rank 0 did not go on alone
+        assert time.monotonic() - started < 20  # (alone, its switch run would have waited the stage's 20 s)
+        with pytest.raises(EngineError, match=r"rank 0: no result after 6 s, waiting in File .*line 5 in outlasts"):
+            run_on_engines(_as_if_in_a_notebook(OUTLASTS, "outlasts"), 2, show=False, timeout=6)
+    finally:
+        stop_engines()
+
+
 def _left_running(pids: set[int], wait: float = 20) -> set[int]:
     """Those of ``pids`` still running after up to ``wait`` s (stopped engines take a moment to exit)."""
     deadline = time.time() + wait

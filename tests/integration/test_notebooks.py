@@ -76,7 +76,8 @@ LESSONS = {
         "target_r2": 0.0,
         "preempt_seconds": 4,
         "node_sweep": False,
-    },  # (tests/integration/test_slurm.py sweeps the two nodes)
+        "probe_job": False,
+    },  # (tests/integration/test_slurm.py sweeps the two nodes and runs the probe job through Queue.probe)
     "10_sharded_and_model_parallel.ipynb": {
         "steps": 12,  # FSDP and TP against one process in fp64: equal at any length
         "memory_width": 32,
