@@ -71,6 +71,7 @@ def _new_record() -> dict[str, Any]:
         "saves": 0,
         "compiled_names_saved": 0,
         "hvd_init": 0,
+        "hvd_asked_before_init": [],
         "hvd_optimizers": [],
         "broadcasts": 0,
         "vit_on_meta": [],
@@ -595,6 +596,16 @@ def _watch_horovod(patches: _Patches, seen: dict[str, Any]) -> None:
     if hvd is None:
         return
     patches.wrap(hvd, "init", lambda f: _noting(f, lambda *a, **k: seen.__setitem__("hvd_init", seen["hvd_init"] + 1)))
+    # asked before joining: in a fresh process the call fails, but where an earlier run left Horovod up (a kernel's
+    # engines, a test process) it answers, and the stage would pass
+    for name in ("rank", "size", "local_rank"):
+        patches.wrap(
+            hvd,
+            name,
+            lambda f, name=name: _noting(
+                f, lambda *a, **k: None if seen["hvd_init"] else seen["hvd_asked_before_init"].append(name)
+            ),
+        )
     patches.wrap(
         hvd,
         "DistributedOptimizer",

@@ -8,7 +8,14 @@ from dlscale.lessons.stage_record import Gap, Stage, Variant
 
 
 def horovod_joined(seen: dict[str, Any], args: dict[str, Any], result: dict[str, Any]) -> str | None:
-    return None if seen["hvd_init"] else "Horovod was never initialised in this process"
+    if not seen["hvd_init"]:
+        return "Horovod was never initialised in this process"
+    if seen["hvd_asked_before_init"]:
+        return (
+            f"Horovod was asked for hvd.{seen['hvd_asked_before_init'][0]}() before hvd.init(): in a fresh process "
+            "that call fails (here a Horovod an earlier run left up answered)"
+        )
+    return None
 
 
 def horovod_optimizer(seen: dict[str, Any], args: dict[str, Any], result: dict[str, Any]) -> str | None:
