@@ -176,9 +176,10 @@ def _check_unchanged(
         )
 
 
-def rerun_best(study_dir: str | Path, out: str | Path | None = None) -> tuple[float, float]:
+def rerun_best(study_dir: str | Path, out: str | Path | None = None, in_process: bool = False) -> tuple[float, float]:
     """Train the best trial's config again, in a process of its own, into ``out`` (default ``best-rerun/`` in the
-    study); returns (the study's value, the re-run's value).
+    study); returns (the study's value, the re-run's value). ``in_process`` trains it in this process instead
+    (where this process ran the search's trials itself, a new process would only add its start).
 
     The config records the trial's thread count too, so on a CPU the two agree exactly: a trial's result
     is a property of its settings, not of the search.
@@ -189,17 +190,23 @@ def rerun_best(study_dir: str | Path, out: str | Path | None = None) -> tuple[fl
     best = best_trial(study_dir)
     metric = read_settings(study_dir).search_space.metric
     out = Path(out or Path(study_dir) / "best-rerun")
-    run_local(
-        [
-            sys.executable,
-            "-m",
-            "dlscale.train",
-            str(Path(best["run_dir"]) / "config.yaml"),
-            f"run_dir={out}",
-            "resume=false",
-            "checkpoint_every=0",
-        ],
-        f"re-running trial {best['trial']}",
-        env={"DLSCALE_LAUNCHER": "single"},
-    )
+    config = Path(best["run_dir"]) / "config.yaml"
+    if in_process:
+        from dlscale.training.loop import train_quietly
+
+        train_quietly(str(config), run_dir=str(out), resume=False, checkpoint_every=0)
+    else:
+        run_local(
+            [
+                sys.executable,
+                "-m",
+                "dlscale.train",
+                str(config),
+                f"run_dir={out}",
+                "resume=false",
+                "checkpoint_every=0",
+            ],
+            f"re-running trial {best['trial']}",
+            env={"DLSCALE_LAUNCHER": "single"},
+        )
     return float(best["value"]), float(read_rows(out / VAL_FILE)[-1][metric])

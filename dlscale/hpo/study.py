@@ -9,6 +9,7 @@ Where a site runs a database, ``storage="postgresql://..."`` (any SQLAlchemy URL
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
@@ -78,7 +79,19 @@ class StudySettings:
 
     @property
     def search_space(self) -> SearchSpace:
-        return load_space(self.space)
+        """The study's space, checked (:func:`~dlscale.hpo.space.load_space`) once per process: a worker reads it
+        several times a trial, and each check loads the config once per parameter bound."""
+        try:
+            key = json.dumps(self.space)  # (in its order: the order of the parameters is the order of the draws)
+        except (TypeError, ValueError):  # (not as study.json holds it: checked afresh)
+            return load_space(self.space)
+        return _checked_space(key)
+
+
+@functools.lru_cache(maxsize=32)
+def _checked_space(space_json: str) -> SearchSpace:
+    """A study's space from its JSON text, checked once (a :class:`SearchSpace` is frozen: one copy serves all)."""
+    return load_space(json.loads(space_json))
 
 
 def create_study(

@@ -119,7 +119,7 @@ SOLUTION_PARAMETERS = {
     "09_scaling_out.ipynb": {"batches": [32, 128], "epochs": 2},
     "10_sharded_and_model_parallel.ipynb": {},
     "11_how_many_nodes.ipynb": {"steps": 30},  # exercise 11.1's breakdown: 5 runs of 25 timed steps
-    "12_search_not_just_scale.ipynb": {"budget": 3, "workers": 1},  # TPE proposes one trial; one process start
+    "12_search_not_just_scale.ipynb": {"budget": 3, "workers": 1},  # TPE proposes one; one worker: the kernel itself
 }
 EXERCISES = {
     "01_single_device_baseline.ipynb": {"Exercise 01.1", "Exercise 01.2", "Exercise 01.3"},
