@@ -20,13 +20,15 @@ rank): a rank that failed may have left its peers inside a collective.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import socket
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from dlscale.errors import DlscaleError, import_optional
@@ -98,9 +100,12 @@ def _run_as_rank(
     try:
         return function(*args, **kwargs)
     finally:
-        if stacks is not None:
+        if stacks is not None:  # (the call ended: no one will read where it waited)
             faulthandler.cancel_dump_traceback_later()
             stacks.close()
+            with contextlib.suppress(OSError):
+                os.remove(stacks.name)
+                os.rmdir(os.path.dirname(stacks.name))  # (only when no other engine's file is there)
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -108,11 +113,11 @@ def _run_as_rank(
                 os.environ[name] = value
 
 
-def where_it_waits(path: str, frames: int = 3) -> str:
+def _where_it_waits(path: str, frames: int = 3) -> str:
     """From a stacks file an engine wrote (:func:`_run_as_rank`): the innermost ``frames`` lines of the call's
     thread, innermost first ("" when the file is missing or holds no dump)."""
     try:
-        lines = open(path).read().splitlines()
+        lines = Path(path).read_text().splitlines()
     except OSError:
         return ""
     if not lines or not lines[0].startswith("call thread 0x"):
@@ -155,7 +160,7 @@ def train_rank(config: Any, **overrides: Any) -> dict[str, Any]:
     return {"run_dir": str(result.run_dir), "r2": result.final.get("r2"), "applied": result.applied}
 
 
-def rank_environments(hosts: list[str], master_port: int, spare_ports: list[int] = ()) -> list[dict[str, str]]:
+def rank_environments(hosts: list[str], master_port: int, spare_ports: Sequence[int] = ()) -> list[dict[str, str]]:
     """torchrun's variables for each engine, given the host each engine runs on (engine order = rank order), and
     ``DLSCALE_SPARE_PORTS``: ports on rank 0's host for the call's further groups (:data:`SPARE_PORTS`)."""
     environments = []
@@ -354,7 +359,7 @@ def _run_job(
             failures.append(f"{who}: {err.ename}: {err.evalue}")
             results.append(None)
         except ipp.error.TimeoutError:
-            where = where_it_waits(STACKS.format(id=facts[rank][2]))
+            where = _where_it_waits(STACKS.format(id=facts[rank][2]))
             failures.append(f"{who}: no result after {timeout:g} s" + (f", waiting in {where}" if where else ""))
             results.append(None)
     if failures:

@@ -577,6 +577,7 @@ def test_a_stage_run_again_on_the_engines_meets_a_fresh_group_and_no_call_outlas
         assert len(switches) == 2 and [run["error"] for run in switches] == [None, None]
         assert all(run["fresh"] for run in switches), "a switch run met the lesson run's store"
         assert switches[0]["port"] != ranks[0]["port"]
+        assert not (in_tmp / "runs/engines").exists()  # (a call that ended leaves no file of its stacks)
         started = time.monotonic()
         ranks = run_on_engines(run_stage, 2, str(stage), fail_on=1, show=False, timeout=120)
         assert ranks[0]["error"] is None and "failed after its group" in ranks[1]["error"]["message"]
