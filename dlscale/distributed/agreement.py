@@ -11,30 +11,48 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from typing import Any
 
 from dlscale.distributed.process_group import tcp_store
 
-#: How long a rank waits for its peers' answers: a peer may still be inside a run that failed elsewhere, waiting out
-#: the stage's own collective timeout (our recipes': 5 minutes)
-AGREE_TIMEOUT_S = 360.0
+#: How long a rank waits for its peers' answers (and rank 0, for them to read): ranks that ran to their end reach the
+#: question within moments of each other; a rank whose run failed answers no and asks nothing, so a peer still
+#: inside its run (waiting out the stage's collective timeout) answers later, and alone
+AGREE_TIMEOUT_S = 120.0
+
+#: How often a rank looks at its peers' answers
+POLL_S = 0.01
 
 
 def every_rank_says_yes(yes: bool, port: int, timeout_s: float = AGREE_TIMEOUT_S) -> bool:
     """Whether every rank of this job (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``) said yes: the same answer on all
-    of them, unless one stops answering midway (then no). Rank 0 holds the store on ``port``."""
+    of them, unless one stops answering midway (then no). A no is known as soon as one rank says it; a rank that
+    does not answer within ``timeout_s`` counts as a no. Rank 0 holds the store on ``port``."""
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    timeout = datetime.timedelta(seconds=timeout_s)
+    deadline = time.monotonic() + timeout_s
     try:
-        store = tcp_store(os.environ.get("MASTER_ADDR", "127.0.0.1"), port, size, rank == 0, timeout)
+        store = tcp_store(
+            os.environ.get("MASTER_ADDR", "127.0.0.1"), port, size, rank == 0, datetime.timedelta(seconds=timeout_s)
+        )
         store.set(f"yes/{rank}", "1" if yes else "0")
-        keys = [f"yes/{peer}" for peer in range(size)]
-        store.wait(keys)
-        answer = all(store.get(key) == b"1" for key in keys)
+        answer = _answer(store, size, deadline) if yes else False
         store.add("read", 1)
-        if rank == 0:  # the store lives in this process: keep it until every rank has read
-            deadline = time.monotonic() + timeout_s
+        if rank == 0:  # the store lives in this process: keep it until every rank has read (or the time is up)
             while store.add("read", 0) < size and time.monotonic() < deadline:
-                time.sleep(0.01)
+                time.sleep(POLL_S)
         return answer
-    except RuntimeError:  # (DistStoreError is one) a peer that is gone, or never answered in time
+    except RuntimeError:  # (DistStoreError is one) a store that is gone, or a peer never reached
         return False
+
+
+def _answer(store: Any, size: int, deadline: float) -> bool:
+    """True once every rank said yes; False at the first no, or at ``deadline``."""
+    keys = [f"yes/{peer}" for peer in range(size)]
+    while time.monotonic() < deadline:
+        said = [store.get(key) for key in keys if store.check([key])]
+        if b"0" in said:
+            return False
+        if len(said) == size:
+            return True
+        time.sleep(POLL_S)
+    return False

@@ -220,3 +220,19 @@ def test_engines_stuck_leaving_the_process_group_are_stopped_and_the_answers_kep
         answers = notebook_engines._run_job(ipp, client, 2, print, (), {}, 5, as_ranks=False)
     assert answers == ["_run_as_rank", "_run_as_rank"]
     assert waits == [notebook_engines.LEAVE_TIMEOUT_S] and stopped == [True]
+
+
+def test_ranks_agree_no_when_a_peer_never_answers(monkeypatch):
+    """The switch runs' agreement (dlscale.distributed.agreement): rank 0 of two, its peer gone, answers no once its
+    time is up, not never (the engines' test has the ranks that answer)."""
+    import time
+
+    from dlscale.distributed import free_port
+    from dlscale.distributed.agreement import every_rank_says_yes
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    started = time.monotonic()
+    assert every_rank_says_yes(True, free_port(), timeout_s=1.0) is False
+    assert 0.9 < time.monotonic() - started < 10
