@@ -41,6 +41,10 @@ from dlscale.reporting.tables import markdown_table
 KINDS = ("blobs", "noise", "china", "flower", "mixture")
 
 
+#: The scaling runs' launchers: torchrun runs the torch backend, mpirun daal4py's
+LAUNCHERS = ("torchrun", "mpirun")
+
+
 def make_blobs(n: int, d: int, k: int, seed: int = 0) -> np.ndarray:
     """``n`` float32 samples around ``k`` random centres (unit noise, centres spread over ±5)."""
     rng = np.random.default_rng(seed)
@@ -176,7 +180,13 @@ def _scaling_run(
 
 
 def _scaling(
-    x: np.ndarray, init: np.ndarray, procs: list[int], iterations: int, out_dir: Path, seed: int
+    x: np.ndarray,
+    init: np.ndarray,
+    procs: list[int],
+    iterations: int,
+    out_dir: Path,
+    seed: int,
+    launchers: tuple[str, ...] = LAUNCHERS,
 ) -> list[dict]:
     """Strong scaling (the same data over more ranks) and weak scaling (each rank keeps its share's size). One launch
     per process count and launcher fits both, strong then weak, each rank warmed up first (no timing holds a
@@ -193,7 +203,7 @@ def _scaling(
         if count > 1:  # (one process holds all the data either way: strong scaling's fit is weak scaling's too)
             modes["weak"] = out_dir / f"data-weak-{count}.npy"
             np.save(modes["weak"], np.tile(x, (count, 1)))  # (weak: each rank as much as one had)
-        for launcher in ["torchrun"] + (["mpirun"] if daal_available() else []):
+        for launcher in [name for name in launchers if name != "mpirun" or daal_available()]:
             summaries = _scaling_run(
                 launcher,
                 count,
@@ -283,11 +293,17 @@ def bench_kmeans(
     kinds: tuple[str, ...] = KINDS,
     photo_k: tuple[int, ...] = (16, 64),
     photo_copies: int = 2,
+    launchers: tuple[str, ...] = LAUNCHERS,
 ) -> list[dict]:
     """Rows ``{data, engine, phase, seconds, iterations, inertia, ratio_to_sklearn, ...}``; also writes JSON and a plot.
 
-    Each engine's figure is the median of ``rounds`` fits; the data sets are :func:`benchmark_data`'s.
+    Each engine's figure is the median of ``rounds`` fits; the data sets are :func:`benchmark_data`'s. The scaling
+    runs (``procs``) go through each of ``launchers``: torchrun (the torch backend) and mpirun (daal4py, where it is
+    installed).
     """
+    unknown = sorted(set(launchers) - set(LAUNCHERS))
+    if unknown:
+        raise ValueError(f"unknown launcher(s) {unknown}: choose from {list(LAUNCHERS)}")
     from dlscale.reporting.plots import kmeans_ratios
 
     out_dir = Path(out_dir)
@@ -305,7 +321,8 @@ def bench_kmeans(
     if procs:
         label, x, kk = sets[0]
         init = x[np.random.default_rng(seed + 1).choice(len(x), kk, replace=False)].copy()
-        rows += [{"data": label, **row} for row in _scaling(x, init, procs, iterations, out_dir, seed)]
+        scaling = _scaling(x, init, procs, iterations, out_dir, seed, tuple(launchers))
+        rows += [{"data": label, **row} for row in scaling]
     (out_dir / "kmeans.json").write_text(
         json.dumps({"n": n, "d": d, "k": k, "cpu": cpu_description(), "rows": rows}, indent=1) + "\n"
     )

@@ -69,6 +69,7 @@ LESSONS = {
         "bench_copies": 1,  # the photo once: the smallest data the benchmark takes (its scaling runs fit it too)
         "bench_iters": 3,  # the fixed-iteration phase and the scaling fits: a few iterations time a pass
         "bench_rounds": 1,  # one round per engine: the table and both figures need one
+        "bench_launchers": ["torchrun"],  # (daal4py's ranks under mpirun: the lesson's launch_kmeans cell runs them)
     },
     "09_scaling_out.ipynb": {
         "sizes": [1, 2],
