@@ -255,10 +255,7 @@ class LocalSlurm:
                 node_names=",".join(self.node_names),
             )
         )
-        key = self.root / "munge.key"
-        key.unlink(missing_ok=True)  # (a root given again: a new key, created private, never readable by others)
-        with open(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as handle:
-            handle.write(os.urandom(1024))
+        key = self._new_munge_key()
         env = self.environ()
         atexit.register(self.stop)  # a notebook kernel or script that ends without stop() leaves no daemons behind
         self._spawn(
@@ -292,6 +289,15 @@ class LocalSlurm:
             )
         self._wait_for(self._node_ready, timeout, "slurmd")
         return self
+
+    def _new_munge_key(self) -> Path:
+        """The cluster's munge key, new at each start (a root given again: a new key, created private, never readable
+        by others)."""
+        key = self.root / "munge.key"
+        key.unlink(missing_ok=True)
+        with open(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as handle:
+            handle.write(os.urandom(1024))
+        return key
 
     def _spawn(self, argv: list[str], env: dict[str, str], name: str | None = None) -> None:
         log = open(self.root / f"{name or Path(argv[0]).name}.out", "w")  # noqa: SIM115 - open for the daemon's life
