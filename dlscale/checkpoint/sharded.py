@@ -36,6 +36,17 @@ from dlscale.checkpoint.store import (
 )
 from dlscale.distributed import barrier, group_is_up, rank
 
+#: How the optimizer's state is written: flattened, its settings (lr, betas...) kept per parameter. Nested, its
+#: ``param_groups`` list would be one object under one key, and DCP keeps a single rank's copy of such an object: under
+#: a pipeline, whose stages hold different parameters, the other stages would find none of their own on resuming.
+FLAT = "flat"
+
+
+def _flat(flat: bool = True) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=flat)
+
 
 def save_sharded_checkpoint(
     run_dir: str | Path,
@@ -59,7 +70,7 @@ def save_sharded_checkpoint(
         remove_checkpoint(tmp)  # a half-written folder of an earlier, killed attempt at this step
         tmp.mkdir(parents=True)
     barrier()
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=_flat())
     with dcp_errors(
         f"the checkpoint {final.name} in {final.parent} was not written",
         "the last good checkpoint there is intact: free space (or choose another run_dir), then resume=true",
@@ -68,7 +79,7 @@ def save_sharded_checkpoint(
     rest = dict(extras)
     save_synced(rest.pop("rng"), tmp / f"rng-rank{me:05d}.pt")
     if me == 0:
-        save_synced(rest, tmp / "training.pt")
+        save_synced({**rest, "optimizer_layout": FLAT}, tmp / "training.pt")
     barrier()  # every rank's files are on disk
     if me == 0:
         os.replace(tmp, final)
@@ -86,12 +97,15 @@ def load_sharded_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    rest = torch.load(path / "training.pt", map_location="cpu", weights_only=True)
+    options = _flat(rest.pop("optimizer_layout", None) == FLAT)  # (a folder written before: nested groups)
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=options)
     state = {"model": model_state, "optimizer": optimizer_state}
     with dcp_errors(f"{path} could not be read", _RESTORE):
         dcp.load(state, storage_reader=safe_dcp.reader(path), planner=safe_dcp.planner(), no_dist=not group_is_up())
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    rest = torch.load(path / "training.pt", map_location="cpu", weights_only=True)
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=options
+    )
     own = path / f"rng-rank{rank():05d}.pt"
     rest["rng"] = torch.load(own if own.exists() else path / "rng-rank00000.pt", map_location="cpu", weights_only=True)
     return rest

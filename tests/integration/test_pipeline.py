@@ -80,8 +80,9 @@ def _launch(folder, script, ranks):
 
 
 TWO_STAGES = """
-import json, sys
+import json, shutil, sys
 from dlscale import distributed
+from dlscale.checkpoint import checkpoint_dir
 from dlscale.bench.pipeline import measure_pipeline
 from dlscale.config import load_config
 from dlscale.train import train
@@ -92,8 +93,14 @@ train("vit-tiny", **settings, run_dir="runs/gpipe", pipeline_parallel=2, pipelin
       pipeline_microbatches=2)
 train("vit-tiny", **settings, run_dir="runs/1f1b", pipeline_parallel=2, pipeline_schedule="1f1b",
       pipeline_microbatches=4)
-train("vit-tiny", **settings, run_dir="runs/interleaved", pipeline_parallel=2, pipeline_schedule="interleaved-1f1b",
-      pipeline_microbatches=2, pipeline_virtual_stages=2)
+interleaved = dict(pipeline_parallel=2, pipeline_schedule="interleaved-1f1b", pipeline_microbatches=2,
+                   pipeline_virtual_stages=2)
+train("vit-tiny", **settings, run_dir="runs/interleaved", **interleaved)
+if env.is_main:  # the interleaved run as it was after its first step, resumed on the same pipeline (a requeued job)
+    shutil.copytree("runs/interleaved", "runs/resumed")
+    shutil.rmtree(checkpoint_dir("runs/resumed") / "ckpt-00000002")
+distributed.barrier()
+train("vit-tiny", **settings, run_dir="runs/resumed", resume=True, **interleaved)
 # the bubble measured in the same ranks (what dlscale.bench.pipeline.bench_pipeline starts ranks to run)
 rows = measure_pipeline(load_config("vit-tiny", {"depth": 4}), ("gpipe", "1f1b"), (2, 4), steps=1)
 if env.is_main:
@@ -110,9 +117,9 @@ def two_stages(tmp_path_factory):
     return folder, one, _launch(folder, TWO_STAGES, ranks=2)
 
 
-def test_two_stages_equal_one_process_with_gpipe_1f1b_and_interleaved_1f1b(two_stages):
+def test_two_stages_equal_one_process_with_gpipe_1f1b_and_interleaved_1f1b_and_resume_on_the_pipeline(two_stages):
     in_tmp, one, out = two_stages
-    assert out.count("(pipeline of 2 stages)") == 3
+    assert out.count("(pipeline of 2 stages)") == 4  # (three schedules, then the resumed run)
     for run in ("gpipe", "1f1b", "interleaved"):
         assert _difference(one, in_tmp / f"runs/{run}") < SAME_STEPS_FP64, run
     # every rank wrote its stage's part of the checkpoint, under the whole model's names (load_model read it whole)
@@ -120,6 +127,9 @@ def test_two_stages_equal_one_process_with_gpipe_1f1b_and_interleaved_1f1b(two_s
         "__0_0.distcp",
         "__1_0.distcp",
     ]
+    # resumed from its step-1 checkpoint on the same two ranks, each stage finds its own optimizer settings and state
+    assert "resuming from ckpt-00000001 at step 1" in out
+    assert _difference(one, in_tmp / "runs/resumed") < SAME_STEPS_FP64
     summary = json.loads((in_tmp / "runs/interleaved/summary.json").read_text())
     assert summary["applied"]["pipeline_schedule"] == "interleaved-1f1b"
     assert (

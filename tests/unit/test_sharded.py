@@ -88,7 +88,7 @@ def test_bench_memory_runs_each_layout_with_the_same_settings_under_torchrun_or_
 
 
 def test_stage_config_is_the_config_itself_at_its_own_size_and_a_smaller_set_otherwise(tmp_path, monkeypatch):
-    from dlscale.lessons.lesson10 import stage_config
+    from dlscale.lessons.lesson_tools import stage_config
 
     monkeypatch.chdir(tmp_path)
     assert stage_config(load_config("tiny").train_samples) == "tiny"
@@ -145,3 +145,39 @@ def test_fsdp_sends_one_and_a_half_times_ddp_and_tensor_parallel_scales_with_the
     # four all-reduces per block of batch × tokens × width values; twice the batch, twice the bytes
     assert tensor_parallel_bytes(16, 64, 32, 2, 2) == 4 * 2 * 2 * 0.5 * 16 * 64 * 32 * 4
     assert tensor_parallel_bytes(32, 64, 32, 2, 2) == 2 * tensor_parallel_bytes(16, 64, 32, 2, 2)
+
+
+def test_a_sharded_folder_written_with_nested_optimizer_groups_still_loads(tmp_path):
+    """Folders keep the optimizer's settings per parameter (a pipeline's stages each find their own); a folder written
+    before, with the ``param_groups`` nested, loads as it did: weights, moments and settings."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from dlscale.checkpoint.sharded import load_sharded_checkpoint
+
+    def stepped(lr: float) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.8, 0.9) if lr < 0.1 else (0.9, 0.999))
+        model(torch.ones(3, 4)).sum().backward()
+        optimizer.step()
+        return model, optimizer
+
+    model, optimizer = stepped(0.01)
+    model_state, optimizer_state = get_state_dict(model, optimizer)  # (nested: as folders were written before)
+    folder = tmp_path / "ckpt-00000001"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch.distributed is not up: one process is the intent)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder, no_dist=True)
+    torch.save({"step": 1}, folder / "training.pt")
+    torch.save({}, folder / "rng-rank00000.pt")
+    fresh, fresh_optimizer = stepped(0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rest = load_sharded_checkpoint(folder, fresh, fresh_optimizer)
+    assert rest["step"] == 1 and "optimizer_layout" not in rest
+    group = fresh_optimizer.param_groups[0]
+    assert group["lr"] == 0.01 and tuple(group["betas"]) == (0.8, 0.9)
+    assert torch.equal(fresh.weight, model.weight)
+    assert torch.equal(fresh_optimizer.state[fresh.weight]["exp_avg"], optimizer.state[model.weight]["exp_avg"])
