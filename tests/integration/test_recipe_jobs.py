@@ -7,6 +7,7 @@ generic Slurm script (recipes/09_job.sbatch) runs on the local cluster in tests/
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ BARE_PYTHON = Path(sys.base_prefix) / "bin" / "python3"
 KIT_PROBE = 'import importlib.util as u; s = u.find_spec("dlscale"); print("  kit:", s.origin if s else None)\n'
 
 
-def _render(
+def _start(
     tmp_path,
     script: str,
     *args: str,
@@ -31,10 +32,10 @@ def _render(
     nodes: int = 2,
     hosts: tuple[str, ...] = (),
     cwd: Path | None = None,
-) -> tuple[str, str]:
-    """Run a job script as its scheduler would start it, with the site's commands recorded instead of run.
-    Returns (the launcher's line, every recorded call). The launcher also runs `python` as the ranks would, and
-    records where it finds the kit (not in a container: the image's Python is not here)."""
+) -> subprocess.CompletedProcess:
+    """Run a job script as its scheduler would start it, with the site's commands recorded in calls.log instead of
+    run. The launcher also runs `python` as the ranks would, and records where it finds the kit (not in a container:
+    the image's Python is not here)."""
     fake, log = tmp_path / "bin", tmp_path / "calls.log"
     fake.mkdir(exist_ok=True)
     hosts = "\n".join(hosts or [f"nid00{i}" for i in range(nodes)]) + "\n"
@@ -49,7 +50,7 @@ def _render(
             f'[ "{tool}" = module ] || env | grep -E '
             '"^((NCCL|FI|MASTER|OMP|MIOPEN)_|LD_LIBRARY_PATH=|CUDA_VISIBLE_DEVICES=|PYTHONPATH=|VIRTUAL_ENV=)" | '
             f'sed "s/^/  /" >> "{log}"\n'
-            f'case "{tool} $*" in srun*05_ddp*|mpiexec*05_ddp*) case "$*" in *podman-hpc*) ;; '
+            f'case "{tool} $*" in srun*.py\\ --device*|mpiexec*.py\\ --device*) case "$*" in *podman-hpc*) ;; '
             f'*) python "{tmp_path / "probe" / "kit_probe.py"}" >> "{log}" 2>&1 ;; esac ;; esac\n'
         )
     for tool in fake.iterdir():
@@ -68,7 +69,7 @@ def _render(
         "PBS_O_WORKDIR": str(ROOT),
         **(env or {}),
     }
-    done = subprocess.run(
+    return subprocess.run(
         ["bash", str(ROOT / "recipes" / script), *args],
         cwd=cwd or tmp_path,
         env=environ,
@@ -76,9 +77,16 @@ def _render(
         text=True,
         timeout=60,
     )
+
+
+def _render(tmp_path, script: str, *args: str, stage: str = "05_ddp.py", **how) -> tuple[str, str]:
+    """Returns (the launcher's line, the one that starts `stage`; every recorded call)."""
+    done = _start(tmp_path, script, *args, **how)
     assert done.returncode == 0, done.stderr
-    calls = log.read_text()
-    launcher = next(line for line in calls.splitlines() if line.startswith(("srun -", "mpiexec")) and "05_ddp" in line)
+    calls = (tmp_path / "calls.log").read_text()
+    launcher = next(
+        line for line in calls.splitlines() if line.startswith(("srun -", "mpiexec")) and f"/{stage} --device" in line
+    )
     return launcher, calls
 
 
@@ -157,6 +165,55 @@ def test_polaris_takes_the_master_from_the_nodefiles_first_line_as_pals_places_r
     """PALS's mpiexec puts rank 0 on the nodefile's first host; sorted, MASTER_ADDR named another node."""
     launcher, calls = _render(tmp_path, "jobs/polaris.pbs", env={"ARGS": "--epochs 1"}, hosts=("x3002", "x1001"))
     assert "  MASTER_ADDR=x3002\n" in calls and launcher.startswith("mpiexec -n 8 ")
+
+
+#: Each site's job script and its GPUs (GCDs on Frontier) per node
+SITES = [("jobs/perlmutter.sbatch", 4), ("jobs/frontier.sbatch", 8), ("jobs/polaris.pbs", 4)]
+
+
+def _per_node(script: str, launcher: str, calls: str) -> tuple[int, int]:
+    """(tasks, GPUs) per node that the script starts: on the launcher's line, else in the #SBATCH header srun
+    inherits; Polaris's GPUs are those CUDA_VISIBLE_DEVICES lists to every rank."""
+    header = (ROOT / "recipes" / script).read_text()
+
+    def number(pattern: str) -> int:
+        found = re.search(f" {pattern}", launcher) or re.search(f"^#SBATCH {pattern}$", header, re.M)
+        assert found, pattern
+        return int(found[1])
+
+    if script.endswith(".pbs"):
+        gpus = len(re.search(r"^  CUDA_VISIBLE_DEVICES=(\S+)$", calls, re.M)[1].split(","))
+        return number(r"--ppn (\d+)"), gpus
+    return number(r"--ntasks-per-node=(\d+)"), number(r"--gpus-per-node=(\d+)")
+
+
+@pytest.mark.parametrize(("script", "gpus"), SITES)
+def test_the_pipeline_stage_runs_with_one_tp_group_of_consecutive_ranks_filling_each_node(script, gpus, tmp_path):
+    """STAGE=13_pipeline.py with --tp <GPUs per node>: the launcher starts that stage, --device cuda and the user's
+    arguments unchanged, one task per GPU and no distribution but the block one (consecutive ranks on a node), so
+    each tp group is exactly one node and the pipeline's stages are the nodes."""
+    recipes = tmp_path / "recipes"  # (a stand-in folder: RECIPES and STAGE together; the stage is not run here)
+    recipes.mkdir()
+    (recipes / "13_pipeline.py").touch()
+    args = ["--tp", str(gpus), "--schedule", "interleaved-1f1b", "--microbatches", "8", "--virtual", "2"]
+    env = {"STAGE": "13_pipeline.py", "RECIPES": str(recipes), "ARGS": " ".join(args)}
+    argv = [] if script.endswith(".pbs") else args  # (qsub passes no arguments: Polaris's come in ARGS)
+    launcher, calls = _render(tmp_path, script, *argv, env=env, nodes=2, stage="13_pipeline.py")
+    assert launcher.endswith(f" {recipes}/13_pipeline.py --device cuda {' '.join(args)}")
+    assert "05_ddp" not in calls
+    assert _per_node(script, launcher, calls) == (gpus, gpus)
+    assert not re.search(r" (-m|--distribution)[ =]", launcher)  # (cyclic would split a tp group across nodes)
+    if script.endswith(".pbs"):
+        assert launcher.startswith(f"mpiexec -n {2 * gpus} --ppn {gpus} ")
+
+
+@pytest.mark.parametrize("script", [script for script, _ in SITES])
+def test_an_unknown_stage_stops_the_job_before_anything_is_loaded_or_launched(script, tmp_path):
+    for stage in ("13_pipelin.py", "../pyproject.toml"):  # (a typo; a file outside recipes/)
+        done = _start(tmp_path, script, env={"STAGE": stage, "ARGS": "--tp 4"})
+        assert done.returncode == 2
+        assert done.stderr == f"{ROOT}/recipes/{stage}: no such stage; STAGE names a file of recipes/\n"
+        assert not (tmp_path / "calls.log").exists()  # no module, no srun or mpiexec
 
 
 @pytest.mark.parametrize("script", ["jobs/polaris.pbs", "jobs/perlmutter.sbatch", "jobs/frontier.sbatch"])
