@@ -124,7 +124,7 @@ _add("dlscale.reporting.report", "collect", "format_report")
 _add("dlscale.reporting.tables", "markdown_table")
 
 # -- ask and check: what several lessons share (each lesson's own names are in its module: _lesson_table) ------------
-_add("dlscale.lessons.lesson_tools", "compare_spreads")
+_add("dlscale.lessons.lesson_tools", "compare_spreads", "stage_config")
 _add("dlscale.lessons.parity", "engine_twin")
 _add("dlscale.lessons.recipes", "recipe_path")
 _add("dlscale.lessons.recipes", "show_ours", "show_recipe_change", "use_ours")
@@ -277,7 +277,7 @@ if TYPE_CHECKING:  # (editors and type checkers see where each name lives; nothi
     from dlscale.kmeans.daal import available as daal4py_available
     from dlscale.kmeans.on_ranks import launch_kmeans
     from dlscale.lessons.gaps import hint
-    from dlscale.lessons.lesson_tools import compare_spreads
+    from dlscale.lessons.lesson_tools import compare_spreads, stage_config
     from dlscale.lessons.parity import engine_twin
     from dlscale.lessons.recipes import recipe_path, show_ours, show_recipe_change, use_ours
     from dlscale.lessons.stage_check import check_gaps, check_stage

@@ -156,6 +156,15 @@ step fsdp.txt 120 bash -o pipefail -c '"$0" -m torch.distributed.run --standalon
     "$0" -m torch.distributed.run --standalone --nproc-per-node 1 recipes/10_fsdp_tp.py \
         --device cuda --epochs 2 --workers 2 --checkpoint "$1/dcp" --resume && ls -R "$1/dcp"' "$PY" "$work"
 
+# The pipeline stage on CUDA (one rank: a pipeline of one stage; its sends need a GPU per rank), resumed from its DCP
+# folder (the optimizer's settings per parameter); on a node of several GPUs, PIPELINE_RANKS=2 or 4
+# shellcheck disable=SC2016
+step pipeline.txt 120 bash -o pipefail -c '"$0" -m torch.distributed.run --standalone --nproc-per-node "$2" \
+        recipes/13_pipeline.py --device cuda --epochs 1 --workers 2 --checkpoint "$1/pp" &&
+    "$0" -m torch.distributed.run --standalone --nproc-per-node "$2" recipes/13_pipeline.py \
+        --device cuda --epochs 2 --workers 2 --checkpoint "$1/pp" --resume && ls -R "$1/pp"' \
+    "$PY" "$work" "${PIPELINE_RANKS:-1}"
+
 # shellcheck disable=SC2016
 step compile.txt 240 bash -o pipefail -c 'status=0
     for norm in group batch; do

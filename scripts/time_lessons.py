@@ -45,6 +45,7 @@ FULL_SIZE: dict[str, dict] = {
     "10_sharded_and_model_parallel.ipynb": {"config": "vit", "engines": GPUS, "memory_width": 256},
     "11_how_many_nodes.ipynb": {"sizes": [1, GPUS]},
     "12_search_not_just_scale.ipynb": {"workers": GPUS},
+    "13_pipeline_parallel.ipynb": {"engines": GPUS},
 }
 
 

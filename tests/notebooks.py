@@ -135,7 +135,10 @@ def execute(
     notebook.cells += [nbformat.v4.new_code_cell(source) for source in extra_cells]
     notebook.cells += then or []
     if kernel is not None:
-        notebook.cells.insert(0, nbformat.v4.new_code_cell(f"%reset -f\nimport os\nos.chdir({str(cwd)!r})"))
+        # (an earlier notebook's unfinished stage would turn this one's errors into one line: a fresh kernel has none)
+        start = f"%reset -f\nimport os\nos.chdir({str(cwd)!r})\n"
+        start += "from dlscale.lessons.unfinished import forget_unfinished\nforget_unfinished()"
+        notebook.cells.insert(0, nbformat.v4.new_code_cell(start))
     client = NotebookClient(
         notebook,
         km=kernel,

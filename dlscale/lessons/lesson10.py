@@ -18,7 +18,6 @@ __all__ = [
     "check_mlp_forward",
     "check_shard_mlp",
     "memory_conclusion",
-    "stage_config",
 ]
 
 # -- asked before the measurement ----------------------------------------------------------------------------
@@ -70,16 +69,6 @@ def memory_conclusion(rows: list[dict[str, Any]]) -> list[str]:
             f"{1 / row['processes']:.2f}), and a step takes {row['step_vs_ddp']:.2f}x as long"
         )
     return lines
-
-
-def stage_config(samples: int, config: str = "tiny") -> str:
-    """The config whose maps the attendee's stage trains on: ``config`` itself at its own number of training maps,
-    else a config that inherits it with ``samples`` training maps and half as many to validate (a lesson's
-    ``stage_samples``, which the tests set smaller)."""
-    from dlscale.config import load_config
-    from dlscale.lessons.stage_probes import small_config
-
-    return config if samples == load_config(config).train_samples else small_config(config, samples)
 
 
 # -- 10.1 and 10.2: tensor parallelism by hand ---------------------------------------------------------------

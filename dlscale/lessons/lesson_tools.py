@@ -80,6 +80,7 @@ class Reading:
     text: str
     kind: str  # what the answer is: "a number from your table", "True or False", ...
     accepted: Callable[..., tuple[Callable[[Any], bool], str]]  # measurement -> (accepts(answer), what it shows)
+    variable: str = "my_reading"  # the notebook's name for the answer (a lesson that asks two readings: another)
 
     def markdown(self) -> str:
         return f"**Your conclusion, from your numbers:** {self.text} ({self.kind})"
@@ -95,7 +96,8 @@ class Reading:
         accepts, shows = self.accepted(*measurement)
         if answer is None:
             return (
-                f"You left your conclusion empty (set `my_reading` and run this cell again); your numbers show {shows}."
+                f"You left your conclusion empty (set `{self.variable}` and run this cell again); your numbers show "
+                f"{shows}."
             )
         if accepts(answer):
             return f"Your numbers support it: {answer!r} — they show {shows}."
@@ -112,6 +114,19 @@ def as_number(answer: Any) -> float | None:
         return float(answer)
     except (TypeError, ValueError):
         return None
+
+
+# -- the attendee's stage ------------------------------------------------------------------------------------
+
+
+def stage_config(samples: int, config: str = "tiny") -> str:
+    """The config whose maps the attendee's stage trains on: ``config`` itself at its own number of training maps,
+    else a config that inherits it with ``samples`` training maps and half as many to validate (a lesson's
+    ``stage_samples``, which the tests set smaller)."""
+    from dlscale.config import load_config
+    from dlscale.lessons.stage_probes import small_config
+
+    return config if samples == load_config(config).train_samples else small_config(config, samples)
 
 
 # -- ours, from the attendee's numbers -----------------------------------------------------------------------

@@ -36,6 +36,9 @@ _CONFIG_KEYS = {
     "scaling": "lr_scaling",
     "optimizer_name": "optimizer",
     "accumulate": "grad_accumulation",
+    "schedule": "pipeline_schedule",
+    "microbatches": "pipeline_microbatches",
+    "virtual": "pipeline_virtual_stages",
 }
 #: Recipe arguments with no effect on what is computed (where it runs, where it writes, what it logs).
 _NOT_COMPUTED = {"device", "checkpoint", "resume", "config", "log_every", "profile_steps"}
@@ -71,6 +74,11 @@ def engine_settings(stage: str, **arguments) -> tuple[str, dict]:
     if overrides.get("lr_scaling") == "auto":  # stage 07's rule: square root for Adam-like optimizers
         overrides["lr_scaling"] = "sqrt" if overrides.get("optimizer", "adamw") in ("adamw", "lamb") else "linear"
     overrides.update(stage_record(stage).twin)
+    if overrides.get("pipeline_parallel") == "every other rank":  # stage 13: the ranks not splitting a stage's matrices
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        overrides["pipeline_parallel"] = world // int(overrides.get("tensor_parallel", 1))
+        if overrides.get("pipeline_schedule") != "interleaved-1f1b":  # (the stage runs one stage per rank then)
+            overrides["pipeline_virtual_stages"] = 1
     return values.get("config", "tiny"), overrides
 
 

@@ -35,7 +35,19 @@ _KNOWN_ERRORS = (
     ("no attribute 'synchronize'", "DistributedOptimizer"),  # (a method Horovod's optimizer adds)
     ("meta", "to_empty"),
     ("Horovod has not been initialized", "hvd.init"),
+    ("losses but got 0", "loss_fn"),  # (a pipeline schedule made without the loss it computes on the last stage)
 )
+
+#: Words of an error a rank meets because another rank stopped first: that rank's error says more.
+_PEER_STOPPED = ("closed by peer", "connection reset by peer")
+
+
+def _after_its_peers(result: dict[str, Any]) -> bool:
+    """Whether a rank's run stopped only because a peer stopped first (gloo's "Connection closed by peer")."""
+    runs = [result, *(result.get("switches") or ())]
+    return any(
+        any(words in ((run.get("error") or {}).get("message") or "").lower() for words in _PEER_STOPPED) for run in runs
+    )
 
 
 def _label(gap_id: str) -> str:
@@ -123,11 +135,19 @@ def check_gaps(stage: str, mine: dict[str, Any]) -> None:
     best names it. A result without what the stage did (a plain ``main()``'s) is checked by its numbers only."""
     record, source = stage_record(stage), mine.get("source")
     runs = [mine, *(mine.get("switches") or ())]
+    before = [(gap, probe) for gap, probe in record.probes() if gap.id in record.judged_before_errors]
     for run in runs:
+        if run.get("error"):  # (what was built wrong before the first step explains an error in the step)
+            _probe_runs(record, source, mine, before, [run])
         wrong = _error_verdict(record, run, source, _setting(mine, run))
         if wrong:
             raise AssertionError(" ".join(wrong.split()))
-    for gap, probe in record.probes():
+    _probe_runs(record, source, mine, record.probes(), runs)
+
+
+def _probe_runs(record: Stage, source: str | None, mine: dict[str, Any], probes: list, runs: list[dict]) -> None:
+    """Each probe on every run before the next probe: an AssertionError of one line for the first finding."""
+    for gap, probe in probes:
         for run in runs:
             wrong = probe(run["seen"], run.get("arguments") or {}, run) if "seen" in run else None
             if wrong:
@@ -195,7 +215,9 @@ def check_stage(stage: str, mine: dict | list[dict], twin: dict | list[dict] | N
 
 def _check_stage(stage: str, mine: dict | list[dict], twin: dict | list[dict] | None, device: str | None) -> None:
     ranks = mine if isinstance(mine, list) else [mine]
-    for rank, result in enumerate(ranks):  # (every rank's run: a mistake can show on one rank alone)
+    # every rank's run (a mistake can show on one rank alone); a rank that stopped because a peer did, after the others
+    order = sorted(range(len(ranks)), key=lambda rank: _after_its_peers(ranks[rank]))
+    for rank, result in ((rank, ranks[rank]) for rank in order):
         try:
             check_gaps(stage, result)
         except AssertionError as failed:

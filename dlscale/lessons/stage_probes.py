@@ -23,6 +23,7 @@ import linecache
 import os
 import re
 import sys
+import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -81,6 +82,11 @@ def _new_record() -> dict[str, Any]:
         "init_weights": 0,
         "dcp_saves": [],
         "dcp_saved": [],
+        "pipeline_parts": [],
+        "pipeline_stages": [],
+        "pipeline_schedules": [],
+        "pipeline_steps": [],
+        "held_activations_peak": 0,
     }
 
 
@@ -175,6 +181,7 @@ def watch(namespace: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
     """
     import torch.distributed.checkpoint  # noqa: F401  (imported before any wrapper is in place: see _WATCHING)
     import torch.distributed.fsdp  # noqa: F401
+    import torch.distributed.pipelining  # noqa: F401
     import torch.distributed.tensor.parallel  # noqa: F401
 
     import dlscale.models  # noqa: F401
@@ -186,6 +193,7 @@ def watch(namespace: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
     _watch_ranks(patches, seen)
     _watch_horovod(patches, seen)
     _watch_sharding(patches, seen)
+    _watch_pipeline(patches, seen)
     _WATCHING[0] = True
     try:
         yield seen
@@ -687,6 +695,112 @@ def _watch_sharding(patches: _Patches, seen: dict[str, Any]) -> None:
     )
 
 
+def _layers_of(module: torch.nn.Module) -> dict[str, Any]:
+    """Which of the ViT's layers a pipeline stage holds, read from its parameters' names (a stage keeps the whole
+    model's: ``blocks.3.mlp.w1.weight``): the blocks' numbers, and whether it has the embedding and the head."""
+    names = [name for name, _ in module.named_parameters()]
+    blocks = sorted({int(m[1]) for name in names if (m := re.search(r"(?:^|\.)blocks\.(\d+)\.", name))})
+    return {
+        "blocks": blocks,
+        "embeds": any(re.search(r"(?:^|\.)(?:patch|position)(?:\.|$)", name) for name in names),
+        "head": any(re.search(r"(?:^|\.)head\.", name) for name in names),
+        "parameters": len(names),
+    }
+
+
+def _mean_loss(losses: Any) -> float | None:
+    """The mean of the micro-batches' losses a step kept (None where it kept none: a stage other than the last)."""
+    if not isinstance(losses, list) or not losses:
+        return None
+    return float(torch.stack([torch.as_tensor(loss).detach().float() for loss in losses]).mean())
+
+
+def _pipeline_step(seen: dict[str, Any]) -> Callable[[Callable], Callable]:
+    """A schedule's ``step``, timed: the step, the time in this rank's own stages' forwards and backwards (the rest it
+    waited for a neighbour), the activations held for backward passes, and what the call handed the schedule."""
+    from dlscale.bench.pipeline import _timed
+    from dlscale.metrics.memory import HeldActivations
+
+    def make(original: Callable) -> Callable:
+        def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not _WATCHING[0] or not getattr(self, "_has_backward", True):  # (eval() steps forward only)
+                return original(self, *args, **kwargs)
+            stages = list(getattr(self, "_stages", None) or [self._stage])
+            busy = [0.0]
+            with _timed(stages, busy), HeldActivations(torch.nn.ModuleList(s.submod for s in stages)) as held:
+                start = time.perf_counter()
+                out = original(self, *args, **kwargs)
+                took = time.perf_counter() - start
+            seen["pipeline_steps"].append(
+                {
+                    "step_s": took,
+                    "busy_s": busy[0],
+                    "inputs": len(args),
+                    "target": kwargs.get("target") is not None,
+                    "losses": kwargs.get("losses") is not None,
+                    "firsts": sum(bool(s.is_first) for s in stages),
+                    "lasts": sum(bool(s.is_last) for s in stages),
+                    "loss": _mean_loss(kwargs.get("losses")),
+                }
+            )
+            seen["held_activations_peak"] = max(seen["held_activations_peak"], held.peak)
+            return out
+
+        step.__wrapped__ = original  # type: ignore[attr-defined]
+        return step
+
+    return make
+
+
+def _watch_pipeline(patches: _Patches, seen: dict[str, Any]) -> None:
+    """Lesson 13's parts: the model's stages, each rank's PipelineStage, the schedule made, and its steps."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import schedules, stage
+
+    from dlscale.models import ViTRegressor
+
+    patches.wrap(
+        ViTRegressor,
+        "pipeline_stage",
+        lambda f: _noting(
+            f,
+            lambda self, blocks, first=False, last=False, *a, **k: seen["pipeline_parts"].append(
+                {"blocks": [int(b) for b in blocks], "first": bool(first), "last": bool(last)}
+            ),
+        ),
+    )
+
+    def staged(self: Any, *args: Any, **kwargs: Any) -> None:
+        group = self.group
+        seen["pipeline_stages"].append(
+            {
+                "index": self.stage_index,
+                "stages": self.num_stages,
+                "group_size": dist.get_world_size(group) if dist.is_initialized() else None,
+                "group_rank": dist.get_rank(group) if dist.is_initialized() else None,
+                **_layers_of(self.submod),
+            }
+        )
+
+    patches.wrap(stage._PipelineStageBase, "__init__", lambda f: _after(f, staged))
+    patches.wrap(
+        schedules._PipelineSchedule,
+        "__init__",
+        lambda f: _after(
+            f,
+            lambda self, *a, **k: seen["pipeline_schedules"].append(
+                {
+                    "kind": type(self).__name__,
+                    "microbatches": self._n_microbatches,
+                    "loss_fn": self._loss_fn is not None,
+                }
+            ),
+        ),
+    )
+    for kind in (schedules.PipelineScheduleSingle, schedules.PipelineScheduleMulti):
+        patches.wrap(kind, "step", _pipeline_step(seen))
+
+
 def _what_is_saved(state: Any) -> list[str]:
     """What a checkpoint's state holds, by kind: "weights", "optimizer", "number" (an epoch or step)."""
     kinds = []
@@ -865,6 +979,12 @@ def small_config(config: str, samples: int) -> str:
             out.write(text)
         os.replace(temporary, path)
     return str(path)
+
+
+def watched_rank(stage: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """One run of a stage's file on this rank, watched, without the check's switch runs: what a lesson measures on
+    the attendee's stage from what the watch saw (lesson 13: each pipeline step's time and busy time)."""
+    return _watched_run(stage_main(stage), arguments)
 
 
 def run_stage(stage: str | Callable[..., dict], **arguments: Any) -> dict[str, Any]:

@@ -63,6 +63,7 @@ class Stage:
     file: str  # "05_ddp.py", in recipes/
     gaps: tuple[Gap, ...]
     runs_on: Literal["kernel", "ranks"]  # where the lesson runs it: its main in the kernel, or its file on engines
+    check_ranks: int = 1  # the fewest ranks on which its gaps show (a pipeline of one stage sends nothing: 2)
     by_numbers: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())  # the gaps the (R², update) point to
     #: Settings the check also runs the stage with, briefly (a few steps on a small set), so that every switch the
     #: stage takes is exercised: each entry is applied unless the lesson's own run already used its values.
@@ -70,6 +71,9 @@ class Stage:
     switch_samples: int = 128  # the training maps of those runs (half as many validate)
     #: dlscale.train's settings that make it compute what the stage computes, beside its arguments (the stage's twin)
     twin: Mapping[str, Any] = field(default_factory=dict)
+    #: Gaps whose probes read only what was built before the first step (the pipeline's stages): asked before a
+    #: run's error is traced to its line, since a later line fails on what they made (a step, on a wrong stage)
+    judged_before_errors: tuple[str, ...] = ()
     probe_order: tuple[str, ...] = ()  # the gaps' probes in this order (default: the file's), where one mistake
     # trips two probes and the first should name it
 

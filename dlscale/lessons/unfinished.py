@@ -53,3 +53,9 @@ def mark_finished(lesson: str) -> None:
     shell = _shell()
     if shell is not None and not _UNFINISHED:
         shell.set_custom_exc((), None)
+
+
+def forget_unfinished() -> None:
+    """Forget every lesson's mark, as a fresh kernel would (for a kernel that runs one notebook after another)."""
+    for lesson in list(_UNFINISHED):
+        mark_finished(lesson)

@@ -122,7 +122,7 @@ class HeldActivations:
     """
 
     def __init__(self, model: nn.Module):
-        self._parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self._parameters = {_storage(p)[0] for p in model.parameters()}
         self._saved: dict[int, int] = {}  # storage -> how many saved tensors share it
         self.held = self.peak = 0
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
@@ -135,8 +135,7 @@ class HeldActivations:
         self._hooks.__exit__(*exc)
 
     def _pack(self, tensor: torch.Tensor) -> Any:
-        storage = tensor.untyped_storage()
-        key, size = storage.data_ptr(), storage.nbytes()
+        key, size = _storage(tensor)
         if key in self._parameters or size == 0:
             return tensor
         if not self._saved.get(key):
@@ -152,6 +151,14 @@ class HeldActivations:
         if not self._saved[key]:
             del self._saved[key]
             self.held -= size
+
+
+def _storage(tensor: torch.Tensor) -> tuple[int, int]:
+    """(where, bytes) of the memory a tensor uses on this rank: a DTensor's (tensor parallelism) is its local
+    shard's, as a wrapper subclass has no storage of its own."""
+    local = getattr(tensor, "_local_tensor", tensor)  # (DTensor keeps its shard there; to_local() would be traced)
+    storage = local.untyped_storage()
+    return storage.data_ptr(), storage.nbytes()
 
 
 class _Saved:

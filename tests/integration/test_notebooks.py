@@ -101,6 +101,12 @@ LESSONS = {
         "node_breakdown": False,
         "target_r2": -1.0,
     },
+    "13_pipeline_parallel.ipynb": {
+        "stage_samples": 128,  # the stage's runs: 4 steps of 32, compared with the twin step by step
+        "bubble_microbatches": [2, 4],  # gpipe at 4 (the prediction's verdict), gpipe and 1f1b both at 2 and 4
+        "bubble_steps": 3,  # timed steps per run of the table (after 2 untimed): a median per rank
+        "run_from_terminal": False,
+    },
     "12_search_not_just_scale.ipynb": {
         "trials": 3,  # TPE's 2 start-up trials and 1 it proposes (fewer, and TPE is random search)
         "epochs": 3,  # Hyperband's rungs at 1 and 2 epochs: a trial is pruned in each Hyperband study
@@ -121,6 +127,7 @@ SOLUTION_PARAMETERS = {
     "10_sharded_and_model_parallel.ipynb": {},
     "11_how_many_nodes.ipynb": {"steps": 30},  # exercise 11.1's breakdown: 5 runs of 25 timed steps
     "12_search_not_just_scale.ipynb": {"budget": 3, "workers": 1},  # TPE proposes one; one worker: the kernel itself
+    "13_pipeline_parallel.ipynb": {},
 }
 EXERCISES = {
     "01_single_device_baseline.ipynb": {"Exercise 01.1", "Exercise 01.2", "Exercise 01.3"},
@@ -135,6 +142,7 @@ EXERCISES = {
     "10_sharded_and_model_parallel.ipynb": {"Exercise 10.1", "Exercise 10.2", "Exercise 10.3"},
     "11_how_many_nodes.ipynb": {"Exercise 11.1", "Exercise 11.2", "Exercise 11.3"},
     "12_search_not_just_scale.ipynb": {"Exercise 12.1"},
+    "13_pipeline_parallel.ipynb": {"Exercise 13.1"},
 }
 
 
@@ -154,12 +162,14 @@ def test_every_lesson_is_covered_and_committed_without_outputs():
 #: lesson runs once. The browser proves what only a page shows (figures drawn, tqdm bars as widgets, tables as
 #: tables, the kernel the README names), and the widgets and displays are the same code in every lesson, so the small
 #: lessons that use each of them run there (00: the environment's tables and the gallery; 01: a training bar, the
-#: stage's tables and figures; 03: its figures). Where the browser cannot run (no Chromium, e.g. make test without
-#: root) these run headless here instead; in CI a skipped browser test fails the run.
+#: stage's tables and figures; 03: its figures; 13: a stage on engines driven from the page, its bubble table). 13's
+#: headless run is the shipped lesson's, to its first check (below). Where the browser cannot run (no Chromium, e.g.
+#: make test without root) these run headless here instead; in CI a skipped browser test fails the run.
 IN_THE_BROWSER = {
     "00_environment.ipynb",
     "01_single_device_baseline.ipynb",
     "03_mixed_precision.ipynb",
+    "13_pipeline_parallel.ipynb",
 }
 HEADLESS = sorted(set(LESSONS) - (set() if browser_missing() else IN_THE_BROWSER))
 
@@ -183,6 +193,7 @@ MEASURED_ON_THE_STAGE = {
     "05_data_parallel.ipynb",
     "07_large_batch.ipynb",
     "10_sharded_and_model_parallel.ipynb",
+    "13_pipeline_parallel.ipynb",
 }
 
 
@@ -423,6 +434,7 @@ STAGE_CELLS = {
     "06_horovod.ipynb": "06_horovod.py",
     "07_large_batch.ipynb": "07_large_batch.py",
     "10_sharded_and_model_parallel.ipynb": "10_fsdp_tp.py",
+    "13_pipeline_parallel.ipynb": "13_pipeline.py",
 }
 
 
@@ -454,7 +466,12 @@ def test_each_attendee_cell_is_the_stub_of_its_exercise_and_the_tests_fill_it_wi
         assert "NotImplementedError" not in whole and whole.split("fill in each TODO\n", 1)[1] in recipe
 
 
-@pytest.mark.parametrize("name", sorted(ATTENDEE_CELLS))
+#: The lessons run as shipped to their first check: those with an exercise cell, and lesson 13, whose first check is
+#: its stage's (its gapped stage on the engines: its headless run; the browser runs it whole).
+AS_SHIPPED = sorted({*ATTENDEE_CELLS, "13_pipeline_parallel.ipynb"})
+
+
+@pytest.mark.parametrize("name", AS_SHIPPED)
 def test_a_lesson_as_shipped_stops_at_its_check_naming_the_missing_part(name, tmp_path, stub_kernel):
     _needs(name)
     notebook = execute(
@@ -467,7 +484,8 @@ def test_a_lesson_as_shipped_stops_at_its_check_naming_the_missing_part(name, tm
         kernel=stub_kernel,
     )
     [(index, _, message)] = errors(notebook)
-    assert "check" in notebook.cells[index].metadata["tags"] and f"Exercise {ATTENDEE_CELLS[name]}:" in message
+    missing = f"Exercise {ATTENDEE_CELLS[name]}:" if name in ATTENDEE_CELLS else f"TODO {name[:2]}.a ("
+    assert "check" in notebook.cells[index].metadata["tags"] and missing in message, message
 
 
 def test_committed_exercises_are_what_the_generator_writes():

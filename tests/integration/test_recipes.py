@@ -2,6 +2,7 @@
 has the rest)."""
 
 import os
+import re
 import runpy
 
 import pytest
@@ -10,8 +11,12 @@ from dlscale.jobs.notebook_engines import run_file, run_on_engines, stop_engines
 from dlscale.lessons.parity import engine_twin, largest_loss_gap
 from dlscale.lessons.recipe_folder import RECIPES
 from dlscale.lessons.stage_check import check_gaps, check_stage
-from dlscale.lessons.stage_probes import run_stage
+from dlscale.lessons.stage_measure import run_rank
+from dlscale.lessons.stage_probes import run_stage, small_config
+from dlscale.lessons.stage_record import Variant
+from dlscale.lessons.stages import stage_record
 from tests.unit.test_recipes import _solution
+from tests.unit.test_stage_gaps import variant_source
 
 #: Loss difference allowed between a stage and the engine (see the module's docstring).
 TOLERANCE = 1e-6
@@ -117,13 +122,28 @@ def test_a_rank_numbered_by_its_node_is_named_as_on_two_nodes(ranks_folder):
         check_stage("05_ddp.py", ranks, None)
 
 
-def test_sharded_stage_resumes_from_its_dcp_checkpoint_exactly(ranks_folder):
-    """Epoch 1, then a second run that loads every rank's shards and trains epoch 2: the losses of one run of 2."""
-    recipe = str(RECIPES / "10_fsdp_tp.py")
-    common = {"device": "cpu", "workers": 0, "precision": "fp32"}
-    straight = run_on_engines(run_file, 2, recipe, epochs=2, checkpoint="straight", **common)[0]
-    run_on_engines(run_file, 2, recipe, epochs=1, checkpoint="interrupted", **common)
-    resumed = run_on_engines(run_file, 2, recipe, epochs=2, resume=True, checkpoint="interrupted", **common)[0]
+@pytest.mark.parametrize(
+    "stage, arguments",
+    [
+        ("10_fsdp_tp.py", {"precision": "fp32"}),
+        # two stages per rank: each rank saves and finds its own stages' weights, moments and optimizer settings
+        ("13_pipeline.py", {"schedule": "interleaved-1f1b", "virtual": 2, "tiny_samples": 128}),
+    ],
+)
+def test_sharded_stage_resumes_from_its_dcp_checkpoint_exactly(stage, arguments, ranks_folder):
+    """Epoch 1, then a second run that loads every rank's shards and trains epoch 2: the losses of one run of 2. Each
+    run on one torch thread per rank (left to the stage, a run beside a busy moment takes fewer: other rounding)."""
+    recipe = str(RECIPES / stage)
+    common = {"device": "cpu", "workers": 0, **arguments}
+    if "tiny_samples" in common:  # (fewer maps: the resume is exact at any size)
+        common["config"] = small_config("tiny", common.pop("tiny_samples"))
+
+    def run(checkpoint: str, **more) -> dict:
+        return run_on_engines(run_rank, 2, recipe, {**common, **more, "checkpoint": checkpoint}, 1)[0]
+
+    straight = run(f"straight{stage[:2]}", epochs=2)
+    run(f"interrupted{stage[:2]}", epochs=1)
+    resumed = run(f"interrupted{stage[:2]}", epochs=2, resume=True)
     second_epoch = straight["losses"][len(straight["losses"]) // 2 :]
     assert resumed["losses"] == second_epoch and resumed["r2"] == straight["r2"][1:]
 
@@ -295,3 +315,40 @@ def test_a_rank_killed_under_torchrun_ends_the_job_within_seconds(in_tmp):
     assert ended < 30, f"the job took {ended:.1f} s to end after a rank died"
     print(f"the job ended {ended:.1f} s after rank 1 was killed")
     assert "ChildFailedError" in output or "failed" in output.lower()
+
+
+# -- the pipeline stage: its gaps show on two ranks (a pipeline of one stage sends nothing) ----------------------------
+
+_PIPELINE = stage_record("13_pipeline.py")
+_PIPELINE_TWINS: dict[tuple, dict] = {}
+
+
+@pytest.mark.parametrize(
+    ("gap_id", "kind", "variant"),
+    [pytest.param(None, "right", Variant("ours", ()), id="13-ours")]
+    + [
+        pytest.param(gap.id, kind, variant, id=f"{gap.id}-{kind}-{variant.what.replace(' ', '_')}")
+        for gap in _PIPELINE.gaps
+        for kind, variants in (("wrong", gap.mistakes), ("right", gap.alternatives))
+        for variant in variants
+    ],
+)
+def test_what_attendees_write_in_the_pipeline_stage_is_judged_on_two_ranks(gap_id, kind, variant, ranks_folder):
+    """Our stage and each variant on the module's two engines, with its switch runs, as lesson 13 runs it (4 steps):
+    a wrong one named by its one gap (the stage built wrong named before the step that fails on it), a right one
+    passing with the engine's losses on every rank; ours too."""
+    path = ranks_folder / f"variant_13_{variant.what.replace(' ', '_')}.py"
+    path.write_text(variant_source(_PIPELINE.file, variant))
+    arguments = {"epochs": 1, "device": "cpu", "workers": 0, "config": small_config("tiny", 128), **variant.settings}
+    ranks = run_on_engines(run_stage, 2, str(path), timeout=300, **arguments)
+    key = tuple(sorted(variant.settings.items()))
+    if key not in _PIPELINE_TWINS:
+        _PIPELINE_TWINS[key] = run_on_engines(engine_twin, 2, _PIPELINE.file, timeout=300, **arguments)[0]
+    if kind == "right":
+        assert ranks[0]["losses"] == ranks[1]["losses"], "the ranks logged different losses"
+        check_stage(_PIPELINE.file, ranks, _PIPELINE_TWINS[key])
+        return
+    with pytest.raises(AssertionError) as caught:
+        check_stage(_PIPELINE.file, ranks, _PIPELINE_TWINS[key])
+    message = str(caught.value)
+    assert "\n" not in message and re.findall(r"TODO (\d\d\.[a-z])", message) == [gap_id], message

@@ -84,7 +84,7 @@ def _lesson_runtimes() -> dict[str, tuple[float, str]]:
         cells = _cells(line) if line.startswith("| ") else []
         if len(cells) == 3 and re.fullmatch(r"\d\d .*", cells[0]):
             rows[cells[0][:2]] = (float(re.fullmatch(r"([\d,]+) s", cells[1])[1].replace(",", "")), cells[2])
-    assert sorted(rows) == [f"{n:02d}" for n in range(13)]
+    assert sorted(rows) == [f"{n:02d}" for n in range(14)]
     return rows
 
 

@@ -135,6 +135,7 @@ def test_the_command_names_a_folder_above_the_set_that_others_cannot_pass(open_f
 NO_DATA_SET = {
     "03_mixed_precision.ipynb": "its runs are the attendee's stage, on the tiny set (the stage check's)",
     "08_distributed_kmeans.ipynb": "K-Means on a photo: no maps",
+    "13_pipeline_parallel.ipynb": "its runs are the attendee's stage and its twin, on the tiny set (the stage check's)",
 }
 #: The solutions that read the data set without data_dir: their checks train at `config` themselves (the check's
 #: own data), so the solution reads the set the check does.

@@ -33,6 +33,7 @@ def test_recipe_files_are_the_lessons_cells(tmp_path):
         "05_ddp.py",
         "07_large_batch.py",
         "10_fsdp_tp.py",
+        "13_pipeline.py",
     ]
     # an edited cell makes its file out of date, and the generator rewrites it
     lesson = json.loads((ROOT / "notebooks" / "01_single_device_baseline.ipynb").read_text())
@@ -258,6 +259,8 @@ def test_a_gpu_asked_for_and_missing_stops_the_stage_naming_the_counts(monkeypat
         ("05_ddp.py", {"batch_size": 3}, r"--batch-size 3 is the global batch: it must split evenly over 2 ranks x 1"),
         ("05_ddp.py", {"batch_size": 32, "accumulate": 3}, r"over 2 ranks x 3 micro-batches"),
         ("10_fsdp_tp.py", {"batch_size": 1}, r"--batch-size 1 split evenly over 2 data ranks"),
+        ("13_pipeline.py", {"microbatches": 3}, r"--microbatches 3 must divide --batch-size 32"),
+        ("13_pipeline.py", {"depth": 1}, r"--depth 1 needs a block for each of the 2 x 1 stages"),
     ],
 )
 def test_a_global_batch_the_ranks_cannot_share_stops_the_stage_before_it_starts(monkeypatch, stage, arguments, message):
@@ -301,6 +304,18 @@ def test_the_engine_twin_trains_the_recipes_own_model_on_every_config(stage, con
     else:
         recipe = _stage(stage)["make_model"](8, 2)
     assert [p.shape for p in engine.parameters()] == [p.shape for p in recipe.parameters()]
+
+
+def test_stage_13s_twin_pipelines_every_rank_that_does_not_split_a_stage(monkeypatch):
+    from dlscale.lessons.parity import engine_settings
+
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    overrides = engine_settings("13_pipeline.py", tp=2, schedule="interleaved-1f1b", virtual=2)[1]
+    assert [overrides[k] for k in ("pipeline_parallel", "tensor_parallel", "pipeline_virtual_stages")] == [4, 2, 2]
+    overrides = engine_settings("13_pipeline.py", virtual=2)[1]  # (one stage per rank unless interleaved)
+    keys = ("pipeline_parallel", "pipeline_virtual_stages", "pipeline_schedule")
+    assert [overrides[k] for k in keys] == [8, 1, "1f1b"]
+    assert overrides["model"] == "vit" and overrides["pipeline_microbatches"] == 4
 
 
 def test_stage_07_scales_adam_like_optimizers_by_the_square_root_and_sgd_linearly():

@@ -19,8 +19,9 @@ from dlscale.lessons.stage_probes import run_stage
 from dlscale.lessons.stage_record import Variant
 from dlscale.lessons.stages import all_stages
 
-#: Every stage file, in lesson order.
-STAGE_FILES = [stage.file for stage in all_stages().values()]
+#: Every stage file whose gaps show in one process, in lesson order (the pipeline's show on two ranks or more: its
+#: stage and variants run on engines in tests/integration/test_recipes.py).
+STAGE_FILES = [stage.file for stage in all_stages().values() if stage.check_ranks == 1]
 
 
 def _defined(code: str) -> set[str]:
@@ -132,6 +133,7 @@ def variant_source(stage: str, variant: Variant) -> str:
 VARIANTS = [
     pytest.param(stage.file, gap.id, kind, variant, id=f"{gap.id}-{kind}-{variant.what.replace(' ', '_')}")
     for stage in all_stages().values()
+    if stage.check_ranks == 1
     for gap in stage.gaps
     for kind, variants in (("wrong", gap.mistakes), ("right", gap.alternatives))
     for variant in variants
