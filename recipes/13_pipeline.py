@@ -11,8 +11,8 @@ Stage 13 cuts it the third way, into a pipeline: each rank holds a run of consec
 first also the embedding, the last the head and the loss) and hands a micro-batch's activations to the
 next rank, and its gradient back, with torch.distributed.pipelining. Each step's batch is cut into
 --microbatches; --schedule orders their forwards and backwards (gpipe: all forwards, then all backwards;
-1f1b: one forward, one backward, so fewer activations are held; interleaved-1f1b: --virtual stages per
-rank, so the pipeline fills sooner). Inside a stage, --tp ranks split each block's matrices as in
+1f1b: one forward, one backward, so fewer activations are held; interleaved-1f1b: --stages-per-rank
+stages on each rank, so the pipeline fills sooner). Inside a stage, --tp ranks split each block's matrices as in
 stage 10: on a cluster the tp ranks sit inside a node and the pipeline crosses nodes
 (recipes/jobs/: STAGE=13_pipeline.py). Compared with stage 10 it leaves out FSDP (every rank of a
 stage reads the same batches: no data parallelism) and mixed precision.
@@ -89,7 +89,7 @@ def main(config: str = "tiny", epochs: int = 2, batch_size: int = 32, lr: float 
          seed: int = 0, device: str = "auto", width: int = 32, depth: int = 4, heads: int = 4,
          checkpoint: str = "checkpoint-pp", resume: bool = False, log_every: int = 10, workers: int = 2,
          clip: float = 1.0, tp: int = 1, schedule: Literal["gpipe", "1f1b", "interleaved-1f1b"] = "1f1b",
-         microbatches: int = 4, virtual: int = 1, profile_steps: str = "") -> dict:
+         microbatches: int = 4, stages_per_rank: int = 1, profile_steps: str = "") -> dict:
     # the launcher numbers the processes: torchrun (RANK...), srun (SLURM_PROCID...), mpiexec on Polaris (PMI_RANK...)
     rank = from_launcher("RANK", "SLURM_PROCID", "PMI_RANK")
     world_size = from_launcher("WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE", default=1)
@@ -97,11 +97,11 @@ def main(config: str = "tiny", epochs: int = 2, batch_size: int = 32, lr: float 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # (a job script sets both for several nodes)
     os.environ.setdefault("MASTER_PORT", "29500")
     pp = world_size // tp  # the pipeline's stages: the ranks that are not splitting a stage's matrices
-    virtual = virtual if schedule == "interleaved-1f1b" else 1
-    if world_size % tp or heads % tp or depth < pp * virtual or batch_size % microbatches \
+    per_rank = stages_per_rank if schedule == "interleaved-1f1b" else 1  # (the others run one)
+    if world_size % tp or heads % tp or depth < pp * per_rank or batch_size % microbatches \
             or (schedule == "1f1b" and microbatches < pp):
         raise SystemExit(f"--tp {tp} must divide the {world_size} ranks and the {heads} heads; --depth {depth} needs "
-                         f"a block for each of the {pp} x {virtual} stages; --microbatches {microbatches} must divide "
+                         f"a block for each of the {pp} x {per_rank} stages; --microbatches {microbatches} must divide "
                          f"--batch-size {batch_size} (and, with 1f1b, be at least the {pp} stages)")
     device = pick_device(device, local_rank)  # one GPU per process
     # a rank waits at most 5 minutes for the others to join, and later for each send or collective: a peer that never
@@ -123,8 +123,8 @@ def main(config: str = "tiny", epochs: int = 2, batch_size: int = 32, lr: float 
     val_loader = DataLoader(val_set, batch_size=batch_size, **loading)
     with torch.device("meta"):  # the model's shapes only: no memory, no values yet
         model = ViTRegressor(image_size=train_set.input_shape[-1], width=width, depth=depth, heads=heads)
-    total = pp * virtual
-    ids = [place + round_ * pp for round_ in range(virtual)]  # this rank's stages: r, r + pp, ... (round-robin)
+    total = pp * per_rank
+    ids = [place + round_ * pp for round_ in range(per_rank)]  # this rank's stages: r, r + pp, ... (round-robin)
     runs = torch.arange(depth).tensor_split(total)  # consecutive blocks per stage, as even as they divide
     parts = [model.pipeline_stage(runs[i].tolist(), first=i == 0, last=i == total - 1) for i in ids]
     for part in parts:

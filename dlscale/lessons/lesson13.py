@@ -177,7 +177,7 @@ def measure_bubble(
             "epochs": 1,
             "schedule": schedule,
             "microbatches": count,
-            "virtual": per_rank,
+            "stages_per_rank": per_rank,
             "checkpoint": f"runs/lesson13/bubble-{schedule}-{count}",  # (beside the lesson's, never over it)
         }
         ranks = run_on_engines(watched_rank, engines, str(stage), arguments, show=False)

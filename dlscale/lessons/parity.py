@@ -38,7 +38,7 @@ _CONFIG_KEYS = {
     "accumulate": "grad_accumulation",
     "schedule": "pipeline_schedule",
     "microbatches": "pipeline_microbatches",
-    "virtual": "pipeline_virtual_stages",
+    "stages_per_rank": "pipeline_virtual_stages",
 }
 #: Recipe arguments with no effect on what is computed (where it runs, where it writes, what it logs).
 _NOT_COMPUTED = {"device", "checkpoint", "resume", "config", "log_every", "profile_steps"}

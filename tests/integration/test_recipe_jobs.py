@@ -195,7 +195,7 @@ def test_the_pipeline_stage_runs_with_one_tp_group_of_consecutive_ranks_filling_
     recipes = tmp_path / "recipes"  # (a stand-in folder: RECIPES and STAGE together; the stage is not run here)
     recipes.mkdir()
     (recipes / "13_pipeline.py").touch()
-    args = ["--tp", str(gpus), "--schedule", "interleaved-1f1b", "--microbatches", "8", "--virtual", "2"]
+    args = ["--tp", str(gpus), "--schedule", "interleaved-1f1b", "--microbatches", "8", "--stages-per-rank", "2"]
     env = {"STAGE": "13_pipeline.py", "RECIPES": str(recipes), "ARGS": " ".join(args)}
     argv = [] if script.endswith(".pbs") else args  # (qsub passes no arguments: Polaris's come in ARGS)
     launcher, calls = _render(tmp_path, script, *argv, env=env, nodes=2, stage="13_pipeline.py")

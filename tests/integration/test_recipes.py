@@ -127,7 +127,7 @@ def test_a_rank_numbered_by_its_node_is_named_as_on_two_nodes(ranks_folder):
     [
         ("10_fsdp_tp.py", {"precision": "fp32"}),
         # two stages per rank: each rank saves and finds its own stages' weights, moments and optimizer settings
-        ("13_pipeline.py", {"schedule": "interleaved-1f1b", "virtual": 2, "tiny_samples": 128}),
+        ("13_pipeline.py", {"schedule": "interleaved-1f1b", "stages_per_rank": 2, "tiny_samples": 128}),
     ],
 )
 def test_sharded_stage_resumes_from_its_dcp_checkpoint_exactly(stage, arguments, ranks_folder):

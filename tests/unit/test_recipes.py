@@ -310,9 +310,9 @@ def test_stage_13s_twin_pipelines_every_rank_that_does_not_split_a_stage(monkeyp
     from dlscale.lessons.parity import engine_settings
 
     monkeypatch.setenv("WORLD_SIZE", "8")
-    overrides = engine_settings("13_pipeline.py", tp=2, schedule="interleaved-1f1b", virtual=2)[1]
+    overrides = engine_settings("13_pipeline.py", tp=2, schedule="interleaved-1f1b", stages_per_rank=2)[1]
     assert [overrides[k] for k in ("pipeline_parallel", "tensor_parallel", "pipeline_virtual_stages")] == [4, 2, 2]
-    overrides = engine_settings("13_pipeline.py", virtual=2)[1]  # (one stage per rank unless interleaved)
+    overrides = engine_settings("13_pipeline.py", stages_per_rank=2)[1]  # (one stage per rank unless interleaved)
     keys = ("pipeline_parallel", "pipeline_virtual_stages", "pipeline_schedule")
     assert [overrides[k] for k in keys] == [8, 1, "1f1b"]
     assert overrides["model"] == "vit" and overrides["pipeline_microbatches"] == 4
@@ -379,3 +379,19 @@ def test_the_stage_check_allows_what_a_gpu_rounds_differently_and_names_where_a_
         check_stage("05_ddp.py", {**twin, "losses": [1.0, 0.8, 0.6]}, twin)
     with pytest.raises(AssertionError, match="epoch 1's validation R² is 0.3000"):
         check_stage("05_ddp.py", {**twin, "r2": [0.3]}, twin, device="cpu")
+
+
+@pytest.mark.parametrize("stage", sorted(p.name for p in RECIPES.glob("[0-9][0-9]_*.py")))
+def test_every_option_of_a_stage_reaches_it_through_torchrun(stage):
+    """torchrun's parser reads an option it could abbreviate as its own, even after the script (stage 13's
+    ``--virtual`` stopped torchrun: "ambiguous option: --virtual could match --virtual-local-rank"); every option a
+    stage takes passes through to the stage."""
+    import inspect
+
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    for name in inspect.signature(_stage(stage)["main"]).parameters:
+        option = "--" + name.replace("_", "-")
+        parsed = parser.parse_args(["--nproc-per-node", "2", stage, option, "1"])
+        assert parsed.training_script_args == [option, "1"], (stage, option)

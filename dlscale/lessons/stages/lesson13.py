@@ -26,12 +26,12 @@ def _layout(seen: dict[str, Any], args: dict[str, Any]) -> tuple[int, int, list[
     rank = int(group.get("rank") or 0) if rank is None else int(rank)
     tp = int(args.get("tp", 1) or 1)
     pp = max(1, world // tp)
-    virtual = int(args.get("virtual", 1) or 1) if args.get("schedule") == "interleaved-1f1b" else 1
+    virtual = int(args.get("stages_per_rank", 1) or 1) if args.get("schedule") == "interleaved-1f1b" else 1
     return pp, virtual, [rank // tp + round_ * pp for round_ in range(virtual)]
 
 
 def rank_stages(seen: dict[str, Any], args: dict[str, Any], result: dict[str, Any]) -> str | None:
-    """This rank holds its stages (one, or ``virtual`` round-robin), each a run of consecutive blocks as even as they
+    """This rank holds its stages (one, or ``stages_per_rank`` round-robin), each a run of consecutive blocks as even as they
     divide, the first stage with the embedding and the last with the head."""
     made = seen["pipeline_stages"]
     if not made:
@@ -143,7 +143,7 @@ STAGE = Stage(
     judged_before_errors=("13.a", "13.b"),  # (a step on a wrong stage fails in the step's line)
     twin={"warmup_steps": 0, "decay": "none", "model": "vit", "pipeline_parallel": "every other rank"},
     # every switch the stage takes: the other schedules (interleaved on two stages per rank), tensor parallelism
-    switches=({"schedule": "gpipe"}, {"schedule": "interleaved-1f1b", "virtual": 2}, {"tp": 2}),
+    switches=({"schedule": "gpipe"}, {"schedule": "interleaved-1f1b", "stages_per_rank": 2}, {"tp": 2}),
     switch_samples=32,  # (one step each: the tensor-parallel run steps slowly on a CPU, its DTensors per operator)
     by_numbers=((), ("13.a", "13.b", "13.c", "13.d")),
     gaps=(
@@ -152,10 +152,10 @@ STAGE = Stage(
             title="this rank's stages",
             first="ids = [place + round_ * pp",
             last="parts = [model.pipeline_stage(",
-            asks="`parts`: this rank's stages of `model` (one; `virtual` with interleaved-1f1b, placed round-robin: "
+            asks="`parts`: this rank's stages of `model` (one; `stages_per_rank` with interleaved-1f1b, placed round-robin: "
             "rank r holds stages r, r + pp, ...), each a run of consecutive blocks, as even as they divide; the "
             "first stage also embeds the maps, the last also ends in the head",
-            question="A pipeline of pp × virtual stages: which stages does this rank hold, which blocks does each "
+            question="A pipeline of pp × stages_per_rank stages: which stages does this rank hold, which blocks does each "
             "hold, and which stage embeds the maps and which makes the predictions?",
             api="model.pipeline_stage(blocks, first=..., last=...); torch.arange(depth).tensor_split(total)",
             probe=rank_stages,
@@ -180,8 +180,8 @@ STAGE = Stage(
                 ),
                 Variant(
                     "a rank's stages side by side, not round-robin",
-                    (("ids = [place + round_ * pp", "ids = [place * virtual + round_"),),
-                    settings={"schedule": "interleaved-1f1b", "virtual": 2},
+                    (("ids = [place + round_ * pp", "ids = [place * per_rank + round_"),),
+                    settings={"schedule": "interleaved-1f1b", "stages_per_rank": 2},
                 ),
             ),
             alternatives=(
@@ -219,7 +219,7 @@ STAGE = Stage(
                 Variant(
                     "the stage count as the ranks'",
                     ((_SEND_LINE, _SEND_LINE.replace("part, i, total", "part, i, world_size")),),
-                    settings={"schedule": "interleaved-1f1b", "virtual": 2},
+                    settings={"schedule": "interleaved-1f1b", "stages_per_rank": 2},
                 ),
                 Variant(
                     "the whole world as the group",
