@@ -3,7 +3,7 @@ and count: the wrong ones caught, those named by their own gap alone, the right 
 
     .venv/bin/python scripts/check_heldout.py [--stages 01,02,03,04,05,07] [--out rows.json] [--device cuda]
 
-Stages 01-04 run in this process (as a lesson's kernel runs them) on a small set; 05 and 07 run their file on two
+Stages 01-04 run in this process (as a lesson's kernel runs them) on a small set; 05, 07 and 13 run their file on two
 notebook engines with the lesson's settings and its tiny config, beside the engine's twin on the same engines.
 A wrong answer counts as named when the verdict names its gap and no other (or, for one whose change lies outside
 the gaps, says "outside the gaps"). A few wrong answers cannot show on one node of CPUs (a rank's number on the node
@@ -43,6 +43,7 @@ RANKS = {
         "precision": "fp32",
         "compile": False,
     },
+    "13": {"workers": 0},  # (the lesson's 1f1b at 4 micro-batches; its check's short runs: GPipe, interleaved, tp=2)
 }
 
 
@@ -143,7 +144,7 @@ def summary(rows: list[dict]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stages", default="01,02,03,04,05,07", help="lessons, comma-separated")
+    parser.add_argument("--stages", default="01,02,03,04,05,07,13", help="lessons, comma-separated")
     parser.add_argument("--out", help="write every row, its verdict included, to this JSON file")
     parser.add_argument(
         "--device", default="cpu", help="where stages 01-04 run (cuda on a GPU node: where pinned memory shows)"

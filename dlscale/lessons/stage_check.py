@@ -114,9 +114,30 @@ def _error_verdict(stage: Stage, run: dict[str, Any], source: str | None, settin
     if not error:
         return None
     gap_id, said = _gap_of_error(stage, error, source)
+    if gap_id is not None and source and not error["message"].startswith("TODO "):
+        gap_id, outside = _cause(stage, source, gap_id)
+        if outside:  # (a gap of ours to the letter failed on what a changed line outside the gaps made)
+            return f"your stage stopped{setting}: {said}, after {outside}"
     if gap_id is None:
         return f"your stage stopped{setting} at a line outside the gaps: {said}"
     return f"{_label(gap_id)}: {said}{setting}"
+
+
+def _cause(stage: Stage, source: str, gap_id: str) -> tuple[str, str | None]:
+    """Where a failure in ``gap_id``'s lines comes from: that gap if the attendee changed it; else the one gap they
+    changed, or the line outside the gaps they changed (then ``(gap_id, "a line outside the gaps ...")``)."""
+    from dlscale.lessons.stage_lines import differing_gaps, outside_changes
+
+    differing = differing_gaps(stage, source)
+    if gap_id in differing:
+        return gap_id, None
+    if len(differing) == 1:
+        return differing[0], None
+    outside = outside_changes(stage, source)
+    if not differing and outside:
+        line = outside[0]
+        return gap_id, f"a line outside the gaps that differs from ours, line {line.number} ({line.text.strip()[:120]})"
+    return gap_id, None
 
 
 def _setting(mine: dict[str, Any], run: dict[str, Any]) -> str:

@@ -173,7 +173,9 @@ def _after(original: Callable, note: Callable[..., None]) -> Callable:
 
 
 @contextlib.contextmanager
-def watch(namespace: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+def watch(
+    namespace: dict[str, Any] | None = None, built: Callable[[dict[str, Any]], str | None] | None = None
+) -> Iterator[dict[str, Any]]:
     """Note, while the block runs, what the stage did that the probes read (see the module's docstring); yields the
     record, plain data once the block ends.
 
@@ -193,7 +195,7 @@ def watch(namespace: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
     _watch_ranks(patches, seen)
     _watch_horovod(patches, seen)
     _watch_sharding(patches, seen)
-    _watch_pipeline(patches, seen)
+    _watch_pipeline(patches, seen, built)
     _WATCHING[0] = True
     try:
         yield seen
@@ -726,6 +728,10 @@ def _pipeline_step(seen: dict[str, Any]) -> Callable[[Callable], Callable]:
             if not _WATCHING[0] or not getattr(self, "_has_backward", True):  # (eval() steps forward only)
                 return original(self, *args, **kwargs)
             stages = list(getattr(self, "_stages", None) or [self._stage])
+            given = kwargs.get("losses")
+            kept = given if isinstance(given, list) else []
+            if given is None:  # (a list of the watch's own: the schedule only adds the micro-batches' losses to it)
+                kwargs = {**kwargs, "losses": kept}
             busy = [0.0]
             with _timed(stages, busy), HeldActivations(torch.nn.ModuleList(s.submod for s in stages)) as held:
                 start = time.perf_counter()
@@ -737,10 +743,10 @@ def _pipeline_step(seen: dict[str, Any]) -> Callable[[Callable], Callable]:
                     "busy_s": busy[0],
                     "inputs": len(args),
                     "target": kwargs.get("target") is not None,
-                    "losses": kwargs.get("losses") is not None,
+                    "losses": given is not None,
                     "firsts": sum(bool(s.is_first) for s in stages),
                     "lasts": sum(bool(s.is_last) for s in stages),
-                    "loss": _mean_loss(kwargs.get("losses")),
+                    "loss": _mean_loss(kept),
                 }
             )
             seen["held_activations_peak"] = max(seen["held_activations_peak"], held.peak)
@@ -752,7 +758,9 @@ def _pipeline_step(seen: dict[str, Any]) -> Callable[[Callable], Callable]:
     return make
 
 
-def _watch_pipeline(patches: _Patches, seen: dict[str, Any]) -> None:
+def _watch_pipeline(
+    patches: _Patches, seen: dict[str, Any], built: Callable[[dict[str, Any]], str | None] | None
+) -> None:
     """Lesson 13's parts: the model's stages, each rank's PipelineStage, the schedule made, and its steps."""
     import torch.distributed as dist
     from torch.distributed.pipelining import schedules, stage
@@ -772,15 +780,23 @@ def _watch_pipeline(patches: _Patches, seen: dict[str, Any]) -> None:
 
     def staged(self: Any, *args: Any, **kwargs: Any) -> None:
         group = self.group
+        size = dist.get_world_size(group) if dist.is_initialized() else None
+        place = dist.get_rank(group) if dist.is_initialized() else None
         seen["pipeline_stages"].append(
             {
                 "index": self.stage_index,
                 "stages": self.num_stages,
-                "group_size": dist.get_world_size(group) if dist.is_initialized() else None,
-                "group_rank": dist.get_rank(group) if dist.is_initialized() else None,
+                "group_size": size,
+                "group_rank": place,
                 **_layers_of(self.submod),
             }
         )
+        if size and self.stage_index % size != place:  # (the one change the watch makes: a certain wait, stopped)
+            raise RuntimeError(
+                f"stage {self.stage_index} of {self.num_stages} was built on the pipeline's rank {place} of {size}, "
+                f"but torch.distributed.pipelining sends to stage i on rank i % {size}: its neighbours would wait "
+                f"for it there, and this rank for them, until the timeout"
+            )
 
     patches.wrap(stage._PipelineStageBase, "__init__", lambda f: _after(f, staged))
     patches.wrap(
@@ -797,8 +813,35 @@ def _watch_pipeline(patches: _Patches, seen: dict[str, Any]) -> None:
             ),
         ),
     )
+
+    def scheduled(schedule: Any, *args: Any, **kwargs: Any) -> None:
+        _stages_fit(schedule)
+        wrong = built(seen) if built else None
+        if wrong:  # (its gap's probe names it: the check asks it first, judged_before_errors)
+            raise RuntimeError(f"the pipeline was built wrong, so it stopped before its first step: {wrong}")
+
     for kind in (schedules.PipelineScheduleSingle, schedules.PipelineScheduleMulti):
+        patches.wrap(kind, "__init__", lambda f: _after(f, scheduled))
         patches.wrap(kind, "step", _pipeline_step(seen))
+
+
+def _stages_fit(schedule: Any, *args: Any, **kwargs: Any) -> None:
+    """A schedule's stages must make one pipeline: ``group size × stages per rank`` stages in all. Otherwise the ranks
+    wait for stages that are not there until the timeout: stopped here at once, and named by its gap."""
+    stages = list(getattr(schedule, "_stages", None) or [schedule._stage])
+    size = getattr(stages[0], "group_size", None)
+    told = {stage.num_stages for stage in stages}
+    if len({stage.stage_index for stage in stages}) < len(stages):
+        raise RuntimeError(
+            f"this rank's {len(stages)} stages were all numbered {stages[0].stage_index}: each stage of a pipeline "
+            f"has a number of its own, or the ranks wait for stages that are not there, until the timeout"
+        )
+    if size and told != {size * len(stages)}:
+        raise RuntimeError(
+            f"this rank's {len(stages)} stage(s) were told {sorted(told)} stages in all, but a pipeline of {size} "
+            f"rank(s) with {len(stages)} stage(s) each has {size * len(stages)}: the ranks would wait for stages that "
+            f"are not there, until the timeout"
+        )
 
 
 def _what_is_saved(state: Any) -> list[str]:
@@ -848,6 +891,24 @@ def stage_main(stage: str | Callable[..., dict]) -> Callable[..., dict]:
     return load_file(str(stage))["main"]
 
 
+def _built_check(main: Callable[..., dict], arguments: dict[str, Any]) -> Callable[[dict[str, Any]], str | None]:
+    """What the stage's record asks of what is built before the first step (its ``judged_before_errors`` probes), to
+    ask as soon as it is built: a pipeline built wrong waits for ever otherwise (until the timeout)."""
+    from dlscale.lessons.stages import stage_record
+
+    try:
+        record = stage_record(Path(main.__code__.co_filename).name.removeprefix("my_").removeprefix("variant_"))
+    except KeyError:
+        return lambda seen: None
+    probes = [probe for gap, probe in record.probes() if gap.id in record.judged_before_errors]
+    given = effective_arguments(main, arguments)
+
+    def check(seen: dict[str, Any]) -> str | None:
+        return next((wrong for probe in probes if (wrong := probe(seen, given, {}))), None)
+
+    return check
+
+
 def _watched_run(main: Callable[..., dict], arguments: dict[str, Any]) -> dict[str, Any]:
     """``main(**arguments)`` under :func:`watch`: its result, ``seen``, ``arguments`` and ``error`` (None, or how it
     stopped). Every exception comes back as the error, ``BaseException``s too (DCP's ``CheckpointException``, a
@@ -855,7 +916,7 @@ def _watched_run(main: Callable[..., dict], arguments: dict[str, Any]) -> dict[s
     filename = main.__code__.co_filename
     result: dict[str, Any] = {"losses": [], "r2": [], "throughput": []}
     error = None
-    with watch(main.__globals__) as seen, one_rank_per_node():
+    with watch(main.__globals__, _built_check(main, arguments)) as seen, one_rank_per_node():
         try:
             result = dict(main(**arguments))
         except KeyboardInterrupt:

@@ -1,4 +1,4 @@
-"""A held-out set of the answers attendees write, right and wrong, for the stages of lessons 01-05 and 07.
+"""A held-out set of the answers attendees write, right and wrong, for the stages of lessons 01-05, 07 and 13.
 
 Written from the lessons' text and the recipes alone, by a developer who did not read the probes: each answer is our
 stage with one realistic change (``(old, new)`` replacements of whole lines, each found once). ``scripts/check_heldout.py``
@@ -13,6 +13,7 @@ STAGE = {
     "04": "04_compile.py",
     "05": "05_ddp.py",
     "07": "07_large_batch.py",
+    "13": "13_pipeline.py",
 }
 V = []
 
@@ -1254,4 +1255,476 @@ v(
         L07C,
         "            scaler.update()\n            scheduler.step()\n            current_lr = scheduler.get_last_lr()[0]  # for the log\n",
     ),
+)
+
+# ---------------------------------------------------------------- 13.a
+A13 = (
+    "    ids = [place + round_ * pp for round_ in range(per_rank)]  # this rank's stages: r, r + pp, ... (round-robin)\n"
+    "    runs = torch.arange(depth).tensor_split(total)  # consecutive blocks per stage, as even as they divide\n"
+    "    parts = [model.pipeline_stage(runs[i].tolist(), first=i == 0, last=i == total - 1) for i in ids]\n"
+)
+A13_IDS = "    ids = [place + round_ * pp for round_ in range(per_rank)]  # this rank's stages: r, r + pp, ... (round-robin)\n"
+A13_RUNS = (
+    "    runs = torch.arange(depth).tensor_split(total)  # consecutive blocks per stage, as even as they divide\n"
+)
+A13_PARTS = "    parts = [model.pipeline_stage(runs[i].tolist(), first=i == 0, last=i == total - 1) for i in ids]\n"
+v(
+    "13_a_wrong_1",
+    "wrong",
+    "inside",
+    "the global rank, not the place in the pipeline, numbers this rank's stages (with --tp 2 rank 1 asks for stage 1 of 1)",
+    (A13_IDS, "    ids = [rank + round_ * pp for round_ in range(per_rank)]\n"),
+)
+v(
+    "13_a_wrong_2",
+    "wrong",
+    "inside",
+    "a rank's virtual stages next to each other (rank 0: stages 0, 1; rank 1: 2, 3) instead of round-robin",
+    (A13_IDS, "    ids = [place * per_rank + k for k in range(per_rank)]  # this rank's stages, one after the other\n"),
+)
+v(
+    "13_a_wrong_3",
+    "wrong",
+    "inside",
+    "the blocks cut into pp runs, not pp x virtual (the virtual stages forgotten)",
+    (A13_RUNS, "    runs = torch.arange(depth).tensor_split(pp)  # one run of blocks per rank\n"),
+)
+v(
+    "13_a_wrong_4",
+    "wrong",
+    "inside",
+    "first/last from the rank's place (place == 0, place == pp - 1), not the stage's number: every interleaved stage of rank 0 embeds, of the last rank ends in the head",
+    (
+        A13_PARTS,
+        "    parts = [model.pipeline_stage(runs[i].tolist(), first=place == 0, last=place == pp - 1) for i in ids]\n",
+    ),
+)
+v(
+    "13_a_wrong_5",
+    "wrong",
+    "inside",
+    "a stage's blocks as range(first block, last block): the end left out, so each stage drops its last block",
+    (
+        A13_PARTS,
+        "    parts = [model.pipeline_stage(range(int(runs[i][0]), int(runs[i][-1])), first=i == 0, last=i == total - 1)\n"
+        "             for i in ids]\n",
+    ),
+)
+v(
+    "13_a_right_1",
+    "right",
+    "inside",
+    "ids as range(place, total, pp); the split by hand with divmod (the first `extra` stages one block more)",
+    (
+        A13,
+        "    ids = list(range(place, total, pp))  # round-robin: place, place + pp, ...\n"
+        "    per, extra = divmod(depth, total)\n"
+        "    starts = [s * per + min(s, extra) for s in range(total + 1)]\n"
+        "    parts = [model.pipeline_stage(range(starts[i], starts[i + 1]), first=i == 0, last=i == total - 1) for i in ids]\n",
+    ),
+)
+v(
+    "13_a_right_2",
+    "right",
+    "inside",
+    "a loop with append, numpy.array_split for the runs, first and last passed positionally",
+    (
+        A13,
+        "    import numpy as np\n"
+        "\n"
+        "    ids, parts = [], []\n"
+        "    for k in range(per_rank):\n"
+        "        stage_id = place + k * pp\n"
+        "        blocks = np.array_split(np.arange(depth), total)[stage_id]\n"
+        "        ids.append(stage_id)\n"
+        "        parts.append(model.pipeline_stage([int(b) for b in blocks], stage_id == 0, stage_id == total - 1))\n",
+    ),
+)
+v(
+    "13_a_right_3",
+    "right",
+    "inside",
+    "stage boundaries by integer arithmetic (k * depth // total), keyword blocks=",
+    (
+        A13_RUNS + A13_PARTS,
+        "    bounds = [k * depth // total for k in range(total + 1)]\n"
+        "    parts = [\n"
+        "        model.pipeline_stage(blocks=list(range(bounds[i], bounds[i + 1])), first=(i == 0), last=(i == total - 1))\n"
+        "        for i in ids\n"
+        "    ]\n",
+    ),
+)
+
+# ---------------------------------------------------------------- 13.b
+B13 = "    stages = [PipelineStage(part, i, total, device, group=group) for part, i in zip(parts, ids)]\n"
+v(
+    "13_b_wrong_1",
+    "wrong",
+    "inside",
+    "each stage numbered by its index in this rank's list (enumerate), not its number in the pipeline",
+    (B13, "    stages = [PipelineStage(part, i, total, device, group=group) for i, part in enumerate(parts)]\n"),
+)
+v(
+    "13_b_wrong_2",
+    "wrong",
+    "inside",
+    "num_stages=pp (the ranks), not pp x virtual (the stages)",
+    (B13, "    stages = [PipelineStage(part, i, pp, device, group=group) for part, i in zip(parts, ids)]\n"),
+)
+v(
+    "13_b_wrong_3",
+    "wrong",
+    "inside",
+    "every stage numbered by the global rank, of world_size stages, on the default group",
+    (B13, "    stages = [PipelineStage(part, rank, world_size, device) for part in parts]\n"),
+)
+v(
+    "13_b_wrong_4",
+    "wrong",
+    "inside",
+    "group= left out: the stages talk over the whole world, not the pipeline's ranks",
+    (B13, "    stages = [PipelineStage(part, i, total, device) for part, i in zip(parts, ids)]\n"),
+)
+v(
+    "13_b_wrong_5",
+    "wrong",
+    "inside",
+    "every one of this rank's stages given the rank's place as its number",
+    (B13, "    stages = [PipelineStage(part, place, total, device, group=group) for part in parts]\n"),
+)
+v(
+    "13_b_right_1",
+    "right",
+    "inside",
+    "all keywords: submodule=, stage_index=, num_stages=, device=, group=",
+    (
+        B13,
+        "    stages = [PipelineStage(submodule=part, stage_index=i, num_stages=total, device=device, group=group)\n"
+        "              for part, i in zip(parts, ids)]\n",
+    ),
+)
+v(
+    "13_b_right_2",
+    "right",
+    "inside",
+    "a loop with append: stage number place + k * pp, num_stages=pp * per_rank, the group from mesh.get_group('pp')",
+    (
+        B13,
+        "    stages = []\n"
+        "    for k, part in enumerate(parts):\n"
+        '        stages.append(PipelineStage(part, place + k * pp, pp * per_rank, device, group=mesh.get_group("pp")))\n',
+    ),
+)
+v(
+    "13_b_right_3",
+    "right",
+    "inside",
+    "indexing ids by position, num_stages as len(ids) * pp, group=mesh['pp'].get_group()",
+    (
+        B13,
+        '    stages = [PipelineStage(parts[k], ids[k], len(ids) * pp, device, group=mesh["pp"].get_group())\n'
+        "              for k in range(len(parts))]\n",
+    ),
+)
+
+# ---------------------------------------------------------------- 13.c
+C13 = (
+    '    if schedule == "interleaved-1f1b":  # each rank\'s stages take turns\n'
+    "        runner = ScheduleInterleaved1F1B(stages, n_microbatches=microbatches, loss_fn=loss_fn)\n"
+    "    else:  # one stage per rank\n"
+    '        kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]\n'
+    "        runner = kind(stages[0], n_microbatches=microbatches, loss_fn=loss_fn)\n"
+)
+C13_KIND = '        kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]\n'
+C13_SINGLE = "        runner = kind(stages[0], n_microbatches=microbatches, loss_fn=loss_fn)\n"
+C13_INTER = "        runner = ScheduleInterleaved1F1B(stages, n_microbatches=microbatches, loss_fn=loss_fn)\n"
+v(
+    "13_c_wrong_1",
+    "wrong",
+    "inside",
+    "gpipe and 1f1b swapped in the table (--schedule gpipe runs 1F1B and back)",
+    (C13_KIND, '        kind = {"gpipe": Schedule1F1B, "1f1b": ScheduleGPipe}[schedule]\n'),
+)
+v(
+    "13_c_wrong_2",
+    "wrong",
+    "inside",
+    "one table for all three schedules, each given stages[0]: interleaved-1f1b gets one stage, not the list",
+    (
+        C13,
+        '    kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}[schedule]\n'
+        "    runner = kind(stages[0], n_microbatches=microbatches, loss_fn=loss_fn)\n",
+    ),
+)
+v(
+    "13_c_wrong_3",
+    "wrong",
+    "inside",
+    "n_microbatches = batch_size // microbatches: the micro-batch size taken for their count (8, not 4)",
+    (C13_SINGLE, "        runner = kind(stages[0], n_microbatches=batch_size // microbatches, loss_fn=loss_fn)\n"),
+    (
+        C13_INTER,
+        "        runner = ScheduleInterleaved1F1B(stages, n_microbatches=batch_size // microbatches, loss_fn=loss_fn)\n",
+    ),
+)
+v(
+    "13_c_wrong_4",
+    "wrong",
+    "inside",
+    "loss_fn not passed to the schedule (the last stage computes no loss, so nothing to run backward from)",
+    (C13_SINGLE, "        runner = kind(stages[0], n_microbatches=microbatches)\n"),
+    (C13_INTER, "        runner = ScheduleInterleaved1F1B(stages, n_microbatches=microbatches)\n"),
+)
+v(
+    "13_c_wrong_5",
+    "wrong",
+    "inside",
+    "each micro-batch's loss summed over its elements (MSELoss(reduction='sum')), not its mean",
+    (
+        C13,
+        '    loss_fn = nn.MSELoss(reduction="sum")  # the schedule divides by the micro-batches\n'
+        '    if schedule == "interleaved-1f1b":\n'
+        "        runner = ScheduleInterleaved1F1B(stages, n_microbatches=microbatches, loss_fn=loss_fn)\n"
+        "    else:\n"
+        '        kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]\n'
+        "        runner = kind(stages[0], n_microbatches=microbatches, loss_fn=loss_fn)\n",
+    ),
+)
+v(
+    "13_c_right_1",
+    "right",
+    "inside",
+    "an if/elif/else chain, the schedules' arguments passed positionally",
+    (
+        C13,
+        '    if schedule == "gpipe":\n'
+        "        runner = ScheduleGPipe(stages[0], microbatches, loss_fn)\n"
+        '    elif schedule == "1f1b":\n'
+        "        runner = Schedule1F1B(stages[0], microbatches, loss_fn)\n"
+        "    else:\n"
+        "        runner = ScheduleInterleaved1F1B(stages, microbatches, loss_fn)\n",
+    ),
+)
+v(
+    "13_c_right_2",
+    "right",
+    "inside",
+    "a match statement; the single stage unpacked (stage, = stages) and passed as stage=",
+    (
+        C13,
+        "    match schedule:\n"
+        '        case "interleaved-1f1b":\n'
+        "            runner = ScheduleInterleaved1F1B(stages=stages, n_microbatches=microbatches, loss_fn=loss_fn)\n"
+        '        case "gpipe":\n'
+        "            (stage,) = stages\n"
+        "            runner = ScheduleGPipe(stage=stage, n_microbatches=microbatches, loss_fn=loss_fn)\n"
+        "        case _:\n"
+        "            (stage,) = stages\n"
+        "            runner = Schedule1F1B(stage=stage, n_microbatches=microbatches, loss_fn=loss_fn)\n",
+    ),
+)
+v(
+    "13_c_right_3",
+    "right",
+    "inside",
+    "the loss as a lambda over F.mse_loss; the schedule class and its first argument chosen by conditional expressions",
+    (
+        C13,
+        "    def mse(output, target):\n"
+        "        return nn.functional.mse_loss(output, target)\n"
+        "\n"
+        '    interleaved = schedule == "interleaved-1f1b"\n'
+        '    cls = ScheduleInterleaved1F1B if interleaved else ScheduleGPipe if schedule == "gpipe" else Schedule1F1B\n'
+        "    runner = cls(stages if interleaved else stages[0], n_microbatches=microbatches, loss_fn=mse)\n",
+    ),
+)
+
+# ---------------------------------------------------------------- 13.d
+D13 = (
+    "            losses = []\n"
+    '            with marked("pipeline step"):\n'
+    "                runner.step(*([x] if ends[0] else []), target=y if ends[1] else None, losses=losses)\n"
+    "            loss = torch.stack(losses).mean().detach() if losses else torch.zeros((), device=device)\n"
+    "            dist.broadcast(loss, src=last_rank, group=group)  # every rank logs the last stage's loss\n"
+)
+D13_STEP = "                runner.step(*([x] if ends[0] else []), target=y if ends[1] else None, losses=losses)\n"
+D13_LOSS = "            loss = torch.stack(losses).mean().detach() if losses else torch.zeros((), device=device)\n"
+D13_BCAST = "            dist.broadcast(loss, src=last_rank, group=group)  # every rank logs the last stage's loss\n"
+v(
+    "13_d_wrong_1",
+    "wrong",
+    "inside",
+    "no broadcast: the stages without the loss log 0",
+    (D13_BCAST, ""),
+)
+v(
+    "13_d_wrong_2",
+    "wrong",
+    "inside",
+    "the micro-batches' losses summed, not averaged",
+    (D13_LOSS, "            loss = torch.stack(losses).sum().detach() if losses else torch.zeros((), device=device)\n"),
+)
+v(
+    "13_d_wrong_3",
+    "wrong",
+    "inside",
+    "the last micro-batch's loss logged as the batch's (losses[-1])",
+    (D13_LOSS, "            loss = losses[-1].detach() if losses else torch.zeros((), device=device)\n"),
+)
+v(
+    "13_d_wrong_4",
+    "wrong",
+    "inside",
+    "the loss broadcast from rank 0 (the first stage, which holds no loss)",
+    (D13_BCAST, "            dist.broadcast(loss, src=0, group=group)\n"),
+)
+v(
+    "13_d_wrong_5",
+    "wrong",
+    "inside",
+    "the loss broadcast over the whole world, without group= (with --tp 2 each pipeline's last rank is a different source)",
+    (D13_BCAST, "            dist.broadcast(loss, src=last_rank)\n"),
+)
+v(
+    "13_d_wrong_6",
+    "wrong",
+    "inside",
+    "the maps fed on rank 0 and the targets on the last global rank, not by the stages' ends (with --tp 2 rank 1 holds the first stage too)",
+    (
+        D13_STEP,
+        "                runner.step(*([x] if rank == 0 else []), target=y if rank == world_size - 1 else None,\n"
+        "                            losses=losses)\n",
+    ),
+)
+v(
+    "13_d_wrong_7",
+    "wrong",
+    "inside",
+    "the loss all-reduced over the pipeline and divided by pp, as if every stage held one (it halves it on 2 stages)",
+    (D13_BCAST, "            dist.all_reduce(loss, group=group)\n            loss = loss / pp\n"),
+)
+v(
+    "13_d_right_1",
+    "right",
+    "inside",
+    "x and y passed to every stage (only the first uses the maps, only the last the targets)",
+    (D13_STEP, "                runner.step(x, target=y, losses=losses)\n"),
+)
+v(
+    "13_d_right_2",
+    "right",
+    "inside",
+    "all_reduce (sum) over the pipeline instead of broadcast: the other stages add a zero",
+    (D13_BCAST, "            dist.all_reduce(loss, group=group)  # only the last stage's is not zero\n"),
+)
+v(
+    "13_d_right_3",
+    "right",
+    "inside",
+    "python sum(losses) / len(losses), torch.tensor(0.0) elsewhere, broadcast with positional src and group",
+    (
+        D13_LOSS + D13_BCAST,
+        "            if losses:\n"
+        "                loss = (sum(losses) / len(losses)).detach()\n"
+        "            else:\n"
+        "                loss = torch.tensor(0.0, device=device)\n"
+        "            dist.broadcast(loss, last_rank, group)\n",
+    ),
+)
+v(
+    "13_d_right_4",
+    "right",
+    "inside",
+    "the loss recomputed on the last stage from the step's returned predictions (the mean over the whole batch)",
+    (
+        D13,
+        '            with marked("pipeline step"):\n'
+        "                out = runner.step(*([x] if ends[0] else []), target=y if ends[1] else None)\n"
+        "            if ends[1]:\n"
+        "                with torch.no_grad():\n"
+        "                    loss = loss_fn(out, y)\n"
+        "            else:\n"
+        "                loss = torch.zeros((), device=device)\n"
+        "            dist.broadcast(loss, src=last_rank, group=group)\n",
+    ),
+)
+v(
+    "13_d_right_5",
+    "right",
+    "inside",
+    "an if/elif chain on the stages' ends for the step's arguments",
+    (
+        D13_STEP,
+        "                if ends[0] and ends[1]:\n"
+        "                    runner.step(x, target=y, losses=losses)\n"
+        "                elif ends[0]:\n"
+        "                    runner.step(x)\n"
+        "                elif ends[1]:\n"
+        "                    runner.step(target=y, losses=losses)\n"
+        "                else:\n"
+        "                    runner.step()\n",
+    ),
+)
+
+# ---------------------------------------------------------------- 13, outside the gaps
+LAST13 = (
+    "    last_rank = dist.get_global_rank(group, pp - 1)  # this rank's pipeline's last stage: it computes the loss\n"
+)
+v(
+    "13_out_wrong_1",
+    "wrong",
+    "outside",
+    "last_rank = pp - 1: the last stage's place taken for its global rank (with --tp 2 rank 1's pipeline is rank 1 alone)",
+    (LAST13, "    last_rank = pp - 1  # the last stage\n"),
+)
+v(
+    "13_out_wrong_2",
+    "wrong",
+    "outside",
+    "last_rank = world_size - 1: the last rank of the world, not of this rank's pipeline",
+    (LAST13, "    last_rank = world_size - 1\n"),
+)
+v(
+    "13_out_wrong_3",
+    "wrong",
+    "outside",
+    "total = pp: the virtual stages left out of the stage count",
+    ("    total = pp * per_rank\n", "    total = pp\n"),
+)
+v(
+    "13_out_wrong_4",
+    "wrong",
+    "outside",
+    "the sampler split over the pipeline's ranks as in DDP: the first stage feeds other maps than the last stage's targets",
+    (
+        "    sampler = DistributedSampler(train_set, num_replicas=1, rank=0, seed=seed, drop_last=True)\n",
+        "    sampler = DistributedSampler(train_set, num_replicas=pp, rank=place, seed=seed, drop_last=True)\n",
+    ),
+)
+v(
+    "13_out_wrong_5",
+    "wrong",
+    "outside",
+    "place = the global rank, not the rank's place in the pipeline mesh",
+    (
+        '    place, group = mesh["pp"].get_local_rank(), mesh["pp"].get_group()\n',
+        '    place, group = rank, mesh["pp"].get_group()\n',
+    ),
+)
+v(
+    "13_out_right_1",
+    "right",
+    "outside",
+    "ends from the first stage's is_first and the last stage's is_last (a rank's stages are in order)",
+    (
+        "    ends = (any(stage.is_first for stage in stages), any(stage.is_last for stage in stages))\n",
+        "    ends = (stages[0].is_first, stages[-1].is_last)\n",
+    ),
+)
+v(
+    "13_out_right_2",
+    "right",
+    "outside",
+    "last_rank read off the pipeline mesh's global ranks (mesh['pp'].mesh[-1])",
+    (LAST13, '    last_rank = int(mesh["pp"].mesh[-1])  # the global rank of this pipeline\'s last stage\n'),
 )

@@ -351,4 +351,8 @@ def test_what_attendees_write_in_the_pipeline_stage_is_judged_on_two_ranks(gap_i
     with pytest.raises(AssertionError) as caught:
         check_stage(_PIPELINE.file, ranks, _PIPELINE_TWINS[key])
     message = str(caught.value)
-    assert "\n" not in message and re.findall(r"TODO (\d\d\.[a-z])", message) == [gap_id], message
+    assert "\n" not in message, message
+    if variant.names == "outside":  # (a line of ours failed on it: the verdict names the changed line)
+        assert "outside the gaps" in message and "TODO " not in message, message
+    else:
+        assert re.findall(r"TODO (\d\d\.[a-z])", message) == [gap_id], message
