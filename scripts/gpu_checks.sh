@@ -21,6 +21,7 @@
 #                    compiled and not, with --accumulate 2: the two runs' losses side by side
 #   parity.txt       recipe stages 03 and 04 against the engine on CUDA (dlscale bench parity)
 #   fsdp.txt         recipe 10 (FSDP2 and DCP) on one GPU for an epoch, then resumed from its DCP folder
+#   pipeline.txt     recipe 13 (the pipeline) the same way: one rank, or PIPELINE_RANKS on a node of several GPUs
 #   compile.txt      dlscale train on the GPU with compile=true cuda_graphs=true, group and batch norm, MFU
 #                    (240 s: each compile took over a minute on an H200 with 16 host cores)
 #   nsys.txt         nsys on the engine and on recipe 04 (torch.profiler beside nsys: CPU tracing only)
@@ -42,7 +43,7 @@ PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 echo "gpu_checks: writing to $OUT (within $BUDGET s)"
 log() { echo "[$((SECONDS - START)) s] $*" | tee -a "$OUT/log.txt"; }
-ALL="horovod stop nccl_net probe ddp parity heldout fsdp compile nsys gpu_tests kmeans_gpu profile kmeans2 kmeans_all"
+ALL="horovod stop nccl_net probe ddp parity heldout fsdp pipeline compile nsys gpu_tests kmeans_gpu profile kmeans2 kmeans_all"
 STEPS=${STEPS:-$ALL}
 # Without a CUDA GPU nothing here can show what it is for: every step says so and is skipped.
 no_gpu=$("$PY" -c 'import torch; print("" if torch.cuda.is_available() else f"no CUDA GPU: torch {torch.__version__} sees none")' \

@@ -320,6 +320,8 @@ def _left(deadline: float | None) -> float | None:
 #: Seconds before a call's time is up at which its engines write their stacks (one dump is quick; a busy engine
 #: takes a moment to be scheduled)
 STACKS_BEFORE_S = 5.0
+#: How long fresh engines may take to answer their first call (its imports), apart from the job's own timeout.
+ANSWER_TIMEOUT_S = 300
 
 
 def _run_job(
@@ -334,10 +336,17 @@ def _run_job(
     show: bool = False,
 ) -> list[Any]:
     """The job on the first ``n`` engines of ``client``: the rank variables, the call, the results or one error.
-    ``timeout`` bounds the whole call; a rank still running then is named with the line it waits in."""
-    deadline = None if timeout is None else time.monotonic() + timeout
+    ``timeout`` bounds the call from when the engines have answered (:data:`ANSWER_TIMEOUT_S`: a fresh engine's first
+    answer imports the kit, slow on a busy machine); a rank still running then is named with the line it waits in."""
     ids = sorted(client.ids)[:n]
-    facts = client[ids].apply_async(_engine_facts).get(timeout=_left(deadline))
+    try:
+        facts = client[ids].apply_async(_engine_facts).get(timeout=ANSWER_TIMEOUT_S)
+    except ipp.error.TimeoutError:
+        stop_engines()
+        raise EngineError(
+            f"the engines did not answer within {ANSWER_TIMEOUT_S} s (stopped: the next call starts new ones)"
+        ) from None
+    deadline = None if timeout is None else time.monotonic() + timeout
     if as_ranks:
         ports = facts[0][1]
         environments = rank_environments([host for host, _, _ in facts], ports[0], ports[1:])
