@@ -49,7 +49,7 @@ COLUMNS = (
 )
 
 
-def _combinations(schedules: Iterable[str], microbatches: Iterable[int], stages: int, virtual: int) -> Iterator:
+def runnable(schedules: Iterable[str], microbatches: Iterable[int], stages: int, virtual: int) -> Iterator:
     """(schedule, micro-batches, stages per rank) for each run, leaving out what the schedule cannot run: 1F1B
     below ``stages`` micro-batches (its warm-up puts one in every stage), interleaved-1f1b above ``stages`` unless a
     multiple (it runs them in rounds of ``stages``), as the config refuses them."""
@@ -63,7 +63,7 @@ def _combinations(schedules: Iterable[str], microbatches: Iterable[int], stages:
 
 
 @contextmanager
-def _timed(stages: list[Any], busy: list[float]) -> Iterator[None]:
+def time_stages(stages: list[Any], busy: list[float]) -> Iterator[None]:
     """Add the time each of ``stages`` spends in its own forwards and backwards to ``busy[0]``."""
     methods = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
 
@@ -118,7 +118,7 @@ def measure_pipeline(
     x = torch.randn(cfg.global_batch_size, 1, cfg.image_size, cfg.image_size, generator=generator)
     y = torch.randn(cfg.global_batch_size, len(TARGET_NAMES), generator=generator)
     rows = []
-    for schedule, count, per_rank in _combinations(schedules, microbatches, stages, virtual):
+    for schedule, count, per_rank in runnable(schedules, microbatches, stages, virtual):
         with torch.device("meta"):
             whole = build_model(cfg)
         modules = pipeline_stages(whole, stages, env.rank, per_rank)
@@ -135,7 +135,7 @@ def measure_pipeline(
             for module in modules:
                 module.zero_grad(set_to_none=True)
             dist.barrier()  # (every stage starts the step together)
-            with _timed(pipeline.stages, busy), HeldActivations(nn.ModuleList(modules)) as held:
+            with time_stages(pipeline.stages, busy), HeldActivations(nn.ModuleList(modules)) as held:
                 start = time.perf_counter()
                 pipeline.forward_backward(x, y)
                 times.append(time.perf_counter() - start)

@@ -10,7 +10,7 @@ spent in its own stages' forwards and backwards, and counts the activations it h
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -101,19 +101,6 @@ HELD_ACTIVATIONS = Reading(
 # -- the bubble, measured on the attendee's stage ------------------------------------------------------------
 
 
-def _runs(schedules: Iterable[str], microbatches: Iterable[int], ranks: int, batch: int) -> Iterator[tuple[str, int]]:
-    """(schedule, micro-batches) for each run, leaving out what the stage refuses (1f1b below ``ranks``
-    micro-batches, a count that does not divide the batch) and what interleaved-1f1b cannot order (above
-    ``ranks``, only multiples of it)."""
-    for schedule in schedules:
-        for count in microbatches:
-            if batch % count or (schedule == "1f1b" and count < ranks):
-                continue
-            if schedule == "interleaved-1f1b" and count > ranks and count % ranks:
-                continue
-            yield schedule, count
-
-
 def _steady(steps: list[dict[str, float]]) -> tuple[float, float]:
     """(step seconds, idle share): the medians over the steps after :data:`WARM_STEPS`."""
     timed = steps[WARM_STEPS:] or steps
@@ -159,6 +146,7 @@ def measure_bubble(
     ``settings`` go to the stage's ``main`` (``workers``, ``batch_size``, ``config``: its maps are cut to the
     steps' worth). The depth is raised to ``engines × virtual`` for every run when interleaved-1f1b is measured,
     so that every schedule trains the same model."""
+    from dlscale.bench.pipeline import runnable
     from dlscale.jobs.notebook_engines import run_on_engines
     from dlscale.lessons.stage_measure import MEASURED, StageFailed, whose
     from dlscale.lessons.stage_probes import small_config, watched_rank
@@ -168,8 +156,8 @@ def measure_bubble(
     depth = max(settings.get("depth", 4), engines * (virtual if "interleaved-1f1b" in schedules else 1))
     config = small_config(str(settings.pop("config", "tiny")), batch * (WARM_STEPS + steps))
     rows = []
-    for schedule, count in _runs(schedules, microbatches, engines, batch):
-        per_rank = virtual if schedule == "interleaved-1f1b" else 1
+    # (what the schedules can run, as dlscale.bench.pipeline measures them, and a count that divides the batch)
+    for schedule, count, per_rank in runnable(schedules, [m for m in microbatches if batch % m == 0], engines, virtual):
         arguments = {
             **settings,
             "config": config,

@@ -720,7 +720,7 @@ def _mean_loss(losses: Any) -> float | None:
 def _pipeline_step(seen: dict[str, Any]) -> Callable[[Callable], Callable]:
     """A schedule's ``step``, timed: the step, the time in this rank's own stages' forwards and backwards (the rest it
     waited for a neighbour), the activations held for backward passes, and what the call handed the schedule."""
-    from dlscale.bench.pipeline import _timed
+    from dlscale.bench.pipeline import time_stages
     from dlscale.metrics.memory import HeldActivations
 
     def make(original: Callable) -> Callable:
@@ -733,7 +733,7 @@ def _pipeline_step(seen: dict[str, Any]) -> Callable[[Callable], Callable]:
             if given is None:  # (a list of the watch's own: the schedule only adds the micro-batches' losses to it)
                 kwargs = {**kwargs, "losses": kept}
             busy = [0.0]
-            with _timed(stages, busy), HeldActivations(torch.nn.ModuleList(s.submod for s in stages)) as held:
+            with time_stages(stages, busy), HeldActivations(torch.nn.ModuleList(s.submod for s in stages)) as held:
                 start = time.perf_counter()
                 out = original(self, *args, **kwargs)
                 took = time.perf_counter() - start
