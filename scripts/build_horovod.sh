@@ -99,6 +99,15 @@ if ! ls "$wheels"/horovod-$VERSION-*.whl >/dev/null 2>&1; then
         export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME=$work/nccl HOROVOD_NCCL_LINK=SHARED
         export HOROVOD_BUILD_CUDA_CC_LIST=$cuda_archs
     fi
+    # CMake 4 refuses projects that ask for CMake < 3.5, as Horovod's gloo does; this tells it to carry on (CMake 3
+    # ignores the variable).
+    export CMAKE_POLICY_VERSION_MINIMUM=${CMAKE_POLICY_VERSION_MINIMUM:-3.5}
+    # GCC 13 and later no longer include <string>, <stdexcept> and <cstdint> through other headers, and Horovod
+    # 0.28.1's common.h and group_table.h rely on that (seen with GCC 13.3 beside CUDA 13, in g++ and nvcc units
+    # alike): include them at the top of both.
+    for f in horovod/common/common.h horovod/common/group_table.h; do
+        sed -i '0,/^#include/s//#include <cstdint>\n#include <stdexcept>\n#include <string>\n#include/' "$src/$f"
+    done
     echo "build_horovod: compiling (several minutes)"
     HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
     HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \

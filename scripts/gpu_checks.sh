@@ -9,12 +9,12 @@
 # limit; a step that would not finish inside SECONDS (default 600: a 10-minute lease) is left out, and without a CUDA
 # GPU every step is skipped: either way $OUT/log.txt says so in one line per step. In this order:
 #   env.txt          the CPU (lscpu), the GPU (nvidia-smi), the versions
-#   horovod.txt      never run on a GPU: the Horovod build with NCCL (scripts/build_horovod.sh; HOROVOD_SDIST without
+#   horovod.txt      ran once on a GPU (three fixes): the Horovod build with NCCL (scripts/build_horovod.sh; HOROVOD_SDIST without
 #                    an index; cmake's and nvcc's versions first), its own limit (HOROVOD_LIMIT, 300 s), then an
 #                    all-reduce of a GPU tensor
-#   stop.txt         never run on a GPU: dlscale train on CUDA stopped by the file slurm/launch.sh writes
+#   stop.txt         its resumed half unfinished on a GPU: dlscale train on CUDA stopped by the file slurm/launch.sh writes
 #                    (RUN_DIR/stop-requested): exit 75 at a checkpoint, then resumed from it to its end
-#   nccl_net.txt     never run on a GPU: NCCL with NCCL_NET naming a network plugin this machine lacks ("AWS
+#   nccl_net.txt     ran once on a GPU: NCCL with NCCL_NET naming a network plugin this machine lacks ("AWS
 #                    Libfabric", "OFI": the job scripts' names) must fail, not fall back to sockets; unset, it runs
 #   probe.txt        NCCL's version as torch sees it, cmake and nvcc, nsys and nvtx, where nccl.h and libnccl* are
 #   ddp.txt          recipe 05 under torchrun at world size 1 over NCCL (NCCL_DEBUG=INFO: "Init COMPLETE"),
@@ -22,6 +22,8 @@
 #   parity.txt       recipe stages 03 and 04 against the engine on CUDA (dlscale bench parity)
 #   fsdp.txt         recipe 10 (FSDP2 and DCP) on one GPU for an epoch, then resumed from its DCP folder
 #   pipeline.txt     recipe 13 (the pipeline) the same way: one rank, or PIPELINE_RANKS on a node of several GPUs
+#   ddp_cost.txt     DDP's own cost on one GPU (NCCL, world size 1), torch's default copies into the buckets, two
+#                    widths: its prices per bucket and per byte against the V100's published ones
 #   compile.txt      dlscale train on the GPU with compile=true cuda_graphs=true, group and batch norm, MFU
 #                    (240 s: each compile took over a minute on an H200 with 16 host cores)
 #   nsys.txt         nsys on the engine and on recipe 04 (torch.profiler beside nsys: CPU tracing only)
@@ -43,7 +45,7 @@ PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 echo "gpu_checks: writing to $OUT (within $BUDGET s)"
 log() { echo "[$((SECONDS - START)) s] $*" | tee -a "$OUT/log.txt"; }
-ALL="horovod stop nccl_net probe ddp parity heldout fsdp pipeline compile nsys gpu_tests kmeans_gpu profile kmeans2 kmeans_all"
+ALL="horovod stop nccl_net probe ddp parity heldout fsdp pipeline ddp_cost compile nsys gpu_tests kmeans_gpu profile kmeans2 kmeans_all"
 STEPS=${STEPS:-$ALL}
 # Without a CUDA GPU nothing here can show what it is for: every step says so and is skipped.
 no_gpu=$("$PY" -c 'import torch; print("" if torch.cuda.is_available() else f"no CUDA GPU: torch {torch.__version__} sees none")' \
@@ -87,9 +89,10 @@ step horovod.txt "${HOROVOD_LIMIT:-300}" bash -o pipefail -c 'echo "cmake: $(cma
 print(\"horovod all-reduce on cuda:\", hvd.allreduce(torch.arange(4.0, device=\"cuda\"), op=hvd.Sum).tolist())"' "$PY" "$work"
 
 # The stop file (slurm/launch.sh writes it when only the batch shell gets the signal) on CUDA: rank 0 reads it within
-# 5 s, the run checkpoints and exits 75, and the same command with resume=true continues from that step to its end.
+# 5 s, the run checkpoints and exits 75, and the same command with resume=true continues from that step to its end
+# (bounded on its own, so that its log's tail prints if it does not end: on the H200 the step ran out of its 90 s).
 # shellcheck disable=SC2016
-step stop.txt 90 bash -o pipefail -c 'run=$1/stop status=0
+step stop.txt 150 bash -o pipefail -c 'run=$1/stop status=0
     "$0" -m dlscale train tiny device=cuda epochs=1000 progress=false plot=false run_dir="$run" > "$1/stop-1.log" 2>&1 &
     pid=$!
     for _ in $(seq 90); do [[ -e $run/metrics.csv ]] && break; kill -0 "$pid" 2> /dev/null || break; sleep 1; done
@@ -99,7 +102,7 @@ step stop.txt 90 bash -o pipefail -c 'run=$1/stop status=0
     echo "== stopped: rc $status (75: checkpointed and stopped); $(cat "$run/stopped-on-signal" 2>&1)"
     at=$(sed -n "s/.*checkpointed at step \([0-9]*\).*/\1/p" "$run/stopped-on-signal" 2> /dev/null)
     [[ $status == 75 && -n $at ]] || exit 1
-    "$0" -m dlscale train tiny device=cuda epochs=1000 max_steps=$((at + 20)) progress=false plot=false \
+    timeout 90 "$0" -m dlscale train tiny device=cuda epochs=1000 max_steps=$((at + 20)) progress=false plot=false \
         run_dir="$run" resume=true > "$1/stop-2.log" 2>&1 || status=$?
     tail -n 4 "$1/stop-2.log"
     echo "== resumed from step $at to step $((at + 20)): rc $status"' "$PY" "$work"
@@ -165,6 +168,11 @@ step pipeline.txt 120 bash -o pipefail -c '"$0" -m torch.distributed.run --stand
     "$0" -m torch.distributed.run --standalone --nproc-per-node "$2" recipes/13_pipeline.py \
         --device cuda --epochs 2 --workers 2 --checkpoint "$1/pp" --resume && ls -R "$1/pp"' \
     "$PY" "$work" "${PIPELINE_RANKS:-1}"
+
+# DDP's own cost over NCCL at world size 1 (docs/benchmarks.md, "Where the efficiency goes"): the engine's step as it
+# is and wrapped at three bucket caps, two widths, torch's default gradient_as_bucket_view=false
+step ddp_cost.txt 120 "$PY" -m dlscale bench ddp-cost gpu device=cuda gradient_as_bucket_view=false --widths 64,128 \
+    --out "$work/ddp_cost"
 
 # shellcheck disable=SC2016
 step compile.txt 240 bash -o pipefail -c 'status=0

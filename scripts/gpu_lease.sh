@@ -18,8 +18,9 @@ wcwidth==0.9.4 jedi==0.20.1 parso==0.8.7 pexpect==4.9.0 ptyprocess==0.7.0 decora
 executing==2.3.0 asttokens==3.0.2 pure_eval==0.2.4 platformdirs==4.14.8 fastjsonschema==2.22.3 jsonschema==4.26.0
 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 tenacity==9.2.1 entrypoints==0.4.2
 ipywidgets==8.1.9 widgetsnbextension==4.0.16 jupyterlab_widgets==3.0.17 nvtx==0.2.17 ipyparallel==9.2.0
-setuptools==84.2.1 wheel==0.46.3 cloudpickle==3.1.3 psutil==7.2.2"
-# (the last four: what scripts/build_horovod.sh fetches when it can; the versions this machine builds Horovod with)
+setuptools==84.2.1 wheel==0.46.3 cloudpickle==3.1.3 psutil==7.2.2 cffi==2.0.0 pycparser==2.23"
+# (the last six: what scripts/build_horovod.sh fetches when it can, and what Horovod's setup asks for (cffi); the
+# versions this machine builds Horovod with)
 
 fetch() {
     mkdir -p .whl
