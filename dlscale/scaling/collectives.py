@@ -26,9 +26,9 @@ and the textbook double tree here does the same (:func:`double_tree_allreduce`).
 ``algorithm="auto"`` on two levels (:func:`hierarchical_allreduce`) is NCCL's own choice where the
 site runs NCCL (a :class:`~dlscale.scaling.nccl.NcclNode`): every (algorithm, protocol) priced by
 NCCL's tuning model with its constants (:mod:`dlscale.scaling.nccl`, NCCL 2.30.7), the fastest
-taken, and the call priced at that; elsewhere (RCCL, gloo, a link fitted on this machine) it is the
-cheapest of the textbook algorithms above, on the site's α and β. :func:`allreduce_choice` says
-which.
+of those the site's NCCL release had taken, and the call priced at that; elsewhere (RCCL, gloo, a
+link fitted on this machine) it is the cheapest of the textbook algorithms above, on the site's α
+and β. :func:`allreduce_choice` says which.
 
 **Buckets.** DDP does not send the gradient as one message: it all-reduces buckets of
 ``bucket_cap_mb`` (25 MiB by default) as the backward pass fills them, so a step pays the latency

@@ -28,6 +28,13 @@ NVIDIA/nccl at tag ``v2.30.7-1`` (``src/graph/tuning.cc``: ``ncclTunerConstantsD
 
 The choice is the fastest (ties to the tree, then to LL before LL128 before Simple: NCCL's loop order).
 
+**Which release** (:attr:`NcclNode.version`): a run of an older NCCL could not choose what its release did not have,
+so the choice is made among what that release had (:data:`INTRODUCED`), each priced by the constants above. NCCL 2.0
+had the ring and Simple only; LL came in 2.1 (the user guide's ``NCCL_LL_THRESHOLD``, "since 2.1"), the tree in 2.4
+(tag ``v2.4.2-1``: "Add tree algorithms for allreduce"), LL128 in 2.5 (tag ``v2.5.6-1``: "Add LL128 Protocol", with
+the model-based tuning this module reads). Before 2.5 NCCL chose by size thresholds, not by this model
+(``NCCL_LL_THRESHOLD``, ``NCCL_TREE_THRESHOLD``); the model's choice among the same algorithms stands in for them.
+
 What NCCL reads that the model takes as given (:class:`NcclNode`): the GPUs' generation, the CPU's vendor, NVLink
 or PCIe inside the node, the channels its topology search found, and whether LL128 may cross the network. The bus
 bandwidth is the site's: on one node the link between its GPUs, across nodes the node's network (every GPU's share
@@ -46,6 +53,10 @@ NCCL_VERSION = "2.30.7"
 PROTOCOLS = ("LL", "LL128", "Simple")
 #: NCCL's two all-reduce algorithms the model prices, in its order (the tree first: it wins ties).
 NCCL_ALGORITHMS = ("tree", "ring")
+#: The first NCCL release (major, minor) of each algorithm and protocol that NCCL 2.0 did not have (the ring and
+#: Simple it did): LL from 2.1 (``NCCL_LL_THRESHOLD``, "since 2.1", NCCL's user guide), the tree from 2.4 (tag
+#: v2.4.2-1), LL128 from 2.5 (tag v2.5.6-1).
+INTRODUCED = {"LL": (2, 1), "tree": (2, 4), "LL128": (2, 5)}
 #: GPU generations as NCCL indexes its tables (compute capability below 8, 8, 9, 10 and above).
 GENERATIONS = ("volta", "ampere", "hopper", "blackwell")
 
@@ -98,7 +109,8 @@ class NcclNode:
     ``amd`` or ``other``; ``nvlink``: the node's GPUs joined by NVLink (else PCIe); ``channels``: the rings (and
     trees) NCCL's topology search finds, before it doubles them (None: one per GPU, one per NIC on a node with a
     NIC per GPU); ``nic_near_gpu``: each GPU reaches its NIC through a PCIe switch (before Hopper) or a peer GPU
-    (Hopper on), which LL128 needs between nodes.
+    (Hopper on), which LL128 needs between nodes; ``version``: the NCCL release the node runs, which limits the choice
+    to the algorithms and protocols it had (:data:`INTRODUCED`; by default today's, every one).
     """
 
     compute_capability: float = 8.0
@@ -106,12 +118,19 @@ class NcclNode:
     nvlink: bool = True
     channels: int | None = None
     nic_near_gpu: bool = True
+    version: str = NCCL_VERSION
 
     def __post_init__(self) -> None:
         if self.cpu not in NET_OVERHEAD_US:
             raise ValueError(f"cpu must be one of {', '.join(NET_OVERHEAD_US)}, not {self.cpu!r}")
         if self.channels is not None and not 1 <= self.channels <= MAX_CHANNELS:
             raise ValueError(f"channels must be 1 to {MAX_CHANNELS}, not {self.channels}")
+        if release(self.version) < (2, 0):
+            raise ValueError(f"version must be an NCCL 2 release (2.0 or later), not {self.version!r}")
+
+    def has(self, name: str) -> bool:
+        """Whether this node's NCCL release had the algorithm or protocol ``name`` (the ring and Simple: always)."""
+        return release(self.version) >= INTRODUCED.get(name, (2, 0))
 
     @property
     def generation(self) -> int:
@@ -127,7 +146,17 @@ class NcclNode:
             f"{self.cpu} CPU, {'NVLink' if self.nvlink else 'PCIe'} inside the node, "
             f"{self.channels or 'one per GPU'} channels, LL128 between nodes "
             f"{'allowed' if self.nic_near_gpu or self.compute_capability < 7 else 'off (NICs far from the GPUs)'}"
+            + ("" if all(map(self.has, INTRODUCED)) else f", only what NCCL {self.version} had")
         )
+
+
+def release(version: str) -> tuple[int, int]:
+    """An NCCL version's (major, minor): ``"2.0.5"`` -> (2, 0)."""
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        raise ValueError(f"version must be like 2.4 or 2.30.7, not {version!r}") from None
+    return major, minor
 
 
 def _log2i(n: int) -> int:
@@ -138,7 +167,8 @@ def _log2i(n: int) -> int:
 def nccl_tables(nodes: int, gpus_per_node: int, bus_gbs: float, node: NcclNode) -> dict[tuple[str, str], tuple]:
     """NCCL's latency (µs) and bandwidth (GB/s, of the whole buffer) of each enabled (algorithm, protocol) for an
     all-reduce over ``nodes`` × ``gpus_per_node`` ranks whose channels give ``bus_gbs`` of bus bandwidth: what
-    ``ncclTopoTuneModel`` sets for the communicator (``comm->latencies``, ``comm->bandwidths``)."""
+    ``ncclTopoTuneModel`` sets for the communicator (``comm->latencies``, ``comm->bandwidths``), for those the node's
+    NCCL release had."""
     ranks = nodes * gpus_per_node
     gen = node.generation
     column = min(nodes, 3) - 1
@@ -155,7 +185,7 @@ def nccl_tables(nodes: int, gpus_per_node: int, bus_gbs: float, node: NcclNode) 
     tables = {}
     for algorithm in NCCL_ALGORITHMS:
         for p, protocol in enumerate(PROTOCOLS):
-            if protocol == "LL128" and not ll128:
+            if (protocol == "LL128" and not ll128) or not (node.has(algorithm) and node.has(protocol)):
                 continue
             bus = bus_gbs
             if algorithm == "ring" and protocol == "LL":

@@ -6,7 +6,8 @@ links — and the efficiency it reported. :func:`validate` runs :func:`~dlscale.
 on those inputs with the same rules for every case (the overlap the model estimates from the bucket schedule of
 the case's own model — none of the papers reports a measured one; each bucket priced as NCCL's tuning model prices
 its own choice of algorithm and protocol (:mod:`~dlscale.scaling.nccl`), read with the case's GPU and its links
-inside the node; buckets as DDP makes them, unless the case's framework documents its own; DDP's own cost per bucket
+inside the node, chosen among those the run's NCCL release had (``nccl_version``: a run of NCCL 2.0 had rings and
+Simple only); buckets as DDP makes them, unless the case's framework documents its own; DDP's own cost per bucket
 and per byte at the prices PyTorch's DDP benchmark gives a V100 (:mod:`~dlscale.scaling.ddp_cost`), also for the
 frameworks that copy their gradients into buffers of their own; the overlapped compute slowed by the published
 18.9% (:mod:`~dlscale.scaling.slowdown`)) and sets the prediction beside the report, between its two bounds: no
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 
 from dlscale.reporting.tables import markdown_table
 from dlscale.scaling.ddp_cost import DDP_BENCHMARK_ONE_GPU
-from dlscale.scaling.nccl import NcclNode
+from dlscale.scaling.nccl import NCCL_VERSION, NcclNode
 from dlscale.scaling.overlap import published_layers
 from dlscale.scaling.projection import AUTO, Workload, project_efficiency
 from dlscale.scaling.sites import machine
@@ -65,6 +66,10 @@ class PublishedCase:
     nvlink: bool = False  # the node's GPUs joined by NVLink (else PCIe)
     cpu: str = "intel"  # the nodes' CPUs (NCCL's network overhead per step reads it)
     channels: int | None = None  # NCCL's channels (None: its default for the node)
+    # The NCCL release the run had: NCCL's choice is made among the algorithms and protocols it had. Today's where the
+    # case's all-reduce between nodes is its framework's own (Gloo, a 2-D torus, a hierarchical one): no NCCL release
+    # ran it, and today's choice stands in for it, as it does for every case's constants.
+    nccl_version: str = NCCL_VERSION
     fitted_here: bool = False  # its source also gave one of the model's own inputs (DDP's cost on a GPU)
 
     def predict(
@@ -75,7 +80,7 @@ class PublishedCase:
         overlap; ``slowdown`` the overlapped compute's, by default the published one)."""
         if overlap is None:
             overlap = AUTO if self.overlaps else 0.0
-        nccl = NcclNode(self.compute_capability, self.cpu, self.nvlink, self.channels)
+        nccl = NcclNode(self.compute_capability, self.cpu, self.nvlink, self.channels, version=self.nccl_version)
         site = machine(self.name, self.gpus_per_node, self.inside_gbs, self.between_gbs, source=self.source, nccl=nccl)
         layers = published_layers(self.model)
         workload = Workload(
@@ -120,12 +125,15 @@ _HOROVOD_INPUTS = (
     "(Horovod's docs, benchmarks: 'Horovod achieves 90% scaling efficiency for both Inception V3 and ResNet-101, "
     "and 68% scaling efficiency for VGG-16'; Sergeev and Del Balso 2018, arXiv:1802.05799); tf_cnn_benchmarks at "
     "batch 64 per GPU (the docs' command), fp32 gradients; Horovod's tensor fusion sends buckets of up to 64 MiB "
-    "(HOROVOD_FUSION_THRESHOLD's default); efficiency against one GPU's rate times the GPUs"
+    "(HOROVOD_FUSION_THRESHOLD's default), each sent as one NCCL all-reduce over all 512 GPUs (Horovod's only path "
+    "then: its hierarchical all-reduce came in July 2018); efficiency against one GPU's rate times the GPUs"
 )
 _HOROVOD_ASSUMED = (
     "the Pascal GPUs are P100s, and one computes as fast as in TensorFlow's DGX-1 benchmark",
     "PCIe 3 between the GPUs of a server, 12 GB/s",
     "the fusion buffer fills in the backward order as DDP's buckets do (its 5 ms cycle not modelled)",
+    "NCCL 2.1: the sources name NCCL 2, not its release; the 512-GPU chart came into Horovod's docs in May 2018, "
+    "before NCCL 2.4's tree (December 2018), so rings only; 2.0 (no LL) gives the same estimates",
 )
 
 
@@ -152,6 +160,7 @@ def _horovod_case(
         model=model,
         bucket_mb=64,  # (HOROVOD_FUSION_THRESHOLD)
         first_bucket_mb=None,
+        nccl_version="2.1",
     )
 
 
@@ -171,7 +180,11 @@ SLOW_NETWORK_CASES = (
         inputs="32 Big Basin servers of 8 P100 joined by NVLink, 50 Gbit/s Ethernet per server (6.25 GB/s, 0.78 per "
         "GPU), batch 8,192 = 32 per GPU, fp32 gradients; compute: 138 images/s per P100 (29 h for 90 epochs "
         "on 8 P100); efficiency from 8 to 256 GPUs (one node is the baseline)",
-        assumed=("NVLink 1 ring at one link's 20 GB/s per direction",),
+        assumed=(
+            "NVLink 1 ring at one link's 20 GB/s per direction",
+            "between servers the paper's own all-reduce with Gloo (recursive halving and doubling: a ring's bytes, a "
+            "latency that grows as log p), not NCCL's: NCCL's choice today stands in for it",
+        ),
         nvlink=True,
     ),
     PublishedCase(
@@ -189,8 +202,8 @@ SLOW_NETWORK_CASES = (
         inputs=(
             "128 MN-1 nodes of 8 P100, two InfiniBand FDR links per node (2 × 56 Gbit/s: 14 GB/s, 1.75 per GPU; "
             "PFN's blog on MN-1, tech.preferred.jp/en/blog/mn-1-a-gpu-cluster-behind-15-min-imagenet), batch 32,768 "
-            "= 32 per GPU, NCCL 2.0.5 and Open MPI 1.10.2, gradients sent in half precision (the paper); compute: "
-            "138 images/s per P100, the same GPU and batch as Goyal et al."
+            "= 32 per GPU, NCCL 2.0.5 and Open MPI 1.10.2, gradients sent in half precision (the paper): NCCL 2.0 "
+            "had rings and Simple only; compute: 138 images/s per P100, the same GPU and batch as Goyal et al."
         ),
         assumed=(
             "PCIe 3 between the GPUs of a node, 12 GB/s",
@@ -198,10 +211,14 @@ SLOW_NETWORK_CASES = (
             "ChainerMN's multi-node optimizer (the paper's framework) runs the backward pass, then all-reduces the "
             "whole gradient packed in one buffer: one message, nothing hidden (as every communicator of ChainerMN "
             "1.1.0 does)",
+            "that message sent as one NCCL all-reduce over all 1,024 GPUs, as ChainerMN's pure_nccl communicator "
+            "sends it (the one that all-reduces half-precision gradients in its later releases; the paper does not "
+            "name its communicator)",
         ),
         bucket_mb=None,
         first_bucket_mb=None,
         overlaps=False,
+        nccl_version="2.0.5",
     ),
     PublishedCase(
         "Mikami et al. 2018",
@@ -221,6 +238,8 @@ SLOW_NETWORK_CASES = (
             "fp16 gradients sent",
             "1,000 images/s per V100 with mixed precision at batch 32 (no source gives it: a round figure)",
             "NVLink 2 at 50 GB/s per pair",
+            "the paper's own 2-D torus all-reduce (inside the node, then between the nodes) priced as NCCL's choice "
+            "today (its tree): the NCCL of November 2018 had rings only",
         ),
         compute_capability=7.0,
         nvlink=True,
@@ -244,6 +263,8 @@ SLOW_NETWORK_CASES = (
             "this case is a consistency check, not a prediction)",
             "fp16 gradients sent",
             "PCIe 3 between the GPUs of a node, 12 GB/s",
+            "the paper's own hierarchical all-reduce (up to 11 times NCCL-based training's speed for ResNet-50 on "
+            "1,024 P40, its abstract) priced as NCCL's choice today (its tree): the NCCL of July 2018 had rings only",
         ),
         compute_capability=6.1,
     ),
@@ -299,11 +320,14 @@ def _ddp_benchmark_case(name: str, model: str) -> PublishedCase:
             "GPU is the slower link)",
             "its one-GPU runs with and without DDP are where DDP's own cost on a GPU is fitted: this case checks the "
             "rest of the model",
+            "NCCL 2.4.8, the one PyTorch bundled from July 2019 to June 2020 (the README's build, 1.4.0a0, names "
+            "none): ring and tree with LL and Simple, no LL128; a 2.5 gives today's choice, 0.1-0.2 points higher",
         ),
         model=model,
         compute_capability=7.0,
         nvlink=True,
         fitted_here=True,
+        nccl_version="2.4.8",
     )
 
 
@@ -329,11 +353,12 @@ FAST_NETWORK_CASES = (
         baseline="gpu",
         published_efficiency=0.866,
         inputs="32 Perlmutter nodes of 4 A100 (NVLink 3, 100 GB/s per pair; AMD EPYC), batch 64 per GPU, AMP (fp32 "
-        "gradients), PyTorch DDP at bucket_cap_mb=25 (NGC 22.10); compute: 820 samples/s on one A100 with synthetic "
-        "data, DALI and AMP (the README's benchy summary); efficiency: synthetic data with DDP against synthetic data "
-        "with DDP off (--noddp) at 32 nodes, about 90,500 against 104,500 samples/s (104,500 / 128 = 816 per GPU, "
-        "the compute above), read from the tutorial's plot tutorial_images/scale_perfComm.png; the 3-D U-Net's "
-        "layers (117 M parameters in 12 convolutions) from its networks/UNet.py",
+        "gradients), PyTorch DDP at bucket_cap_mb=25 (NGC 22.10, whose NCCL is later than 2.5: NGC 19.11 already had "
+        "2.5.6, so every algorithm and protocol NCCL prices for an A100); compute: 820 samples/s on one A100 with "
+        "synthetic data, DALI and AMP (the README's benchy summary); efficiency: synthetic data with DDP against "
+        "synthetic data with DDP off (--noddp) at 32 nodes, about 90,500 against 104,500 samples/s (104,500 / 128 = "
+        "816 per GPU, the compute above), read from the tutorial's plot tutorial_images/scale_perfComm.png; the 3-D "
+        "U-Net's layers (117 M parameters in 12 convolutions) from its networks/UNet.py",
         assumed=(
             "the published efficiency is read from a plot (about ±1 point); the README says the communication "
             "overhead at 32 nodes is 'around 12%'",
@@ -386,6 +411,7 @@ def validate(cases: tuple[PublishedCase, ...] = CASES) -> list[dict]:
                 "fitted_here": case.fitted_here,
                 "compute_range": (case.predict(0.75)["efficiency"], case.predict(1.25)["efficiency"]),
                 "algorithm": row["algorithm"],
+                "nccl_version": case.nccl_version,
                 "assumed": case.assumed,
                 "inputs": case.inputs,
             }
@@ -424,7 +450,7 @@ def format_validation(rows: list[dict]) -> str:
                 f"{r['slowdown_share']:.1%}",
                 f"{r['overlap']:.0%}",
                 f"{r['compute_range'][0]:.0%}-{r['compute_range'][1]:.0%}",
-                r["algorithm"],
+                r["algorithm"] + ("" if r["nccl_version"] == NCCL_VERSION else f" (NCCL {r['nccl_version']})"),
             )
             for r in rows
         ],

@@ -60,7 +60,7 @@ multi-node ring's Simple latency × 1.4 (Ampere) once bytes / (8 channels × p r
 import pytest
 
 from dlscale.scaling.collectives import allreduce_choice, hierarchical_allreduce, nccl_bus_gbs
-from dlscale.scaling.nccl import NcclNode, nccl_allreduce_times, nccl_choice, nccl_tables
+from dlscale.scaling.nccl import NCCL_VERSION, NcclNode, nccl_allreduce_times, nccl_choice, nccl_tables, release
 from dlscale.scaling.projection import Workload, project_efficiency
 from dlscale.scaling.sites import PERLMUTTER, machine
 
@@ -188,3 +188,57 @@ def test_a_machine_file_says_what_nccl_reads_of_its_node(tmp_path):
         path.write_text(links + text)
         with pytest.raises(MachineError, match=says):
             load_machine(path)
+
+
+#: What each NCCL release had of the model's algorithms and protocols (NCCL's user guide: NCCL_LL_THRESHOLD "since
+#: 2.1"; tags v2.4.2-1 "Add tree algorithms for allreduce" and v2.5.6-1 "Add LL128 Protocol").
+RELEASES = {
+    "2.0.5": {("ring", "Simple")},
+    "2.1": {("ring", "LL"), ("ring", "Simple")},
+    "2.3.7": {("ring", "LL"), ("ring", "Simple")},
+    "2.4.8": {(a, p) for a in ("tree", "ring") for p in ("LL", "Simple")},
+    "2.5.6": set(ORDER),
+}
+
+
+@pytest.mark.parametrize("version", list(RELEASES))
+def test_an_older_nccl_chooses_only_what_its_release_had(version):
+    node = NcclNode(compute_capability=8.0, cpu="amd", nvlink=True, channels=4, version=version)
+    for nodes in NODES:
+        tables = nccl_tables(nodes, 4, 100.0, node)
+        assert set(tables) == RELEASES[version], nodes
+        # what it had is priced as today's NCCL prices it
+        assert all(tables[key] == nccl_tables(nodes, 4, 100.0, PERLMUTTER.nccl)[key] for key in tables)
+        for size in EXPECTED:
+            algorithm, protocol, _ = nccl_choice(size, nodes, 4, 100.0, node)
+            assert (algorithm, protocol) in RELEASES[version]
+            assert algorithm != "tree" or release(version) >= (2, 4)
+            assert protocol != "LL128" or release(version) >= (2, 5)
+    assert (version == "2.5.6") == ("NCCL" not in node.describe())  # (the release is said where it limits)
+
+
+def test_by_default_the_choice_is_todays_and_a_release_that_had_everything_chooses_the_same():
+    assert NcclNode().version == NCCL_VERSION == "2.30.7" and PERLMUTTER.nccl.version == NCCL_VERSION
+    site = PERLMUTTER
+    since_ll128 = NcclNode(compute_capability=8.0, cpu="amd", nvlink=True, channels=4, version="2.5")
+    for size, expected in EXPECTED.items():
+        for nodes, chosen in zip(NODES, expected):
+            algorithm, protocol, seconds = nccl_choice(size, nodes, 4, 100.0, since_ll128)
+            assert (f"{algorithm}/{protocol}", seconds) == (chosen, nccl_choice(size, nodes, 4, 100.0, site.nccl)[2])
+    for version in ("1.3.4", "2", "two.four"):
+        with pytest.raises(ValueError, match="version must be"):
+            NcclNode(version=version)
+
+
+def test_a_cases_nccl_release_reaches_the_projection():
+    import dataclasses
+
+    from dlscale.scaling.published import CASES
+
+    akiba = next(case for case in CASES if case.name == "Akiba et al. 2017")
+    assert akiba.nccl_version == "2.0.5"  # (the paper's)
+    today = dataclasses.replace(akiba, nccl_version=NCCL_VERSION)
+    then, now = akiba.predict(), today.predict()
+    # one 51 MB message over 1,024 P100: NCCL 2.0's ring, where today's NCCL would take its tree
+    assert (then["algorithm"], now["algorithm"]) == ("ring/Simple", "tree/Simple")
+    assert then["communication_s"] > now["communication_s"] and then["efficiency"] < now["efficiency"]
