@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from dlscale.lessons.stage_record import device_kind
+
 #: Most entries of the step-by-step call order kept (the order of the first steps is what the checks read).
 _ORDER_KEPT = 400
 
@@ -960,6 +962,18 @@ def one_rank_per_node() -> Iterator[None]:
                 os.environ[name] = value
 
 
+def changes_a_setting(settled: dict[str, Any], switch: dict[str, Any]) -> bool:
+    """Whether a switch run would run anything the lesson's run did not: a device compared by its kind, so that
+    ``device="cpu"`` is a run of its own on a GPU host and none where ``auto`` already meant the CPU."""
+    for key, value in switch.items():
+        if key == "device":
+            if device_kind(settled) != torch.device(value).type:
+                return True
+        elif settled.get(key) != value:
+            return True
+    return False
+
+
 def _switch_runs(stage: Any, main: Callable[..., dict], arguments: dict[str, Any], ran: bool) -> list[dict[str, Any]]:
     """The stage run briefly with each of its record's other settings (:attr:`Stage.switches`), on a small set of its
     data: so that a switch the lesson's own run left at one value (``compile``, ``precision``, ``scaling``) is tried
@@ -970,7 +984,7 @@ def _switch_runs(stage: Any, main: Callable[..., dict], arguments: dict[str, Any
         return []
     runs = []
     for index, switch in enumerate(stage.switches):
-        if all(settled.get(key) == value for key, value in switch.items()):
+        if not changes_a_setting(settled, switch):
             continue
         settings = {
             **arguments,

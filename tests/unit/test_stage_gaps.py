@@ -273,3 +273,25 @@ def test_after_an_unfinished_stage_a_later_cell_says_so_in_one_line_and_the_stag
         assert shell.CustomTB is None or shell.custom_exceptions == ()
     finally:
         InteractiveShell.clear_instance()
+
+
+def test_a_cpu_switch_runs_on_a_gpu_host_only(monkeypatch):
+    """Stage 02's CPU switch: on a GPU host the stage runs on the CPU as well (pinning memory there is a mistake only a
+    CPU run shows: two held-out answers passed on an H200 without it); where the lesson's run was on the CPU already,
+    by name or as ``auto`` without a GPU, no second run."""
+    import torch
+
+    from dlscale.lessons.stage_probes import changes_a_setting
+    from dlscale.lessons.stages import stage_record
+
+    switch = {"device": "cpu"}
+    assert switch in stage_record("02_data_loading.py").switches
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not changes_a_setting({"device": "cpu", "workers": 2}, switch)
+    assert not changes_a_setting({"device": "auto", "workers": 2}, switch)
+    assert changes_a_setting({"device": "cuda", "workers": 2}, switch)
+    assert changes_a_setting({"device": "cuda:1"}, switch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert changes_a_setting({"device": "auto"}, switch)  # (auto means the GPU on a GPU host)
+    assert changes_a_setting({"workers": 2}, {"workers": 0}) and not changes_a_setting({"workers": 0}, {"workers": 0})

@@ -58,7 +58,8 @@ STAGE = Stage(
         "channels_last": False,
     },  # (a constant LR, fp32, the recipe's group norm)
     by_numbers=((), ("02.a", "02.b")),
-    switches=({"workers": 0},),
+    # (on a GPU host, the CPU as well: pinned memory there is a mistake only a CPU run shows)
+    switches=({"workers": 0}, {"device": "cpu"}),
     gaps=(
         Gap(
             id="02.a",
