@@ -120,9 +120,12 @@ def links_for(
 
     if allreduce:
         measured = read_allreduce(allreduce)
-        held_out = (
-            worst_ratio(predict_allreduce(fit_link(measured[::2]), measured[1::2])) if len(measured) >= 4 else 1.0
-        )
+        # (one rank's rows time no link: the model gives them 0 s, and the fit leaves them out too)
+        linked = [r for r in measured if r["world_size"] > 1]
+        first, held = linked[::2], linked[1::2]
+        held_out = 1.0
+        if held and len({r["bytes"] for r in first}) >= 2:
+            held_out = worst_ratio(predict_allreduce(fit_link(first), held))
         return site_from_link(fit_link(measured), max(r["ranks"] // r["nodes"] for r in rows)), held_out
     if site:
         return SITES[site], 1.0

@@ -39,7 +39,6 @@ BROWSER_LESSONS = {
         False,
         True,
     ),
-    "03_mixed_precision.ipynb": (None, False, False),  # (ends with our stage, to compare: it defines main)
     "13_pipeline_parallel.ipynb": (r"run_from_terminal = False: not started", False, False),
 }
 

@@ -590,3 +590,30 @@ def test_a_cell_that_fails_stops_the_cluster_it_was_using():
     assert cluster.stopped == 1
     with stop_on_error(None):  # (no cluster on this machine: nothing to stop)
         pass
+
+
+def test_a_plan_reads_an_allreduce_file_with_one_ranks_rows_beside_the_others(tmp_path):
+    """`dlscale plan --allreduce` on a file whose rows include one rank's (as `dlscale bench allreduce` over sizes 1
+    and 2 writes): the model times no link for one rank, and the held-out miss once divided by its 0 s (a traceback);
+    now the fit and the miss read the rows of two ranks and more."""
+    import json
+
+    from dlscale.scaling.plan import links_for
+
+    rows = [
+        {"bytes": b, "ms": ms, "rounds": 5, "world_size": w}
+        for w, b, ms in (
+            (1, 4096, 0.004),
+            (1, 1 << 20, 0.05),
+            (2, 4096, 0.09),
+            (2, 1 << 16, 0.16),
+            (2, 1 << 20, 1.1),
+            (2, 1 << 22, 4.3),
+        )
+    ]
+    path = tmp_path / "allreduce.json"
+    path.write_text(json.dumps(rows))
+    site, miss = links_for([{"ranks": 4, "nodes": 2}], path)
+    assert site is not None and 1.0 <= miss < 10
+    path.write_text(json.dumps(rows[:4]))  # two sizes of two ranks: one to fit, too few for a held-out miss
+    assert links_for([{"ranks": 4, "nodes": 2}], path)[1] == 1.0
