@@ -24,10 +24,11 @@ Any other cluster is a :func:`machine`: GPUs per node and the two links, given o
     inside: {bandwidth_gbs: 300, latency_us: 5}        # GB/s per direction between GPUs of a node
     between: {bandwidth_gbs: 25, latency_us: 10}       # each GPU's share of the node's NICs
     source: https://my-centre.example/docs/system      # where the figures come from
-    nccl: {compute_capability: 8.0, cpu: amd, nvlink: true, channels: 4, nic_near_gpu: true}
+    nccl: {compute_capability: 8.0, cpu: amd, nvlink: true, channels: 4, nic_near_gpu: true, version: "2.30.7"}
 
 ``nccl`` is what NCCL's tuning model reads of the node (:class:`~dlscale.scaling.nccl.NcclNode`; any key left out
-takes its default, the whole key left out: an A100-class node of NVIDIA GPUs), or ``false`` for a machine that
+takes its default, the whole key left out: an A100-class node of NVIDIA GPUs running today's NCCL; ``version``, a
+release, limits NCCL's choice to what it had), or ``false`` for a machine that
 does not run NCCL (the cheapest textbook algorithm is then taken). The α's above are used by the textbook
 algorithms only: NCCL's choice is priced with NCCL's own latencies.
 """
@@ -187,7 +188,14 @@ def load_machine(path: str | Path) -> Site:
         raise MachineError(f"{path}: {err}") from None
 
 
-_NCCL_KEYS = {"compute_capability": (int, float), "cpu": str, "nvlink": bool, "channels": int, "nic_near_gpu": bool}
+_NCCL_KEYS = {
+    "compute_capability": (int, float),
+    "cpu": str,
+    "nvlink": bool,
+    "channels": int,
+    "nic_near_gpu": bool,
+    "version": str,
+}
 
 
 def _nccl_node(path: Path, value) -> NcclNode | None:
@@ -200,6 +208,8 @@ def _nccl_node(path: Path, value) -> NcclNode | None:
         if key not in _NCCL_KEYS:
             raise MachineError(f"{path}: unknown key nccl.{key}; nccl has {', '.join(_NCCL_KEYS)}")
         kind = _NCCL_KEYS[key]
+        if key == "version" and not isinstance(given, str):  # (YAML reads 2.30 as the number 2.3)
+            raise MachineError(f'{path}: nccl.version must be quoted, as "2.30.7" (the release), not {given!r}')
         if not isinstance(given, kind) or (isinstance(given, bool) and kind is not bool):
             raise MachineError(f"{path}: nccl.{key} cannot be {given!r}")
     try:

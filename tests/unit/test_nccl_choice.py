@@ -179,8 +179,12 @@ def test_a_machine_file_says_what_nccl_reads_of_its_node(tmp_path):
     assert load_machine(path).nccl == NcclNode(compute_capability=9.0, cpu="amd", channels=8)
     path.write_text(links + "nccl: false\n")
     assert load_machine(path).nccl is None
+    path.write_text(links + 'nccl: {version: "2.3.7"}\n')  # (a site's old container: rings and LL only)
+    assert load_machine(path).nccl == NcclNode(version="2.3.7") and not load_machine(path).nccl.has("tree")
     for text, says in (
         ("nccl: {gpu: h100}\n", "unknown key nccl.gpu"),
+        ("nccl: {version: 2.30}\n", 'nccl.version must be quoted, as "2.30.7"'),
+        ('nccl: {version: "two"}\n', "version must be like 2.4"),
         ("nccl: {cpu: arm}\n", "cpu must be one of"),
         ("nccl: {channels: true}\n", "nccl.channels cannot be True"),
         ("nccl: 3\n", "nccl must be a mapping"),
