@@ -80,7 +80,6 @@ class BlasPass:
                 x.numpy(),
                 bounds.weights.numpy(),
                 cm2.numpy(),
-                cm2.T.contiguous().numpy(),
                 c_sq.numpy(),
                 c_max,
                 labels.numpy(),

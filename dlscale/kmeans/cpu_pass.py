@@ -254,7 +254,7 @@ class CpuPass:
         x_sq = bounds.x_sq[start : start + most].numpy()
         weights = bounds.weights.numpy()[start : start + most] if len(bounds.weights) else bounds.weights.numpy()
         cm2, c_sq = compiled_scoring.formula(centers)
-        cm2, cm2t, c_sq = cm2.numpy(), cm2.T.contiguous().numpy(), c_sq.numpy()
+        cm2, c_sq = cm2.numpy(), c_sq.numpy()
         c_max = float((centers.double() ** 2).sum(1).max())
         now = labels[start : start + most].numpy()
         scratch = np.empty_like(now)
@@ -271,7 +271,7 @@ class CpuPass:
             started = time.perf_counter()
             if kind == "blas":
                 loops.blas_pass(
-                    x[:rows], w, cm2, cm2t, c_sq, c_max, scratch[:rows], upper[:rows], lower[:rows], x_sq[:rows],
+                    x[:rows], w, cm2, c_sq, c_max, scratch[:rows], upper[:rows], lower[:rows], x_sq[:rows],
                     bounds.scale, 4 * bounds.scale, *args,
                 )  # fmt: skip
             else:
