@@ -23,7 +23,7 @@ computed from each way's median time they add up to the loss computed from the f
 to rounding (:data:`ADDS_UP_WITHIN`; the tests check it on real runs). How far to trust each part
 is the rounds' spread, which the table prints beside it.
 
-Under DDP the exposed communication holds three costs that the scaling model prices apart (issue 79): DDP's own
+Under DDP the exposed communication holds three costs that the scaling model prices apart: DDP's own
 work, the all-reduce left exposed, and the backward pass slowed by the part it hid.
 :func:`~dlscale.bench.breakdown_terms.add_communication_terms` splits it with the prices ``dlscale bench ddp-cost``
 and ``dlscale bench overlap`` measure (or the published ones) and a fitted link, and :func:`format_breakdown` prints

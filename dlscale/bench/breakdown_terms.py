@@ -1,4 +1,4 @@
-"""The breakdown's exposed communication, split into the terms of the scaling model (issue 79, lesson 11).
+"""The breakdown's exposed communication, split into the terms of the scaling model (lesson 11).
 
 ``dlscale bench breakdown`` measures the communication a DDP step pays at each size as one difference, the step
 with its data in memory less the same step with every rank alone (:mod:`dlscale.bench.breakdown`). The scaling

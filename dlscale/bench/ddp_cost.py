@@ -1,4 +1,4 @@
-"""``dlscale bench ddp-cost``: what DDP itself costs the engine's step, nothing sent (issue 79, lesson 11).
+"""``dlscale bench ddp-cost``: what DDP itself costs the engine's step, nothing sent (lesson 11).
 
 The engine's own step (:func:`~dlscale.training.step.train_step`: zero, forward, backward, optimizer) on one rank,
 its batches already in memory, timed as it is and wrapped in DistributedDataParallel over a process group of one

@@ -61,7 +61,7 @@ def make_noise(n: int, d: int, seed: int = 0) -> np.ndarray:
 
 def make_mixture(n: int, d: int = 128, k: int = 40, seed: int = 0) -> np.ndarray:
     """``n`` float32 samples of ``k`` Gaussian clusters in ``d`` dimensions that overlap (centres drawn from N(0, 1),
-    unit noise): a high-dimensional case, issue 46's."""
+    unit noise): a high-dimensional case."""
     rng = np.random.default_rng(seed)
     centres = rng.standard_normal((k, d), dtype=np.float32)
     return centres[rng.integers(0, k, size=n)] + rng.standard_normal((n, d), dtype=np.float32)
@@ -102,20 +102,29 @@ def benchmark_data(
     return out
 
 
-def _time_fit(fit) -> tuple[float, int, float, str]:
-    """Seconds, iterations, inertia and pass of one fit. Timed by hand, once per round (round-robin over the engines):
-    a fit lasts seconds, and torch.utils.benchmark.Timer's warm-up runs would triple the benchmark."""
+def _time_fit(fit) -> tuple[float, int, float, str, int]:
+    """Seconds, iterations, inertia, pass and threads of one fit. Timed by hand, once per round (round-robin over the
+    engines): a fit lasts seconds, and torch.utils.benchmark.Timer's warm-up runs would triple the benchmark."""
     started = time.perf_counter()
-    iterations, inertia, pass_name = fit()
-    return time.perf_counter() - started, iterations, inertia, pass_name
+    iterations, inertia, pass_name, threads = fit()
+    return time.perf_counter() - started, iterations, inertia, pass_name, threads
+
+
+def openmp_threads() -> int:
+    """The threads scikit-learn's OpenMP loops run on (threadpoolctl's count; scikit-learn imported first)."""
+    from threadpoolctl import threadpool_info
+
+    return max((info["num_threads"] for info in threadpool_info() if info["user_api"] == "openmp"), default=1)
 
 
 def cpu_description() -> str:
-    """The CPU's model and the widest SIMD torch's kernels use on it (AVX2, AVX512, SVE256...; DEFAULT is none of
-    them, as on most Arm CPUs without SVE, where NEON is the baseline)."""
+    """The CPU's model, the CPUs this process may use (each fit's threads are in the table) and the widest SIMD
+    torch's kernels use on it (AVX2, AVX512, SVE256...; DEFAULT is none of them, as on most Arm CPUs without SVE,
+    where NEON is the baseline)."""
     from dlscale.runtime.devices import cpu_name
+    from dlscale.runtime.threads import affinity_cpus
 
-    return f"{cpu_name()}, {torch.get_num_threads()} threads, SIMD {torch.backends.cpu.get_cpu_capability()}"
+    return f"{cpu_name()}, {affinity_cpus()} CPUs, SIMD {torch.backends.cpu.get_cpu_capability()}"
 
 
 #: The two phases: (name, max_iter or None for the fixed iterations, tol).
@@ -133,9 +142,9 @@ def _engines(
     k = len(init)
 
     def ours(backend: str, device: str = "cpu"):
-        def fit() -> tuple[int, float, str]:
+        def fit() -> tuple[int, float, str, int]:
             model = KMeans(k, init=init, max_iter=iterations, tol=tol, backend=backend, device=device).fit(x)
-            return model.n_iter_, model.inertia_, model.pass_
+            return model.n_iter_, model.inertia_, model.pass_, model.threads_
 
         return fit
 
@@ -143,12 +152,14 @@ def _engines(
     if importable("sklearn.cluster"):  # the kmeans extra; the comparison is left out without it
         from sklearn.cluster import KMeans as SklearnKMeans
 
+        their_threads = openmp_threads()  # (asked once, outside the timed fits)
+
         def theirs(data: np.ndarray):
-            def fit() -> tuple[int, float]:
+            def fit() -> tuple[int, float, str, int]:
                 model = SklearnKMeans(
                     k, init=init.astype(data.dtype), n_init=1, max_iter=iterations, tol=tol, algorithm="lloyd"
                 ).fit(data)
-                return model.n_iter_, model.inertia_, "lloyd"
+                return model.n_iter_, model.inertia_, "lloyd", their_threads
 
             return fit
 
@@ -248,13 +259,13 @@ def _scaling(
 def _phase_rows(data: str, phase: str, engines: dict, rounds: int) -> list[dict]:
     """Each engine's median round of one phase on one data set, and its times against scikit-learn's."""
     # Rounds go round-robin over the engines, so a slow spell of this shared machine hits all of them.
-    timings: dict[str, list[tuple[float, int, float, str]]] = {engine: [] for engine in engines}
+    timings: dict[str, list[tuple[float, int, float, str, int]]] = {engine: [] for engine in engines}
     for _ in range(rounds):
         for engine, fit in engines.items():
             timings[engine].append(_time_fit(fit))
     rows = []
     for engine, runs in timings.items():
-        seconds, done, inertia, pass_name = sorted(runs)[len(runs) // 2]  # the median round
+        seconds, done, inertia, pass_name, threads = sorted(runs)[len(runs) // 2]  # the median round
         rows.append(
             {
                 "data": data,
@@ -263,7 +274,7 @@ def _phase_rows(data: str, phase: str, engines: dict, rounds: int) -> list[dict]
                 "kind": "engine",
                 "phase": phase,
                 "processes": 1,
-                "threads_per_process": torch.get_num_threads(),
+                "threads_per_process": threads,
                 "seconds": seconds,
                 "iterations": done,
                 "inertia": float(inertia),
@@ -343,6 +354,7 @@ def format_kmeans(rows: list[dict]) -> str:
             "phase",
             "engine",
             "pass",
+            "threads",
             "iterations",
             "inertia",
             "seconds",
@@ -356,6 +368,7 @@ def format_kmeans(rows: list[dict]) -> str:
                 r["phase"],
                 r["engine"],
                 r.get("pass", ""),
+                r["threads_per_process"],
                 r["iterations"],
                 f"{r['inertia']:.6g}",
                 f"{r['seconds']:.3f}",

@@ -1,4 +1,4 @@
-"""``dlscale bench overlap``: what an all-reduce running beside the backward pass costs it (issue 79, lesson 11).
+"""``dlscale bench overlap``: what an all-reduce running beside the backward pass costs it (lesson 11).
 
 On every rank (two or more, under torchrun or ``--nproc``), the engine's model (its config) does a forward pass on a
 batch of its own input shape, untimed, then a backward pass timed three ways, in turns over blocks:

@@ -1,5 +1,5 @@
 """``dlscale bench ddp-cost`` and ``dlscale bench overlap``: the two costs of data parallelism beside the
-all-reduce (issue 79), measured here for ``dlscale project`` and lesson 11's breakdown; and the options that give
+all-reduce, measured here for ``dlscale project`` and lesson 11's breakdown; and the options that give
 them to ``dlscale project`` and ``dlscale bench breakdown`` (``--ddp-cost``, ``--slowdown``)."""
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from dlscale.distributed import group_size
 from dlscale.errors import import_optional
 from dlscale.kmeans import daal, sparse_input
 from dlscale.kmeans.backend import BACKENDS, resolve_backend
+from dlscale.kmeans.compiled_scoring import free_cpus_for_a_fit
 from dlscale.kmeans.errors import KMeansError
 from dlscale.kmeans.initialization import kmeans_parallel, kmeans_plusplus, random_init
 from dlscale.kmeans.lloyd import centred, default_chunk_size, global_mean, lloyd, mean_variance, say_on_first_rank
@@ -142,6 +143,11 @@ default="k-means++"
         a GEMM, with the compiled pass's labels and sums: faster at many features on many CPUs), ``"gemm"`` (every
         row scored by a GEMM, the sums by a one-hot GEMM: GPUs, or CPUs without numba) or ``"daal4py"``. The
         choice never changes the result.
+    threads_ : int
+        torch's threads during the fit, which the compiled loops and the BLAS pass follow: on a CPU, one for each CPU
+        of the process free at the fit's start (``OMP_NUM_THREADS``, Slurm's CPUs per task and a lower
+        ``torch.set_num_threads`` stand); torch's count is put back after. The compiled loops' sums are split in the
+        same parts whatever the count.
 
     See Also
     --------
@@ -287,12 +293,13 @@ default="k-means++"
             )
         self._n_init = self._n_runs()  # (scikit-learn's name for it, which its own tests read)
         init, seeds = self._checked_init(x), self._seeds(self._n_init)
-        runs = (
-            self._runs_daal4py(x, init, seeds)
-            if self.backend_ == "daal4py"
-            else self._runs_torch(x, weights, init, seeds, n_total)
-        )
-        best = min(runs, key=lambda run: run.inertia)  # the first of equals, as scikit-learn keeps
+        with free_cpus_for_a_fit(x.device) as self.threads_:
+            runs = (
+                self._runs_daal4py(x, init, seeds)
+                if self.backend_ == "daal4py"
+                else self._runs_torch(x, weights, init, seeds, n_total)
+            )
+            best = min(runs, key=lambda run: run.inertia)  # the first of equals, as scikit-learn keeps
         self.cluster_centers_, self.labels_ = best.cluster_centers, best.labels
         self.inertia_, self.n_iter_, self.timings_, self.pass_ = best.inertia, best.n_iter, best.timings, best.pass_name
         self._n_features_out = self.n_clusters

@@ -8,7 +8,7 @@ the two in turns, in one process, on the same data, shows what the engine costs 
 Both sides run with the same torch threads, chosen once (:func:`parity_threads`) and given to each: the recipe through
 ``OMP_NUM_THREADS`` (its ``use_free_cpus`` keeps it), the engine through its config's ``threads``. Left to count the
 busy CPUs at their own start, the two chose different counts beside a busy process, and their losses parted by
-4-9e-2 (#80).
+4-9e-2.
 """
 
 from __future__ import annotations

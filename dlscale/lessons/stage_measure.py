@@ -139,7 +139,7 @@ def measure_stage(
     process get one count, chosen once before the first run as the engine chooses
     (:func:`~dlscale.runtime.threads.choose_threads`; recorded in the measurement's ``threads``): left to each run,
     the stage counted the busy CPUs at its own start, and beside a busy process two settings could run with
-    different counts (#80).
+    different counts.
     """
     results: dict[Hashable, list[dict[str, Any]]] = {key: [] for key in settings}
     here = threads

@@ -13,7 +13,7 @@ this order:
    processes keep busy when it starts (:func:`busy_cpus`): on a shared node — a hub's CPU node, a login node, a
    laptop with the lab, the kernel and engines on the same cores — a thread per masked core lands some threads on
    cores another process holds, and torch's threads then wait for each other at every operator's barrier.
-   Measured on 2 vCPUs (Milan, #63): beside one spinning process, 2 threads ran at 187-211 samples/s and 1 thread
+   Measured on 2 vCPUs (Milan): beside one spinning process, 2 threads ran at 187-211 samples/s and 1 thread
    at 453, against 706-730 alone.
 
 The choice is recorded in ``summary.json`` (``threads``), so a comparison can show that both
@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -104,8 +105,6 @@ def busy_cpus(cpus: list[int] | None = None, seconds: float = SAMPLE_S) -> int:
     over ``seconds``, from /proc/stat, less this process's own (its OpenMP threads may still spin after the work
     before), in CPUs, rounded (a CPU busy more than :data:`BUSY_SHARE` of the time counts). 0 where the kernel does
     not say (not Linux)."""
-    import time
-
     cpus = affinity_set() if cpus is None else cpus
     before, own, start = _cpu_times(), time.process_time(), time.monotonic()
     if not before:
@@ -141,11 +140,39 @@ def choose_threads(
     if per_task:
         return ThreadChoice(min(per_task, cpus), "SLURM_CPUS_PER_TASK", cpus)
     if busy is None:
-        busy = busy_cpus() if own_mask and cpus > 1 else 0
+        busy = _remember_busy(busy_cpus()) if own_mask and cpus > 1 else 0
     busy = min(busy, cpus - 1)
     if busy:
         return ThreadChoice(cpus - busy, f"affinity mask, {busy} of its {cpus} CPUs busy with other work", cpus, busy)
     return ThreadChoice(cpus, "affinity mask", cpus)
+
+
+#: How long a count of busy CPUs stands for :func:`threads_now`: work started within it takes the same count, so that
+#: a process pays the count's tenth of a second at most this often.
+RECOUNT_S = 30.0
+_last_busy: tuple[float, int] | None = None  # (time.monotonic() of the count, busy CPUs)
+
+
+def _remember_busy(busy: int) -> int:
+    global _last_busy
+    _last_busy = (time.monotonic(), busy)
+    return busy
+
+
+def threads_now(environ: dict[str, str] | None = None) -> ThreadChoice:
+    """The threads for work that starts now in this process (a K-Means fit), chosen as :func:`choose_threads` chooses
+    a process's, never more than torch's own count (a user's ``torch.set_num_threads`` stands). The busy CPUs are
+    counted again only when the last count is older than :data:`RECOUNT_S`: a fit of a tenth of a second does not pay
+    a tenth of a second each time, and a neighbour that came or went since is seen at the next count."""
+    ceiling = torch.get_num_threads()
+    if ceiling == 1:  # (nothing to count: one thread is the least)
+        return ThreadChoice(1, "torch's own count", affinity_cpus())
+    last = _last_busy
+    fresh = last is not None and time.monotonic() - last[0] < RECOUNT_S
+    choice = choose_threads(environ, busy=last[1] if fresh else None)
+    if choice.count > ceiling:
+        return ThreadChoice(ceiling, f"{choice.source}; torch's own count is lower", choice.cpus, choice.busy)
+    return choice
 
 
 def apply_threads(environ: dict[str, str] | None = None, requested: int = 0) -> ThreadChoice:

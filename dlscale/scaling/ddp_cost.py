@@ -1,5 +1,5 @@
 """DDP's own cost per step, beside the all-reduce: what wrapping a model in DistributedDataParallel costs a step
-even when there is nothing to send (issue 79).
+even when there is nothing to send.
 
     ddp(step) = per_step + buckets · per_bucket + gradient_bytes · per_byte
 
@@ -66,7 +66,7 @@ class DdpCost:
         )
 
 
-#: No DDP cost at all: the all-reduce alone, as the model had it before issue 79.
+#: No DDP cost at all: the all-reduce alone, as the model had it before DDP's own cost was priced.
 NO_DDP_COST = DdpCost(0.0, 0.0, "not counted")
 
 

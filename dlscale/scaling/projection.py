@@ -18,7 +18,7 @@ compute by default: the backward pass is about twice the forward). ``dlscale ben
 measures the overlap (:func:`overlap_from_breakdown`); ``overlap=AUTO`` estimates it at each size from DDP's
 bucket schedule of the model's layers (:mod:`dlscale.scaling.overlap`), the default of ``dlscale project``.
 
-The two terms beside the communication (issue 79), each with a published default and a bench that measures it:
+The two terms beside the communication, each with a published default and a bench that measures it:
 
 - ``ddp``: DDP's own cost per step, a price per bucket and per byte of gradient (:mod:`~dlscale.scaling.ddp_cost`;
   PyTorch's DDP benchmark: 3-5% of a step on one V100; ``dlscale bench ddp-cost`` here), on every step of DDP on

@@ -21,7 +21,7 @@ NVIDIA's summary of it
 (https://developer.nvidia.com/blog/sony-breaks-resnet-50-training-record-with-nvidia-v100-tensor-core-gpus/); three
 were held out while the overlap estimate was built: Horovod's 512-GPU benchmark of three models of different shapes
 (ResNet-101, Inception V3, VGG-16, whose 120 M fully connected parameters come last in the forward pass and so first
-in the backward). On fast networks (:data:`FAST_NETWORK_CASES`, issue 79): PyTorch's own DDP benchmark on two DGX-1
+in the backward). On fast networks (:data:`FAST_NETWORK_CASES`): PyTorch's own DDP benchmark on two DGX-1
 (four models; its one-GPU runs are also where DDP's own cost is fitted, so these four test the rest of the model)
 and NERSC's SC22 tutorial's U-Net on 32 Perlmutter nodes (fitted to nothing).
 """

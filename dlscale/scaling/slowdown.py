@@ -1,4 +1,4 @@
-"""What overlapped communication costs the compute it hides behind (issue 79).
+"""What overlapped communication costs the compute it hides behind.
 
 A hidden all-reduce is not free. On a GPU, NCCL's kernels take SMs (one per channel: they do not share an SM with
 compute kernels, NVIDIA/nccl#689) and memory bandwidth (each byte sent is written to and read from memory two or

@@ -50,7 +50,8 @@ def test_every_dlscale_command_the_docs_name_exists():
 
 BENCHMARKS = ROOT / "docs" / "benchmarks.md"
 #: The documents that say what is, not what changed.
-REFERENCES = [ROOT / "docs" / name for name in ("benchmarks.md", "testing.md", "architecture.md")]
+#: The documents that say what is (what changed is CHANGELOG.md's), and the package's docstrings and comments.
+REFERENCES = sorted((ROOT / "docs").glob("*.md")) + sorted((ROOT / "dlscale").rglob("*.py"))
 HISTORY = {
     "an issue number": r"\b[Ii]ssues? \d+|(?<![\w/&])#\d+\b",
     "a CI folder": r"/tmp/ci",

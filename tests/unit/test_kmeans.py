@@ -199,7 +199,7 @@ def test_the_benchmark_fits_each_kind_of_data_in_both_phases_beside_scikit_learn
     assert re.search(
         r"\| china.jpg colours 273,280 × 3, k=4 \| to convergence \| dlscale torch \(cpu\) \| (compiled|blas) \|", table
     )
-    assert re.search(r"^CPU: .+, \d+ threads, SIMD \w+", table)  # the CPU and its SIMD: ratios depend on them
+    assert re.search(r"^CPU: .+, \d+ CPUs, SIMD \w+", table)  # the CPU and its SIMD: ratios depend on them
     assert by[data[0], "to convergence", "scikit-learn"]["pass"] == "lloyd"
     assert (tmp_path / "kmeans.png").stat().st_size > 10_000
 

@@ -430,6 +430,36 @@ def test_a_fit_beside_a_neighbour_chooses_as_a_quiet_one(monkeypatch):
     assert set(fits.values()) == {("compiled", 1.5)}
 
 
+def test_a_fit_runs_on_the_cpus_free_at_its_start_gives_torch_its_count_back_and_the_same_bits(monkeypatch):
+    """Beside a busy process a fit takes one thread fewer (the loops no longer wait at each pass's end for the thread
+    that shares a CPU), puts torch's count back, and its centres and labels are those of the fit on all the CPUs."""
+    from dlscale.runtime import threads
+    from dlscale.runtime.threads import ThreadChoice
+
+    x, _ = make_blobs(n_samples=6000, centers=6, n_features=5, random_state=0)
+    kept = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        free, seen = {"count": 2}, []
+        monkeypatch.setattr(threads, "threads_now", lambda: ThreadChoice(min(free["count"], 2), "test", 2))
+        from dlscale.kmeans import estimator
+
+        def watched(*args, **kwargs):
+            seen.append(torch.get_num_threads())  # (the compiled loops take numba's count from it)
+            return lloyd(*args, **kwargs)
+
+        monkeypatch.setattr(estimator, "lloyd", watched)
+        alone = KMeans(6, init="random", n_init=1, random_state=0, max_iter=20).fit(x)
+        free["count"] = 1
+        beside = KMeans(6, init="random", n_init=1, random_state=0, max_iter=20).fit(x)
+        assert (alone.threads_, beside.threads_, torch.get_num_threads(), seen) == (2, 1, 2, [2, 1])
+    finally:
+        torch.set_num_threads(kept)
+    assert beside.n_iter_ == alone.n_iter_  # (the pass each chose by time may differ: the bits may not)
+    assert np.array_equal(beside.cluster_centers_, alone.cluster_centers_)
+    assert np.array_equal(beside.labels_, alone.labels_) and beside.inertia_ == alone.inertia_
+
+
 def test_the_probe_scores_scratch_copies_and_too_few_rows_are_not_probed():
     """The probes run the passes' own loops on a block of rows, on copies: no bound, label or count of the fit
     changes. A fit of fewer than 4 × SAMPLE_ROWS rows is not probed (its passes are timed whole)."""

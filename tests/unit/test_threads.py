@@ -59,6 +59,30 @@ def test_a_shared_node_gives_torch_only_the_cpus_other_work_leaves_free(monkeypa
     assert threads.busy_cpus([0, 1]) == 1
 
 
+def test_work_started_now_counts_the_busy_cpus_at_most_every_so_often_and_never_exceeds_torchs_count(monkeypatch):
+    """A K-Means fit takes the CPUs free at its start (threads_now): the count is taken again only once it is older
+    than RECOUNT_S, a lower torch count and OMP_NUM_THREADS stand."""
+    import torch
+
+    from dlscale.runtime import threads
+
+    counted, clock = [], [1000.0]
+    monkeypatch.setattr(threads, "affinity_cpus", lambda: 4)
+    monkeypatch.setattr(threads, "busy_cpus", lambda: counted.append(1) or 1)
+    monkeypatch.setattr(threads.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(threads, "_last_busy", None)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    assert threads.threads_now({}).count == 3 and len(counted) == 1  # one busy of four
+    clock[0] += threads.RECOUNT_S - 1
+    assert threads.threads_now({}).count == 3 and len(counted) == 1  # the count stands: not taken again
+    clock[0] += 2
+    assert threads.threads_now({}).count == 3 and len(counted) == 2  # older than RECOUNT_S: taken again
+    assert threads.threads_now({"OMP_NUM_THREADS": "2"}).count == 2 and len(counted) == 2
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    choice = threads.threads_now({})
+    assert choice.count == 2 and "torch's own count is lower" in choice.source
+
+
 def test_bench_threads_sets_the_kits_choice_beside_fixed_counts_alone_and_beside_a_spinning_process(
     monkeypatch, tmp_path
 ):
