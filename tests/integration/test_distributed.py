@@ -456,6 +456,8 @@ def test_ipyparallel_engines_run_one_job_and_return_every_rank(in_tmp, monkeypat
 
     probe = _as_if_in_a_notebook(PROBE, "probe")
     stop_engines()  # none kept from an earlier test: this one starts its own
+    # (engines a kernel of this process keeps up, the lessons' shared kernel's, are not this test's)
+    beside = {p.pid for p in engines_alive()}
     results = run_on_engines(  # (a quarter of tiny's maps: 8 steps, and rank 0 writes them in a second)
         train,
         2,
@@ -484,7 +486,7 @@ def test_ipyparallel_engines_run_one_job_and_return_every_rank(in_tmp, monkeypat
     with pytest.raises(EngineError, match=r"rank 0: DeviceError.*rank 1: DeviceError"):
         run_on_engines(train, 2, "tiny", device="cuda:7", progress=False)
     assert _left_running({pid for pid, _, _ in moved}) == set(), "engines left running after a failed call"
-    assert engines_alive() == []
+    assert [p for p in engines_alive() if p.pid not in beside] == []
 
 
 #: Run on an engine: a line halfway, then 3 s more of "training".
