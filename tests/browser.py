@@ -391,9 +391,14 @@ function check() {
   }
   done({ready: true, slides, window: [innerWidth, innerHeight]});
 }
-if (window.Reveal && Reveal.isReady()) check();
-else if (window.Reveal) Reveal.on('ready', check);
-else done({ready: false});
+// (the deck's scripts may run after the driver's page load returns on a busy machine: wait up to 20 s for reveal.js)
+const asked = Date.now();
+(function start() {
+  if (window.Reveal && Reveal.isReady()) check();
+  else if (window.Reveal) Reveal.on('ready', check);
+  else if (Date.now() - asked < 20000) setTimeout(start, 100);
+  else done({ready: false});
+})();
 """
 
 
