@@ -291,11 +291,14 @@ def run_on_engines(
         stop_engines()  # another shape's or another folder's: one set at a time
         cluster, client = _start(ipp, n, options)
     try:
-        results = _run_job(ipp, client, n, function, args, kwargs, timeout, as_ranks, show)
+        results, left_their_group = _run_job(ipp, client, n, function, args, kwargs, timeout, as_ranks, show)
     except BaseException:
         _stop(cluster)
         raise
-    _kept = key, cluster, client
+    if left_their_group:
+        _kept = key, cluster, client
+    else:  # (engines still in the job's process group would hold the next call's first answer until it gives up)
+        _stop(cluster)
     return results
 
 
@@ -334,15 +337,15 @@ def _run_job(
     timeout: float | None,
     as_ranks: bool = True,
     show: bool = False,
-) -> list[Any]:
-    """The job on the first ``n`` engines of ``client``: the rank variables, the call, the results or one error.
+) -> tuple[list[Any], bool]:
+    """The job on the first ``n`` engines of ``client``: the rank variables, the call, the results or one error;
+    and whether the engines then left the job's process group (engines that did not are not kept for the next call).
     ``timeout`` bounds the call from when the engines have answered (:data:`ANSWER_TIMEOUT_S`: a fresh engine's first
     answer imports the kit, slow on a busy machine); a rank still running then is named with the line it waits in."""
     ids = sorted(client.ids)[:n]
     try:
         facts = client[ids].apply_async(_engine_facts).get(timeout=ANSWER_TIMEOUT_S)
     except ipp.error.TimeoutError:
-        stop_engines()
         raise EngineError(
             f"the engines did not answer within {ANSWER_TIMEOUT_S} s (stopped: the next call starts new ones)"
         ) from None
@@ -377,11 +380,11 @@ def _run_job(
         client[ids].apply_async(_leave_no_group).get(timeout=LEAVE_TIMEOUT_S)
     except (ipp.error.TimeoutError, ipp.error.RemoteError) as err:
         # Every rank has answered: keep the answers, and let the next call start engines that hold no group.
-        stop_engines()
         warnings.warn(
-            f"run_on_engines: the engines could not leave the job's process group ({type(err).__name__}); they were "
+            f"run_on_engines: the engines could not leave the job's process group ({type(err).__name__}); they are "
             "stopped and the next call starts new ones (the results are kept)",
             RuntimeWarning,
             stacklevel=3,
         )
-    return results
+        return results, False
+    return results, True

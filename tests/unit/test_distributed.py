@@ -192,7 +192,8 @@ def test_one_runner_starts_local_processes_and_a_failure_carries_their_own_words
 
 def test_engines_stuck_leaving_the_process_group_are_stopped_and_the_answers_kept(monkeypatch):
     """CI once waited 600 s for an engine stuck destroying the group a call had left up (nothing bounded the wait):
-    now the wait is bounded, the stuck engines are stopped, and the ranks' answers, all in, are returned."""
+    now the wait is bounded, the ranks' answers, all in, are returned, and those engines are stopped, not kept for
+    the next call (whose first answer they would hold up until it gave up: 300 s)."""
     from types import SimpleNamespace
 
     from dlscale.jobs import notebook_engines
@@ -200,7 +201,7 @@ def test_engines_stuck_leaving_the_process_group_are_stopped_and_the_answers_kep
     class Timeout(Exception):
         pass
 
-    waits, stopped = [], []
+    waits, stopped, stuck = [], [], [True]
 
     class Task:
         def __init__(self, function):
@@ -209,17 +210,27 @@ def test_engines_stuck_leaving_the_process_group_are_stopped_and_the_answers_kep
         def get(self, timeout=None):
             if self.function is notebook_engines._leave_no_group:
                 waits.append(timeout)
-                raise Timeout
+                if stuck[0]:
+                    raise Timeout
             return self.function.__name__  # (a rank's answer)
 
     view = SimpleNamespace(apply_async=lambda function, *args: Task(function))
     client = type("Client", (), {"ids": [0, 1], "__getitem__": lambda self, ids: view})()
     ipp = SimpleNamespace(error=SimpleNamespace(TimeoutError=Timeout, RemoteError=RuntimeError))
-    monkeypatch.setattr(notebook_engines, "stop_engines", lambda: stopped.append(True))
+    started = []
+    monkeypatch.setattr(notebook_engines, "import_optional", lambda *args: ipp)
+    monkeypatch.setattr(notebook_engines, "_start", lambda *args: started.append(True) or ("cluster", client))
+    monkeypatch.setattr(notebook_engines, "_stop", stopped.append)
+    monkeypatch.setattr(notebook_engines, "_kept", None)
     with pytest.warns(RuntimeWarning, match=r"could not leave the job's process group \(Timeout\).*results are kept"):
-        answers = notebook_engines._run_job(ipp, client, 2, print, (), {}, 5, as_ranks=False)
+        answers = notebook_engines.run_on_engines(print, 2, timeout=5, as_ranks=False, show=False)
     assert answers == ["_run_as_rank", "_run_as_rank"]
-    assert waits == [notebook_engines.LEAVE_TIMEOUT_S] and stopped == [True]
+    assert waits == [notebook_engines.LEAVE_TIMEOUT_S] and stopped == ["cluster"] and notebook_engines._kept is None
+    # engines that left their group are kept for the next call from here, which starts none
+    stuck[0] = False
+    notebook_engines.run_on_engines(print, 2, timeout=5, as_ranks=False, show=False)
+    notebook_engines.run_on_engines(print, 2, timeout=5, as_ranks=False, show=False)
+    assert len(started) == 2 and stopped == ["cluster"] and notebook_engines._kept[1] == "cluster"
 
 
 def test_ranks_agree_no_when_a_peer_never_answers(monkeypatch):
