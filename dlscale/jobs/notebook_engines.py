@@ -15,7 +15,8 @@ next cell starts at once instead of after the seconds that starting a controller
 Pythons with torch take); each call gets a fresh port and leaves no process group behind.
 They stop when the kernel exits, with :func:`stop_engines`, when a call of another shape or
 from another folder starts its own, and at once when a call fails (the error names the
-rank): a rank that failed may have left its peers inside a collective.
+rank): a rank that failed may have left its peers inside a collective. Kept engines that do not answer a call
+within :data:`KEPT_ANSWER_S` are stopped and a fresh set runs it.
 """
 
 from __future__ import annotations
@@ -285,13 +286,9 @@ def run_on_engines(
     global _kept
     # (a kept set of more engines serves a smaller job too: its first n engines take part, the rest wait)
     key = repr((sorted((k, v) for k, v in options.items() if k != "n"), os.getcwd()))
-    if _kept is not None and _kept[0] == key and len(_kept[2].ids) >= n:  # (fewer: an engine died since)
-        (_, cluster, client), _kept = _kept, None
-    else:
-        stop_engines()  # another shape's or another folder's: one set at a time
-        cluster, client = _start(ipp, n, options)
+    cluster, client, facts = _answering_engines(ipp, n, options, key)
     try:
-        results, left_their_group = _run_job(ipp, client, n, function, args, kwargs, timeout, as_ranks, show)
+        results, left_their_group = _run_job(ipp, client, n, facts, function, args, kwargs, timeout, as_ranks, show)
     except BaseException:
         _stop(cluster)
         raise
@@ -300,6 +297,33 @@ def run_on_engines(
     else:  # (engines still in the job's process group would hold the next call's first answer until it gives up)
         _stop(cluster)
     return results
+
+
+def _answering_engines(ipp: Any, n: int, options: dict, key: str) -> tuple[Any, Any, list]:
+    """A cluster of at least ``n`` engines, its client and the first ``n`` engines' answers (:func:`_ask_facts`):
+    the kept set when it has ``key`` and answers within :data:`KEPT_ANSWER_S`, else a fresh one."""
+    global _kept
+    if _kept is not None and _kept[0] == key and len(_kept[2].ids) >= n:  # (fewer: an engine died since)
+        (_, cluster, client), _kept = _kept, None
+        facts = _ask_facts(ipp, client, n, KEPT_ANSWER_S)
+        if facts is not None:
+            return cluster, client, facts
+        with contextlib.suppress(Exception):  # (its controller or an engine gone since: stopped as far as it can be)
+            _stop(cluster)
+    else:
+        stop_engines()  # another shape's or another folder's: one set at a time
+    cluster, client = _start(ipp, n, options)
+    try:
+        facts = _ask_facts(ipp, client, n, ANSWER_TIMEOUT_S)
+    except BaseException:
+        _stop(cluster)
+        raise
+    if facts is None:
+        _stop(cluster)
+        raise EngineError(
+            f"the engines did not answer within {ANSWER_TIMEOUT_S} s (stopped: the next call starts new ones)"
+        )
+    return cluster, client, facts
 
 
 def _relay(task: Any, deadline: float | None) -> None:
@@ -325,12 +349,26 @@ def _left(deadline: float | None) -> float | None:
 STACKS_BEFORE_S = 5.0
 #: How long fresh engines may take to answer their first call (its imports), apart from the job's own timeout.
 ANSWER_TIMEOUT_S = 300
+#: How long engines kept from the last call may take to answer (their imports done: a second on a busy machine).
+#: A kept set that does not is stopped and a fresh one started: once in a fresh-clone run kept engines never
+#: answered, and the call waited :data:`ANSWER_TIMEOUT_S` for them.
+KEPT_ANSWER_S = 30
+
+
+def _ask_facts(ipp: Any, client: Any, n: int, timeout: float) -> list | None:
+    """Each of the first ``n`` engines' :func:`_engine_facts`, or None when they do not all answer within
+    ``timeout`` seconds (or have left the controller): nothing of the job has run on them yet."""
+    try:
+        return client[sorted(client.ids)[:n]].apply_async(_engine_facts).get(timeout=timeout)
+    except (ipp.error.TimeoutError, ipp.error.NoEnginesRegistered, OSError):
+        return None
 
 
 def _run_job(
     ipp: Any,
     client: Any,
     n: int,
+    facts: list,
     function: Callable,
     args: tuple,
     kwargs: dict,
@@ -338,17 +376,11 @@ def _run_job(
     as_ranks: bool = True,
     show: bool = False,
 ) -> tuple[list[Any], bool]:
-    """The job on the first ``n`` engines of ``client``: the rank variables, the call, the results or one error;
-    and whether the engines then left the job's process group (engines that did not are not kept for the next call).
-    ``timeout`` bounds the call from when the engines have answered (:data:`ANSWER_TIMEOUT_S`: a fresh engine's first
-    answer imports the kit, slow on a busy machine); a rank still running then is named with the line it waits in."""
+    """The job on the first ``n`` engines of ``client``, whose :func:`_engine_facts` are ``facts``: the rank
+    variables, the call, the results or one error; and whether the engines then left the job's process group (engines
+    that did not are not kept for the next call). ``timeout`` bounds the call from when the engines have answered
+    (:func:`_ask_facts`); a rank still running then is named with the line it waits in."""
     ids = sorted(client.ids)[:n]
-    try:
-        facts = client[ids].apply_async(_engine_facts).get(timeout=ANSWER_TIMEOUT_S)
-    except ipp.error.TimeoutError:
-        raise EngineError(
-            f"the engines did not answer within {ANSWER_TIMEOUT_S} s (stopped: the next call starts new ones)"
-        ) from None
     deadline = None if timeout is None else time.monotonic() + timeout
     if as_ranks:
         ports = facts[0][1]

@@ -190,47 +190,89 @@ def test_one_runner_starts_local_processes_and_a_failure_carries_their_own_words
     assert process.wait(timeout=60) == 0 and (tmp_path / "log").read_text().startswith("2 ")
 
 
-def test_engines_stuck_leaving_the_process_group_are_stopped_and_the_answers_kept(monkeypatch):
-    """CI once waited 600 s for an engine stuck destroying the group a call had left up (nothing bounded the wait):
-    now the wait is bounded, the ranks' answers, all in, are returned, and those engines are stopped, not kept for
-    the next call (whose first answer they would hold up until it gave up: 300 s)."""
+class _Timeout(Exception):
+    pass
+
+
+def _fake_engines(monkeypatch, stuck: set) -> dict:
+    """ipyparallel faked for run_on_engines: each engine set a name ("cluster 1", "cluster 2", …); a call of a function
+    in ``stuck`` (with the set's name: only then) times out. What was waited for, started and stopped is recorded."""
     from types import SimpleNamespace
 
     from dlscale.jobs import notebook_engines
 
-    class Timeout(Exception):
-        pass
+    seen = {"waits": [], "started": [], "stopped": []}
 
-    waits, stopped, stuck = [], [], [True]
+    def start(*args):
+        name = f"cluster {len(seen['started']) + 1}"
+        seen["started"].append(name)
 
-    class Task:
-        def __init__(self, function):
-            self.function = function
+        class Task:
+            def __init__(self, function):
+                self.function = function
 
-        def get(self, timeout=None):
-            if self.function is notebook_engines._leave_no_group:
-                waits.append(timeout)
-                if stuck[0]:
-                    raise Timeout
-            return self.function.__name__  # (a rank's answer)
+            def get(self, timeout=None):
+                seen["waits"].append((self.function.__name__, timeout))
+                if (self.function.__name__, name) in stuck:
+                    raise _Timeout
+                return self.function.__name__  # (a rank's answer)
 
-    view = SimpleNamespace(apply_async=lambda function, *args: Task(function))
-    client = type("Client", (), {"ids": [0, 1], "__getitem__": lambda self, ids: view})()
-    ipp = SimpleNamespace(error=SimpleNamespace(TimeoutError=Timeout, RemoteError=RuntimeError))
-    started = []
+        view = SimpleNamespace(apply_async=lambda function, *args: Task(function))
+        return name, type("Client", (), {"ids": [0, 1], "__getitem__": lambda self, ids: view})()
+
+    ipp = SimpleNamespace(
+        error=SimpleNamespace(TimeoutError=_Timeout, RemoteError=RuntimeError, NoEnginesRegistered=LookupError)
+    )
     monkeypatch.setattr(notebook_engines, "import_optional", lambda *args: ipp)
-    monkeypatch.setattr(notebook_engines, "_start", lambda *args: started.append(True) or ("cluster", client))
-    monkeypatch.setattr(notebook_engines, "_stop", stopped.append)
+    monkeypatch.setattr(notebook_engines, "_start", start)
+    monkeypatch.setattr(notebook_engines, "_stop", seen["stopped"].append)
     monkeypatch.setattr(notebook_engines, "_kept", None)
-    with pytest.warns(RuntimeWarning, match=r"could not leave the job's process group \(Timeout\).*results are kept"):
+    return seen
+
+
+def test_engines_stuck_leaving_the_process_group_are_stopped_and_the_answers_kept(monkeypatch):
+    """CI once waited 600 s for an engine stuck destroying the group a call had left up (nothing bounded the wait):
+    now the wait is bounded, the ranks' answers, all in, are returned, and those engines are stopped, not kept for
+    the next call (whose first answer they would hold up)."""
+    from dlscale.jobs import notebook_engines
+
+    seen = _fake_engines(monkeypatch, stuck={("_leave_no_group", "cluster 1")})
+    with pytest.warns(RuntimeWarning, match=r"could not leave the job's process group \(_Timeout\).*results are kept"):
         answers = notebook_engines.run_on_engines(print, 2, timeout=5, as_ranks=False, show=False)
     assert answers == ["_run_as_rank", "_run_as_rank"]
-    assert waits == [notebook_engines.LEAVE_TIMEOUT_S] and stopped == ["cluster"] and notebook_engines._kept is None
+    assert ("_leave_no_group", notebook_engines.LEAVE_TIMEOUT_S) in seen["waits"]
+    assert seen["stopped"] == ["cluster 1"] and notebook_engines._kept is None
     # engines that left their group are kept for the next call from here, which starts none
-    stuck[0] = False
     notebook_engines.run_on_engines(print, 2, timeout=5, as_ranks=False, show=False)
     notebook_engines.run_on_engines(print, 2, timeout=5, as_ranks=False, show=False)
-    assert len(started) == 2 and stopped == ["cluster"] and notebook_engines._kept[1] == "cluster"
+    assert seen["started"] == ["cluster 1", "cluster 2"] and seen["stopped"] == ["cluster 1"]
+    assert notebook_engines._kept[1] == "cluster 2"
+
+
+def test_kept_engines_that_do_not_answer_are_replaced_after_seconds_not_minutes(monkeypatch):
+    """Once in a fresh-clone run a call's kept engines never answered and it waited the 300 s fresh engines get for
+    their first answer (their imports): kept engines get KEPT_ANSWER_S, then a fresh set runs the call; a fresh set
+    that does not answer is stopped and named in one line."""
+    from dlscale.jobs import notebook_engines
+
+    stuck: set = set()
+    seen = _fake_engines(monkeypatch, stuck)
+    notebook_engines.run_on_engines(print, 2, timeout=5, as_ranks=False, show=False)
+    assert seen["started"] == ["cluster 1"] and notebook_engines._kept[1] == "cluster 1"
+    stuck.add(("_engine_facts", "cluster 1"))  # (its controller gone, say)
+    seen["waits"].clear()
+    answers = notebook_engines.run_on_engines(print, 2, timeout=5, as_ranks=False, show=False)
+    assert answers == ["_run_as_rank", "_run_as_rank"]
+    facts_waits = [timeout for name, timeout in seen["waits"] if name == "_engine_facts"]
+    assert facts_waits == [notebook_engines.KEPT_ANSWER_S, notebook_engines.ANSWER_TIMEOUT_S]
+    assert notebook_engines.KEPT_ANSWER_S <= 60
+    assert seen["started"] == ["cluster 1", "cluster 2"] and seen["stopped"] == ["cluster 1"]
+    assert notebook_engines._kept[1] == "cluster 2"
+    notebook_engines.stop_engines()
+    stuck.add(("_engine_facts", "cluster 3"))
+    with pytest.raises(notebook_engines.EngineError, match=r"^the engines did not answer within 300 s \(stopped"):
+        notebook_engines.run_on_engines(print, 2, timeout=5, as_ranks=False, show=False)
+    assert seen["stopped"] == ["cluster 1", "cluster 2", "cluster 3"] and notebook_engines._kept is None
 
 
 def test_ranks_agree_no_when_a_peer_never_answers(monkeypatch):
