@@ -99,11 +99,11 @@ def add_bench_scaling(bench_commands: Any) -> None:
 
 def _bench_breakdown(args: argparse.Namespace) -> int:
     from dlscale.bench.breakdown import bench_breakdown, format_breakdown, local_runner, slurm_runner
-    from dlscale.runtime.threads import fair_threads
+    from dlscale.runtime.threads import affinity_cpus, fair_threads
 
     cfg = load_config(args.config, args.overrides)
     sizes = args.sizes
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpus = affinity_cpus()
     if not args.slurm and max(sizes) > cpus:  # (local ranks beyond the CPUs measure contention, not scaling)
         raise RangeError(
             f"--sizes {max(sizes)}: this process has {cpus} CPU(s), so at most {cpus} local ranks; "
