@@ -5,6 +5,8 @@
 - :mod:`~dlscale.distributed.process_group`: joining the job (:func:`init`), the rank helpers
   (:func:`rank`, :func:`group_size`, :func:`is_main`) and the collectives, on torch.distributed
   or Horovod behind the same calls;
+- :mod:`~dlscale.distributed.ports`: free ports for a master or a daemon, outside the range outgoing connections
+  take their source ports from;
 - :mod:`~dlscale.distributed.horovod_backend`: Horovod's optimizer and first broadcast;
 - :mod:`~dlscale.distributed.dtensors`: tensors that FSDP or tensor parallelism split (DTensors),
   their whole-tensor norms and clipping;
@@ -27,6 +29,7 @@ from dlscale.distributed.launch_variables import (
     detect_launcher,
     expand_nodelist,
 )
+from dlscale.distributed.ports import free_port, free_ports
 from dlscale.distributed.process_group import (
     all_gather,
     all_gather_object,
@@ -37,8 +40,6 @@ from dlscale.distributed.process_group import (
     barrier,
     broadcast_object,
     collective_device,
-    free_port,
-    free_ports,
     group_is_up,
     group_size,
     init,

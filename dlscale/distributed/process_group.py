@@ -341,20 +341,6 @@ def _all_reduce(tensor: torch.Tensor, op: str) -> torch.Tensor:
     return tensor
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` now (for a master, a daemon or an engine to listen on)."""
-    return free_ports(1, host)[0]
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` different TCP ports that are free on ``host`` now (held together while chosen: none twice)."""
-    with contextlib.ExitStack() as held:
-        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind((host, 0))
-        return [sock.getsockname()[1] for sock in sockets]
-
-
 def collective_device() -> torch.device:
     """Where a collective's tensors must live: this rank's GPU under NCCL (it rejects CPU tensors), else the CPU."""
     if _horovod() is None and _torch_group() and dist.get_backend() == "nccl":

@@ -109,6 +109,33 @@ def test_the_setup_group_connects_lazily_and_leaves_the_environment_as_it_was(mo
     assert seen[1][0] == "1" and os.environ["TORCH_GLOO_LAZY_INIT"] == "0"
 
 
+def test_free_ports_lie_outside_the_range_outgoing_connections_take_and_ignore_the_random_seed(tmp_path, monkeypatch):
+    """A port from the ephemeral range can become some connection's source port before the master listens on it
+    (EADDRINUSE in CI); two processes that seeded ``random`` alike must not try the same ports."""
+    import random
+    import socket
+
+    from dlscale.distributed import ports
+
+    low, high = ports.ephemeral_range()
+    chosen = ports.free_ports(9)
+    assert len(set(chosen)) == 9 and all(not low <= port <= high for port in chosen)
+    for port in chosen:  # (free now: each binds)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+    random.seed(0)
+    first = ports.free_ports(3)
+    random.seed(0)
+    assert ports.free_ports(3) != first
+
+    kernel_range = tmp_path / "ip_local_port_range"
+    monkeypatch.setattr(ports, "EPHEMERAL_RANGE_FILE", kernel_range)
+    kernel_range.write_text("10000\t60999\n")  # nothing below: the ports above it
+    assert all(port > 60999 for port in ports.free_ports(4))
+    kernel_range.write_text("1024\t65535\n")  # no room outside: the kernel chooses
+    assert ports.candidate_ports() == range(0) and len(set(ports.free_ports(4))) == 4
+
+
 def test_bus_bandwidth_is_the_nccl_tests_formula():
     from dlscale.bench.allreduce import bus_bandwidth
 

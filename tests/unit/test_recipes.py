@@ -13,7 +13,7 @@ import runpy
 
 import pytest
 
-from dlscale.distributed.process_group import free_port
+from dlscale.distributed.ports import free_port
 from dlscale.lessons.exercises import stage_source
 from dlscale.lessons.recipe_folder import RECIPES, RecipeError
 from dlscale.lessons.recipes import recipe_cells, write_recipes
