@@ -68,11 +68,13 @@ class EngineError(DlscaleError):
 
 
 def _engine_facts() -> tuple[str, list[int], int]:
-    """Run on an engine: its hostname, free TCP ports there (the master's and :data:`SPARE_PORTS` more) and its
-    process id (which names the file of its stacks, :data:`STACKS`)."""
-    from dlscale.distributed import free_ports  # (this runs on the engine, which imports it there)
+    """Run on an engine: its hostname, free TCP ports there (the master's and :data:`SPARE_PORTS` more), which it
+    holds until the call ends (:func:`dlscale.distributed.ports.hold_ports`: the last of them listens up to a
+    minute later), and its process id (which names the file of its stacks, :data:`STACKS`)."""
+    from dlscale.distributed.ports import hold_ports, release_ports  # (this runs on the engine, which imports it)
 
-    return socket.gethostname(), free_ports(1 + SPARE_PORTS, ""), os.getpid()
+    release_ports()  # (those of a call that never came)
+    return socket.gethostname(), hold_ports(1 + SPARE_PORTS, ""), os.getpid()
 
 
 #: Where an engine writes the stacks of its threads when a call outlasts its time (the caller's folder's runs/)
@@ -101,6 +103,9 @@ def _run_as_rank(
     try:
         return function(*args, **kwargs)
     finally:
+        from dlscale.distributed.ports import release_ports
+
+        release_ports()  # (the ports :func:`_engine_facts` chose for this call)
         if stacks is not None:  # (the call ended: no one will read where it waited)
             faulthandler.cancel_dump_traceback_later()
             stacks.close()

@@ -136,6 +136,31 @@ def test_free_ports_lie_outside_the_range_outgoing_connections_take_and_ignore_t
     assert ports.candidate_ports() == range(0) and len(set(ports.free_ports(4))) == 4
 
 
+def test_ports_an_engine_holds_are_refused_to_every_other_choice_but_taken_by_the_stores_listener():
+    """The engines choose a call's ports up to a minute before its last group listens: another process choosing
+    meanwhile must not take them, and torch's store must still listen on them."""
+    import datetime
+    import socket
+
+    from torch.distributed import TCPStore
+
+    from dlscale.distributed import ports
+
+    held = ports.hold_ports(20)
+    try:
+        assert not set(held) & set(ports.free_ports(200))
+        with socket.socket() as other, pytest.raises(OSError):
+            other.bind(("127.0.0.1", held[0]))
+        store = TCPStore("127.0.0.1", held[0], 1, True, timeout=datetime.timedelta(seconds=10))
+        store.set("key", "up")
+        assert store.get("key") == b"up"
+        del store
+    finally:
+        ports.release_ports()
+    with socket.socket() as other:  # (let go)
+        other.bind(("127.0.0.1", held[1]))
+
+
 def test_bus_bandwidth_is_the_nccl_tests_formula():
     from dlscale.bench.allreduce import bus_bandwidth
 
