@@ -283,8 +283,8 @@ def run_on_engines(
     ``cluster_options`` go to :class:`ipyparallel.Cluster` (e.g. Slurm's account and time).
     The engines stay up for the next call with as many engines or fewer, the same ``engines`` and options,
     from the same folder, until a call fails, another set starts, or :func:`stop_engines`.
-    Rank 0's engine holds ``MASTER_PORT`` and the spare ports until the call ends
-    (:func:`dlscale.distributed.ports.hold_ports`): a listener on them sets ``SO_REUSEADDR``, as torch's stores do.
+    Each engine holds the ports it chose until the call ends (:func:`dlscale.distributed.ports.hold_ports`; rank 0's
+    are the call's ``MASTER_PORT`` and spare ports): a listener on them sets ``SO_REUSEADDR``, as torch's stores do.
     """
     ipp = import_optional("ipyparallel", "notebooks", "notebook-driven ranks", EngineError)
     options = {"n": n, "engines": engines, "log_level": 40, **(cluster_options or {})}
