@@ -507,7 +507,12 @@ def test_a_dead_node_ends_the_job_with_clear_messages_and_an_intact_checkpoint(t
             time.sleep(0.25)
         # the ranks on node1 stop at once; Slurm ends the job when node2 misses its SlurmdTimeout (4 s here)
         assert time.time() - killed < 30 + cluster.slurmd_timeout + 60
-        output = (tmp_path / f"slurm-dlscale-train-{job}.out").read_text()
+        # srun names the dead node as it ends, which may be after the job has left RUNNING (a busy machine read the
+        # file first): the batch step's output is read once that line is there, or 30 s later
+        out, written = tmp_path / f"slurm-dlscale-train-{job}.out", time.time()
+        while "Node failure on node2" not in out.read_text() and time.time() - written < 30:
+            time.sleep(0.25)
+        output = out.read_text()
         assert output.count("Another rank probably died or was killed; resume with resume=true") == 2
         assert "Node failure on node2" in output and "Traceback" not in output
 
