@@ -27,6 +27,8 @@ LOWEST_PORT = 10_000
 FEWEST_CANDIDATES = 1_000
 #: Candidates tried per port asked for before letting the kernel choose the rest
 TRIES_PER_PORT = 50
+#: The sockets by which this process holds ports it chose (:func:`hold_ports`), by port
+_held: dict[int, socket.socket] = {}
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -50,10 +52,6 @@ def candidate_ports() -> range:
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` now, outside the ephemeral range (see the module's docstring)."""
     return free_ports(1, host)[0]
-
-
-#: The sockets by which this process holds ports it chose (:func:`hold_ports`), by port
-_held: dict[int, socket.socket] = {}
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
